@@ -1,0 +1,35 @@
+# Two commands work on a fresh machine with python3 and make: `make run` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A pinned torch installs as a CPU build on machines like ours; an open range pulls CUDA (GBs).
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: run test setup setup-test check lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH_PIN)" -e ".[engine]"
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[engine,test]"
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+run: setup
+	$(BIN)/eagle3-console $(ARGS)
+
+test: setup-test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: setup-test
+	$(BIN)/python -m ruff check console engine tests benchmarks || true
+
+clean:
+	rm -rf $(VENV) build *.egg-info

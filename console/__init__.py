@@ -1,0 +1,3 @@
+"""eagle3-console: the workstation half (Textual TUI + asyncssh). Never imports torch."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,56 @@
+"""The console's own small set of errors. Transports translate library errors into these at the
+boundary, with the original exception chained (`raise X(...) from e`)."""
+
+from __future__ import annotations
+
+
+class ConsoleError(Exception):
+    """Base: the message is the one line shown to the user."""
+
+
+class ConfigError(ConsoleError):
+    """The config file is wrong: the message names the file, key or line, and what was expected."""
+
+
+class TransportError(ConsoleError):
+    """Talking to a host failed."""
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(f"{host}: {message}")
+        self.host = host
+
+
+class Unreachable(TransportError):
+    """The host could not be reached (DNS, refused, timeout, connection lost)."""
+
+
+class AuthFailed(TransportError):
+    """The host refused our credentials."""
+
+
+class HostKeyUnknown(TransportError):
+    """The host's key is not in known_hosts: never trusted silently."""
+
+    def __init__(self, host: str, fingerprint: str, hint: str) -> None:
+        super().__init__(host, f"unknown host key {fingerprint}; {hint}")
+        self.fingerprint = fingerprint
+
+
+class HostKeyChanged(TransportError):
+    """The host presented a key different from the one in known_hosts: always refused."""
+
+    def __init__(self, host: str, fingerprint: str, known_hosts: str) -> None:
+        super().__init__(host, f"HOST KEY CHANGED (now {fingerprint}); refusing to connect. "
+                               f"If this is expected, remove the old entry from {known_hosts}")
+        self.fingerprint = fingerprint
+
+
+class CommandFailed(TransportError):
+    """A remote/local command exited non-zero when success was required."""
+
+    def __init__(self, host: str, argv: list[str] | str, returncode: int | None, stderr: str) -> None:
+        cmd = argv if isinstance(argv, str) else " ".join(argv)
+        last = (stderr.strip().splitlines() or [""])[-1]
+        super().__init__(host, f"`{cmd[:120]}` exited {returncode}" + (f": {last}" if last else ""))
+        self.returncode = returncode
+        self.stderr = stderr

@@ -1,0 +1,123 @@
+"""The transport interface: how the console runs things on a host (local or over SSH).
+
+Every method raises only console.errors.TransportError subclasses (never a library's own
+exception). Commands are given as argv lists and each implementation quotes them itself, so no
+caller ever builds a shell string from untrusted parts; `run_script` is for the few fixed shell
+snippets we write ourselves, with every variable part passed through `quote`.
+"""
+
+from __future__ import annotations
+
+import abc
+import shlex
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+
+def quote(arg: str) -> str:
+    """POSIX shell quoting of one word (what every remote command is built with)."""
+    return shlex.quote(arg)
+
+
+def command_line(argv: Sequence[str], cwd: str | None = None,
+                 env: Mapping[str, str] | None = None) -> str:
+    """A POSIX shell command line for argv, run in cwd with extra env, every part quoted."""
+    parts: list[str] = []
+    if cwd:
+        parts.append(f"cd {quote(cwd)} &&")
+    if env:
+        parts.append("env " + " ".join(quote(f"{k}={v}") for k, v in env.items()))
+    parts.append(" ".join(quote(a) for a in argv))
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command returned."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """The parts of stat(2) the console uses."""
+
+    size: int
+    mtime: float
+    is_dir: bool
+    mode: int
+    inode: int = 0
+
+
+class Transport(abc.ABC):
+    """One host. Implementations keep one long-lived connection and reconnect on demand."""
+
+    #: the host name as configured ("local", "gpu1", ...)
+    name: str
+
+    @abc.abstractmethod
+    async def connect(self) -> None:
+        """Open the connection (no-op for local). Raises Unreachable, AuthFailed, HostKey*."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the connection; safe to call twice."""
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool:
+        """True while a live connection is held."""
+
+    @abc.abstractmethod
+    async def run(self, argv: Sequence[str], *, cwd: str | None = None,
+                  env: Mapping[str, str] | None = None, input: str | bytes | None = None,
+                  timeout: float | None = None, check: bool = False) -> CommandResult:
+        """Run argv to completion. check=True raises CommandFailed on a non-zero exit."""
+
+    @abc.abstractmethod
+    async def run_script(self, script: str, *, input: str | bytes | None = None,
+                         timeout: float | None = None, check: bool = False) -> CommandResult:
+        """Run a POSIX sh script we wrote (variable parts already quoted with `quote`)."""
+
+    @abc.abstractmethod
+    def stream(self, argv: Sequence[str], *, cwd: str | None = None,
+               env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+        """Start argv and yield its stdout lines (without the newline) as they come.
+
+        Closing the iterator or cancelling the consuming task kills the process. When the
+        process exits non-zero, CommandFailed is raised after the last line."""
+
+    @abc.abstractmethod
+    async def upload(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> int:
+        """Copy local files to remote paths (parents created). Each file is written to a temp
+        name beside its target and renamed into place, so an interrupted upload never leaves a
+        partial file at the final name. Keeps the local mtime. Returns bytes sent."""
+
+    @abc.abstractmethod
+    async def write_bytes(self, path: str, data: bytes, *, mode: int | None = None) -> None:
+        """Write data to a remote file atomically (temp name, then rename)."""
+
+    @abc.abstractmethod
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Up to `length` bytes of the file starting at `offset` (short or empty at EOF)."""
+
+    @abc.abstractmethod
+    async def stat(self, path: str) -> FileStat | None:
+        """stat() of path, or None when it does not exist."""
+
+    @abc.abstractmethod
+    async def remove(self, paths: Sequence[str]) -> None:
+        """Delete files (missing ones ignored)."""
+
+    async def __aenter__(self) -> Transport:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

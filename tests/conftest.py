@@ -1,0 +1,32 @@
+"""Shared fixtures: a real sshd on 127.0.0.1, and configs that point hosts at it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sshd import SSHD, find_sshd, start_sshd
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHD]:
+    """A real OpenSSH server on 127.0.0.1 with generated keys (skips only if sshd is absent)."""
+    if find_sshd() is None:
+        if os.environ.get("EAGLE3_REQUIRE_SSHD"):
+            pytest.fail("EAGLE3_REQUIRE_SSHD is set but no sshd binary was found")
+        pytest.skip("no OpenSSH sshd binary on this machine (apt-get install openssh-server)")
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never read or write the user's real config/data dirs from a test."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
