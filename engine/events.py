@@ -12,6 +12,7 @@ and, by kind:
     log       level: "debug" | "info" | "warning" | "error", msg: str
     result    data: {...}   the command's final answer (same content as its --json output)
     error     msg: str (one line), type: str
+    sample    gpus: [...], host: {...}   one monitor-agent sample (engine/monitor.py documents it)
 This module has no heavy imports: the console imports it without torch.
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 EVENTS_VERSION = 1
-KINDS = ("progress", "metric", "log", "result", "error")
+KINDS = ("progress", "metric", "log", "result", "error", "sample")
 
 
 @dataclass(frozen=True)

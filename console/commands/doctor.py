@@ -1,0 +1,27 @@
+"""`eagle3-console doctor HOST`: the same report the console shows for a host, without the TUI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.config import Config
+from console.host import open_host
+from engine.commands.doctor import render
+
+HELP = "what HOST can run: Python, engine packages, torch/CUDA, GPUs, free disk"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name (`local` is built in)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    host = await open_host(config, args.host)
+    try:
+        report = await host.doctor()
+    finally:
+        await host.close()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0

@@ -1,0 +1,46 @@
+"""The host pane: the selected host's doctor report (what it can run) and its connection state."""
+
+from __future__ import annotations
+
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from console.errors import ConsoleError
+from engine.commands.doctor import render
+
+
+class OverviewPane(VerticalScroll):
+    """Doctor report of the selected host; `r` refreshes it."""
+
+    BINDINGS = [("r", "refresh_report", "Refresh")]
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.host: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("Select a host.", id="doctor-report")
+
+    def show_host(self, host: str) -> None:
+        self.host = host
+        self.query_one("#doctor-report", Static).update(f"Connecting to {host} …")
+        self.load_report(host)
+
+    def action_refresh_report(self) -> None:
+        if self.host:
+            self.show_host(self.host)
+
+    @work(exclusive=True, group="doctor")
+    async def load_report(self, host: str) -> None:
+        pool = self.app.pool  # type: ignore[attr-defined]
+        report_widget = self.query_one("#doctor-report", Static)
+        try:
+            h = await pool.ensure(host)
+            report = await h.doctor()
+        except ConsoleError as e:
+            report_widget.update(f"[b]{host}[/b]\n\n[red]{e}[/]")
+            return
+        if self.host == host:
+            report_widget.update(render(report))

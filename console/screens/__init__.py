@@ -1,0 +1,1 @@
+"""Screens: the main screen (hosts + panes) and modal dialogs."""

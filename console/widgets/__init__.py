@@ -1,0 +1,1 @@
+"""Reusable widgets: they render state and post messages; they never do I/O."""

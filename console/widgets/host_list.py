@@ -1,0 +1,56 @@
+"""The hosts list: every configured host with its connection state."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.widgets import Label, ListItem, ListView
+
+from console.host import HostState
+from console.messages import HostSelected
+
+_MARK = {
+    HostState.IDLE: "○",
+    HostState.CONNECTING: "◌",
+    HostState.CONNECTED: "●",
+    HostState.RECONNECTING: "◌",
+    HostState.FAILED: "✖",
+}
+
+
+class HostItem(ListItem):
+    """One host row."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(id=f"host-{host}")
+        self.host = host
+        self.label = Label(self._text(HostState.IDLE))
+
+    def compose(self) -> ComposeResult:
+        yield self.label
+
+    def _text(self, state: HostState) -> str:
+        return f"{_MARK[state]} {self.host}  [dim]{state.value}[/]"
+
+    def show(self, state: HostState) -> None:
+        self.label.update(self._text(state))
+        self.set_class(state is HostState.FAILED, "-failed")
+        self.set_class(state is HostState.CONNECTED, "-connected")
+        self.set_class(state in (HostState.RECONNECTING, HostState.CONNECTING), "-pending")
+
+
+class HostList(ListView):
+    """Hosts, selectable; posts HostSelected."""
+
+    BORDER_TITLE = "Hosts"
+
+    def __init__(self, hosts: list[str], **kw: object) -> None:
+        super().__init__(*(HostItem(h) for h in hosts), **kw)  # type: ignore[arg-type]
+
+    def show_state(self, host: str, state: HostState) -> None:
+        for item in self.query(HostItem):
+            if item.host == host:
+                item.show(state)
+
+    def on_list_view_highlighted(self, event: ListView.Highlighted) -> None:
+        if isinstance(event.item, HostItem):
+            self.post_message(HostSelected(event.item.host))

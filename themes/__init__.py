@@ -1,0 +1,1 @@
+"""Textual CSS themes shipped as package data (found by an installed wheel too)."""
