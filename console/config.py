@@ -164,7 +164,7 @@ class _Reader:
         self.table: dict[str, Any] = table
 
     def fail(self, key: str, expected: str, got: Any = None) -> None:
-        where = f"{self.prefix}.{key}" if key else self.prefix
+        where = ".".join(x for x in (self.prefix, key) if x) or "top level"
         tail = f", got {type(got).__name__} {got!r}" if got is not None else ""
         raise ConfigError(f"{self.file}: [{where}] expected {expected}{tail}")
 
@@ -211,7 +211,6 @@ class _Reader:
 
 def parse_config(raw: dict[str, Any], file: Path) -> Config:
     top = _Reader(file, "", raw)
-    top.prefix = "top level"
     top.check_keys({"hosts", "sync", "profiles", "theme"})
     hosts: dict[str, HostConfig] = {}
     for name, t in _tables(top, "hosts").items():

@@ -1,0 +1,89 @@
+"""Config loading: the documented shape parses; every error names the file, key or line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from console.config import LOCAL, default_config, load_config
+from console.errors import ConfigError
+
+GOOD = """
+theme = "nord"
+[hosts.gpu1]
+ssh = "gpu1"
+python = "/root/venv/bin/python"
+root = "/root/eagle3"
+logs = ["/root/vllm.log"]
+[hosts.gpu2]
+ssh = "root@gpu2.example:2222"
+[sync.train-scripts]
+host = "gpu1"
+local = "~/work/eagle3-train"
+remote = "/root/eagle3-train"
+exclude = ["__pycache__/", "*.pyc"]
+[profiles.finetune]
+host = "gpu1"
+run = "engine train --target /data/kimi --data /data/eagle3 --finetune-from /data/aq-medai"
+nproc_per_node = 8
+sync = ["train-scripts"]
+env = { NCCL_DEBUG = "WARN" }
+[profiles.multi]
+hosts = ["gpu1", "gpu2"]
+run = "python train.py"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "config.toml"
+    p.write_text(text)
+    return p
+
+
+def test_documented_shape(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.theme == "nord"
+    assert cfg.hosts["gpu1"].python == "/root/venv/bin/python"
+    assert cfg.hosts["gpu1"].logs == ["/root/vllm.log"]
+    assert LOCAL in cfg.hosts and cfg.hosts[LOCAL].is_local
+    assert cfg.syncs["train-scripts"].exclude == ["__pycache__/", "*.pyc"]
+    p = cfg.profile("finetune")
+    assert p.hosts == ["gpu1"] and p.nproc_per_node == 8 and p.env == {"NCCL_DEBUG": "WARN"}
+    assert cfg.profile("multi").hosts == ["gpu1", "gpu2"]
+
+
+def test_no_file_gives_local_default() -> None:
+    cfg = load_config()
+    assert list(cfg.hosts) == [LOCAL] and cfg.path is None
+    assert default_config().hosts[LOCAL].ssh is None
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[hosts.a]\nssh = 5\n", "[hosts.a.ssh] expected a non-empty string"),
+    ("[hosts.a]\nsssh = 'x'\n", "unknown key 'sssh'"),
+    ("[profiles.p]\nhost = 'nope'\nrun = 'x'\n", "[profiles.p.host] expected a configured host"),
+    ("[profiles.p]\nhost = 'local'\n", "[profiles.p.run] expected a string (required)"),
+    ("[profiles.p]\nhost = 'local'\nrun = 'x'\nnproc_per_node = 0\n", "[profiles.p.nproc_per_node]"),
+    ("[profiles.p]\nhost = 'local'\nrun = 'x'\nsync = ['s']\n", "[profiles.p.sync]"),
+    ("[sync.s]\nhost = 'local'\nlocal = 'a'\n", "[sync.s.remote] expected a string (required)"),
+    ("hosts = 3\n", "[hosts] expected a table of tables"),
+    ("[hosts.a]\nssh = 'x'\nlogs = [1]\n", "[hosts.a.logs] expected a list of strings"),
+])
+def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    msg = str(ei.value)
+    assert str(p) in msg and needle in msg and "\n" not in msg
+
+
+def test_toml_syntax_error_names_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "[hosts.a]\nssh = 'x'\nroot = \n")
+    with pytest.raises(ConfigError, match=r"line 3"):
+        load_config(p)
+
+
+def test_explicit_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "absent.toml")

@@ -1,0 +1,75 @@
+"""The event stream contract: encode/parse, versioning, throttling, sinks, the CLI's --events."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import events
+from engine.events import Emitter, encode, parse
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_round_trip_every_kind() -> None:
+    for kind in events.KINDS:
+        ev = parse(encode(kind, "train", {"x": 1}, t=5.0))
+        assert ev is not None and ev.kind == kind and ev.cmd == "train" and ev.t == 5.0
+        assert ev.get("x") == 1
+
+
+def test_parse_rejects_non_events() -> None:
+    assert parse("hello") is None
+    assert parse("{not json") is None
+    assert parse(json.dumps({"v": 1, "kind": "nope"})) is None
+    assert parse(json.dumps({"v": events.EVENTS_VERSION + 1, "kind": "log"})) is None
+    assert parse(json.dumps([1, 2])) is None
+    assert parse(b'{"v":1,"kind":"log","t":1,"cmd":"x","msg":"\xff"}') is not None
+
+
+def test_emitter_json_mode_and_sink(tmp_path: Path) -> None:
+    out = io.StringIO()
+    ev = Emitter("convert", json_mode=True, out=out, err=io.StringIO())
+    ev.add_sink(str(tmp_path / "events.jsonl"))
+    for i in range(1000):
+        ev.progress(i + 1, 1000, unit="tensor", desc="convert")
+    ev.metric({"loss": 1.5}, step=3)
+    ev.result({"ok": True})
+    ev.close()
+    lines = out.getvalue().splitlines()
+    parsed = [parse(line) for line in lines]
+    assert all(p is not None for p in parsed)
+    progress = [p for p in parsed if p and p.kind == "progress"]
+    assert 1 <= len(progress) < 100          # throttled, but the final one always arrives
+    assert progress[-1].get("done") == 1000
+    assert (tmp_path / "events.jsonl").read_text().splitlines() == lines
+
+
+def test_human_mode_draws_bar_on_stderr() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    ev = Emitter("x", out=out, err=err)
+    ev.progress(5, 5, unit="step", desc="train")
+    ev.log("hello")
+    assert out.getvalue() == ""
+    assert "[" in err.getvalue() and "5/5 step" in err.getvalue() and "hello" in err.getvalue()
+
+
+def test_cli_usage_error_one_line_exit_2() -> None:
+    r = subprocess.run([sys.executable, "-m", "engine", "doctor", "--bogus"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_cli_events_mode_writes_only_json() -> None:
+    r = subprocess.run([sys.executable, "-m", "engine", "doctor", "--events", "--path", "/nonexistent"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    evs = [parse(line) for line in r.stdout.splitlines()]
+    assert evs and all(evs)
+    data = [e for e in evs if e.kind == "result"][0].get("data")
+    assert data["disk"]["error"]
+    assert data["packages"]["torch"]
