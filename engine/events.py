@@ -160,6 +160,10 @@ class Emitter:
     def error(self, msg: str, type_: str = "EngineError") -> None:
         self._emit("error", {"msg": msg, "type": type_})
 
+    def sample(self, data: dict[str, Any]) -> None:
+        """One monitor-agent sample (engine/monitor.py documents the record)."""
+        self._emit("sample", data)
+
     # -- human progress bar ----------------------------------------------------------------------
     def _draw_bar(self, done: int, total: int | None, unit: str, desc: str,
                   rate: float | None, eta: float | None) -> None:
