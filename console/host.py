@@ -2,7 +2,8 @@
 
 Panes and subcommands call this; it never touches widgets. The engine is invoked as
 `PYTHON -m engine ... --events` with PYTHONPATH=ROOT/code (where `push` puts the engine package),
-so a host runs the code the console pushed to it.
+so a host runs the code the console pushed to it; `ensure_engine` pushes it (only what changed)
+before the first engine call a Host makes, so a fresh host just works.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Host:
         self.transport = transport or open_transport(cfg)
         self._home: str | None = None
         self._lock = asyncio.Lock()
+        self._engine_pushed = False
 
     @property
     def name(self) -> str:
@@ -83,6 +85,16 @@ class Host:
         return posixpath.join(await self.root(), "code")
 
     # -- engine calls ----------------------------------------------------------------------------
+    async def ensure_engine(self, force: bool = False) -> None:
+        """Push the engine package and host helpers when they differ from this console's copy.
+
+        Checked once per Host (an unchanged engine costs one remote command); force re-checks."""
+        if self._engine_pushed and not force:
+            return
+        from console.push import engine_trees, push  # push imports this module
+        await push(self, await engine_trees(self))
+        self._engine_pushed = True
+
     async def engine_argv(self, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         """argv and env that run `python -m engine ARGS` with the pushed code first on the path."""
         env = {"PYTHONPATH": await self.code_dir(), "PYTHONUNBUFFERED": "1"}
@@ -94,6 +106,7 @@ class Host:
 
         on_event sees every event (progress bars in panes) as it arrives."""
         await self.connect()
+        await self.ensure_engine()
         argv, env = await self.engine_argv([*args, "--events"])
         result: dict[str, Any] | None = None
         error: str | None = None

@@ -1,0 +1,60 @@
+"""`eagle3-console push HOST [SYNC ...] [--delete]`: send the engine and sync sets, only what changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from console.config import Config
+from console.host import open_host
+from console.push import host_trees, push
+
+HELP = "send the engine package and sync sets to HOST (only changed files; --delete mirrors removals)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name")
+    p.add_argument("sync", nargs="*", help="sync sets to push (default: every set for HOST)")
+    p.add_argument("--delete", action="store_true",
+                   help="remove remote files that no longer exist locally")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    host = await open_host(config, args.host)
+    try:
+        trees = await host_trees(host, config, args.sync or None)
+
+        def progress(done: int, total: int, sent: int) -> None:
+            if not args.json and sys.stderr.isatty():
+                print(f"\r{done}/{total} files, {_size(sent)}", end="", file=sys.stderr)
+
+        report = await push(host, trees, delete=args.delete, on_progress=progress)
+    finally:
+        await host.close()
+    if args.json:
+        print(json.dumps({"host": report.host, "files_sent": report.files_sent,
+                          "bytes_sent": report.bytes_sent, **report.record(),
+                          "trees": [vars(t) for t in report.trees]}, indent=2))
+        return 0
+    if sys.stderr.isatty() and report.files_sent:
+        print(file=sys.stderr)
+    for t in report.trees:
+        line = f"{t.name:<12} {t.sent:>5} of {t.files} files sent, {_size(t.bytes):>9}  -> {t.remote}"
+        if t.deleted:
+            line += f"  ({t.deleted} deleted)"
+        if t.extra:
+            line += f"  ({t.extra} remote-only kept; --delete removes them)"
+        print(line)
+    print(f"{report.files_sent} files, {report.bytes_sent} bytes sent "
+          f"(manifest {report.manifest[:12]})")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
