@@ -1,0 +1,527 @@
+"""SSHTransport: one long-lived asyncssh connection to a host, commands over exec channels and
+files over SFTP on the same connection.
+
+- `ssh` is an ~/.ssh/config alias (HostName, User, Port, IdentityFile, ProxyJump honoured
+  through asyncssh's config support; `ssh_config` overrides which file) or `user@host[:port]`.
+  Keys and ssh-agent are asyncssh's defaults; `identity` names one key file instead.
+- Host keys are strict (console/known_hosts.py): an unknown host or a changed key refuses the
+  connection with HostKeyUnknown / HostKeyChanged naming the presented key's fingerprint.
+- Keepalive notices a dead link; the next operation after a drop reconnects with backoff.
+  Work in flight when the link drops raises Unreachable (a stream's caller resumes by offset).
+- Every command runs as `printf MARK $$ >&2; <command>`: sshd starts each session in its own
+  process group, so that pid is the group to kill when a run times out, its task is cancelled
+  or a stream is closed -- the command and every child it started go with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import stat as stat_mod
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+import asyncssh
+
+from console import known_hosts as kh
+from console.errors import (
+    AuthFailed,
+    CommandFailed,
+    HostKeyChanged,
+    HostKeyUnknown,
+    TransportError,
+    Unreachable,
+)
+from console.transport.base import CommandResult, FileStat, Transport, quote
+from console.transport.local import STDERR_TAIL, UPLOAD_CONCURRENCY, temp_name
+
+T = TypeVar("T")
+
+PGID_MARK = b"__eagle3_pgid__ "
+KEEPALIVE_INTERVAL = 15.0
+KEEPALIVE_COUNT_MAX = 3
+CONNECT_TIMEOUT = 15.0
+#: reconnect after a drop: first try at once, then wait 0.2 s doubling up to 5 s
+BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_TRIES = 0.2, 5.0, 6
+KILL_TIMEOUT = 5.0
+
+# what a dropped link looks like to the code using it
+_LINK_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, asyncssh.SFTPConnectionLost,
+                ConnectionError, BrokenPipeError, EOFError)
+
+
+def shell_path(path: str) -> str:
+    """A path as one shell word, keeping a leading `~` live (`~/'a b'`) so it means home."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + quote(path[2:]) if path[2:] else "~/"
+    return quote(path)
+
+
+def sftp_path(path: str) -> str:
+    """SFTP resolves relative paths against the login directory: `~/x` is just `x`."""
+    if path == "~":
+        return "."
+    if path.startswith("~/"):
+        return path[2:] or "."
+    return path
+
+
+def remote_command(argv: Sequence[str], cwd: str | None = None,
+                   env: Mapping[str, str] | None = None) -> str:
+    """argv as a POSIX shell command line: every word quoted, cwd may start with `~`."""
+    parts: list[str] = []
+    if cwd:
+        parts.append(f"cd {shell_path(cwd)} &&")
+    if env:
+        parts.append("env " + " ".join(quote(f"{k}={v}") for k, v in env.items()))
+    parts.append(" ".join(quote(a) for a in argv))
+    return " ".join(parts)
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class _Client(asyncssh.SSHClient):
+    """Notices a lost connection, and keeps the host key asyncssh refused (to name it)."""
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.refused: tuple[str, str, int, asyncssh.SSHKey] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+    def validate_host_public_key(self, host: str, addr: str, port: int,
+                                 key: asyncssh.SSHKey) -> bool:
+        # asyncssh asks only when known_hosts did not accept the key: note it, still refuse
+        self.refused = (host, addr, port, key)
+        return False
+
+
+class _Remote:
+    """A started remote command: its stderr is read in the background, where the first line
+    (our marker) gives the process group to kill."""
+
+    def __init__(self, transport: SSHTransport, process: asyncssh.SSHClientProcess,
+                 client: _Client, stderr_limit: int | None) -> None:
+        self.t, self.process, self.client = transport, process, client
+        self.pgid: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self.stderr = bytearray()
+        self._limit = stderr_limit
+        self._err_task = asyncio.ensure_future(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        try:
+            while line := await self.process.stderr.readline():
+                if not self.pgid.done() and line.startswith(PGID_MARK):
+                    with contextlib.suppress(ValueError):
+                        self.pgid.set_result(int(line[len(PGID_MARK):].strip()))
+                        continue
+                self.stderr.extend(line)
+                if self._limit is not None:
+                    del self.stderr[:-self._limit]
+        except _LINK_ERRORS:
+            pass
+        finally:
+            if not self.pgid.done():
+                self.pgid.set_result(None)
+
+    def stderr_text(self) -> str:
+        return _decode(bytes(self.stderr))
+
+    async def finish(self, label: str | list[str]) -> int:
+        """Wait for exit and all stderr; the exit status (negative signal number if killed)."""
+        await self.process.wait_closed()
+        await self._err_task
+        rc = self.process.returncode
+        if rc is None:
+            if self.client.lost:
+                raise Unreachable(self.t.name, f"connection lost while running {_label(label)}")
+            rc = 255  # channel closed without a status, as ssh(1) reports it
+        return rc
+
+    async def kill(self) -> None:
+        """Kill the remote process group (best effort) and close the channel."""
+        try:
+            pgid = await asyncio.wait_for(asyncio.shield(self.pgid), 2.0)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pgid = None
+        conn = self.t._conn
+        if pgid and conn is not None and not self.client.lost and self.t._client is self.client:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    conn.run(f"kill -s KILL -- -{pgid} 2>/dev/null; true", check=False),
+                    KILL_TIMEOUT)
+        self.process.close()
+        self._err_task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self.process.wait_closed(), 2.0)
+
+
+def _label(label: str | list[str]) -> str:
+    text = label if isinstance(label, str) else " ".join(label)
+    return f"`{text[:80]}`"
+
+
+class SSHTransport(Transport):
+    """A host reached over SSH."""
+
+    def __init__(self, name: str, ssh: str, *, known_hosts: str | None = None,
+                 ssh_config: str | None = None, identity: str | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+        self.name = name
+        self.ssh = ssh
+        self.known_hosts = known_hosts
+        self.ssh_config = ssh_config
+        self.identity = identity
+        self.connect_timeout = connect_timeout
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._client: _Client | None = None
+        self._sftp: asyncssh.SFTPClient | None = None
+        self._lock = asyncio.Lock()
+        self._sftp_lock = asyncio.Lock()
+        self._was_connected = False  # a drop after this means: reconnect with backoff
+
+    # -- connection -------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._client is not None and not self._client.lost
+
+    async def connect(self) -> None:
+        await self._ensure()
+
+    async def close(self) -> None:
+        conn, self._conn, self._client, self._sftp = self._conn, None, None, None
+        self._was_connected = False
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), 5.0)
+
+    async def _ensure(self) -> asyncssh.SSHClientConnection:
+        """The live connection, opening it (or reopening it after a drop) when needed."""
+        if self.connected:
+            assert self._conn is not None
+            return self._conn
+        async with self._lock:
+            if not self.connected:
+                self._discard()
+                if self._was_connected:
+                    await self._reconnect()
+                else:
+                    await self._open()
+            assert self._conn is not None
+            return self._conn
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            self._conn.abort()
+        self._conn, self._client, self._sftp = None, None, None
+
+    async def _reconnect(self) -> None:
+        delay = BACKOFF_FIRST
+        for attempt in range(RECONNECT_TRIES):
+            try:
+                await self._open()
+                return
+            except Unreachable:
+                if attempt == RECONNECT_TRIES - 1:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _open(self) -> None:
+        try:
+            target = kh.parse_target(self.ssh)
+        except ValueError as e:
+            raise Unreachable(self.name, str(e)) from e
+        if self.ssh_config and not os.path.isfile(os.path.expanduser(self.ssh_config)):
+            raise Unreachable(self.name, f"ssh config {self.ssh_config} does not exist")
+        try:
+            resolved = await kh.resolve(target, self.ssh_config)
+        except (OSError, ValueError, asyncssh.Error) as e:
+            raise Unreachable(self.name, f"ssh config for {self.ssh}: {e}") from e
+        files = kh.known_hosts_files(self.known_hosts, resolved)
+        try:
+            known = kh.load(files)
+        except ValueError as e:
+            raise Unreachable(self.name, str(e)) from e
+        where = f"{resolved.host}:{resolved.port}"
+
+        options: dict[str, object] = {}
+        if target.port is not None:
+            options["port"] = target.port
+        if target.username is not None:
+            options["username"] = target.username
+        if self.identity:
+            ident = os.path.expanduser(self.identity)
+            if not os.access(ident, os.R_OK):
+                raise AuthFailed(self.name, f"identity file {ident} is missing or unreadable")
+            options["client_keys"] = [ident]
+        client = _Client()
+        try:
+            conn = await asyncssh.connect(
+                target.host, config=kh.config_arg(self.ssh_config), known_hosts=known,
+                client_factory=lambda: client, keepalive_interval=KEEPALIVE_INTERVAL,
+                keepalive_count_max=KEEPALIVE_COUNT_MAX, connect_timeout=self.connect_timeout,
+                **options)  # type: ignore[arg-type]
+        except asyncssh.HostKeyNotVerifiable as e:
+            raise await self._host_key_error(client, known, files, resolved) from e
+        except asyncssh.PermissionDenied as e:
+            raise AuthFailed(self.name, f"{where} refused our keys ({e.reason})") from e
+        except asyncssh.KeyImportError as e:
+            raise AuthFailed(self.name, f"cannot load identity {self.identity}: {e}") from e
+        except asyncio.TimeoutError as e:
+            raise Unreachable(self.name, f"no SSH answer from {where} within "
+                                         f"{self.connect_timeout:g} s") from e
+        except asyncssh.DisconnectError as e:
+            raise Unreachable(self.name, f"{where}: {e.reason}") from e
+        except OSError as e:
+            raise Unreachable(self.name, f"cannot reach {where}: {e.strerror or e}") from e
+        except asyncssh.Error as e:  # channel/tunnel failures (ProxyJump)
+            raise Unreachable(self.name, f"{where}: {e.reason}") from e
+        self._conn, self._client, self._sftp = conn, client, None
+        self._was_connected = True
+
+    async def _host_key_error(self, client: _Client, known: asyncssh.SSHKnownHosts,
+                              files: Sequence[os.PathLike[str]], resolved: kh.Resolved
+                              ) -> TransportError:
+        """Unknown host or changed key? Judge the key the server presented against the file."""
+        file = str(files[0])
+        if client.refused is not None:
+            name, addr, port, key = client.refused
+        else:
+            # refused before asking us (a revoked key, a certificate): fetch the key to name it
+            try:
+                key = await asyncssh.get_server_host_key(
+                    resolved.host, resolved.port, config=kh.config_arg(self.ssh_config))
+            except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
+                return Unreachable(self.name, f"host key not accepted and not readable: {e}")
+            if key is None:
+                return HostKeyChanged(self.name, "(no key presented)", file)
+            name, addr, port = resolved.key_name, "", resolved.port
+        fp = kh.fingerprint(key)
+        if kh.verdict(known, name, addr, port, key) == "unknown":
+            return HostKeyUnknown(
+                self.name, fp, f"if that is the server's key, trust it with "
+                               f"`eagle3-console trust {self.name}` (adds it to {file})")
+        return HostKeyChanged(self.name, fp, file)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def _start(self, command: str, stderr_limit: int | None) -> _Remote:
+        """Open an exec channel for command; a link found dead at this point (nothing ran yet)
+        is reopened once, transparently."""
+        # same line as the command, so a script's line numbers in error messages stay right
+        wrapped = f"printf '{PGID_MARK.decode()}%s\\n' \"$$\" >&2; {command}"
+        for attempt in range(2):
+            conn = await self._ensure()
+            client = self._client
+            assert client is not None
+            try:
+                process = await conn.create_process(wrapped, encoding=None)
+            except _LINK_ERRORS as e:
+                if client.lost and attempt == 0:
+                    continue
+                raise Unreachable(self.name, f"cannot start a command: {e}") from e
+            return _Remote(self, process, client, stderr_limit)
+        raise AssertionError("unreachable")
+
+    async def _exec(self, command: str, label: str | list[str], input: str | bytes | None,
+                    timeout: float | None) -> CommandResult:
+        rp = await self._start(command, None)
+
+        async def complete() -> tuple[bytes, int]:
+            if input is not None:
+                rp.process.stdin.write(input.encode() if isinstance(input, str) else input)
+            rp.process.stdin.write_eof()
+            out = await rp.process.stdout.read()
+            return out, await rp.finish(label)
+
+        try:
+            out, rc = await asyncio.wait_for(complete(), timeout)
+        except asyncio.TimeoutError as e:
+            await asyncio.shield(rp.kill())
+            raise CommandFailed(self.name, label, None, f"timed out after {timeout} s") from e
+        except asyncio.CancelledError:
+            await asyncio.shield(rp.kill())
+            raise
+        except _LINK_ERRORS as e:
+            raise Unreachable(self.name, f"connection lost while running {_label(label)}") from e
+        return CommandResult(rc, _decode(out), rp.stderr_text())
+
+    async def run(self, argv: Sequence[str], *, cwd: str | None = None,
+                  env: Mapping[str, str] | None = None, input: str | bytes | None = None,
+                  timeout: float | None = None, check: bool = False) -> CommandResult:
+        argv = list(argv)
+        result = await self._exec(remote_command(argv, cwd, env), argv, input, timeout)
+        if check and not result.ok:
+            raise CommandFailed(self.name, argv, result.returncode, result.stderr)
+        return result
+
+    async def run_script(self, script: str, *, input: str | bytes | None = None,
+                         timeout: float | None = None, check: bool = False) -> CommandResult:
+        result = await self._exec(script, script, input, timeout)
+        if check and not result.ok:
+            raise CommandFailed(self.name, script, result.returncode, result.stderr)
+        return result
+
+    async def stream(self, argv: Sequence[str], *, cwd: str | None = None,
+                     env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+        argv = list(argv)
+        rp = await self._start(remote_command(argv, cwd, env), STDERR_TAIL)
+        finished = False
+        try:
+            rp.process.stdin.write_eof()
+            while True:
+                try:
+                    line = await rp.process.stdout.readline()
+                except _LINK_ERRORS as e:
+                    raise Unreachable(self.name, f"connection lost while streaming "
+                                                 f"{_label(argv)}") from e
+                if not line:
+                    break
+                yield _decode(line[:-1] if line.endswith(b"\n") else line)
+            rc = await rp.finish(argv)
+            finished = True
+            if rc != 0:
+                raise CommandFailed(self.name, argv, rc, rp.stderr_text())
+        finally:
+            if not finished:
+                await asyncio.shield(rp.kill())
+
+    # -- files (SFTP on the same connection) ------------------------------------------------
+
+    async def _get_sftp(self, conn: asyncssh.SSHClientConnection) -> asyncssh.SFTPClient:
+        async with self._sftp_lock:
+            if self._sftp is None or self._conn is not conn:
+                self._sftp = await conn.start_sftp_client()
+            return self._sftp
+
+    async def _sftp_call(self, op: str, fn: Callable[[asyncssh.SFTPClient], Awaitable[T]]) -> T:
+        """Run fn against the SFTP session. Every file operation here is idempotent, so a link
+        found dropped is reopened (with backoff) and fn retried once."""
+        for attempt in range(2):
+            conn = await self._ensure()
+            client = self._client
+            assert client is not None
+            try:
+                return await fn(await self._get_sftp(conn))
+            except _LINK_ERRORS as e:
+                if client.lost and attempt == 0:
+                    continue
+                raise Unreachable(self.name, f"connection lost during {op}") from e
+            except asyncssh.SFTPError as e:
+                raise CommandFailed(self.name, op, None, e.reason) from e
+        raise AssertionError("unreachable")
+
+    async def _rename(self, sftp: asyncssh.SFTPClient, src: str, dst: str) -> None:
+        try:
+            await sftp.posix_rename(src, dst)  # atomic replace (OpenSSH extension)
+        except asyncssh.SFTPOpUnsupported:
+            with contextlib.suppress(asyncssh.SFTPNoSuchFile):
+                await sftp.remove(dst)
+            await sftp.rename(src, dst)
+
+    async def _makedirs(self, sftp: asyncssh.SFTPClient, parent: str, made: set[str]) -> None:
+        if parent and parent not in made:
+            await sftp.makedirs(parent, exist_ok=True)
+            made.add(parent)
+
+    async def _atomic(self, sftp: asyncssh.SFTPClient, path: str,
+                      write: Callable[[asyncssh.SFTPClient, str], Awaitable[None]],
+                      made: set[str]) -> None:
+        """write(tmp) beside path, then rename over it; the temp never outlives a failure."""
+        await self._makedirs(sftp, posixpath.dirname(path), made)
+        tmp = temp_name(path)
+        done = False
+        try:
+            await write(sftp, tmp)
+            await self._rename(sftp, tmp, path)
+            done = True
+        finally:
+            if not done:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(sftp.remove(tmp))
+
+    async def upload(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> int:
+        made: set[str] = set()
+        sem = asyncio.Semaphore(UPLOAD_CONCURRENCY * 2)
+
+        async def one(src: str, dst: str) -> int:
+            src = os.path.expanduser(src)
+            try:
+                st = os.stat(src)
+            except OSError as e:
+                raise CommandFailed(self.name, f"upload {src}", None, e.strerror or str(e)) from e
+            attrs = asyncssh.SFTPAttrs(
+                permissions=st.st_mode & 0o7777 if mode is None else mode,
+                atime=int(st.st_atime), mtime=int(st.st_mtime))  # SFTP v3: whole seconds
+
+            async def write(sftp: asyncssh.SFTPClient, tmp: str) -> None:
+                await sftp.put(src, tmp, sparse=False)
+                await sftp.setstat(tmp, attrs)
+
+            async def op(sftp: asyncssh.SFTPClient) -> None:
+                await self._atomic(sftp, sftp_path(dst), write, made)
+
+            async with sem:
+                await self._sftp_call(f"upload {src} -> {dst}", op)
+            return st.st_size
+
+        tasks = [asyncio.ensure_future(one(s, d)) for s, d in files]
+        try:
+            return sum(await asyncio.gather(*tasks))
+        finally:
+            # one failure (or our cancellation) stops the rest; each removes its own temp
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def write_bytes(self, path: str, data: bytes, *, mode: int | None = None) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            async def write(sftp: asyncssh.SFTPClient, tmp: str) -> None:
+                attrs = asyncssh.SFTPAttrs(permissions=mode) if mode is not None else \
+                    asyncssh.SFTPAttrs()
+                async with sftp.open(tmp, "wb", attrs) as f:
+                    await f.write(data)
+                if mode is not None:
+                    await sftp.chmod(tmp, mode)  # exact, whatever the server's umask
+            await self._atomic(sftp, sftp_path(path), write, set())
+
+        await self._sftp_call(f"write {path}", op)
+
+    async def read_range(self, path: str, offset: int, length: int) -> bytes:
+        async def op(sftp: asyncssh.SFTPClient) -> bytes:
+            async with sftp.open(sftp_path(path), "rb") as f:
+                data = await f.read(length, offset)
+                return data if isinstance(data, bytes) else data.encode()
+
+        return await self._sftp_call(f"read {path}", op)
+
+    async def stat(self, path: str) -> FileStat | None:
+        async def op(sftp: asyncssh.SFTPClient) -> FileStat | None:
+            try:
+                a = await sftp.stat(sftp_path(path))
+            except asyncssh.SFTPNoSuchFile:
+                return None
+            perm = a.permissions or 0
+            return FileStat(size=a.size or 0, mtime=float(a.mtime or 0),
+                            is_dir=stat_mod.S_ISDIR(perm), mode=perm, inode=0)
+
+        return await self._sftp_call(f"stat {path}", op)
+
+    async def remove(self, paths: Sequence[str]) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            async def one(p: str) -> None:
+                with contextlib.suppress(asyncssh.SFTPNoSuchFile):
+                    await sftp.remove(sftp_path(p))
+            await asyncio.gather(*(one(p) for p in paths))
+
+        await self._sftp_call(f"remove {', '.join(paths)[:100]}", op)
