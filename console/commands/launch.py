@@ -1,0 +1,36 @@
+"""`eagle3-console launch PROFILE [--force]`: push what changed, start the run detached."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.config import Config
+from console.host import Host
+from console.runs import close_hosts, launch
+
+HELP = "start PROFILE detached on its host(s) (pushes changes first; survives disconnects)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("profile", help="a [profiles.*] name from the config")
+    p.add_argument("--force", action="store_true",
+                   help="start even if this profile already has a running run")
+    p.add_argument("--json", action="store_true", help="print the run records as JSON")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    pool: dict[str, Host] = {}
+    try:
+        started = await launch(config, args.profile, pool, force=args.force)
+    finally:
+        await close_hosts(pool)
+    if args.json:
+        print(json.dumps({"id": started.id, "status": started.status,
+                          "records": [r.raw for r in started.records]}, indent=2))
+        return 0
+    print(started.id)
+    for r in started.records:
+        node = f" node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else ""
+        print(f"  {r.host}{node}: pid {r.raw.get('pid')} {r.status}  {r.run_dir}")
+    return 0

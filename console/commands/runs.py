@@ -1,0 +1,53 @@
+"""`eagle3-console runs HOST [--json]`: the run registry on HOST."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from console.config import Config
+from console.host import open_host
+from console.runs import RunRecord, list_runs
+
+HELP = "list the runs recorded on HOST (running, succeeded, failed, stopped, lost)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    host = await open_host(config, args.host)
+    try:
+        records = await list_runs(host)
+    finally:
+        await host.close()
+    if args.json:
+        print(json.dumps([r.raw | {"status": r.status} for r in records], indent=2))
+        return 0
+    if not records:
+        print(f"no runs on {args.host}")
+        return 0
+    print(f"{'RUN':<40} {'PROFILE':<16} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
+    for r in records:
+        print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
+              f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else ""))
+    return 0
+
+
+def _exit(r: RunRecord) -> str:
+    return "" if r.exit_code is None else str(r.exit_code)
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _duration(r: RunRecord) -> str:
+    if not r.start:
+        return "-"
+    secs = int((r.end or time.time()) - r.start)
+    h, rem = divmod(secs, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"

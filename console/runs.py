@@ -1,0 +1,320 @@
+"""Runs: launch a profile detached on its hosts, list the registry, stop, find a run.
+
+The registry lives on each host, so it holds whether or not a console was connected:
+
+    ROOT/runs/<run-id>/
+        run.json      the record (written by the host-side monitor, atomically): id, profile,
+                      host, node_rank, nnodes, argv, cwd, env, pid, pgid, start, status
+                      (running | succeeded | failed | stopped | lost), exit_code, end, push
+                      (manifest hash, per-tree hashes, local git commits of pushed folders)
+        spec.json     what the console asked to run
+        output.log    stdout and stderr of a plain command; stderr of an engine command
+        events.jsonl  stdout of an engine command run with --events (engine/events.py lines)
+        runner.log    the monitor's own errors (normally empty)
+        stop          present once a stop was requested (the exit then reads `stopped`)
+
+A run id is `<profile>-<YYYYmmdd-HHMMSS>-<4 hex>`; a multi-node run has the same id and one
+directory (one record, its node_rank) on every host. How a profile's `run` string becomes argv:
+
+    engine CMD ...            PYTHON -m engine CMD ... --events  (PYTHONPATH=ROOT/code first)
+    python[3] script.py ...   PYTHON script.py ...               (the host's configured Python)
+    anything else             as written (split like a shell would, never run by one)
+
+and with nproc_per_node > 1 or several hosts the same under `PYTHON -m torch.distributed.run`
+(`--standalone` on one host; `--nnodes N --node-rank R --rdzv-backend c10d --rdzv-endpoint
+FIRST_HOST:PORT --rdzv-id RUN_ID` across hosts; the address is the first host's SSH host name,
+or its first `hostname -I` address for an ssh-config alias; MASTER_ADDR / MASTER_PORT in the
+profile's env override address and port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import secrets
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from console.config import Config, HostConfig, Profile
+from console.errors import CommandFailed, ConfigError, ConsoleError, TransportError
+from console.host import Host
+from console.push import PushReport, engine_trees, push, sync_tree
+
+STATUSES = ("running", "succeeded", "failed", "stopped", "lost")
+RUNNER = "eagle3_hostside.runner"
+
+
+@dataclass
+class RunRecord:
+    """One host's record of a run (run.json, with `lost` worked out by the host)."""
+
+    id: str
+    host: str
+    profile: str
+    status: str
+    exit_code: int | None
+    start: float | None
+    end: float | None
+    node_rank: int = 0
+    nnodes: int = 1
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], host: str) -> RunRecord:
+        return cls(id=str(d.get("id", "?")), host=str(d.get("host") or host),
+                   profile=str(d.get("profile", "")), status=str(d.get("status", "lost")),
+                   exit_code=d.get("exit_code"), start=d.get("start"), end=d.get("end"),
+                   node_rank=int(d.get("node_rank") or 0), nnodes=int(d.get("nnodes") or 1), raw=d)
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.raw.get("run_dir", ""))
+
+
+@dataclass
+class Run:
+    """A launched run: its id and one record per node."""
+
+    id: str
+    records: list[RunRecord]
+
+    @property
+    def status(self) -> str:
+        return combined_status([r.status for r in self.records])
+
+
+def combined_status(statuses: Sequence[str]) -> str:
+    """One status for a multi-node run: running while any node runs, then the worst outcome."""
+    for s in ("running", "lost", "stopped", "failed"):
+        if s in statuses:
+            return s
+    return "succeeded" if statuses else "lost"
+
+
+# -- host-side calls ------------------------------------------------------------------------------
+
+async def runs_dir(host: Host) -> str:
+    return posixpath.join(await host.root(), "runs")
+
+
+async def runner(host: Host, args: Sequence[str], input: str | None = None,
+                 timeout: float = 120) -> Any:
+    """Run console/hostside/runner.py on the host (pushed with the engine) and decode its JSON."""
+    await host.connect()
+    await host.ensure_engine()
+    argv = [host.cfg.python, "-m", RUNNER, *args]
+    res = await host.transport.run(argv, env={"PYTHONPATH": await host.code_dir()}, input=input,
+                                   timeout=timeout)
+    try:
+        data = json.loads(res.stdout) if res.stdout.strip() else None
+    except ValueError:
+        data = None
+    if not res.ok:
+        msg = data.get("error") if isinstance(data, dict) else None
+        if msg:
+            raise ConsoleError(f"{host.name}: {msg}")
+        raise CommandFailed(host.name, argv[:4], res.returncode, res.stderr)
+    return data
+
+
+async def list_runs(host: Host, run_id: str | None = None) -> list[RunRecord]:
+    """The host's run records, oldest first (`lost` ones marked as such)."""
+    data = await runner(host, ["list", await runs_dir(host), *([run_id] if run_id else [])])
+    return [RunRecord.from_dict(d, host.name) for d in data or []]
+
+
+# -- launch ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of a multi-node run meet (c10d on the first host)."""
+
+    host: str
+    port: int
+
+
+def new_run_id(profile: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in profile)
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int = 0,
+               rdzv: Rendezvous | None = None) -> tuple[list[str], bool]:
+    """argv for one node, and whether it is an engine command (see the module docstring)."""
+    try:
+        words = shlex.split(profile.run)
+    except ValueError as e:
+        raise ConfigError(f"[profiles.{profile.name}] run: cannot split {profile.run!r}: {e}") from e
+    if not words:
+        raise ConfigError(f"[profiles.{profile.name}] run: empty command")
+    is_engine = words[0] == "engine"
+    if is_engine:
+        tail = ["-m", "engine", *words[1:]]
+        if "--events" not in tail:
+            tail.append("--events")
+        python_tail: list[str] | None = tail
+    elif words[0] in ("python", "python3"):
+        python_tail = words[1:]
+    else:
+        python_tail = None
+    nnodes = len(profile.hosts)
+    if profile.nproc_per_node <= 1 and nnodes == 1 or words[0] in ("torchrun",):
+        if python_tail is None:
+            return words, False
+        return [cfg.python, *python_tail], is_engine
+    dist = [cfg.python, "-m", "torch.distributed.run",
+            "--nproc-per-node", str(profile.nproc_per_node)]
+    if nnodes == 1:
+        dist.append("--standalone")
+    else:
+        assert rdzv is not None
+        dist += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv.host}:{rdzv.port}",
+                 "--rdzv-id", run_id]
+    if python_tail is None:
+        return [*dist, "--no-python", *words], False
+    return [*dist, *python_tail], is_engine
+
+
+async def running_for(hosts: Sequence[Host], profile: str) -> list[RunRecord]:
+    found = await asyncio.gather(*(list_runs(h) for h in hosts))
+    return [r for recs in found for r in recs if r.profile == profile and r.status == "running"]
+
+
+async def launch(config: Config, name: str, pool: dict[str, Host], *, force: bool = False) -> Run:
+    """Push what changed, then start the profile detached on every one of its hosts."""
+    profile = config.profile(name)
+    nodes = [host_of(pool, config, h) for h in profile.hosts]
+    if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
+        raise ConfigError(f"[profiles.{name}] hosts: two nodes share one host and root")
+    await asyncio.gather(*(n.connect() for n in nodes))
+    if not force:
+        busy = await running_for(nodes, name)
+        if busy:
+            where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
+            raise ConsoleError(f"profile {name!r} is already running ({where}); "
+                               f"stop it or launch with --force")
+    pushes = await asyncio.gather(*(_push_for(config, profile, n) for n in nodes))
+    run_id = new_run_id(name)
+    rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
+    starts = [_start_node(profile, node, rank, run_id, rdzv, report)
+              for rank, (node, report) in enumerate(zip(nodes, pushes))]
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        # one node could not start: take the others down rather than leave them waiting
+        started = [n for n, r in zip(nodes, results) if not isinstance(r, BaseException)]
+        await asyncio.gather(*(_stop_on(n, run_id, 5.0) for n in started), return_exceptions=True)
+        raise failed[0]
+    records = await asyncio.gather(*(list_runs(n, run_id) for n in nodes))
+    return Run(run_id, [r for recs in records for r in recs])
+
+
+async def _push_for(config: Config, profile: Profile, host: Host) -> PushReport:
+    trees = await engine_trees(host)
+    for s in profile.sync:
+        trees.append(await sync_tree(host, config.syncs[s]))
+    report = await push(host, trees)
+    host._engine_pushed = True  # noqa: SLF001 - the push above covered the engine
+    return report
+
+
+async def _rendezvous(profile: Profile, first: Host) -> Rendezvous:
+    addr = profile.env.get("MASTER_ADDR")
+    if addr is None:
+        addr = _ssh_hostname(first.cfg)
+        if addr is None:
+            res = await first.transport.run_script("hostname -I 2>/dev/null || hostname")
+            words = res.stdout.split()
+            addr = words[0] if words else first.cfg.ssh or "127.0.0.1"
+    port = profile.env.get("MASTER_PORT")
+    if port is None:
+        port = str(await runner(first, ["freeport"]))
+    return Rendezvous(addr, int(port))
+
+
+def _ssh_hostname(cfg: HostConfig) -> str | None:
+    """The host part of user@host[:port], or None for an ssh-config alias (not resolvable by
+    the other nodes in general)."""
+    if cfg.ssh is None:
+        return "127.0.0.1"
+    target = cfg.ssh.rsplit("@", 1)[-1]
+    if target.startswith("["):
+        return target[1:].split("]", 1)[0]
+    host = target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+    if "." in host or ":" in host or host == "localhost":
+        return host
+    return None
+
+
+async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
+                      rdzv: Rendezvous | None, report: PushReport) -> dict[str, Any]:
+    argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv)
+    run_dir = posixpath.join(await runs_dir(host), run_id)
+    env = {k: v for k, v in profile.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    spec = {
+        "id": run_id, "profile": profile.name, "host": host.name, "node_rank": rank,
+        "nnodes": len(profile.hosts), "argv": argv,
+        "cwd": await host.resolve(profile.cwd) if profile.cwd else await host.root(),
+        "env": env, "path_prepend": {"PYTHONPATH": await host.code_dir()},
+        "stdout": "events.jsonl" if is_engine else "output.log", "stderr": "output.log",
+        "engine": is_engine, "run_dir": run_dir, "push": report.record(),
+        "rendezvous": f"{rdzv.host}:{rdzv.port}" if rdzv else None,
+    }
+    result = await runner(host, ["start", run_dir], input=json.dumps(spec))
+    return dict(result or {})
+
+
+# -- find / stop ----------------------------------------------------------------------------------
+
+def host_of(pool: dict[str, Host], config: Config, name: str) -> Host:
+    """The pool's Host for name, created on first use (the caller closes the pool)."""
+    if name not in pool:
+        pool[name] = Host(config.host(name))
+    return pool[name]
+
+
+async def close_hosts(pool: dict[str, Host]) -> None:
+    await asyncio.gather(*(h.close() for h in pool.values()), return_exceptions=True)
+
+
+async def find_run(config: Config, run_id: str, pool: dict[str, Host]
+                   ) -> list[tuple[Host, RunRecord]]:
+    """Every node record of run_id: the hosts of the profile the id names first, then the rest."""
+    preferred = list(dict.fromkeys(h for p in config.profiles.values()
+                                   if run_id.startswith(p.name + "-") for h in p.hosts))
+    rest = [h for h in config.hosts if h not in preferred]
+    for group in (preferred, rest):
+        found = await asyncio.gather(*(_records_on(host_of(pool, config, h), run_id)
+                                       for h in group))
+        hits = [hit for hs in found for hit in hs]
+        if hits:
+            return sorted(hits, key=lambda hr: hr[1].node_rank)
+    raise ConsoleError(f"no run {run_id!r} on any configured host")
+
+
+async def _records_on(host: Host, run_id: str) -> list[tuple[Host, RunRecord]]:
+    if "/" in run_id or run_id in ("", ".", ".."):
+        return []
+    try:
+        return [(host, r) for r in await list_runs(host, run_id)]
+    except TransportError:
+        return []  # an unreachable host cannot hold the run we can act on
+
+
+async def _stop_on(host: Host, run_id: str, grace: float) -> RunRecord:
+    run_dir = posixpath.join(await runs_dir(host), run_id)
+    data = await runner(host, ["stop", run_dir, str(grace)], timeout=grace + 60)
+    return RunRecord.from_dict(data, host.name)
+
+
+async def stop_run(config: Config, run_id: str, pool: dict[str, Host], grace: float = 10.0) -> Run:
+    """SIGTERM every node's process group, SIGKILL after grace; records say `stopped`."""
+    nodes = await find_run(config, run_id, pool)
+    records = await asyncio.gather(*(_stop_on(h, run_id, grace) for h, _ in nodes))
+    return Run(run_id, list(records))

@@ -1,0 +1,261 @@
+"""Detached runs through the real test sshd (and the local transport): exit codes recorded
+across a dropped connection, odd names and arguments, double launch, stop of a whole process
+tree, lost runs, engine runs writing events.jsonl, and the subcommands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from console.cli import main as cli_main
+from console.config import Config, HostConfig, Profile
+from console.errors import ConsoleError
+from console.host import Host
+from console.runs import (
+    RunRecord,
+    build_argv,
+    close_hosts,
+    combined_status,
+    launch,
+    list_runs,
+    stop_run,
+)
+from engine import events
+from tests.sshd import SSHD
+
+ARGS_SCRIPT = "import json, sys, os\nprint(json.dumps(sys.argv[1:]))\nprint(os.environ['GREETING'])\n" \
+              "sys.stderr.write('to stderr\\n')\nsys.exit(3)\n"
+
+
+def make_config(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+                profiles: dict[str, Profile]) -> Config:
+    root = str(tmp_path / "host root")
+    if kind == "local":
+        box = HostConfig(name="box", ssh=None, python=sys.executable, root=root)
+    else:
+        sshd: SSHD = request.getfixturevalue("sshd")
+        box = HostConfig(name="box", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                         identity=str(sshd.user_key), python=sys.executable, root=root)
+    return Config(hosts={"box": box}, profiles=profiles)
+
+
+async def wait_status(host: Host, run_id: str, want: set[str], timeout: float = 30) -> RunRecord:
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = await list_runs(host, run_id)
+        if recs and recs[0].status in want:
+            return recs[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"run {run_id} stuck at {recs[0].status if recs else None}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture(params=["local", "ssh"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_odd_names_args_exit_code_and_output(kind: str, request: pytest.FixtureRequest,
+                                                   tmp_path: Path) -> None:
+    work = tmp_path / "work dir 'q'"
+    work.mkdir()
+    (work / "my script's.py").write_text(ARGS_SCRIPT)
+    args = ["arg with space", 'q"uote', "$(touch pwned)", ";echo no", "`id`", "*", "a\\b"]
+    run = "python \"my script's.py\" " + " ".join(__import__("shlex").quote(a) for a in args)
+    cfg = make_config(kind, request, tmp_path, {
+        "odd": Profile(name="odd", hosts=["box"], run=run, cwd=str(work),
+                       env={"GREETING": "hello; $HOME 'x'"})})
+    pool: dict[str, Host] = {}
+    try:
+        started = await launch(cfg, "odd", pool)
+        rec = await wait_status(pool["box"], started.id, {"failed"})
+    finally:
+        await close_hosts(pool)
+    assert rec.exit_code == 3 and rec.end is not None and rec.end >= (rec.start or 0)
+    out = (Path(rec.run_dir) / "output.log").read_text().splitlines()
+    assert json.loads(out[0]) == args
+    assert out[1] == "hello; $HOME 'x'"
+    assert "to stderr" in out
+    assert not (work / "pwned").exists()
+    assert rec.raw["push"]["manifest"] and rec.raw["push"]["trees"]["engine"]
+    assert rec.raw["argv"][0] == sys.executable
+
+
+async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> None:
+    marker = tmp_path / "done"
+    script = tmp_path / "slow.py"
+    script.write_text(f"import time, pathlib\ntime.sleep(2)\npathlib.Path({str(marker)!r})"
+                      ".write_text('ok')\nprint('finished')\nraise SystemExit(7)\n")
+    cfg = make_config("ssh", _Req(sshd), tmp_path, {
+        "slow": Profile(name="slow", hosts=["box"], run=f"python {script}")})
+    pool: dict[str, Host] = {}
+    try:
+        started = await launch(cfg, "slow", pool)
+        assert started.status == "running"
+        assert sshd.drop_connections() >= 1          # the launching connection is gone
+        await pool["box"].close()
+        await asyncio.sleep(3)                        # the run ends while no console is connected
+        assert marker.read_text() == "ok"
+        rec = await wait_status(pool["box"], started.id, {"failed"}, timeout=10)
+    finally:
+        await close_hosts(pool)
+    assert rec.exit_code == 7
+    assert (Path(rec.run_dir) / "output.log").read_text() == "finished\n"
+
+
+class _Req:
+    """getfixturevalue stand-in for make_config when the sshd fixture is already at hand."""
+
+    def __init__(self, sshd: SSHD) -> None:
+        self.sshd = sshd
+
+    def getfixturevalue(self, name: str) -> SSHD:
+        return self.sshd
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_double_launch_refused_and_stop_kills_children(kind: str,
+                                                             request: pytest.FixtureRequest,
+                                                             tmp_path: Path) -> None:
+    cfg = make_config(kind, request, tmp_path, {
+        "tree": Profile(name="tree", hosts=["box"], cwd=str(tmp_path),
+                        run="sh -c 'sleep 300 & echo $! > child-$$.pid; wait'")})
+    pool: dict[str, Host] = {}
+    try:
+        first = await launch(cfg, "tree", pool)
+        with pytest.raises(ConsoleError, match="already running"):
+            await launch(cfg, "tree", pool)
+        second = await launch(cfg, "tree", pool, force=True)
+        parent = int(first.records[0].raw["pid"])
+        child_pid = tmp_path / f"child-{parent}.pid"
+        for _ in range(100):
+            if child_pid.exists() and child_pid.read_text().strip():
+                break
+            await asyncio.sleep(0.05)
+        child = int(child_pid.read_text())
+        assert _alive(child) and _alive(parent)
+        stopped = await stop_run(cfg, first.id, pool, grace=5)
+        assert [r.status for r in stopped.records] == ["stopped"]
+        assert stopped.records[0].exit_code == -signal.SIGTERM
+        assert not _alive(child) and not _alive(parent)
+        # stopping a finished run is harmless; the other run is untouched
+        again = await stop_run(cfg, first.id, pool, grace=1)
+        assert again.records[0].status == "stopped"
+        recs = {r.id: r.status for r in await list_runs(pool["box"])}
+        assert recs == {first.id: "stopped", second.id: "running"}
+        await stop_run(cfg, second.id, pool, grace=5)
+    finally:
+        await close_hosts(pool)
+
+
+async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                        "print('ready', flush=True)\ntime.sleep(300)\n")
+    cfg = make_config("local", None, tmp_path, {  # type: ignore[arg-type]
+        "stubborn": Profile(name="stubborn", hosts=["box"], run=f"python {stubborn}"),
+        "victim": Profile(name="victim", hosts=["box"], run="sleep 300")})
+    pool: dict[str, Host] = {}
+    try:
+        run = await launch(cfg, "stubborn", pool)
+        log = Path(run.records[0].run_dir) / "output.log"
+        for _ in range(100):
+            if log.exists() and "ready" in log.read_text():
+                break
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        stopped = await stop_run(cfg, run.id, pool, grace=0.5)
+        assert stopped.records[0].exit_code == -signal.SIGKILL
+        assert stopped.records[0].status == "stopped"
+        assert time.monotonic() - t0 < 10
+
+        # a host reboot: command and monitor vanish without an exit record
+        victim = await launch(cfg, "victim", pool)
+        raw = victim.records[0].raw
+        os.kill(raw["monitor_pid"], signal.SIGKILL)
+        os.kill(raw["pid"], signal.SIGKILL)
+        rec = await wait_status(pool["box"], victim.id, {"lost"}, timeout=10)
+        assert rec.exit_code is None
+        # a lost profile does not block a new launch
+        again = await launch(cfg, "victim", pool)
+        await stop_run(cfg, again.id, pool, grace=1)
+    finally:
+        await close_hosts(pool)
+
+
+async def test_engine_run_writes_events(tmp_path: Path) -> None:
+    cfg = make_config("local", None, tmp_path, {  # type: ignore[arg-type]
+        "doc": Profile(name="doc", hosts=["box"], run=f"engine doctor --path '{tmp_path}'")})
+    pool: dict[str, Host] = {}
+    try:
+        run = await launch(cfg, "doc", pool)
+        rec = await wait_status(pool["box"], run.id, {"succeeded", "failed"}, timeout=60)
+    finally:
+        await close_hosts(pool)
+    assert rec.status == "succeeded", (Path(rec.run_dir) / "output.log").read_text()
+    assert rec.raw["argv"][1:4] == ["-m", "engine", "doctor"] and rec.raw["argv"][-1] == "--events"
+    evs = [events.parse(ln) for ln in (Path(rec.run_dir) / "events.jsonl").read_text().splitlines()]
+    assert any(e is not None and e.kind == "result" for e in evs)
+
+
+def test_launch_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[hosts.box]\npython = "{sys.executable}"\nroot = "{tmp_path / "r"}"\n'
+                   '[profiles.bad]\nhost = "box"\nrun = "no-such-program-xyz --flag"\n'
+                   f'[profiles.nocwd]\nhost = "box"\nrun = "true"\ncwd = "{tmp_path / "nope"}"\n')
+    assert cli_main(["--config", str(cfg), "launch", "bad"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: box: cannot run no-such-program-xyz") and err.count("\n") == 1
+    assert cli_main(["--config", str(cfg), "launch", "nocwd"]) == 1
+    assert "cannot enter working directory" in capsys.readouterr().err
+    assert cli_main(["--config", str(cfg), "runs", "box", "--json"]) == 0
+    recs = json.loads(capsys.readouterr().out)
+    assert sorted(r["status"] for r in recs) == ["failed", "failed"]
+    assert {r["exit_code"] for r in recs} == {127}
+    assert cli_main(["--config", str(cfg), "runs", "box"]) == 0
+    assert "bad-" in capsys.readouterr().out
+    assert cli_main(["--config", str(cfg), "stop", "bad-nonexistent"]) == 1
+    assert "no run 'bad-nonexistent'" in capsys.readouterr().err
+
+
+def test_build_argv() -> None:
+    box = HostConfig(name="box", python="/venv/bin/python")
+    eng = Profile(name="p", hosts=["box"], run="engine train --data '/d d'", nproc_per_node=8)
+    argv, is_engine = build_argv(eng, box, run_id="r1")
+    assert is_engine
+    assert argv == ["/venv/bin/python", "-m", "torch.distributed.run", "--nproc-per-node", "8",
+                    "--standalone", "-m", "engine", "train", "--data", "/d d", "--events"]
+    script = Profile(name="p", hosts=["a", "b"], run="python3 04_train.py --x 1")
+    from console.runs import Rendezvous
+    argv, is_engine = build_argv(script, box, run_id="r1", node_rank=1,
+                                 rdzv=Rendezvous("10.0.0.1", 29400))
+    assert not is_engine
+    assert argv[3:] == ["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400",
+                        "--rdzv-id", "r1", "04_train.py", "--x", "1"]
+    plain = Profile(name="p", hosts=["box"], run="bash run.sh", nproc_per_node=2)
+    assert build_argv(plain, box, run_id="r")[0][-3:] == ["--no-python", "bash", "run.sh"]
+    assert build_argv(Profile(name="p", hosts=["box"], run="ls -l"), box, run_id="r") == \
+        (["ls", "-l"], False)
+
+
+def test_combined_status() -> None:
+    assert combined_status(["succeeded", "running"]) == "running"
+    assert combined_status(["succeeded", "failed"]) == "failed"
+    assert combined_status(["stopped", "failed"]) == "stopped"
+    assert combined_status(["succeeded", "succeeded"]) == "succeeded"
+    assert combined_status(["lost", "succeeded"]) == "lost"
