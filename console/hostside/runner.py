@@ -77,15 +77,30 @@ def alive(pid: Optional[int], start: Optional[int] = None) -> bool:
 
 
 def group_alive(pgid: Optional[int]) -> bool:
+    """Whether the process group has a member that is not a zombie (a dead process its parent
+    has not reaped yet still counts for kill(2), but it is gone for us)."""
     if not pgid:
         return False
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return True  # no /proc: trust kill(2)
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                data = f.read().decode("ascii", "replace")
+            fields = data[data.rindex(")") + 2:].split()
+        except (OSError, ValueError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def exit_code(status: int) -> int:
@@ -149,6 +164,7 @@ def _monitor(run_dir: str, spec: Dict[str, Any], report_w: int) -> None:
         os.dup2(devnull, 1)
         os.dup2(log, 2)  # our own tracebacks, if any
         os.chdir("/")
+        _become_subreaper()
         code = _supervise(run_dir, spec, report_w)
     except BaseException as e:  # noqa: BLE001 - report anything, the launcher is waiting
         try:
@@ -188,12 +204,7 @@ def _supervise(run_dir: str, spec: Dict[str, Any], report_w: int) -> int:
     write_json(record, rec)
     os.write(report_w, json.dumps({"pid": pid, "pgid": pid, "start": rec["start"]}).encode())
     os.close(report_w)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
+    status = _reap_until(pid)
     rec["exit_code"] = exit_code(status)
     rec["end"] = time.time()
     if os.path.exists(os.path.join(run_dir, STOP_MARKER)):
@@ -201,7 +212,47 @@ def _supervise(run_dir: str, spec: Dict[str, Any], report_w: int) -> int:
     else:
         rec["status"] = "succeeded" if rec["exit_code"] == 0 else "failed"
     write_json(record, rec)
+    _reap_stragglers(pid)
     return 0
+
+
+def _become_subreaper() -> None:
+    """Orphans of the command's tree are re-parented to us (Linux), so we reap them at once:
+    a dead process then leaves its group at once and `stop` sees the group empty."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_until(pid: int) -> int:
+    """Reap every child (the command and adopted orphans) until the command ends; its status."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:  # cannot happen before pid is reaped; be safe anyway
+            _, status = os.waitpid(pid, os.WNOHANG)
+            return status
+        if done == pid:
+            return status
+
+
+def _reap_stragglers(pgid: int, linger: float = 10.0) -> None:
+    """After the command: reap what is left of its group as it dies (we are its subreaper),
+    for up to `linger` seconds, so no zombie outlives the run for long."""
+    deadline = time.time() + linger
+    while time.time() < deadline:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
 
 
 def _command(spec: Dict[str, Any], out_path: str, err_path: str, exec_w: int) -> None:
