@@ -174,7 +174,6 @@ class Eagle3Config:
             if not isinstance(nbr, bool):
                 raise EngineError(f"config field 'norm_before_residual': {nbr!r} is not a bool")
             cfg.norm_before_residual = nbr
-            cfg.norm_before_fc = bool(d.get("norm_before_fc", False))
             cfg.__post_init__()
             return cfg
         return _from_llama(d, top=d)
@@ -218,9 +217,14 @@ class Eagle3Config:
             if min(self.aux_layer_ids) >= 1:
                 out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
                                        [k - 1 for k in self.aux_layer_ids]}
+        out.update(self._extra_norm_flags())
         if self.target_num_layers is not None:
             out["target_num_hidden_layers"] = self.target_num_layers
         return out
+
+    def _extra_norm_flags(self) -> dict[str, bool]:
+        # Written only when used: newer vLLM/SGLang read them, older ones never see them.
+        return {k: True for k in ("norm_before_fc", "fc_norm") if getattr(self, k)}
 
     def to_speculators_dict(self, verifier: str | None = None,
                             speculative_tokens: int | None = None,
@@ -252,8 +256,7 @@ class Eagle3Config:
             },
             "torch_dtype": self.torch_dtype,
         }
-        if self.norm_before_fc:
-            out["norm_before_fc"] = True
+        out.update(self._extra_norm_flags())
         if self.target_num_layers is not None:
             out["target_num_hidden_layers"] = self.target_num_layers
         return out
@@ -334,6 +337,11 @@ def _from_llama(layer: dict[str, Any], top: dict[str, Any]) -> Eagle3Config:
                            or layer.get("dtype") or "bfloat16").replace("torch.", ""),
         "extra": {k: copy.deepcopy(layer[k]) for k in PASSTHROUGH_KEYS if k in layer},
     }
+    for flag in ("norm_before_fc", "fc_norm"):
+        v = top.get(flag, eagle_cfg.get(flag, False) if isinstance(eagle_cfg, dict) else False)
+        if not isinstance(v, bool):
+            raise EngineError(f"config field {flag!r}: {v!r} is not a bool")
+        kwargs[flag] = v
     if top.get("norm_output") is not None:
         pass  # ambiguous across projects (spec section 4): read as nothing, never written
     try:
@@ -375,7 +383,7 @@ PRESETS: dict[str, Eagle3Config] = {
     "tiny": Eagle3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=512, draft_vocab_size=128,
                          rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
-                         target_num_layers=6, torch_dtype="float32"),
+                         target_num_layers=8, torch_dtype="float32"),
     "llama3-8b": Eagle3Config(
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
         head_dim=128, vocab_size=128256, draft_vocab_size=32000, rms_norm_eps=1e-5,

@@ -1,0 +1,59 @@
+"""`python -m engine convert SRC DST --to {eagle,speculators,vllm,sglang}`: restyle or export a drafter.
+
+Streams tensor by tensor (peak memory near the largest tensor), keeps tensor bytes identical unless
+`--dtype` asks for a cast, writes into a temp dir beside DST and renames it at the end, and records
+provenance.json (source path and sha256, source format, key mapping, engine version, time).
+The work is engine/converter.py; this module is the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine.events import Emitter
+
+HELP = "convert a drafter between EAGLE and speculators styles, or export it for vLLM / SGLang"
+TARGETS = ("eagle", "speculators", "vllm", "sglang")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="drafter directory (EAGLE or speculators style, any weight layout)")
+    p.add_argument("dst", help="output directory (must not exist unless --force)")
+    p.add_argument("--to", required=True, choices=TARGETS, help="output style / serving engine")
+    p.add_argument("--verifier", metavar="NAME_OR_PATH",
+                   help="the target model, recorded in the speculators config")
+    p.add_argument("--dtype", choices=("keep", "bf16", "fp16", "fp32"), default="keep",
+                   help="cast floating-point tensors (default: keep the stored bytes)")
+    p.add_argument("--speculative-tokens", type=int, default=3, metavar="K",
+                   help="greedy proposal length in the speculators config (default: 3)")
+    emb = p.add_mutually_exclusive_group()
+    emb.add_argument("--embed-from", metavar="TARGET_DIR",
+                     help="add the target model's embedding as embed_tokens.weight")
+    emb.add_argument("--drop-embed", action="store_true", help="leave embed_tokens.weight out")
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def run(args: argparse.Namespace, ev: Emitter) -> int:
+    from pathlib import Path
+
+    from engine.converter import convert_checkpoint
+    from engine.errors import UsageError
+
+    if args.speculative_tokens < 1:
+        raise UsageError("--speculative-tokens must be >= 1")
+    summary = convert_checkpoint(
+        Path(args.src), Path(args.dst), args.to, verifier=args.verifier, dtype=args.dtype,
+        speculative_tokens=args.speculative_tokens,
+        embed_from=Path(args.embed_from) if args.embed_from else None,
+        drop_embed=args.drop_embed, force=args.force, ev=ev)
+    ev.result(summary)
+    if not ev.json_mode:
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            print(f"wrote {summary['dst']} ({args.to} style from {summary['source_format']}, "
+                  f"{summary['tensors']} tensors, {summary['bytes'] / 2**20:.1f} MiB, "
+                  f"{summary['seconds']:.2f} s)")
+    return 0

@@ -1,0 +1,211 @@
+"""Streaming checkpoint conversion: `python -m engine convert SRC DST --to STYLE` does this.
+
+Tensor by tensor, in the source's on-disk order: with `--dtype keep` the stored bytes are copied
+chunk by chunk (never decoded, so they are identical and memory stays at one chunk); a dtype cast
+loads one tensor at a time (peak memory ~ the largest tensor). The sha256 of the source weight
+files is computed on a thread while the copy runs. Everything goes into a temp dir beside DST that
+is renamed into place at the end; any failure removes it, so DST is complete or absent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine import __version__
+from engine.errors import EngineError
+from engine.events import Emitter
+from engine.formats import (
+    LAYER_PREFIX,
+    atomic_output_dir,
+    cast_code,
+    config_for,
+    export_checks,
+    from_canonical,
+    open_checkpoint,
+    output_style,
+    require_checks,
+    torch_name,
+    write_json,
+)
+from engine.safetensors_io import (
+    HashInBackground,
+    SafetensorsWriter,
+    WeightSet,
+    open_weights,
+    tensor_bytes,
+    torch_dtype,
+)
+
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+TARGET_EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight",
+                      "model.language_model.embed_tokens.weight",
+                      "language_model.model.embed_tokens.weight")
+AUX_CONVENTION = "vLLM: id k is the input of decoder layer k (HF hidden_states index k)"
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One output tensor and where its bytes come from."""
+
+    out: str
+    src: WeightSet
+    name: str  # name in `src`
+    in_code: str
+    out_code: str
+    shape: tuple[int, ...]
+
+
+def find_target_embedding(target: Path) -> tuple[WeightSet, str]:
+    ws = open_weights(Path(target))
+    for n in TARGET_EMBED_NAMES:
+        if n in ws.entries:
+            return ws, n
+    raise EngineError(f"{target}: no embedding tensor (looked for {', '.join(TARGET_EMBED_NAMES)})")
+
+
+def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = None,
+                       dtype: str = "keep", speculative_tokens: int = 3,
+                       embed_from: Path | None = None, drop_embed: bool = False,
+                       force: bool = False, ev: Emitter | None = None) -> dict[str, Any]:
+    """Convert SRC (any style) into DST in the style `to`; returns a summary."""
+    src, dst = Path(src), Path(dst)
+    t0 = time.monotonic()
+    if dst.exists() and not force:
+        raise EngineError(f"{dst}: already exists (use --force to replace it)")
+    if dst.resolve() == src.resolve():
+        raise EngineError(f"{dst}: is the source directory")
+    if dtype not in ("keep", *DTYPE_NAMES):
+        raise EngineError(f"--dtype {dtype!r}: one of keep, bf16, fp16, fp32")
+    ck = open_checkpoint(src)
+    require_checks(ck)
+    cfg = ck.config.with_(speculative_tokens=speculative_tokens)
+    if verifier:
+        cfg.verifier = verifier
+    if dtype != "keep":
+        cfg.torch_dtype = DTYPE_NAMES[dtype]
+
+    # Plan: source tensors in file order (sequential reads), then the target's embedding.
+    style = output_style(to)
+    files = {p: i for i, p in enumerate(ck.weights.files)}
+    canon = sorted(ck.stored, key=lambda c: (files[ck.entry(c).file], ck.entry(c).offset))
+    embed_action = "kept" if "embed_tokens.weight" in ck.stored else "absent"
+    if drop_embed or embed_from:
+        if "embed_tokens.weight" in canon:
+            canon.remove("embed_tokens.weight")
+        embed_action = "dropped" if drop_embed else "added from target"
+    items = []
+    for c in canon:
+        e = ck.entry(c)
+        items.append(_Item(from_canonical(c, style), ck.weights, e.name, e.dtype,
+                           cast_code(e.dtype, dtype), e.shape))
+    embed_info: dict[str, Any] | None = None
+    if embed_from:
+        tws, tname = find_target_embedding(Path(embed_from))
+        te = tws.entries[tname]
+        want = (cfg.vocab_size, cfg.hidden_size)
+        if te.shape != want:
+            raise EngineError(f"{te.file}: tensor {tname!r} has shape {list(te.shape)} but the "
+                              f"drafter needs {list(want)} = [vocab_size, hidden_size]")
+        items.append(_Item("embed_tokens.weight", tws, tname, te.dtype,
+                           cast_code(te.dtype, dtype), te.shape))
+        embed_info = {"path": str(Path(embed_from).resolve()), "file": te.file.name,
+                      "tensor": tname, "file_size": te.file.stat().st_size}
+    canonical_out = [c for c in canon] + (["embed_tokens.weight"] if embed_from else [])
+    warnings = export_checks(cfg, canonical_out, to)
+    conf = config_for(cfg, to, verifier=verifier, speculative_tokens=speculative_tokens)
+
+    total = sum(_nbytes(i) for i in items)
+    hasher = HashInBackground(ck.weights.files)
+    done = 0
+    total_mib = max(1, -(-total // (1 << 20)))  # progress in whole MiB, at least one unit
+
+    def mib(n: int) -> int:
+        return total_mib if n >= total else n * total_mib // max(total, 1)
+
+    if ev:
+        ev.progress(0, total_mib, unit="MiB", desc="convert", force=True)
+    with atomic_output_dir(dst, force=force) as tmp:
+        specs = [(i.out, i.out_code, i.shape) for i in items]
+        writer = SafetensorsWriter(tmp / "model.safetensors", specs)
+        try:
+            for it in items:
+                for chunk in _bytes_of(it):
+                    writer.write(it.out, chunk)
+                    done += len(chunk)
+                    if ev:
+                        ev.progress(mib(done), total_mib, unit="MiB", desc="convert")
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        write_json(tmp / "config.json", conf)
+        sha = hasher.result()
+        if embed_info is not None:
+            embed_info["note"] = "the target file is not hashed (it can be very large)"
+        prov = _provenance(ck, to, dtype, items, sha, embed_action, embed_info, cfg, warnings)
+        write_json(tmp / "provenance.json", prov)
+    for w in warnings:
+        if ev:
+            ev.log(w, level="warning")
+    return {"src": str(src), "dst": str(dst), "to": to, "source_format": ck.detected.format,
+            "tensors": len(items), "bytes": total, "seconds": round(time.monotonic() - t0, 3),
+            "embed": embed_action, "warnings": warnings}
+
+
+def _nbytes(it: _Item) -> int:
+    n = torch_dtype(it.out_code).itemsize
+    for s in it.shape:
+        n *= s
+    return n
+
+
+def _bytes_of(it: _Item):  # type: ignore[no-untyped-def]
+    """The output bytes of one tensor: raw chunks when the dtype is kept, else one cast."""
+    if it.in_code == it.out_code:
+        yield from it.src.raw_chunks(it.name)
+        return
+    t = it.src.load(it.name).to(torch_dtype(it.out_code))
+    yield tensor_bytes(t)
+    del t
+
+
+def _provenance(ck: Any, to: str, dtype: str, items: list[_Item], sha: dict[str, str],
+                embed_action: str, embed_info: dict[str, Any] | None, cfg: Any,
+                warnings: list[str]) -> dict[str, Any]:
+    src_style, out_style = ck.detected.key_style, output_style(to)
+    renamed = {i.name: i.out for i in items if i.src is ck.weights and i.name != i.out}
+    return {
+        "engine_version": __version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "engine", *sys.argv[1:]]),
+        "format": to,
+        "source": {
+            "path": str(ck.path.resolve()),
+            "format": ck.detected.format,
+            "key_style": src_style,
+            "config_style": ck.detected.config_style,
+            "weight_files": {p.name: {"sha256": sha.get(p.name), "size": p.stat().st_size}
+                             for p in ck.weights.files},
+        },
+        "key_mapping": {
+            "rule": f"{LAYER_PREFIX[src_style]}* -> {LAYER_PREFIX[out_style]}*",
+            "renamed": renamed,
+            "dropped": list(ck.ignored) + (["embed_tokens.weight"] if embed_action in (
+                "dropped", "added from target") and "embed_tokens.weight" in ck.stored else []),
+        },
+        "dtype": {"requested": dtype,
+                  "cast": {i.out: [torch_name(i.in_code), torch_name(i.out_code)]
+                           for i in items if i.in_code != i.out_code}},
+        "embedding": {"action": embed_action, "source": embed_info},
+        "aux_layer_ids": {"value": cfg.aux_layer_ids,
+                          "written": (cfg.to_speculators_dict() if out_style == "speculators"
+                                      else cfg.to_eagle_dict()).get(
+                              "eagle_aux_hidden_state_layer_ids") is not None,
+                          "convention": AUX_CONVENTION},
+        "warnings": warnings,
+    }

@@ -1,0 +1,371 @@
+"""Weight files without surprises: validated safetensors headers, streaming reads and writes.
+
+Readers
+    open_weights(dir) -> WeightSet over `model.safetensors.index.json` (sharded), `model.safetensors`
+    (or a single other *.safetensors), `pytorch_model.bin.index.json` or `pytorch_model.bin`.
+    A safetensors header is checked in full before any tensor is used (JSON, known dtypes, shapes
+    that match their byte ranges, ranges that tile the data section, file size that matches), so a
+    truncated or corrupt file fails with one line naming the file and the tensor. `.bin` files
+    load only with `torch.load(weights_only=True)` (memory-mapped): arbitrary pickles never run.
+Writers
+    SafetensorsWriter(path, [(name, dtype_code, shape)], metadata): writes the header first, then
+    each tensor's bytes in order, so a converter streams tensor by tensor (or chunk by chunk).
+Helpers
+    sha256_file(path), HashInBackground(paths) (hashes while the caller copies; hashlib releases the
+    GIL), torch_dtype(code) / st_code(dtype), tensor_bytes(t).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import EngineError
+
+CHUNK = 8 << 20  # bytes per read/write while streaming
+MAX_HEADER = 100 << 20  # the safetensors library's own limit
+
+ST_DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8), "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2), "I8": (torch.int8, 1), "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1), "F8_E4M3": (torch.float8_e4m3fn, 1),
+    "F8_E5M2": (torch.float8_e5m2, 1),
+}
+_CODES = {dt: code for code, (dt, _) in ST_DTYPES.items()}
+FLOAT_CODES = ("F64", "F32", "F16", "BF16")
+
+
+def torch_dtype(code: str) -> torch.dtype:
+    return ST_DTYPES[code][0]
+
+
+def st_code(dtype: torch.dtype) -> str:
+    if dtype not in _CODES:
+        raise EngineError(f"dtype {dtype} cannot be stored in safetensors")
+    return _CODES[dtype]
+
+
+def itemsize(code: str) -> int:
+    return ST_DTYPES[code][1]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored tensor: where it lives and what it is, without its data."""
+
+    name: str
+    file: Path
+    dtype: str  # safetensors code ("BF16", "I64", ...)
+    shape: tuple[int, ...]
+    offset: int = 0  # absolute byte offset in `file` (safetensors only)
+    nbytes: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
+    """Parse and fully validate a safetensors header; returns entries (file order) and metadata."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise EngineError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            n = int.from_bytes(head, "little")
+            if n > MAX_HEADER or 8 + n > size:
+                raise EngineError(f"{path}: truncated or corrupt safetensors header (header length "
+                                  f"{n}, file size {size})")
+            raw = f.read(n)
+    except OSError as e:
+        raise EngineError(f"{path}: cannot read ({e.strerror or e})") from e
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise EngineError(f"{path}: corrupt safetensors header (not JSON: {e})") from e
+    if not isinstance(header, dict):
+        raise EngineError(f"{path}: corrupt safetensors header (not a JSON object)")
+    meta = header.pop("__metadata__", None) or {}
+    data_start = 8 + n
+    entries: list[Entry] = []
+    for name, info in header.items():
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise EngineError(f"{where}: header entry is not an object")
+        code, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if code not in ST_DTYPES:
+            raise EngineError(f"{where}: unsupported dtype {code!r}")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise EngineError(f"{where}: bad shape {shape!r}")
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) for o in offs) or not 0 <= offs[0] <= offs[1]):
+            raise EngineError(f"{where}: bad data_offsets {offs!r}")
+        e = Entry(name, path, code, tuple(shape), data_start + offs[0], offs[1] - offs[0])
+        if e.nbytes != e.numel * itemsize(code):
+            raise EngineError(f"{where}: {e.nbytes} bytes stored for shape {list(shape)} {code}")
+        entries.append(e)
+    entries.sort(key=lambda e: e.offset)
+    pos = data_start
+    for e in entries:  # the byte ranges must tile the data section: no holes, no overlaps
+        if e.offset != pos:
+            raise EngineError(f"{path}: tensor {e.name!r}: corrupt header (data starts at "
+                              f"{e.offset - data_start}, expected {pos - data_start})")
+        pos += e.nbytes
+    if pos != size:
+        what = "truncated" if pos > size else "has trailing bytes"
+        last = entries[-1].name if entries else "(none)"
+        raise EngineError(f"{path}: {what}: header needs {pos} bytes, file has {size} "
+                          f"(last tensor {last!r})")
+    return {e.name: e for e in entries}, {str(k): str(v) for k, v in meta.items()}
+
+
+class WeightSet:
+    """All tensors of a checkpoint directory, by stored name, read lazily one at a time."""
+
+    def __init__(self, kind: str, files: list[Path], entries: dict[str, Entry],
+                 bin_state: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+        self.kind = kind  # "safetensors" | "bin"
+        self.files = files
+        self.entries = entries
+        self._bin = bin_state or {}
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def load(self, name: str) -> torch.Tensor:
+        """The tensor as an independent CPU tensor (its own memory)."""
+        e = self.entries[name]
+        if self.kind == "bin":
+            return self._bin[str(e.file)][name].clone()
+        buf = bytearray(e.nbytes)
+        with open(e.file, "rb") as f:
+            f.seek(e.offset)
+            if f.readinto(buf) != e.nbytes:
+                raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
+        if e.nbytes == 0:
+            return torch.empty(e.shape, dtype=torch_dtype(e.dtype))
+        return torch.frombuffer(buf, dtype=torch_dtype(e.dtype)).reshape(e.shape)
+
+    def raw_chunks(self, name: str, chunk: int = CHUNK) -> Iterator[memoryview]:
+        """The stored bytes of a safetensors tensor, chunk by chunk (one reusable buffer)."""
+        e = self.entries[name]
+        if self.kind == "bin":
+            yield memoryview(tensor_bytes(self.load(name)))
+            return
+        buf = bytearray(min(chunk, max(e.nbytes, 1)))
+        view = memoryview(buf)
+        left = e.nbytes
+        with open(e.file, "rb", buffering=0) as f:
+            f.seek(e.offset)
+            while left:
+                got = f.readinto(view[:min(left, len(buf))])
+                if not got:
+                    raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
+                left -= got
+                yield view[:got]
+
+
+def open_weights(d: Path) -> WeightSet:
+    """Find and validate the weight files of a checkpoint directory."""
+    if not d.is_dir():
+        raise EngineError(f"{d}: not a directory")
+    idx = d / "model.safetensors.index.json"
+    if idx.exists():
+        return _sharded(d, idx, "safetensors")
+    single = d / "model.safetensors"
+    others = sorted(p for p in d.glob("*.safetensors") if p.name != "model.safetensors")
+    if single.exists() or len(others) == 1:
+        path = single if single.exists() else others[0]
+        entries, _ = read_header(path)
+        return WeightSet("safetensors", [path], entries)
+    if len(others) > 1:
+        raise EngineError(f"{d}: several *.safetensors files and no model.safetensors.index.json")
+    bidx = d / "pytorch_model.bin.index.json"
+    if bidx.exists():
+        return _sharded(d, bidx, "bin")
+    if (d / "pytorch_model.bin").exists():
+        return _bin_set([d / "pytorch_model.bin"])
+    raise EngineError(f"{d}: no weights (model.safetensors, model.safetensors.index.json or "
+                      "pytorch_model.bin)")
+
+
+def _sharded(d: Path, idx: Path, kind: str) -> WeightSet:
+    try:
+        index = json.loads(idx.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise EngineError(f"{idx}: not valid JSON ({e})") from e
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise EngineError(f"{idx}: field 'weight_map' missing or empty")
+    files: list[Path] = []
+    for fname in wmap.values():
+        p = d / str(fname)
+        if p not in files:
+            if not p.is_file():
+                raise EngineError(f"{idx}: shard {fname!r} listed in weight_map does not exist")
+            files.append(p)
+    if kind == "bin":
+        ws = _bin_set(files)
+    else:
+        entries: dict[str, Entry] = {}
+        for p in files:
+            for name, e in read_header(p)[0].items():
+                if name in entries:
+                    raise EngineError(f"{p}: tensor {name!r} also stored in {entries[name].file}")
+                entries[name] = e
+        ws = WeightSet("safetensors", files, entries)
+    for name, fname in wmap.items():
+        e = ws.entries.get(name)
+        if e is None or e.file.name != Path(str(fname)).name:
+            raise EngineError(f"{idx}: tensor {name!r} is not in shard {fname!r}")
+    return ws
+
+
+def _bin_set(files: list[Path]) -> WeightSet:
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    entries: dict[str, Entry] = {}
+    for p in files:
+        try:
+            try:
+                sd = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # legacy (pre-zip) files cannot be memory-mapped
+                if "mmap" not in str(e):
+                    raise
+                sd = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated zip, or a pickle that is not plain tensors
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise EngineError(f"{p}: cannot load with weights_only=True ({msg[:200]})") from e
+        if not isinstance(sd, dict):
+            raise EngineError(f"{p}: holds a {type(sd).__name__}, not a dict of tensors")
+        for name, t in sd.items():
+            if not isinstance(t, torch.Tensor):
+                raise EngineError(f"{p}: entry {name!r} is a {type(t).__name__}, not a tensor")
+            if name in entries:
+                raise EngineError(f"{p}: tensor {name!r} also stored in {entries[name].file}")
+            code = st_code(t.dtype)
+            entries[name] = Entry(name, p, code, tuple(t.shape), 0, t.numel() * itemsize(code))
+        state[str(p)] = sd
+    return WeightSet("bin", files, entries, state)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a tensor (no copy when already contiguous)."""
+    t = t.detach().contiguous().cpu()
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+class SafetensorsWriter:
+    """Writes a safetensors file whose tensors are supplied in the order they were declared."""
+
+    def __init__(self, path: Path, specs: list[tuple[str, str, tuple[int, ...]]],
+                 metadata: dict[str, str] | None = None) -> None:
+        header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
+        self._sizes: list[tuple[str, int]] = []
+        pos = 0
+        for name, code, shape in specs:
+            n = itemsize(code)
+            for s in shape:
+                n *= s
+            header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [pos, pos + n]}
+            self._sizes.append((name, n))
+            pos += n
+        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes, as safetensors does
+        self.path = path
+        self._f = open(path, "wb")  # noqa: SIM115 -- closed in close()
+        self._f.write(len(raw).to_bytes(8, "little") + raw)
+        self._i = 0
+        self._left = self._sizes[0][1] if self._sizes else 0
+
+    def write(self, name: str, data: bytes | memoryview) -> None:
+        """Append bytes of tensor `name` (may be called several times per tensor)."""
+        while self._i < len(self._sizes) and self._left == 0 and self._sizes[self._i][0] != name:
+            self._advance()
+        if self._i >= len(self._sizes) or self._sizes[self._i][0] != name:
+            raise RuntimeError(f"writer: tensor {name!r} out of order")
+        if len(data) > self._left:
+            raise RuntimeError(f"writer: too many bytes for {name!r}")
+        self._f.write(data)
+        self._left -= len(data)
+
+    def _advance(self) -> None:
+        self._i += 1
+        self._left = self._sizes[self._i][1] if self._i < len(self._sizes) else 0
+
+    def close(self) -> None:
+        """Finish the file; every declared byte must have been written."""
+        while self._i < len(self._sizes) and self._left == 0:
+            self._advance()
+        if self._i < len(self._sizes):
+            self._f.close()
+            raise RuntimeError(f"writer: tensor {self._sizes[self._i][0]!r} incomplete")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+    def abort(self) -> None:
+        self._f.close()
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
+                 metadata: dict[str, str] | None = None) -> None:
+    """Write a whole dict of tensors (small files: vocab maps, test fixtures)."""
+    specs = [(k, st_code(v.dtype), tuple(v.shape)) for k, v in tensors.items()]
+    w = SafetensorsWriter(path, specs, metadata)
+    try:
+        for k, v in tensors.items():
+            w.write(k, tensor_bytes(v))
+        w.close()
+    except BaseException:
+        w.abort()
+        raise
+
+
+def sha256_file(path: Path, chunk: int = CHUNK) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+class HashInBackground:
+    """sha256 of several files on a thread, overlapping the caller's own I/O."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self._result: dict[str, str] = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for p in self.paths:
+                self._result[p.name] = sha256_file(p)
+        except BaseException as e:  # reported by result()
+            self._error = e
+
+    def result(self) -> dict[str, str]:
+        """File name -> hex digest (waits for the thread)."""
+        self._thread.join()
+        if self._error is not None:
+            raise EngineError(f"hashing failed: {self._error}")
+        return dict(self._result)
