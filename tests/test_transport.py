@@ -1,0 +1,298 @@
+"""Both transports against real processes: local subprocesses, and a real OpenSSH sshd on
+127.0.0.1 (the `sshd` fixture). The sshd runs on this machine, so what a command did "remotely"
+is checked directly on the filesystem and process table here, independently of the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from console.config import HostConfig
+from console.errors import CommandFailed, Unreachable
+from console.transport import Transport, open_transport
+from console.transport.local import LocalTransport
+from console.transport.ssh import SSHTransport
+from tests.sshd import SSHD, free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+PY = sys.executable
+
+
+def ssh_host(sshd: SSHD, **over: str) -> HostConfig:
+    fields = dict(name="t", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                  identity=str(sshd.user_key))
+    fields.update(over)
+    return HostConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["local", "ssh"])
+async def transport(request: pytest.FixtureRequest) -> AsyncIterator[Transport]:
+    """A connected transport of each kind."""
+    if request.param == "local":
+        t: Transport = open_transport(HostConfig(name="local"))
+        assert isinstance(t, LocalTransport)
+    else:
+        t = open_transport(ssh_host(request.getfixturevalue("sshd")))
+        assert isinstance(t, SSHTransport)
+    async with t:
+        yield t
+
+
+def is_ssh(t: Transport) -> bool:
+    return isinstance(t, SSHTransport)
+
+
+def alive(pid: int) -> bool:
+    """Still running (a zombie waiting for its reaper has already died)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def wait_gone(pids: list[int], within: float = 5.0) -> list[int]:
+    """The pids still alive after `within` seconds."""
+    deadline = time.monotonic() + within
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return left
+
+
+def temps(folder: Path) -> list[str]:
+    return [n for n in os.listdir(folder) if ".tmp-" in n]
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+async def test_run_exit_code_stdout_stderr(transport: Transport) -> None:
+    r = await transport.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (r.returncode, r.stdout, r.stderr) == (3, "out\n", "err\n")
+    assert not r.ok
+    with pytest.raises(CommandFailed) as e:
+        await transport.run(["sh", "-c", "echo boom >&2; exit 4"], check=True)
+    assert e.value.returncode == 4 and "boom" in str(e.value)
+    ok = await transport.run(["true"], check=True)
+    assert ok.ok and ok.stdout == ""
+
+
+async def test_run_missing_program_is_127(transport: Transport) -> None:
+    r = await transport.run(["eagle3-no-such-program"])
+    assert r.returncode == 127
+
+
+async def test_run_input_env_cwd(transport: Transport, tmp_path: Path) -> None:
+    r = await transport.run(["cat"], input="line1\nline2\n")
+    assert r.stdout == "line1\nline2\n"
+    r = await transport.run([PY, "-c", "import os; print(os.getcwd()); print(os.environ['E3_X'])"],
+                            cwd=str(tmp_path), env={"E3_X": "forty two"}, check=True)
+    assert r.stdout.splitlines() == [str(tmp_path), "forty two"]
+    home = await transport.run(["pwd"], cwd="~", check=True)
+    assert home.stdout.strip() == os.path.expanduser("~")
+    script = await transport.run_script("x=$(echo hi); printf '%s-%s' \"$x\" \"$1\"", check=True)
+    assert script.stdout == "hi-"
+
+
+async def test_run_timeout_kills_the_process_group(transport: Transport, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    t0 = time.monotonic()
+    with pytest.raises(CommandFailed, match="timed out"):
+        await transport.run(["sh", "-c", f"sleep 30 & echo $! $$ > {pidfile}; wait"], timeout=1)
+    assert time.monotonic() - t0 < 8
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert await wait_gone(pids) == []
+
+
+async def test_stream_yields_lines_as_they_come(transport: Transport, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    script = f"echo first; while [ ! -e {go} ]; do sleep 0.02; done; echo second; echo third"
+    lines = transport.stream(["sh", "-c", script])
+    assert await asyncio.wait_for(lines.__anext__(), 10) == "first"
+    # the process is still blocked waiting for `go`: the first line came while it ran
+    assert not go.exists()
+    go.touch()
+    assert [x async for x in lines] == ["second", "third"]
+
+
+async def test_stream_nonzero_exit_raises_after_last_line(transport: Transport) -> None:
+    got: list[str] = []
+    with pytest.raises(CommandFailed) as e:
+        async for line in transport.stream(["sh", "-c", "echo a; echo b; echo bad >&2; exit 5"]):
+            got.append(line)
+    assert got == ["a", "b"]
+    assert e.value.returncode == 5 and "bad" in str(e.value)
+
+
+@pytest.mark.parametrize("how", ["aclose", "cancel"])
+async def test_stream_cancel_kills_process_and_children(transport: Transport, how: str) -> None:
+    lines = transport.stream(["sh", "-c", "sleep 60 & echo $!; echo $$; wait"])
+    child = int(await lines.__anext__())
+    shell = int(await lines.__anext__())
+    assert alive(child) and alive(shell)
+    if how == "aclose":
+        await lines.aclose()
+    else:
+        async def consume() -> None:
+            async for _ in lines:
+                pass
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await wait_gone([child, shell]) == []
+
+
+# -- files ------------------------------------------------------------------------------------
+
+async def test_upload_content_mtime_and_parents(transport: Transport, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    a, b = src / "a.bin", src / "b.sh"
+    a.write_bytes(os.urandom(300_000))
+    b.write_text("#!/bin/sh\necho hi\n")
+    b.chmod(0o755)
+    os.utime(a, (1_600_000_000.25, 1_600_000_000.75))
+    dst = tmp_path / "dst" / "deep" / "er"
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "old").write_text("old")
+    sent = await transport.upload([(str(a), str(dst / "a.bin")), (str(b), str(dst / "b.sh")),
+                                   (str(b), str(tmp_path / "dst" / "old"))])
+    assert sent == a.stat().st_size + 2 * b.stat().st_size
+    assert (dst / "a.bin").read_bytes() == a.read_bytes()
+    assert (tmp_path / "dst" / "old").read_text() == b.read_text()  # replaced in place
+    assert os.access(dst / "b.sh", os.X_OK)
+    mtime = (dst / "a.bin").stat().st_mtime
+    # SFTP (v3, OpenSSH) carries whole seconds; locally the mtime is exact
+    assert mtime == (1_600_000_000 if is_ssh(transport) else 1_600_000_000.75)
+    st = await transport.stat(str(dst / "a.bin"))
+    assert st is not None and st.size == 300_000 and int(st.mtime) == 1_600_000_000
+    assert temps(dst) == [] and temps(tmp_path / "dst") == []
+
+
+@pytest.fixture(scope="module")
+def big_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("big") / "big.bin"
+    block = os.urandom(1 << 20)
+    with open(p, "wb") as f:
+        for _ in range(160):
+            f.write(block)
+    return p
+
+
+async def test_cancelled_upload_leaves_nothing(transport: Transport, tmp_path: Path,
+                                               big_file: Path) -> None:
+    final = tmp_path / "out" / "big.bin"
+    task = asyncio.ensure_future(transport.upload([(str(big_file), str(final))]))
+    deadline = time.monotonic() + 20
+    seen_temp = False
+    while not task.done() and time.monotonic() < deadline:
+        assert not final.exists()  # never a partial file under the final name
+        if final.parent.exists() and any(
+                (final.parent / n).stat().st_size > 0 for n in temps(final.parent)):
+            seen_temp = True
+            break
+        await asyncio.sleep(0.0005)
+    assert seen_temp, "the upload finished before it could be interrupted"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.1)
+    assert not final.exists()
+    assert temps(final.parent) == []
+
+
+async def test_write_bytes_atomic_replace_and_mode(transport: Transport, tmp_path: Path) -> None:
+    p = tmp_path / "sub" / "f.json"
+    await transport.write_bytes(str(p), b'{"a": 1}')
+    assert p.read_bytes() == b'{"a": 1}'
+    inode = p.stat().st_ino
+    await transport.write_bytes(str(p), b"\x00\xffsecond", mode=0o600)
+    assert p.read_bytes() == b"\x00\xffsecond"
+    assert p.stat().st_mode & 0o777 == 0o600
+    assert p.stat().st_ino != inode  # a new file renamed over the old one, not rewritten
+    assert temps(p.parent) == []
+
+
+async def test_read_range(transport: Transport, tmp_path: Path) -> None:
+    p = tmp_path / "r.bin"
+    data = bytes(range(256)) * 1000
+    p.write_bytes(data)
+    assert await transport.read_range(str(p), 0, 10) == data[:10]
+    assert await transport.read_range(str(p), 1000, 70_000) == data[1000:71_000]
+    assert await transport.read_range(str(p), len(data) - 5, 100) == data[-5:]  # short at EOF
+    assert await transport.read_range(str(p), len(data) + 10, 100) == b""
+    with pytest.raises(CommandFailed):
+        await transport.read_range(str(tmp_path / "missing"), 0, 1)
+
+
+async def test_stat_and_remove(transport: Transport, tmp_path: Path) -> None:
+    f = tmp_path / "f.txt"
+    f.write_text("hello")
+    st = await transport.stat(str(f))
+    assert st is not None and st.size == 5 and not st.is_dir
+    assert int(st.mtime) == int(f.stat().st_mtime)
+    d = await transport.stat(str(tmp_path))
+    assert d is not None and d.is_dir
+    assert await transport.stat(str(tmp_path / "nope")) is None
+    assert await transport.stat(str(f / "below-a-file")) is None
+    home = await transport.stat("~")
+    assert home is not None and home.is_dir
+    await transport.remove([str(f), str(tmp_path / "nope")])
+    assert not f.exists()
+    assert await transport.stat(str(f)) is None
+
+
+# -- SSH connection behaviour -----------------------------------------------------------------
+
+async def test_ssh_reconnects_after_drop(sshd: SSHD) -> None:
+    async with open_transport(ssh_host(sshd)) as t:
+        assert (await t.run(["echo", "one"])).stdout == "one\n"
+        assert sshd.drop_connections() >= 1
+        # the next operation notices the dead link and reconnects transparently
+        assert (await t.run(["echo", "two"], check=True)).stdout == "two\n"
+        assert t.connected
+        sshd.drop_connections()
+        await asyncio.sleep(0.2)
+        assert not t.connected
+        assert await t.stat(str(sshd.known_hosts)) is not None  # SFTP reopens too
+
+
+async def test_ssh_stream_in_flight_when_link_drops(sshd: SSHD) -> None:
+    async with open_transport(ssh_host(sshd)) as t:
+        lines = t.stream(["sh", "-c", "i=0; while true; do echo $i; i=$((i+1)); sleep 0.05; done"])
+        assert await lines.__anext__() == "0"
+        sshd.drop_connections()
+        with pytest.raises(Unreachable):
+            async for _ in lines:
+                pass
+        assert (await t.run(["echo", "back"])).stdout == "back\n"
+
+
+async def test_ssh_config_alias(sshd: SSHD) -> None:
+    # HostName, Port, User, IdentityFile and UserKnownHostsFile all come from the ssh_config
+    host = HostConfig(name="t", ssh=sshd.alias, ssh_config=str(sshd.ssh_config))
+    async with open_transport(host) as t:
+        r = await t.run(["id", "-un"], check=True)
+        assert r.stdout.strip() == sshd.user
+
+
+async def test_ssh_unreachable_port(sshd: SSHD) -> None:
+    port = free_port()  # nothing listens there
+    t = open_transport(ssh_host(sshd, ssh=f"{sshd.user}@127.0.0.1:{port}"))
+    t0 = time.monotonic()
+    with pytest.raises(Unreachable) as e:
+        await t.connect()
+    assert time.monotonic() - t0 < 5
+    assert e.value.__cause__ is not None and str(port) in str(e.value)
+    with pytest.raises(Unreachable):
+        await t.run(["true"])
+    assert not t.connected
