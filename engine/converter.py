@@ -21,6 +21,7 @@ from engine.errors import EngineError
 from engine.events import Emitter
 from engine.formats import (
     LAYER_PREFIX,
+    TARGET_EMBED_NAMES,
     atomic_output_dir,
     cast_code,
     config_for,
@@ -42,9 +43,6 @@ from engine.safetensors_io import (
 )
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-TARGET_EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight",
-                      "model.language_model.embed_tokens.weight",
-                      "language_model.model.embed_tokens.weight")
 AUX_CONVENTION = "vLLM: id k is the input of decoder layer k (HF hidden_states index k)"
 
 

@@ -50,6 +50,10 @@ EXPORT_TARGETS = ("eagle", "speculators", "vllm", "sglang")
 LAYER_PREFIX = {"eagle": "midlayer.", "speculators": "layers.0."}
 CANONICAL = "eagle"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some trainers save; no engine loads them
+# Where a TARGET model keeps its input embedding (HF Llama-likes, and multimodal wrappers).
+TARGET_EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight",
+                      "model.language_model.embed_tokens.weight",
+                      "language_model.model.embed_tokens.weight")
 
 T = TypeVar("T")
 

@@ -159,6 +159,25 @@ class WeightSet:
             return torch.empty(e.shape, dtype=torch_dtype(e.dtype))
         return torch.frombuffer(buf, dtype=torch_dtype(e.dtype)).reshape(e.shape)
 
+    def load_rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """Selected rows of a 2-D tensor [len(rows), cols], reading only those rows' bytes."""
+        e = self.entries[name]
+        if len(e.shape) != 2:
+            raise EngineError(f"{e.file}: tensor {name!r} is not 2-D")
+        if self.kind == "bin":
+            return self._bin[str(e.file)][name][rows].clone()
+        row_bytes = e.shape[1] * itemsize(e.dtype)
+        buf = bytearray(row_bytes * len(rows))
+        view = memoryview(buf)
+        with open(e.file, "rb") as f:
+            for i, r in enumerate(rows.tolist()):
+                f.seek(e.offset + r * row_bytes)
+                if f.readinto(view[i * row_bytes:(i + 1) * row_bytes]) != row_bytes:
+                    raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
+        if not buf:
+            return torch.empty(0, e.shape[1], dtype=torch_dtype(e.dtype))
+        return torch.frombuffer(buf, dtype=torch_dtype(e.dtype)).reshape(len(rows), e.shape[1])
+
     def raw_chunks(self, name: str, chunk: int = CHUNK) -> Iterator[memoryview]:
         """The stored bytes of a safetensors tensor, chunk by chunk (one reusable buffer)."""
         e = self.entries[name]
