@@ -2,47 +2,62 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
+from collections.abc import Callable
 
 from textual.app import App
+from textual.theme import Theme
 
 from console.config import Config
 from console.host import HostPool, HostState
 from console.messages import HostStateChanged
+from console.monitor_service import MonitorHub
 from console.screens.main import MainScreen
-
-THEMES_DIR = Path(__file__).resolve().parent.parent / "themes"
+from console.themes import DEFAULT_THEME, check_theme, css_paths, register_themes, remember_theme
 
 
 class Eagle3App(App):
     """eagle3-console."""
 
     TITLE = "eagle3-console"
-    CSS_PATH = [THEMES_DIR / "base.tcss"]
+    CSS_PATH = css_paths()
 
-    def __init__(self, config: Config, host: str | None = None) -> None:
+    def __init__(self, config: Config, host: str | None = None, *,
+                 clock: Callable[[], float] = time.time,
+                 monitors: MonitorHub | None = None) -> None:
         super().__init__()
         self.config = config
+        self.clock = clock  # every pane takes "now" from here (tests freeze it)
         self.pool = HostPool(config, on_state=self._on_host_state)
+        self.monitors = monitors or MonitorHub(self.pool, clock=clock)
         names = list(config.hosts)
         self.initial_host = host if host in config.hosts else names[0]
+        register_themes(self)
 
     def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._on_theme_changed)
         self.push_screen(MainScreen(list(self.config.hosts), self.initial_host))
 
     def _on_host_state(self, host: str, state: HostState, detail: str) -> None:
         # services call back from workers on the app's loop; deliver to the screen as a message
         self.screen.post_message(HostStateChanged(host, state, detail))
 
+    def _on_theme_changed(self, theme: Theme) -> None:
+        if theme.name != self.config.theme:
+            remember_theme(self.config, theme.name)
+
     async def on_unmount(self) -> None:
+        await self.monitors.close()
         await self.pool.close()
 
 
-def create_app(config: Config, theme: str | None = None, host: str | None = None) -> Eagle3App:
+def create_app(config: Config, theme: str | None = None, host: str | None = None, *,
+               clock: Callable[[], float] = time.time,
+               monitors: MonitorHub | None = None) -> Eagle3App:
     """The app factory shared by the CLI and the tests."""
-    app = Eagle3App(config, host=host)
-    if theme:
-        app.theme = theme
+    app = Eagle3App(config, host=host, clock=clock, monitors=monitors)
+    where = "--theme" if theme else f"{config.path}: theme" if config.theme else "default"
+    app.theme = check_theme(app, theme or config.theme or DEFAULT_THEME, where)
     return app
 
 

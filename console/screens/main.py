@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
 from console.messages import HostSelected, HostStateChanged
+from console.panes.fleet import FleetPane
+from console.panes.gpu import GpuPane
 from console.panes.overview import OverviewPane
 from console.widgets.host_list import HostList
 
-# (tab id, title, pane class). Each pane has show_host(name).
+# (tab id, title, pane class). Each pane has show_host(name). Keys 1-9 select them in this order.
 PANES: list[tuple[str, str, type]] = [
+    ("gpu", "GPUs", GpuPane),
     ("overview", "Host", OverviewPane),
+    ("fleet", "Fleet", FleetPane),
 ]
 
 
 class MainScreen(Screen):
     """Hosts list + tabbed panes."""
 
-    BINDINGS = [("q", "app.quit", "Quit")]
+    BINDINGS = [("q", "app.quit", "Quit"),
+                *[Binding(str(n), f"show_pane('{tab_id}')", title, show=False)
+                  for n, (tab_id, title, _cls) in enumerate(PANES, start=1)]]
 
     def __init__(self, hosts: list[str], selected: str) -> None:
         super().__init__()
@@ -48,6 +55,11 @@ class MainScreen(Screen):
 
     def on_host_state_changed(self, message: HostStateChanged) -> None:
         self.query_one(HostList).show_state(message.host, message.state)
+
+    def action_show_pane(self, tab_id: str) -> None:
+        # drop focus first: a focused widget inside the old tab would pull its tab back
+        self.set_focus(None)
+        self.query_one(TabbedContent).active = f"tab-{tab_id}"
 
     def _select(self, host: str) -> None:
         self.selected = host

@@ -1,0 +1,127 @@
+"""The GPU pane: the selected host's GPUs (one row each, a detail view, history), its GPU
+processes and its CPU/memory/disk/network, from the monitor service.
+
+The pane never does I/O: it asks the hub to watch the host and redraws from the host's
+HostMonitor on a one-second timer (only when the data changed or the age text moved), so a burst
+of samples costs one redraw and a dead host cannot block the screen."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+
+from console.monitor_service import HostMonitor, MonitorState
+from console.widgets.gpu_detail import GpuDetail
+from console.widgets.gpu_table import GpuRow, GpuTable
+from console.widgets.host_strip import HostStrip
+from console.widgets.meters import fmt_age
+from console.widgets.process_table import ProcessTable
+from console.widgets.status_line import StatusLine
+
+WINDOW_S = 300.0  # what the history lines span
+
+
+def gpu_rows(mon: HostMonitor, now: float) -> list[GpuRow]:
+    """The table's rows: last good data per GPU, greyed when stale or when the host is down."""
+    down = mon.state is MonitorState.RECONNECTING or mon.stale(now)
+    return [GpuRow(g, stale=down or mon.gpu_stale(g.index, now), error=mon.gpu_error.get(g.index),
+                   history=list(mon.history.get(g.index, ()))) for g in mon.gpu_list()]
+
+
+def status_parts(mon: HostMonitor, now: float) -> list[tuple[str, str]]:
+    """The status line: host, state, source, GPUs, driver, sample age."""
+    s = mon.sample
+    parts: list[tuple[str, str]] = [(f"{mon.name} ", "header")]
+    age = fmt_age(mon.age(now))
+    if mon.state is MonitorState.RECONNECTING:
+        parts += [("◌ reconnecting", "alert"), (f"  {mon.detail}", "label"),
+                  (f"  · last data {age}" if s else "", "stale")]
+        return parts
+    if s is None:
+        return parts + [("◌ starting the monitor agent…", "label")]
+    if mon.stale(now):
+        parts.append((f"● STALE: last sample {age}", "alert"))
+    else:
+        parts.append(("● live", "low"))
+    source = "engine agent" if s.source == "engine" else "nvidia-smi fallback"
+    parts.append((f"  · {source}", "label"))
+    names = sorted({g.name for g in mon.gpus.values() if g.name})
+    if mon.gpus:
+        parts.append((f" · {len(mon.gpus)} × {', '.join(names) or 'GPU'}", "label"))
+    if s.driver:
+        parts.append((f" · driver {s.driver}", "label"))
+    if not mon.stale(now):
+        parts.append((f" · {age}", "label"))
+    if mon.detail:
+        parts.append((f" · {mon.detail}", "mid"))
+    return parts
+
+
+class GpuPane(Vertical):
+    """GPUs, processes and host of the selected host; `d` toggles the GPU detail view."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("d", "toggle_detail", "GPU detail"),
+    ]
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.host: str | None = None
+        self._drawn: tuple[object, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="gpu-status")
+        yield HostStrip(id="gpu-host")
+        yield GpuTable(id="gpu-table")
+        yield GpuDetail(id="gpu-detail")
+        yield ProcessTable(id="gpu-procs")
+
+    def on_mount(self) -> None:
+        self.query_one(GpuDetail).display = False
+        self.set_interval(1.0, self.refresh_view)
+
+    def show_host(self, host: str) -> None:
+        self.host = host
+        self.app.monitors.watch(host)  # type: ignore[attr-defined]
+        self.refresh_view(force=True)
+
+    def on_show(self) -> None:
+        self.refresh_view(force=True)
+
+    def action_toggle_detail(self) -> None:
+        detail = self.query_one(GpuDetail)
+        detail.display = not detail.display
+        self.refresh_view(force=True)
+
+    def on_gpu_table_cursor_moved(self, _event: GpuTable.CursorMoved) -> None:
+        self.refresh_view(force=True)
+
+    def refresh_view(self, force: bool = False) -> None:
+        """Redraw from the host's monitor (skipped when hidden or when nothing changed)."""
+        if self.host is None or not (force or self.is_on_screen):
+            return
+        mon: HostMonitor = self.app.monitors[self.host]  # type: ignore[attr-defined]
+        now: float = self.app.clock()  # type: ignore[attr-defined]
+        key = (self.host, mon.version, int(now), mon.state)
+        if key == self._drawn and not force:
+            return
+        self._drawn = key
+        down = mon.state is MonitorState.RECONNECTING or mon.stale(now)
+        self.set_class(down, "-down")
+        self.query_one(StatusLine).show(status_parts(mon, now))
+        s = mon.sample
+        self.query_one(HostStrip).show(s.host if s else None,
+                                       s.host_reason if s else None, down)
+        rows = gpu_rows(mon, now)
+        window = (now - WINDOW_S, now)
+        empty = f"No GPUs: {s.reason}" if s and s.reason else "Waiting for the first sample…"
+        table = self.query_one(GpuTable)
+        table.show(rows, window, "UTIL, LAST 5 MIN", empty)
+        detail = self.query_one(GpuDetail)
+        if detail.display:
+            detail.show(table.selected, window, "5 min")
+        procs = [p for g in mon.gpu_list() for p in g.procs]
+        self.query_one(ProcessTable).show(procs, down)

@@ -1,0 +1,107 @@
+"""Colour themes: palettes from themes/palettes.toml, styles from themes/*.tcss, and the chosen
+theme remembered in the config file.
+
+The .tcss files use theme variables only, so any registered theme (ours or Textual's built-in
+ones, all offered by the command palette's "Theme" command) restyles the whole console.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from textual.app import App
+from textual.theme import Theme
+
+from console.config import Config, default_config_path, tomllib
+from console.errors import ConfigError
+
+THEMES_DIR = Path(__file__).resolve().parent.parent / "themes"
+PALETTES = THEMES_DIR / "palettes.toml"
+DEFAULT_THEME = "eagle3-dark"
+_FIELDS = {"primary", "secondary", "accent", "success", "warning", "error", "foreground",
+           "background", "surface", "panel", "boost", "dark", "luminosity_spread", "text_alpha",
+           "variables"}
+
+
+def css_paths() -> list[Path]:
+    """Every stylesheet in themes/: base.tcss first, the panes' own files after it."""
+    rest = sorted(p for p in THEMES_DIR.glob("*.tcss") if p.name != "base.tcss")
+    return [THEMES_DIR / "base.tcss", *rest]
+
+
+def load_palettes(path: Path = PALETTES) -> list[Theme]:
+    """The themes defined in palettes.toml (a wrong key names the file and theme)."""
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    themes = []
+    for name, fields in raw.items():
+        unknown = set(fields) - _FIELDS
+        if unknown:
+            raise ConfigError(f"{path}: [{name}] unknown keys {', '.join(sorted(unknown))}")
+        themes.append(Theme(name=name, **fields))
+    return themes
+
+
+def register_themes(app: App[Any]) -> list[str]:
+    """Register our palettes with the app; returns their names."""
+    names = []
+    for theme in load_palettes():
+        app.register_theme(theme)
+        names.append(theme.name)
+    return names
+
+
+def check_theme(app: App[Any], name: str, where: str) -> str:
+    """name if the app knows it, else ConfigError naming where it came from."""
+    if name not in app.available_themes:
+        ours = [t.name for t in load_palettes()]
+        raise ConfigError(f"{where}: unknown theme {name!r} (ours: {', '.join(ours)}; Textual's "
+                          "built-in themes work too)")
+    return name
+
+
+def remember_theme(config: Config, name: str) -> Path:
+    """Set `theme = "name"` in the config file, keeping every other line (comments included).
+
+    The file is written to a temp name beside it and renamed, so a crash never leaves a half
+    file; with no config file yet, one is created at the default path holding only the theme."""
+    path = config.path or default_config_path()
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    line = tomli_w.dumps({"theme": name}).strip()
+    lines = text.splitlines(keepends=True)
+    out, done = [], False
+    for ln in lines:
+        stripped = ln.lstrip()
+        if not done and stripped.startswith("["):      # first table: top-level keys end here
+            out.append(line + "\n")
+            done = True
+        if not done and stripped.split("=", 1)[0].strip() == "theme" and "=" in stripped:
+            out.append(line + "\n")
+            done = True
+            continue
+        out.append(ln)
+    if not done:
+        if out and not out[-1].endswith("\n"):
+            out[-1] += "\n"
+        out.append(line + "\n")
+    new = "".join(out)
+    if tomllib.loads(new).get("theme") != name:  # never write a file that reads differently
+        raise ConfigError(f"{path}: could not set theme = {name!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(new)
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    config.theme = name
+    if config.path is None:
+        config.path = path
+    return path

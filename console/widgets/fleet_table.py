@@ -1,0 +1,122 @@
+"""The fleet table: every configured host's GPUs at a glance, one line per GPU under a line per
+host (state, GPU model, sample age). A host without GPUs gets one line saying why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.text import Text
+
+from console.monitor_service import HostMonitor, MonitorState
+from console.widgets.gpu_table import GpuRow
+from console.widgets.meter_base import MeterWidget
+from console.widgets.meters import bar, fmt_age, fmt_mem, fmt_num, level, spark
+
+_UB, _MB = 6, 6
+
+
+@dataclass
+class FleetHost:
+    """One host's block."""
+
+    name: str
+    state: MonitorState
+    detail: str
+    age: float | None
+    stale: bool
+    reason: str | None
+    source: str | None
+    rows: list[GpuRow] = field(default_factory=list)
+
+
+def fleet_host(mon: HostMonitor, now: float) -> FleetHost:
+    down = mon.state is MonitorState.RECONNECTING or mon.stale(now)
+    rows = [GpuRow(g, stale=down or mon.gpu_stale(g.index, now), error=mon.gpu_error.get(g.index),
+                   history=list(mon.history.get(g.index, ()))) for g in mon.gpu_list()]
+    s = mon.sample
+    return FleetHost(mon.name, mon.state, mon.detail, mon.age(now), mon.stale(now),
+                     s.reason if s else None, s.source if s else None, rows)
+
+
+class FleetTable(MeterWidget):
+    """All hosts, one line per GPU."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.hosts: list[FleetHost] = []
+        self.window: tuple[float, float] = (0.0, 1.0)
+
+    def show(self, hosts: list[FleetHost], window: tuple[float, float]) -> None:
+        self.hosts, self.window = hosts, window
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: object, viewport: object, width: int) -> int:
+        return sum(1 + max(1, len(h.rows)) for h in self.hosts) or 1
+
+    def render(self) -> Text:
+        width = max(60, self.size.width)
+        out: list[Text] = []
+        for h in self.hosts:
+            out.append(self._host_line(h))
+            if not h.rows:
+                why = h.reason or ("waiting for the first sample" if h.state is not
+                                   MonitorState.RECONNECTING else "no data")
+                out.append(Text(f"   no GPUs: {why}", self.mstyle("stale"), no_wrap=True,
+                                overflow="ellipsis"))
+            for r in h.rows:
+                out.append(self._gpu_line(r, width))
+        return Text("\n").join(out) if out else Text("No hosts configured.")
+
+    def _host_line(self, h: FleetHost) -> Text:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(f"{h.name} ", self.mstyle("header"))
+        if h.state is MonitorState.RECONNECTING:
+            t.append("◌ reconnecting", self.mstyle("alert"))
+            t.append(f"  {h.detail}  · last data {fmt_age(h.age)}", self.mstyle("stale"))
+            return t
+        if h.state is MonitorState.STARTING:
+            t.append("◌ starting", self.mstyle("label"))
+            return t
+        if h.stale:
+            t.append(f"● STALE ({fmt_age(h.age)})", self.mstyle("alert"))
+        else:
+            t.append("● live", self.mstyle("low"))
+        names = sorted({r.gpu.name for r in h.rows if r.gpu.name})
+        if h.rows:
+            t.append(f"  {len(h.rows)} × {', '.join(names) or 'GPU'}", self.mstyle("label"))
+        if h.source == "nvidia-smi":
+            t.append("  (nvidia-smi)", self.mstyle("mid"))
+        return t
+
+    def _gpu_line(self, r: GpuRow, width: int) -> Text:
+        g = r.gpu
+        grey = r.stale or r.error is not None
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(f"  {g.index:>2} ", self.mstyle("label"))
+
+        def meter(frac: float | None, w: int) -> None:
+            filled, empty = bar(frac, w)
+            t.append(filled, self.mstyle("stale" if grey else level(frac)))
+            t.append(empty, self.mstyle("empty"))
+
+        num = self.mstyle("stale") if grey else ""
+        meter(None if g.util is None else g.util / 100, _UB)
+        t.append(f" {fmt_num(g.util, '%'):>4}  ", num)
+        meter(g.mem_frac, _MB)
+        t.append(f" {fmt_mem(g.mem_used, g.mem_total):>9}  ", num)
+        t.append(f"{fmt_num(g.power, 'W'):>5} {fmt_num(g.temp, '°C'):>5}  ", num)
+        spark_w = max(8, min(30, width - 78))
+        t.append(spark(((p.t, p.util) for p in r.history), *self.window, spark_w, 100.0),
+                 self.mstyle("stale" if grey else "spark"))
+        if r.error is not None:
+            t.append(" LOST ", self.mstyle("alert"))
+        elif r.stale:
+            t.append(" STALE", self.mstyle("alert"))
+        else:
+            t.append("      ")
+        top = max(g.procs, key=lambda p: p.gpu_mem or 0, default=None)
+        if top is not None:
+            more = f" +{len(g.procs) - 1}" if len(g.procs) > 1 else ""
+            t.append(f" {(top.cmd or '?').split()[0][-18:]} {(top.user or '?')[:8]}{more}",
+                     self.mstyle("label"))
+        return t

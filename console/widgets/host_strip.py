@@ -1,0 +1,85 @@
+"""The host strip: per-core CPU (one cell per core), load, memory, swap, disk use of the host's
+root and network rates, in two lines."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from console.monitor_record import HostStat
+from console.widgets.meter_base import MeterWidget
+from console.widgets.meters import bar, fmt_bytes, fmt_mem, level
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def core_cells(cpu: tuple[float, ...], width: int) -> list[float]:
+    """Per-core % folded into at most `width` cells (each the busiest core of its group)."""
+    if len(cpu) <= width:
+        return list(cpu)
+    group = -(-len(cpu) // width)
+    return [max(cpu[i:i + group]) for i in range(0, len(cpu), group)]
+
+
+def short_path(path: str, width: int = 20) -> str:
+    """The end of a long path (the part that names it): …/eagle3-console/host."""
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+class HostStrip(MeterWidget):
+    """CPU, memory, swap, disk and network of the selected host."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.host: HostStat | None = None
+        self.reason: str | None = None
+        self.grey = False
+
+    def show(self, host: HostStat | None, reason: str | None, grey: bool) -> None:
+        self.host, self.reason, self.grey = host, reason, grey
+        self.refresh()
+
+    def render(self) -> Text:
+        h = self.host
+        if h is None:
+            return Text(f"host: {self.reason or 'no data yet'}\n", self.mstyle("stale"))
+        lab = self.mstyle("label")
+        t = Text(no_wrap=True, overflow="crop")
+
+        def val(text: str, frac: float | None = None) -> None:
+            t.append(text, self.mstyle("stale" if self.grey else level(frac) if frac is not None
+                                       else "spark"))
+
+        avg = h.cpu_avg
+        t.append("CPU ", lab)
+        tail = f" {avg:.0f}% of {len(h.cpu)}" if avg is not None else " —"
+        load = "  load " + " ".join(f"{x:.1f}" for x in h.load) if h.load else ""
+        cells = core_cells(h.cpu, max(8, self.size.width - 4 - len(tail) - len(load) - 1))
+        for c in cells:
+            val(_SPARK[min(7, int(c / 100 * 8))], c / 100)
+        val(tail)
+        t.append(load, lab)
+        t.append("\n")
+
+        def meter(name: str, used: int | None, total: int | None, width: int = 6) -> None:
+            frac = used / total if used is not None and total else None
+            filled, empty = bar(frac, width)
+            t.append(f"{name} ", lab)
+            val(filled, frac)
+            t.append(empty, self.mstyle("empty"))
+            val(f" {fmt_mem(used, total)}  ")
+
+        meter("MEM", h.mem_used, h.mem_total)
+        if h.swap_total:
+            meter("SWAP", h.swap_used, h.swap_total, 4)
+        else:
+            t.append("SWAP ", lab)
+            val("none  ")
+        path = short_path(h.disk_path or "?")
+        if h.disk_error:
+            t.append("DISK ", lab)
+            val(f"{path}: {h.disk_error}  ")
+        else:
+            meter(f"DISK {path}", h.disk_used, h.disk_total)
+        t.append("NET ", lab)
+        val(f"↓{fmt_bytes(h.net_rx, '/s')} ↑{fmt_bytes(h.net_tx, '/s')}")
+        return t

@@ -1,0 +1,90 @@
+"""Text meters shared by the GPU, fleet and logs widgets: bars, sparklines and short numbers.
+
+Pure functions returning strings; the widgets colour them with their component classes (so the
+colours come from the theme's .tcss, never from here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def bar(frac: float | None, width: int) -> tuple[str, str]:
+    """(filled, empty) parts of a bar `width` cells wide, in eighths of a cell."""
+    if frac is None:
+        return "", "·" * width
+    eighths = round(max(0.0, min(1.0, frac)) * width * 8)
+    full, part = divmod(eighths, 8)
+    filled = "█" * full + (_EIGHTHS[part] if part else "")
+    return filled, " " * (width - len(filled))
+
+
+def level(frac: float | None) -> str:
+    """"low", "mid" or "high": which component class colours a value."""
+    if frac is None or frac < 0.5:
+        return "low"
+    return "mid" if frac < 0.8 else "high"
+
+
+def spark(points: Iterable[tuple[float, float | None]], t0: float, t1: float, width: int,
+          vmax: float) -> str:
+    """A sparkline of (t, value) points over the window [t0, t1]: one cell per time bucket, the
+    bucket's largest value; a bucket with no data is a blank (gaps stay visible)."""
+    if width <= 0 or t1 <= t0:
+        return ""
+    cells: list[float | None] = [None] * width
+    span = (t1 - t0) / width
+    for t, v in points:
+        if v is None or t < t0 or t > t1:
+            continue
+        i = min(width - 1, int((t - t0) / span))
+        cur = cells[i]
+        cells[i] = v if cur is None else max(cur, v)
+    out = []
+    for v in cells:
+        if v is None:
+            out.append(" ")
+        else:
+            frac = max(0.0, min(1.0, v / vmax)) if vmax > 0 else 0.0
+            out.append(_SPARK[min(len(_SPARK) - 1, int(frac * len(_SPARK)))])
+    return "".join(out)
+
+
+def fmt_bytes(n: float | None, suffix: str = "") -> str:
+    """Binary units, 3 significant figures at most: 512M, 1.5G, 141G, 7.0T."""
+    if n is None:
+        return "—"
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if abs(n) < 1024 or unit == "P":
+            if unit == "B":
+                return f"{n:.0f}{unit}{suffix}"
+            return f"{n:.1f}{unit}{suffix}" if abs(n) < 10 else f"{n:.0f}{unit}{suffix}"
+        n /= 1024
+    return "—"  # pragma: no cover
+
+
+def fmt_mem(used: int | None, total: int | None) -> str:
+    """`126/140G`: used and total in the total's unit."""
+    if used is None or total is None:
+        return "—"
+    for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20)):
+        if total >= scale:
+            return f"{used / scale:.0f}/{total / scale:.0f}{unit}"
+    return f"{used}/{total}B"
+
+
+def fmt_num(v: float | None, unit: str = "", digits: int = 0) -> str:
+    return "—" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
