@@ -69,6 +69,7 @@ class Resolved:
     port: int
     key_name: str             # HostKeyAlias if set, else host: the name known_hosts records
     config_known_hosts: tuple[str, ...]  # UserKnownHostsFile/GlobalKnownHostsFile from config
+    ciphers_configured: bool = False     # ssh_config sets Ciphers: leave the choice to it
 
 
 async def resolve(target: Target, ssh_config: str | None) -> Resolved:
@@ -81,7 +82,8 @@ async def resolve(target: Target, ssh_config: str | None) -> Resolved:
     kh = opts.known_hosts
     files = tuple(os.path.expanduser(str(p)) for p in kh) if isinstance(kh, (list, tuple)) else ()
     return Resolved(host=opts.host, port=int(opts.port), key_name=opts.host_key_alias or opts.host,
-                    config_known_hosts=files)
+                    config_known_hosts=files,
+                    ciphers_configured=opts.config.get("Ciphers") is not None)
 
 
 def known_hosts_files(explicit: str | None, resolved: Resolved | None = None) -> list[Path]:

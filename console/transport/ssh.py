@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import TypeVar
 
 import asyncssh
+from asyncssh.encryption import get_default_encryption_algs
 
 from console import known_hosts as kh
 from console.errors import (
@@ -35,7 +36,7 @@ from console.errors import (
     Unreachable,
 )
 from console.transport.base import CommandResult, FileStat, Transport, quote
-from console.transport.local import STDERR_TAIL, UPLOAD_CONCURRENCY, temp_name
+from console.transport.local import STDERR_TAIL, temp_name
 
 T = TypeVar("T")
 
@@ -46,6 +47,13 @@ CONNECT_TIMEOUT = 15.0
 #: reconnect after a drop: first try at once, then wait 0.2 s doubling up to 5 s
 BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_TRIES = 0.2, 5.0, 6
 KILL_TIMEOUT = 5.0
+#: files up to this size go in one write; larger ones through asyncssh's pipelined put()
+SMALL_FILE = 1 << 20
+#: uploads in flight at once on the one SFTP session (hides round trips; measured 16-32 best)
+SFTP_CONCURRENCY = 16
+#: AES-GCM first: in asyncssh it moves bulk data about twice as fast as chacha20-poly1305
+#: (measured: 100 MB over SFTP 2.4 s vs 4.4 s); the rest of asyncssh's defaults follow
+_FAST_FIRST = [b"aes128-gcm@openssh.com", b"aes256-gcm@openssh.com"]
 
 # what a dropped link looks like to the code using it
 _LINK_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, asyncssh.SFTPConnectionLost,
@@ -264,6 +272,11 @@ class SSHTransport(Transport):
             if not os.access(ident, os.R_OK):
                 raise AuthFailed(self.name, f"identity file {ident} is missing or unreadable")
             options["client_keys"] = [ident]
+        if not resolved.ciphers_configured:
+            defaults = get_default_encryption_algs()
+            order = [a for a in _FAST_FIRST if a in defaults] + \
+                [a for a in defaults if a not in _FAST_FIRST]
+            options["encryption_algs"] = [a.decode() for a in order]
         client = _Client()
         try:
             conn = await asyncssh.connect(
@@ -452,7 +465,7 @@ class SSHTransport(Transport):
 
     async def upload(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> int:
         made: set[str] = set()
-        sem = asyncio.Semaphore(UPLOAD_CONCURRENCY * 2)
+        sem = asyncio.Semaphore(SFTP_CONCURRENCY)
 
         async def one(src: str, dst: str) -> int:
             src = os.path.expanduser(src)
@@ -465,8 +478,18 @@ class SSHTransport(Transport):
                 atime=int(st.st_atime), mtime=int(st.st_mtime))  # SFTP v3: whole seconds
 
             async def write(sftp: asyncssh.SFTPClient, tmp: str) -> None:
-                await sftp.put(src, tmp, sparse=False)
-                await sftp.setstat(tmp, attrs)
+                if st.st_size > SMALL_FILE:
+                    await sftp.put(src, tmp, sparse=False)  # pipelined block writes
+                    await sftp.setstat(tmp, attrs)
+                    return
+                # small files: one write and the times set on the open handle, two round
+                # trips fewer than put() (which also stats the target first)
+                with open(src, "rb") as fin:
+                    data = fin.read()
+                async with sftp.open(tmp, "wb", asyncssh.SFTPAttrs(
+                        permissions=attrs.permissions)) as f:
+                    await f.write(data)
+                    await f.setstat(attrs)
 
             async def op(sftp: asyncssh.SFTPClient) -> None:
                 await self._atomic(sftp, sftp_path(dst), write, made)
