@@ -24,7 +24,8 @@ def no_marker_anywhere(tmp_path: Path) -> bool:
     return not found
 
 
-ECHO_ARGV = "import json, os, sys; print(json.dumps([os.getcwd(), os.environ.get('E3_W'), sys.argv[1:]]))"
+ECHO_ARGV = ("import json, os, sys; "
+             "print(json.dumps([os.getcwd(), os.environ.get('E3_W'), sys.argv[1:]]))")
 
 
 def hostile(marker: Path) -> list[str]:

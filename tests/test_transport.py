@@ -92,6 +92,8 @@ async def test_run_missing_program_is_127(transport: Transport) -> None:
 async def test_run_input_env_cwd(transport: Transport, tmp_path: Path) -> None:
     r = await transport.run(["cat"], input="line1\nline2\n")
     assert r.stdout == "line1\nline2\n"
+    # a command that exits without reading its input is not an error
+    assert (await transport.run(["head", "-c", "3"], input="y" * 2_000_000)).stdout == "yyy"
     r = await transport.run([PY, "-c", "import os; print(os.getcwd()); print(os.environ['E3_X'])"],
                             cwd=str(tmp_path), env={"E3_X": "forty two"}, check=True)
     assert r.stdout.splitlines() == [str(tmp_path), "forty two"]

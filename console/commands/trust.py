@@ -22,7 +22,8 @@ HELP = "show HOST's SSH host key fingerprint and add it to known_hosts once you 
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host", help="a configured host name, or an ssh target (alias or user@host[:port])")
+    p.add_argument("host",
+                   help="a configured host name, or an ssh target (alias or user@host[:port])")
     p.add_argument("--yes", "-y", action="store_true",
                    help="record the key without asking (only after checking the fingerprint)")
 

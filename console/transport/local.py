@@ -81,7 +81,8 @@ class LocalTransport(Transport):
         except (FileNotFoundError, NotADirectoryError) as e:
             # what sh would say: 127 for a missing program, 2 for a missing cwd
             missing_cwd = cwd is not None and not os.path.isdir(expand(cwd))
-            return CommandResult(2 if missing_cwd else 127, "", f"{e.filename or argv[0]}: {e.strerror}\n")
+            return CommandResult(2 if missing_cwd else 127, "",
+                                 f"{e.filename or argv[0]}: {e.strerror}\n")
         except PermissionError as e:
             return CommandResult(126, "", f"{e.filename or argv[0]}: {e.strerror}\n")
         except OSError as e:

@@ -139,6 +139,13 @@ class _Remote:
             if not self.pgid.done():
                 self.pgid.set_result(None)
 
+    def feed(self, data: str | bytes | None) -> None:
+        """Send stdin and close it; a command that exits without reading it is not an error."""
+        with contextlib.suppress(*_LINK_ERRORS):
+            if data:
+                self.process.stdin.write(data.encode() if isinstance(data, str) else data)
+            self.process.stdin.write_eof()
+
     def stderr_text(self) -> str:
         return _decode(bytes(self.stderr))
 
@@ -156,7 +163,8 @@ class _Remote:
     async def kill(self) -> None:
         """Kill the remote process group (best effort) and close the channel."""
         try:
-            pgid = await asyncio.wait_for(asyncio.shield(self.pgid), 2.0)
+            # the marker comes before the command starts, right after the login shell's rc files
+            pgid = await asyncio.wait_for(asyncio.shield(self.pgid), KILL_TIMEOUT)
         except (asyncio.TimeoutError, asyncio.CancelledError):
             pgid = None
         conn = self.t._conn
@@ -351,9 +359,7 @@ class SSHTransport(Transport):
         rp = await self._start(command, None)
 
         async def complete() -> tuple[bytes, int]:
-            if input is not None:
-                rp.process.stdin.write(input.encode() if isinstance(input, str) else input)
-            rp.process.stdin.write_eof()
+            rp.feed(input)
             out = await rp.process.stdout.read()
             return out, await rp.finish(label)
 
@@ -391,7 +397,7 @@ class SSHTransport(Transport):
         rp = await self._start(remote_command(argv, cwd, env), STDERR_TAIL)
         finished = False
         try:
-            rp.process.stdin.write_eof()
+            rp.feed(None)
             while True:
                 try:
                     line = await rp.process.stdout.readline()
