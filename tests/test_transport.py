@@ -263,9 +263,71 @@ async def test_ssh_reconnects_after_drop(sshd: SSHD) -> None:
         assert (await t.run(["echo", "two"], check=True)).stdout == "two\n"
         assert t.connected
         sshd.drop_connections()
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 5
+        while t.connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert not t.connected
         assert await t.stat(str(sshd.known_hosts)) is not None  # SFTP reopens too
+
+
+class Relay:
+    """A TCP relay in front of sshd that can go away and come back on the same port, as a
+    host does when its network blips or it reboots."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.server: asyncio.base_events.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in self.writers:
+            w.close()
+        await self.server.wait_closed()
+
+    async def _handle(self, r1: asyncio.StreamReader, w1: asyncio.StreamWriter) -> None:
+        r2, w2 = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers += [w1, w2]
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                w.close()
+
+        await asyncio.gather(pipe(r1, w2), pipe(r2, w1))
+
+
+async def test_ssh_reconnects_with_backoff_while_host_is_away(sshd: SSHD, tmp_path: Path) -> None:
+    relay = Relay(sshd.port)
+    await relay.start()
+    pub = " ".join(Path(str(sshd.host_key) + ".pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{relay.port} {pub}\n")
+    host = ssh_host(sshd, ssh=f"{sshd.user}@127.0.0.1:{relay.port}", known_hosts=str(known))
+    async with open_transport(host) as t:
+        assert (await t.run(["echo", "one"])).stdout == "one\n"
+        await relay.stop()  # the link drops and the host refuses connections for a while
+        deadline = time.monotonic() + 5
+        while t.connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        pending = asyncio.ensure_future(t.run(["echo", "two"]))
+        await asyncio.sleep(0.8)  # a few refused tries
+        assert not pending.done()
+        await relay.start()
+        assert (await asyncio.wait_for(pending, 15)).stdout == "two\n"
+        assert 0.8 <= time.monotonic() - t0 < 10
+    await relay.stop()
 
 
 async def test_ssh_stream_in_flight_when_link_drops(sshd: SSHD) -> None:
