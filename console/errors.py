@@ -51,6 +51,7 @@ class CommandFailed(TransportError):
     def __init__(self, host: str, argv: list[str] | str, returncode: int | None, stderr: str) -> None:
         cmd = argv if isinstance(argv, str) else " ".join(argv)
         last = (stderr.strip().splitlines() or [""])[-1]
-        super().__init__(host, f"`{cmd[:120]}` exited {returncode}" + (f": {last}" if last else ""))
+        how = "failed" if returncode is None else f"exited {returncode}"
+        super().__init__(host, f"`{cmd[:120]}` {how}" + (f": {last}" if last else ""))
         self.returncode = returncode
         self.stderr = stderr
