@@ -32,10 +32,13 @@ class Eagle3App(App):
         self.monitors = monitors or MonitorHub(self.pool, clock=clock)
         names = list(config.hosts)
         self.initial_host = host if host in config.hosts else names[0]
+        self.theme_flag: str | None = None  # --theme: remembered once the app runs
         register_themes(self)
 
     def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        if self.theme_flag:
+            self._on_theme_changed(self.current_theme)
         self.push_screen(MainScreen(list(self.config.hosts), self.initial_host))
 
     def _on_host_state(self, host: str, state: HostState, detail: str) -> None:
@@ -58,6 +61,7 @@ def create_app(config: Config, theme: str | None = None, host: str | None = None
     app = Eagle3App(config, host=host, clock=clock, monitors=monitors)
     where = "--theme" if theme else f"{config.path}: theme" if config.theme else "default"
     app.theme = check_theme(app, theme or config.theme or DEFAULT_THEME, where)
+    app.theme_flag = theme
     return app
 
 

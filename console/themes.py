@@ -72,21 +72,20 @@ def remember_theme(config: Config, name: str) -> Path:
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     line = tomli_w.dumps({"theme": name}).strip()
     lines = text.splitlines(keepends=True)
-    out, done = [], False
-    for ln in lines:
-        stripped = ln.lstrip()
-        if not done and stripped.startswith("["):      # first table: top-level keys end here
-            out.append(line + "\n")
-            done = True
-        if not done and stripped.split("=", 1)[0].strip() == "theme" and "=" in stripped:
-            out.append(line + "\n")
-            done = True
-            continue
-        out.append(ln)
-    if not done:
-        if out and not out[-1].endswith("\n"):
-            out[-1] += "\n"
-        out.append(line + "\n")
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    first_table = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("[")),
+                       len(lines))
+    existing = [i for i, ln in enumerate(lines[:first_table])
+                if "=" in ln and ln.split("=", 1)[0].strip() == "theme"]
+    if existing:
+        lines[existing[0]] = line + "\n"
+    else:
+        at = first_table  # top-level keys go before the first table and the comments above it
+        while at > 0 and lines[at - 1].lstrip().startswith("#"):
+            at -= 1
+        lines.insert(at, line + "\n")
+    out = lines
     new = "".join(out)
     if tomllib.loads(new).get("theme") != name:  # never write a file that reads differently
         raise ConfigError(f"{path}: could not set theme = {name!r}")

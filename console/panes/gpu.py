@@ -37,8 +37,8 @@ def status_parts(mon: HostMonitor, now: float) -> list[tuple[str, str]]:
     parts: list[tuple[str, str]] = [(f"{mon.name} ", "header")]
     age = fmt_age(mon.age(now))
     if mon.state is MonitorState.RECONNECTING:
-        parts += [("◌ reconnecting", "alert"), (f"  {mon.detail}", "label"),
-                  (f"  · last data {age}" if s else "", "stale")]
+        parts += [("◌ reconnecting", "alert"), (f"  · last data {age}" if s else "", "stale"),
+                  (f" · {mon.detail}", "label")]
         return parts
     if s is None:
         return parts + [("◌ starting the monitor agent…", "label")]

@@ -72,7 +72,7 @@ class FleetTable(MeterWidget):
         t.append(f"{h.name} ", self.mstyle("header"))
         if h.state is MonitorState.RECONNECTING:
             t.append("◌ reconnecting", self.mstyle("alert"))
-            t.append(f"  {h.detail}  · last data {fmt_age(h.age)}", self.mstyle("stale"))
+            t.append(f"  · last data {fmt_age(h.age)} · {h.detail}", self.mstyle("stale"))
             return t
         if h.state is MonitorState.STARTING:
             t.append("◌ starting", self.mstyle("label"))

@@ -90,7 +90,7 @@ class GpuTable(MeterWidget, can_focus=True):
     def render(self) -> Text:
         width = max(40, self.size.width)
         idx_w = len(str(max((r.gpu.index for r in self.rows), default=0))) + 2
-        fixed = idx_w + (_UB + 5) + 1 + (_MB + 10) + 1 + (_PB + 9) + 1 + (_TB + 5) + 2 + 6
+        fixed = idx_w + (_UB + 5) + 1 + (_MB + 10) + 1 + (_PB + 9) + 1 + (_TB + 6) + 2 + 6
         spark_w = max(0, width - fixed)
         head = Text(no_wrap=True, overflow="crop")
         head.append(" " * idx_w + "UTIL".ljust(_UB + 6) + "MEMORY".ljust(_MB + 11)

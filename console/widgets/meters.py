@@ -67,12 +67,13 @@ def fmt_bytes(n: float | None, suffix: str = "") -> str:
 
 
 def fmt_mem(used: int | None, total: int | None) -> str:
-    """`126/140G`: used and total in the total's unit."""
+    """`126/140G`, `2.1/6.9T`: used and total in the largest unit that keeps total under 1000."""
     if used is None or total is None:
         return "—"
-    for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20)):
+    for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if total >= scale:
-            return f"{used / scale:.0f}/{total / scale:.0f}{unit}"
+            d = 1 if total / scale < 10 else 0
+            return f"{used / scale:.{d}f}/{total / scale:.{d}f}{unit}"
     return f"{used}/{total}B"
 
 
