@@ -11,6 +11,7 @@ from textual.widgets import Footer, Header, TabbedContent, TabPane
 from console.messages import HostSelected, HostStateChanged
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
+from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
 from console.widgets.host_list import HostList
 
@@ -19,6 +20,7 @@ PANES: list[tuple[str, str, type]] = [
     ("gpu", "GPUs", GpuPane),
     ("overview", "Host", OverviewPane),
     ("fleet", "Fleet", FleetPane),
+    ("logs", "Logs", LogsPane),
 ]
 
 
@@ -60,6 +62,14 @@ class MainScreen(Screen):
         # drop focus first: a focused widget inside the old tab would pull its tab back
         self.set_focus(None)
         self.query_one(TabbedContent).active = f"tab-{tab_id}"
+        self.call_after_refresh(self._focus_pane, tab_id)
+
+    def _focus_pane(self, tab_id: str) -> None:
+        """Keys go to the pane just shown: focus its first focusable widget."""
+        pane = self.query_one(f"#pane-{tab_id}")
+        target = next((w for w in [pane, *pane.query("*")] if w.focusable and w.display), None)
+        if target is not None:
+            target.focus()
 
     def _select(self, host: str) -> None:
         self.selected = host

@@ -81,6 +81,15 @@ def fmt_num(v: float | None, unit: str = "", digits: int = 0) -> str:
     return "—" if v is None else f"{v:.{digits}f}{unit}"
 
 
+def fmt_si(v: float) -> str:
+    """850, 1.2k, 31k, 1.5M: a rate or count in 4 characters or so."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            x = v / scale
+            return f"{x:.1f}{unit}" if x < 10 else f"{x:.0f}{unit}"
+    return f"{v:.0f}"
+
+
 def fmt_age(seconds: float | None) -> str:
     if seconds is None:
         return "never"
@@ -89,3 +98,28 @@ def fmt_age(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60:.0f} min ago"
     return f"{seconds / 3600:.1f} h ago"
+
+
+def columns(values: list[float | None], width: int, height: int, vmax: float) -> list[str]:
+    """A bar chart `height` rows tall of the last `width` values (one column each, eighths of a
+    cell of resolution), returned top row first. Missing values are blank columns."""
+    vals = values[-width:] if width > 0 else []
+    vals = [None] * (width - len(vals)) + vals          # newest at the right edge
+    rows = []
+    for r in range(height - 1, -1, -1):                 # r = rows below this one
+        out = []
+        for v in vals:
+            if v is None or vmax <= 0:
+                out.append(" ")
+                continue
+            eighths = round(max(0.0, min(1.0, v / vmax)) * height * 8) - r * 8
+            out.append("█" if eighths >= 8 else " " if eighths <= 0 else "▁▂▃▄▅▆▇"[eighths - 1])
+        rows.append("".join(out))
+    return rows
+
+
+def shade(values: list[float | None], width: int) -> str:
+    """The last `width` fractions (0-1) as shades, newest at the right: ' ░▒▓█'."""
+    vals = values[-width:] if width > 0 else []
+    vals = [None] * (width - len(vals)) + vals
+    return "".join(" " if v is None else " ░▒▓█"[min(4, max(0, round(v * 4)))] for v in vals)

@@ -1,0 +1,197 @@
+"""The logs pane: follows the selected host's configured logs (the vLLM server log above all)
+with live charts of the vLLM stats lines above the text.
+
+Keys: `f` follow/pause, `/` filter (Enter keeps it, Esc clears), `e` / `E` next / previous
+error, `l` next configured log. A worker runs the LogFollower (console/follow.py) and only
+appends batches to the LogModel; a 4 Hz timer redraws what changed, so thousands of lines per
+second cost a few redraws per second, and memory stays bounded by the model."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.widgets import Input
+
+from console.errors import ConsoleError
+from console.follow import LogFollower
+from console.log_model import LogModel
+from console.widgets.host_strip import short_path
+from console.widgets.log_charts import LogCharts
+from console.widgets.log_view import LogView
+from console.widgets.status_line import StatusLine
+
+TAIL_LINES = 5000      # history loaded when a log is opened (charts get its stats lines)
+REDRAW_S = 0.25
+RETRY_S = 5.0
+
+
+class LogsPane(Vertical):
+    """One followed log of the selected host, with its vLLM charts."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("f", "toggle_follow", "Follow/pause"),
+        Binding("slash", "filter", "Filter"),
+        Binding("e", "error(1)", "Next error"),
+        Binding("E", "error(-1)", "Prev error"),
+        Binding("l", "next_log", "Next log"),
+    ]
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.model = LogModel()
+        self.host: str | None = None
+        self.paths: list[str] = []
+        self.path_index = 0
+        self.notice = ""
+        self._drawn: tuple[object, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="logs-status")
+        yield LogCharts(self.model, id="logs-charts")
+        yield Input(placeholder="filter: lines containing… (Enter keeps, Esc clears)",
+                    id="logs-filter")
+        yield LogView(self.model, id="logs-view")
+
+    def on_mount(self) -> None:
+        self.query_one("#logs-filter", Input).display = False
+        self.set_interval(REDRAW_S, self.redraw)
+
+    # -- what is followed -----------------------------------------------------------------------
+    def show_host(self, host: str) -> None:
+        if host == self.host:
+            return
+        self.host = host
+        self.paths = list(self.app.config.hosts[host].logs)  # type: ignore[attr-defined]
+        self.path_index = 0
+        self._open()
+
+    def action_next_log(self) -> None:
+        if len(self.paths) > 1:
+            self.path_index = (self.path_index + 1) % len(self.paths)
+            self._open()
+
+    @property
+    def path(self) -> str | None:
+        return self.paths[self.path_index] if self.paths else None
+
+    def _open(self) -> None:
+        self.model.clear()
+        self.notice = ""
+        view = self.query_one(LogView)
+        view.set_following(True)
+        if self.host is not None and self.path is not None:
+            self.follow(self.host, self.path)
+        else:
+            self.workers.cancel_group(self, "logs")
+        self.redraw(force=True)
+
+    @work(exclusive=True, group="logs")
+    async def follow(self, host: str, path: str) -> None:
+        """Feed the model from the host's file until another log or host is chosen."""
+        pool = self.app.pool  # type: ignore[attr-defined]
+        while True:
+            try:
+                h = await pool.ensure(host)
+                real = await h.resolve(path)
+                follower = LogFollower(h.transport, real, tail_lines=TAIL_LINES,
+                                       on_notice=self._on_notice)
+                async for batch in follower.batches():
+                    self.model.add(batch)
+                    if self.notice.startswith(("reconnecting", "error")):
+                        self.notice = ""
+                return
+            except ConsoleError as e:
+                self.notice = f"error: {e}"
+                await asyncio.sleep(RETRY_S)
+
+    def _on_notice(self, kind: str, detail: str) -> None:
+        self.notice = f"{kind}: {detail}" if kind != "reconnected" else ""
+
+    # -- drawing --------------------------------------------------------------------------------
+    def redraw(self, force: bool = False) -> None:
+        if not (force or self.is_on_screen):
+            return
+        view = self.query_one(LogView)
+        key = (self.model.version, view.following, self.notice, self.model.query)
+        if key == self._drawn and not force:
+            return
+        self._drawn = key
+        view.sync(force)
+        self.query_one(LogCharts).sync(force)
+        self.query_one(StatusLine).show(self._status(view.following))
+
+    def _status(self, following: bool) -> list[tuple[str, str]]:
+        if self.host is None:
+            return [("Select a host.", "label")]
+        parts: list[tuple[str, str]] = [(f"{self.host} ", "header")]
+        if self.path is None:
+            return parts + [(f"no logs configured: add logs = [\"/path/vllm.log\"] to "
+                             f"[hosts.{self.host}] in the config", "label")]
+        parts.append((short_path(self.path, 48), "label"))
+        if len(self.paths) > 1:
+            parts.append((f" ({self.path_index + 1}/{len(self.paths)}, l: next)", "label"))
+        parts.append(("  ● following" if following else "  ‖ paused", "low" if following
+                      else "mid"))
+        m = self.model
+        parts.append((f"  {m.total:,} lines", "label"))
+        if m.errors:
+            parts.append((f"  {m.errors} errors (e/E)", "alert"))
+        if m.query:
+            parts.append((f"  filter “{m.query}”: {len(m.matches):,} lines", "mid"))
+        if self.notice:
+            parts.append((f"  {self.notice}", "alert" if self.notice.startswith(
+                ("error", "reconnecting")) else "mid"))
+        return parts
+
+    def on_show(self) -> None:
+        self.redraw(force=True)
+
+    def on_log_view_follow_changed(self, _event: LogView.FollowChanged) -> None:
+        self.redraw(force=True)
+
+    # -- keys -----------------------------------------------------------------------------------
+    def action_toggle_follow(self) -> None:
+        view = self.query_one(LogView)
+        if not view.following and view.cursor < 0:
+            view.cursor = self.model.visible() - 1
+        view.set_following(not view.following)
+
+    def action_error(self, direction: int) -> None:
+        view = self.query_one(LogView)
+        start = self.model.visible() if view.following else view.cursor
+        row = self.model.find_error(start, -1 if view.following else direction)
+        if row is None:
+            self.notify("no more errors" if self.model.errors else "no errors in this log",
+                        timeout=2)
+            return
+        view.go_to(row)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#logs-filter", Input)
+        box.display = True
+        box.value = self.model.query
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.model.set_query(event.value)
+        self.redraw(force=True)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._close_filter()
+
+    def key_escape(self) -> None:
+        box = self.query_one("#logs-filter", Input)
+        if box.display or self.model.query:
+            self.model.set_query("")
+            self._close_filter()
+
+    def _close_filter(self) -> None:
+        box = self.query_one("#logs-filter", Input)
+        box.display = False
+        self.query_one(LogView).focus()
+        self.redraw(force=True)

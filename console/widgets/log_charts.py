@@ -1,0 +1,127 @@
+"""The strip of live vLLM charts above the log: generation and prompt throughput, running and
+waiting requests, KV cache usage, mean acceptance length, and per-position acceptance over time
+(one shaded row per draft position). One column per stats line (vLLM logs one every 10 s by
+default), newest at the right."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from console.log_model import LogModel
+from console.widgets.meter_base import MeterWidget
+from console.widgets.meters import columns, fmt_si, shade
+
+CHART_ROWS = 3
+POSITIONS = 3  # draft positions drawn (the title says how many more there are)
+
+
+def _fmt(v: float | None, digits: int = 0, unit: str = "") -> str:
+    return "—" if v is None else f"{v:,.{digits}f}{unit}"
+
+
+class LogCharts(MeterWidget):
+    """Six small charts in two rows of three."""
+
+    DEFAULT_CSS = "LogCharts { height: 8; }"
+
+    def __init__(self, model: LogModel, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.model = model
+        self._seen = -1
+
+    def sync(self, force: bool = False) -> None:
+        n = (len(self.model.engine), len(self.model.spec),
+             self.model.engine[-1] if self.model.engine else None,
+             self.model.spec[-1] if self.model.spec else None)
+        if n != self._seen or force:
+            self._seen = n  # type: ignore[assignment]
+            self.refresh()
+
+    def _chart(self, title: str, now: str, values: list[float | None], width: int,
+               vmax: float | None = None, style: str = "spark") -> list[Text]:
+        top = max((v for v in values if v is not None), default=0.0)
+        scale = vmax if vmax is not None else (top * 1.1 or 1.0)
+        head = Text(no_wrap=True, overflow="crop")
+        head.append(title, self.mstyle("label"))
+        head.append(" " + now, self.mstyle("header"))
+        if vmax is None and top:
+            head.append(f" ↑{fmt_si(top)}", self.mstyle("label"))
+        rows = [head] + [Text(r, self.mstyle(style)) for r in columns(values, width, CHART_ROWS,
+                                                                      scale)]
+        return [self._pad(t, width) for t in rows]
+
+    def _pad(self, t: Text, width: int) -> Text:
+        t.truncate(width, overflow="crop", pad=True)
+        return t
+
+    def _requests(self, width: int) -> list[Text]:
+        run = [e.running for e in self.model.engine]
+        wait = [e.waiting for e in self.model.engine]
+        last = self.model.engine[-1] if self.model.engine else None
+        head = Text(no_wrap=True)
+        head.append("requests ", self.mstyle("label"))
+        head.append(f"{_fmt(last.running if last else None)} running", self.mstyle("header"))
+        head.append(f" {_fmt(last.waiting if last else None)} waiting", self.mstyle("high" if last
+                    and last.waiting else "label"))
+        top = max([v for v in run + wait if v is not None] or [1])
+        chart = columns([float(v) if v is not None else None for v in run], width, 2, top * 1.1)
+        wait_row = columns([float(v) if v is not None else None for v in wait], width, 1, top * 1.1)
+        rows = [head, Text(chart[0], self.mstyle("spark")), Text(chart[1], self.mstyle("spark")),
+                Text(wait_row[0], self.mstyle("spark2"))]
+        return [self._pad(t, width) for t in rows]
+
+    def _positions(self, width: int) -> list[Text]:
+        spec = self.model.spec
+        k = max((len(s.per_position) for s in spec), default=0)
+        head = Text(no_wrap=True)
+        head.append("accept/position ", self.mstyle("label"))
+        if spec and spec[-1].per_position:
+            head.append(" ".join(f"{p:.2f}" for p in spec[-1].per_position[:POSITIONS]),
+                        self.mstyle("header"))
+            if k > POSITIONS:
+                head.append(f" +{k - POSITIONS}", self.mstyle("label"))
+        rows = [head]
+        label_w = 3
+        for i in range(POSITIONS):
+            row = Text(no_wrap=True)
+            row.append(f"{i:<{label_w}}", self.mstyle("label"))
+            vals = [s.per_position[i] if len(s.per_position) > i else None for s in spec]
+            row.append(shade(vals, width - label_w) if i < k else "", self.mstyle("spark2"))
+            rows.append(row)
+        return [self._pad(t, width) for t in rows]
+
+    def render(self) -> Text:
+        gap = 2
+        w = max(10, (self.size.width - 2 * gap) // 3)
+        eng, spec = self.model.engine, self.model.spec
+        last_e = eng[-1] if eng else None
+        last_s = spec[-1] if spec else None
+        k = max((len(s.per_position) for s in spec), default=0)
+        top_row = [
+            self._chart("generation tok/s", _fmt(last_e.generation_throughput if last_e else None,
+                                                 1), [e.generation_throughput for e in eng], w),
+            self._chart("prompt tok/s", _fmt(last_e.prompt_throughput if last_e else None, 1),
+                        [e.prompt_throughput for e in eng], w),
+            self._requests(w),
+        ]
+        bottom_row = [
+            self._chart("KV cache", _fmt(last_e.kv_cache_usage_pct if last_e else None, 1, "%"),
+                        [e.kv_cache_usage_pct for e in eng], w, 100.0, "mid"),
+            self._chart("mean acceptance length", _fmt(
+                last_s.mean_acceptance_length if last_s else None, 2),
+                [s.mean_acceptance_length for s in spec], w, float(k + 1) if k else None),
+            self._positions(w),
+        ]
+        lines = []
+        for block in (top_row, bottom_row):
+            for r in range(CHART_ROWS + 1):
+                line = Text(no_wrap=True)
+                for i, chart in enumerate(block):
+                    if i:
+                        line.append(" " * gap)
+                    line.append_text(chart[r])
+                lines.append(line)
+        if not eng and not spec:
+            lines[1] = Text("  no vLLM stats lines yet (vLLM logs them every 10 s while serving)",
+                            self.mstyle("stale"))
+        return Text("\n").join(lines)
