@@ -5,16 +5,24 @@ A push covers trees (local folder -> remote folder). The engine package (this ch
 among them, to ROOT/code/engine and ROOT/code/eagle3_hostside; sync sets from the config go to
 their own remote folders. For each tree:
 
-1. both sides are scanned into a manifest {path: [size, mtime, sha256]} with the same
-   gitignore-style excludes (the remote scan is console/hostside/manifest.py run by the host's
-   Python, all trees in one command; the record of the last push spares it re-reading files);
-2. files whose size or sha256 differ (or that are missing remotely) are uploaded over the one
-   connection, each to a temp name then renamed (Transport.upload), keeping mtime and mode;
-3. with `delete`, remote files that vanished locally are removed (excluded files never are);
-4. the record ROOT/manifests/<key>.json (files, content hash, local git commit) is rewritten,
-   so a run can say exactly which code it ran.
+1. the local side is walked with gitignore-style excludes into a manifest
+   {path: [size, mtime, sha256]}; the host's copy of the manifest is the record of the last
+   push, ROOT/manifests/<key>.json, read over SFTP (no command run, so a slow login shell on
+   the host costs nothing). A local file whose size and mtime equal its recorded entry keeps
+   the recorded hash (rsync's quick check, with git's guard for edits in the same clock tick);
+   any other file is hashed;
+2. files whose size or sha256 differ from the record (or are not in it) are uploaded over the
+   one connection, each to a temp name then renamed (Transport.upload), keeping mtime and mode;
+3. with `delete`, files of the previous push that vanished locally are removed remotely
+   (files the console never pushed, and excluded ones, are left alone);
+4. the record is rewritten (files, content hash, local git commit), so a run can say exactly
+   which code it ran.
 
-A second push with no local change therefore costs one remote command and sends nothing.
+Without a record (a first push, a lost record) or with `verify`, the remote folder is scanned
+instead by console/hostside/manifest.py run with the host's Python (one command for all trees,
+skipped when the folder does not exist yet): that also repairs files edited on the host behind
+the console's back. A second push with no local change reads one small file per tree and sends
+nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import console.hostside.manifest as manifest_mod
 import engine
 from console.config import Config, SyncSet
 from console.errors import CommandFailed, ConfigError, ConsoleError
-from console.hostside.manifest import Manifest, manifest_hash, scan
+from console.hostside.manifest import Manifest, manifest_hash, sha256_file, walk
 
 if TYPE_CHECKING:
     from console.host import Host
@@ -138,44 +146,87 @@ async def host_trees(host: Host, config: Config, syncs: Sequence[str] | None) ->
 
 ProgressFn = Callable[[int, int, int], None]   # (files done, files to send, bytes sent)
 
+#: a local file modified this close (seconds) to the last push is re-hashed even when its size
+#: and mtime match the record (git's "racy clean" rule: same-tick edits keep the mtime)
+RACY_WINDOW = 2.0
 
-async def push(host: Host, trees: Sequence[Tree], *, delete: bool = False,
+
+@dataclass
+class _Remote:
+    """What the host has for one tree."""
+
+    files: Manifest              # from the push record, or from a scan of the remote folder
+    record_hash: str | None      # hash stored in the record (None: no record)
+    record_time: float = 0.0     # when the recorded local scan happened
+    from_record: bool = False    # entries carry the *local* mtimes of the last push
+
+
+async def push(host: Host, trees: Sequence[Tree], *, delete: bool = False, verify: bool = False,
                on_progress: ProgressFn | None = None) -> PushReport:
-    """Bring every tree on host up to date with the local side (see the module docstring)."""
+    """Bring every tree on host up to date with the local side (see the module docstring).
+
+    The host's copy of the manifest is the record of the last push (one SFTP read, no command
+    run). Where there is no record the remote folder is scanned (or known empty); `verify`
+    always scans, to repair files changed on the host behind the console's back."""
     await host.connect()
     root = await host.root()
     records = [_record_path(root, t) for t in trees]
-    local_task = asyncio.ensure_future(asyncio.to_thread(_scan_local, trees))
+    scan_time = time.time()
+    local_task = asyncio.ensure_future(asyncio.to_thread(_walk_local, trees))
     try:
-        remote = await _scan_remote(host, trees, records)
+        remote = await _remote_state(host, trees, records, verify)
     finally:
-        local = await local_task
-    report = PushReport(host.name)
-    uploads: list[tuple[str, str]] = []
-    removals: list[str] = []
-    plans: list[tuple[Tree, Manifest, int, int, int, bool]] = []
-    for tree, files, (rfiles, rhash) in zip(trees, local, remote):
-        send = [rel for rel, (size, _m, digest) in files.items()
-                if rel not in rfiles or rfiles[rel][0] != size or rfiles[rel][2] != digest]
-        gone = [rel for rel in rfiles if rel not in files]
-        uploads += [(str(tree.local / rel), posixpath.join(tree.remote, rel)) for rel in send]
-        if delete:
-            removals += [posixpath.join(tree.remote, rel) for rel in gone]
-        stale = bool(send) or (delete and bool(gone)) or rhash != manifest_hash(files)
-        plans.append((tree, files, len(send), len(gone) if delete else 0,
-                      0 if delete else len(gone), stale))
-    sent_bytes = await _upload(host, uploads, local, trees, on_progress)
-    if removals:
-        await host.transport.remove(removals)
+        walked = await local_task
+    # which files need their hash before we can tell whether they changed
+    known: list[Manifest] = []
+    to_hash: list[tuple[int, str]] = []
+    later: list[tuple[int, str]] = []            # sent whatever their hash: hashed meanwhile
+    for i, (files, rem) in enumerate(zip(walked, remote)):
+        man: Manifest = {}
+        for rel, (size, mtime) in files.items():
+            r = rem.files.get(rel)
+            if (r and rem.from_record and r[0] == size and r[1] == mtime
+                    and mtime < rem.record_time - RACY_WINDOW):
+                man[rel] = [size, mtime, r[2]]    # quick check: unchanged since the last push
+            elif r and r[0] == size:
+                to_hash.append((i, rel))
+            else:
+                later.append((i, rel))
+        known.append(man)
+    await asyncio.to_thread(_hash_into, trees, walked, known, to_hash)
+    send = [(i, rel) for i, rel in to_hash if remote[i].files[rel][2] != known[i][rel][2]]
+    send += later
+    uploads = [(str(trees[i].local / rel), posixpath.join(trees[i].remote, rel)) for i, rel in send]
+    sizes = {str(trees[i].local / rel): (trees[i].name, walked[i][rel][0]) for i, rel in send}
+    hashing = asyncio.ensure_future(asyncio.to_thread(_hash_into, trees, walked, known, later))
+    try:
+        per_tree = await _upload(host, uploads, sizes, on_progress)
+    finally:
+        await hashing
+    gone = [[rel for rel in rem.files if rel not in walked[i]] for i, rem in enumerate(remote)]
+    if delete:
+        removals = [posixpath.join(trees[i].remote, rel) for i, g in enumerate(gone) for rel in g]
+        if removals:
+            await host.transport.remove(removals)
     gits = await asyncio.gather(*(asyncio.to_thread(git_commit, t.local) for t in trees))
+    report = PushReport(host.name)
+    n_sent = {i: 0 for i in range(len(trees))}
+    for i, _rel in send:
+        n_sent[i] += 1
     writes = []
-    for (tree, files, n_sent, n_del, n_extra, stale), rec, git in zip(plans, records, gits):
-        h = manifest_hash(files)
-        report.trees.append(TreeResult(tree.name, tree.remote, len(files), n_sent,
-                                       sent_bytes.get(tree.name, 0), n_del, n_extra, h, git))
-        if stale:
+    for i, (tree, man, rem, rec, git) in enumerate(zip(trees, known, remote, records, gits)):
+        h = manifest_hash(man)
+        removed = len(gone[i]) if delete else 0
+        report.trees.append(TreeResult(tree.name, tree.remote, len(man), n_sent[i],
+                                       per_tree.get(tree.name, 0), removed,
+                                       0 if delete else len(gone[i]), h, git))
+        # files pushed before, gone locally but kept remotely: remembered for a later --delete
+        kept = {} if delete else {rel: rem.files[rel] for rel in gone[i]}
+        unchanged = (rem.from_record and rem.record_hash == h and not removed
+                     and rem.files == {**man, **kept})
+        if not unchanged:
             body = {"name": tree.name, "local": str(tree.local), "remote": tree.remote, "hash": h,
-                    "git": git, "time": time.time(), "files": files}
+                    "git": git, "time": scan_time, "files": man, "kept": kept}
             writes.append(host.transport.write_bytes(rec, json.dumps(body).encode()))
     await asyncio.gather(*writes)
     return report
@@ -188,13 +239,49 @@ def _record_path(root: str, tree: Tree) -> str:
     return posixpath.join(root, "manifests", f"{safe}-{key}.json")
 
 
-def _scan_local(trees: Sequence[Tree]) -> list[Manifest]:
+def _walk_local(trees: Sequence[Tree]) -> list[dict[str, tuple[int, float]]]:
     out = []
     for t in trees:
         if not t.local.is_dir():
             raise ConfigError(f"{t.name}: local folder {t.local} does not exist")
-        out.append(scan(str(t.local), list(t.exclude)))
+        out.append(walk(str(t.local), list(t.exclude)))
     return out
+
+
+def _hash_into(trees: Sequence[Tree], walked: list[dict[str, tuple[int, float]]],
+               known: list[Manifest], which: Sequence[tuple[int, str]]) -> None:
+    for i, rel in which:
+        size, mtime = walked[i][rel]
+        known[i][rel] = [size, mtime, sha256_file(str(trees[i].local / rel))]
+
+
+async def _remote_state(host: Host, trees: Sequence[Tree], records: Sequence[str],
+                        verify: bool) -> list[_Remote]:
+    """The record of each tree; a scan (one command for all) where there is none or verify."""
+    async def from_record(tree: Tree, path: str) -> _Remote | None:
+        if verify:
+            return None
+        st = await host.transport.stat(path)
+        if st is not None:
+            try:
+                rec = json.loads(await host.transport.read_range(path, 0, st.size))
+                files = {**rec.get("kept", {}), **rec["files"]}
+                return _Remote(files, rec.get("hash"), float(rec.get("time", 0)),
+                               from_record=True)
+            except (ValueError, KeyError, TypeError, CommandFailed):
+                return None                   # unreadable record: scan instead
+        if await host.transport.stat(tree.remote) is None:
+            return _Remote({}, None)          # nothing there yet: no need to scan
+        return None
+
+    states = list(await asyncio.gather(*(from_record(t, r) for t, r in zip(trees, records))))
+    missing = [i for i, s in enumerate(states) if s is None]
+    if missing:
+        scanned = await _scan_remote(host, [trees[i] for i in missing],
+                                     [records[i] for i in missing])
+        for i, (files, rhash) in zip(missing, scanned):
+            states[i] = _Remote(files, rhash)
+    return [s for s in states if s is not None]
 
 
 async def _scan_remote(host: Host, trees: Sequence[Tree], records: Sequence[str]
@@ -217,17 +304,9 @@ async def _scan_remote(host: Host, trees: Sequence[Tree], records: Sequence[str]
                            f"{res.stdout[:200]!r}") from e
 
 
-async def _upload(host: Host, uploads: list[tuple[str, str]], local: list[Manifest],
-                  trees: Sequence[Tree], on_progress: ProgressFn | None) -> dict[str, int]:
+async def _upload(host: Host, uploads: list[tuple[str, str]], sizes: dict[str, tuple[str, int]],
+                  on_progress: ProgressFn | None) -> dict[str, int]:
     """Upload in batches (for progress); bytes sent per tree name."""
-    if not uploads:
-        return {}
-    owner: dict[str, str] = {}
-    size: dict[str, int] = {}
-    for t, files in zip(trees, local):
-        for rel, (n, _m, _d) in files.items():
-            src = str(t.local / rel)
-            owner[src], size[src] = t.name, n
     per_tree: dict[str, int] = {}
     done = sent = 0
     batch: list[tuple[str, str]] = []
@@ -237,7 +316,8 @@ async def _upload(host: Host, uploads: list[tuple[str, str]], local: list[Manife
         nonlocal done, sent, batch, batch_bytes
         n = await host.transport.upload(batch)
         for src, _dst in batch:
-            per_tree[owner[src]] = per_tree.get(owner[src], 0) + size[src]
+            name, size = sizes[src]
+            per_tree[name] = per_tree.get(name, 0) + size
         done, sent = done + len(batch), sent + n
         batch, batch_bytes = [], 0
         if on_progress is not None:
@@ -245,7 +325,7 @@ async def _upload(host: Host, uploads: list[tuple[str, str]], local: list[Manife
 
     for item in uploads:
         batch.append(item)
-        batch_bytes += size[item[0]]
+        batch_bytes += sizes[item[0]][1]
         if len(batch) >= UPLOAD_BATCH_FILES or batch_bytes >= UPLOAD_BATCH_BYTES:
             await flush()
     if batch:

@@ -75,10 +75,12 @@ async def test_push_sends_only_changes(kind: str, request: pytest.FixtureRequest
         assert (dst / "keep.py").read_text() == "CONTENT of keep.py\n"
         assert third.manifest != first.manifest
 
-        # a remote edit is noticed too (the remote side is scanned, not trusted)
+        # an edit made on the host: the record is trusted by default, --verify scans and repairs
         (dst / "run.sh").write_text("#!/bin/sh\necho tampered\n")
-        assert (await push(host, [tree])).trees[0].sent == 1
+        assert (await push(host, [tree])).trees[0].sent == 0
+        assert (await push(host, [tree], verify=True)).trees[0].sent == 1
         assert (dst / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
+        assert (await push(host, [tree], verify=True)).trees[0].sent == 0
 
         # removals: kept without --delete, removed with it; excluded remote files never
         (src / ODD[3]).unlink()

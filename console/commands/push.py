@@ -18,6 +18,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("sync", nargs="*", help="sync sets to push (default: every set for HOST)")
     p.add_argument("--delete", action="store_true",
                    help="remove remote files that no longer exist locally")
+    p.add_argument("--verify", action="store_true",
+                   help="scan the remote side too (repairs files edited on the host)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -30,7 +32,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             if not args.json and sys.stderr.isatty():
                 print(f"\r{done}/{total} files, {_size(sent)}", end="", file=sys.stderr)
 
-        report = await push(host, trees, delete=args.delete, on_progress=progress)
+        report = await push(host, trees, delete=args.delete, verify=args.verify,
+                            on_progress=progress)
     finally:
         await host.close()
     if args.json:

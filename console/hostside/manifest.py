@@ -109,14 +109,13 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def scan(root: str, exclude: List[str], cache: Optional[Manifest] = None) -> Manifest:
-    """Every regular file under root not excluded (symlinks to files count as files; symlinked
-    folders are not entered). A missing root is an empty tree."""
+def walk(root: str, exclude: List[str]) -> Dict[str, Tuple[int, float]]:
+    """{rel: (size, mtime)} of every regular file under root not excluded (symlinks to files
+    count as files; symlinked folders are not entered). A missing root is an empty tree."""
     ignore = Ignore(DEFAULT_EXCLUDE + list(exclude))
-    out: Manifest = {}
-    cache = cache or {}
+    out: Dict[str, Tuple[int, float]] = {}
 
-    def walk(abs_dir: str, rel_dir: str) -> None:
+    def visit(abs_dir: str, rel_dir: str) -> None:
         try:
             entries = list(os.scandir(abs_dir))
         except (FileNotFoundError, NotADirectoryError):
@@ -126,24 +125,33 @@ def scan(root: str, exclude: List[str], cache: Optional[Manifest] = None) -> Man
             try:
                 if e.is_dir(follow_symlinks=False):
                     if not ignore.excluded(rel, True):
-                        walk(e.path, rel + "/")
+                        visit(e.path, rel + "/")
                     continue
                 st = e.stat()  # follows a symlink to a file
             except OSError:
                 continue  # vanished or dangling: not part of the tree
-            if not stat.S_ISREG(st.st_mode) or ignore.excluded(rel, False):
-                continue
-            hit = cache.get(rel)
-            if hit and hit[0] == st.st_size and int(hit[1]) == int(st.st_mtime):
-                digest = hit[2]
-            else:
-                try:
-                    digest = sha256_file(e.path)
-                except OSError:
-                    continue
-            out[rel] = [st.st_size, st.st_mtime, digest]
+            if stat.S_ISREG(st.st_mode) and not ignore.excluded(rel, False):
+                out[rel] = (st.st_size, st.st_mtime)
 
-    walk(root, "")
+    visit(root, "")
+    return out
+
+
+def scan(root: str, exclude: List[str], cache: Optional[Manifest] = None) -> Manifest:
+    """walk() plus each file's sha256; a file whose size and whole-second mtime match its
+    `cache` entry keeps that entry's hash without being read."""
+    out: Manifest = {}
+    cache = cache or {}
+    for rel, (size, mtime) in walk(root, exclude).items():
+        hit = cache.get(rel)
+        if hit and hit[0] == size and int(hit[1]) == int(mtime):
+            digest = hit[2]
+        else:
+            try:
+                digest = sha256_file(os.path.join(root, rel))
+            except OSError:
+                continue
+        out[rel] = [size, mtime, digest]
     return out
 
 
