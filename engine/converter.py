@@ -1,8 +1,9 @@
 """Streaming checkpoint conversion: `python -m engine convert SRC DST --to STYLE` does this.
 
-Tensor by tensor, in the source's on-disk order: with `--dtype keep` the stored bytes are copied
-chunk by chunk (never decoded, so they are identical and memory stays at one chunk); a dtype cast
-loads one tensor at a time (peak memory ~ the largest tensor). The sha256 of the source weight
+Tensor by tensor, in the source's on-disk order: with `--dtype keep` the stored bytes of a
+safetensors source are copied by the kernel (sendfile, as `cp` does: never decoded, so identical,
+and they never occupy Python memory); a `.bin` source or a dtype cast handles one tensor at a time
+(peak memory ~ the largest tensor). The sha256 of the source weight
 files is computed on a thread while the copy runs. Everything goes into a temp dir beside DST that
 is renamed into place at the end; any failure removes it, so DST is complete or absent.
 """
@@ -132,6 +133,14 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
         writer = SafetensorsWriter(tmp / "model.safetensors", specs)
         try:
             for it in items:
+                base = done
+                if it.in_code == it.out_code and it.src.kind == "safetensors":
+                    e = it.src.entries[it.name]  # same bytes: copy them in the kernel
+                    for n in writer.copy_from(it.out, e.file, e.offset, e.nbytes):
+                        done = base + n
+                        if ev:
+                            ev.progress(mib(done), total_mib, unit="MiB", desc="convert")
+                    continue
                 for chunk in _bytes_of(it):
                     writer.write(it.out, chunk)
                     done += len(chunk)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import threading
 from collections.abc import Iterator
@@ -306,35 +307,67 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes, as safetensors does
         self.path = path
-        self._f = open(path, "wb")  # noqa: SIM115 -- closed in close()
-        self._f.write(len(raw).to_bytes(8, "little") + raw)
+        self._f = open(path, "wb", buffering=0)  # noqa: SIM115 -- closed in close()
+        self._write_all(len(raw).to_bytes(8, "little") + raw)
         self._i = 0
         self._left = self._sizes[0][1] if self._sizes else 0
 
-    def write(self, name: str, data: bytes | memoryview) -> None:
-        """Append bytes of tensor `name` (may be called several times per tensor)."""
+    def _write_all(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            n = self._f.write(view)
+            view = view[n:]
+
+    def _take(self, name: str, n: int) -> None:
+        """Account for n more bytes of tensor `name`, enforcing the declared order."""
         while self._i < len(self._sizes) and self._left == 0 and self._sizes[self._i][0] != name:
             self._advance()
         if self._i >= len(self._sizes) or self._sizes[self._i][0] != name:
             raise RuntimeError(f"writer: tensor {name!r} out of order")
-        if len(data) > self._left:
+        if n > self._left:
             raise RuntimeError(f"writer: too many bytes for {name!r}")
-        self._f.write(data)
-        self._left -= len(data)
+        self._left -= n
+
+    def write(self, name: str, data: bytes | memoryview) -> None:
+        """Append bytes of tensor `name` (may be called several times per tensor)."""
+        self._take(name, len(data))
+        self._write_all(data)
+
+    def copy_from(self, name: str, src: Path, offset: int, nbytes: int,
+                  chunk: int = 8 * CHUNK) -> Iterator[int]:
+        """Append `nbytes` of tensor `name` straight from `src` at `offset`, in the kernel
+        (sendfile: the bytes never enter Python). Yields the bytes done after each chunk."""
+        self._take(name, nbytes)
+        done = 0
+        with open(src, "rb", buffering=0) as f:
+            while done < nbytes:
+                want = min(chunk, nbytes - done)
+                try:
+                    n = os.sendfile(self._f.fileno(), f.fileno(), offset + done, want)
+                except OSError:  # no sendfile for these files: copy through a buffer
+                    f.seek(offset + done)
+                    n = len(buf := f.read(want))
+                    self._write_all(buf)
+                if n == 0:
+                    raise EngineError(f"{src}: tensor {name!r}: file shrank while reading")
+                done += n
+                yield done
 
     def _advance(self) -> None:
         self._i += 1
         self._left = self._sizes[self._i][1] if self._i < len(self._sizes) else 0
 
-    def close(self) -> None:
-        """Finish the file; every declared byte must have been written."""
+    def close(self, fsync: bool = False) -> None:
+        """Finish the file; every declared byte must have been written. Like `cp` and
+        save_pretrained, no fsync unless asked: the temp-dir rename already guarantees a reader
+        never sees a half-written file; fsync adds power-loss durability at disk speed."""
         while self._i < len(self._sizes) and self._left == 0:
             self._advance()
         if self._i < len(self._sizes):
             self._f.close()
             raise RuntimeError(f"writer: tensor {self._sizes[self._i][0]!r} incomplete")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        if fsync:
+            os.fsync(self._f.fileno())
         self._f.close()
 
     def abort(self) -> None:
@@ -355,13 +388,16 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
         raise
 
 
-def sha256_file(path: Path, chunk: int = CHUNK) -> str:
+def sha256_file(path: Path, window: int = 8 * CHUNK) -> str:
+    """sha256 of a file, hashing page-cache pages in place (mmap windows: no copy into Python,
+    and resident memory stays at one window)."""
     h = hashlib.sha256()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
+    size = path.stat().st_size
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(view):
-            h.update(view[:n])
+        for off in range(0, size, window):
+            n = min(window, size - off)
+            with mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ, offset=off) as m:
+                h.update(m)
     return h.hexdigest()
 
 
