@@ -109,6 +109,7 @@ class Config:
     profiles: dict[str, Profile] = field(default_factory=dict)
     theme: str | None = None
     path: Path | None = None        # None: built-in defaults, no file
+    demo: str | None = None         # the embedded demo workspace (console/demo_default.py)
 
     def host(self, name: str) -> HostConfig:
         try:
@@ -131,8 +132,9 @@ def local_host() -> HostConfig:
 
 
 def default_config() -> Config:
-    """What the console uses with no config file: the local host only."""
-    return Config(hosts={LOCAL: local_host()})
+    """What the console uses with no config file: the local host and the embedded demo."""
+    from console.demo_default import demo_config
+    return demo_config()
 
 
 def load_config(path: str | Path | None = None) -> Config:
@@ -149,7 +151,11 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{p}: invalid TOML: {e}") from e
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: cannot read: {e}") from e
-    return parse_config(raw, p)
+    config = parse_config(raw, p)
+    if not set(raw) - {"theme"}:  # only a remembered theme: still the built-in default
+        from console.demo_default import with_demo
+        with_demo(config)
+    return config
 
 
 # -- validation -----------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ directory (one record, its node_rank) on every host. How a profile's `run` strin
     python[3] script.py ...   PYTHON script.py ...               (the host's configured Python)
     anything else             as written (split like a shell would, never run by one)
 
+(`{run_dir}` in any word becomes ROOT/runs/<run-id>, so a run's outputs can live beside its log)
+
 and with nproc_per_node > 1 or several hosts the same under `PYTHON -m torch.distributed.run`
 (`--standalone` on one host; `--nnodes N --node-rank R --rdzv-backend c10d --rdzv-endpoint
 FIRST_HOST:PORT --rdzv-id RUN_ID` across hosts; the address is the first host's SSH host name,
@@ -45,6 +47,8 @@ from console.host import Host
 from console.push import PushReport, engine_trees, push, sync_tree
 
 STATUSES = ("running", "succeeded", "failed", "stopped", "lost")
+#: replaced in a profile's argv by the run's directory on the host (e.g. `--out {run_dir}/out`)
+RUN_DIR_PLACEHOLDER = "{run_dir}"
 RUNNER = "eagle3_hostside.runner"
 
 
@@ -255,6 +259,8 @@ async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
                       rdzv: Rendezvous | None, report: PushReport) -> dict[str, Any]:
     argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv)
     run_dir = posixpath.join(await runs_dir(host), run_id)
+    # `{run_dir}` in a profile's run string: outputs land in the run's own directory
+    argv = [a.replace(RUN_DIR_PLACEHOLDER, run_dir) for a in argv]
     env = {k: v for k, v in profile.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     env.setdefault("PYTHONUNBUFFERED", "1")
     spec = {

@@ -1,0 +1,108 @@
+"""The embedded default: with no config file, the `local` host and an offline demo workspace.
+
+The workspace (`python -m engine demo init DIR`: a tiny target, prepared data and a "public"
+drafter, see engine/demo.py) lives in the user's data directory and is built on the first start
+through the local host, with a progress bar in the runs pane; later starts reuse it. The
+defaults it adds:
+
+    [profiles.finetune]   engine train from the demo's public drafter (keys and vocab remapped)
+    [profiles.scratch]    engine train from random weights, for comparison
+    local.checkpoints     the demo's public drafter (run outputs are listed anyway)
+
+so a new user presses `t` and watches a real CPU finetune finish in about two minutes. Each run
+writes into its own run directory (`--out {run_dir}/out`, substituted by console/runs.py).
+The training arguments mirror engine/demo.py's `suggested_commands` (a test keeps them equal);
+they are spelled out here because the console must not import the engine's torch code.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from console.config import LOCAL, Config, Profile, data_dir, local_host
+from console.host import Host
+from engine import events
+
+DEMO = "demo"
+#: the workspace's draft vocab size and the runs' lengths (engine/demo.py)
+DRAFT_VOCAB = 192
+FINETUNE_STEPS = 150
+SCRATCH_STEPS = 300
+TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",
+              "--warmup-ratio", "0.05", "--save-every", "50", "--holdout", "16"]
+#: a first build takes about a minute; a loaded machine may take several
+BUILD_TIMEOUT_S = 1800.0
+
+
+def demo_dir() -> Path:
+    """Where the workspace lives: the console's data directory."""
+    return data_dir() / DEMO
+
+
+def train_argv(workspace: str, kind: str, steps: int | None = None) -> list[str]:
+    """`engine train ...` words of the demo's finetune or scratch run (--out left to the caller)."""
+    d = workspace.rstrip("/")
+    argv = ["engine", "train", "--target", f"{d}/target", "--data", f"{d}/data"]
+    if kind == "finetune":
+        argv += ["--finetune-from", f"{d}/public-drafter", "--rebuild-vocab",
+                 "--draft-vocab-size", str(DRAFT_VOCAB),
+                 "--max-steps", str(steps or FINETUNE_STEPS)]
+    elif kind == "scratch":
+        argv += ["--draft-vocab-size", str(DRAFT_VOCAB), "--max-steps", str(steps or SCRATCH_STEPS)]
+    else:
+        raise ValueError(f"unknown demo run {kind!r}")
+    return argv + TRAIN_ARGS
+
+
+def demo_profiles(workspace: str, host: str = LOCAL, steps: int | None = None,
+                  extra: list[str] | None = None) -> dict[str, Profile]:
+    """The `finetune` and `scratch` profiles on host (steps / extra args: shorter test runs)."""
+    out = {}
+    for kind in ("finetune", "scratch"):
+        words = [*train_argv(workspace, kind, steps), "--out", "{run_dir}/out", *(extra or [])]
+        out[kind] = Profile(name=kind, hosts=[host], run=shlex.join(words))
+    return out
+
+
+def with_demo(config: Config, workspace: Path | None = None) -> Config:
+    """Add the demo to a config that has nothing else (no file, or a file with only a theme)."""
+    d = str(workspace or demo_dir())
+    if LOCAL not in config.hosts:
+        config.hosts[LOCAL] = local_host()
+    local = config.hosts[LOCAL]
+    drafter = posixpath.join(d, "public-drafter")
+    if drafter not in local.checkpoints:
+        local.checkpoints.append(drafter)
+    for name, profile in demo_profiles(d).items():
+        config.profiles.setdefault(name, profile)
+    config.demo = d
+    return config
+
+
+def demo_config() -> Config:
+    """The built-in default: the local host and the demo workspace."""
+    return with_demo(Config(hosts={LOCAL: local_host()}))
+
+
+# -- building it ---------------------------------------------------------------------------------
+
+async def demo_ready(host: Host, workspace: str) -> bool:
+    """Whether the workspace is complete (demo.json is written last, then renamed in)."""
+    await host.connect()
+    return await host.transport.stat(posixpath.join(workspace, "demo.json")) is not None
+
+
+async def ensure_demo(host: Host, workspace: str,
+                      on_event: Callable[[events.Event], None] | None = None) -> dict[str, Any]:
+    """Build the workspace on host unless it is there; returns what `demo init` reported
+    ({} when it was already built). Raises console.host.EngineError when the build fails."""
+    if await demo_ready(host, workspace):
+        return {}
+    parent = posixpath.dirname(workspace.rstrip("/"))
+    await host.transport.run(["mkdir", "-p", parent], check=True)
+    return await host.engine(["demo", "init", workspace], timeout=BUILD_TIMEOUT_S,
+                             on_event=on_event)
