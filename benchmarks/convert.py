@@ -1,13 +1,14 @@
 """Benchmark: `engine convert` (eagle -> speculators) against a plain copy of the same weight files.
 
-    .venv/bin/python benchmarks/convert.py [--preset llama3-8b] [--no-embed] [--dir DIR] [--rounds 3]
+    .venv/bin/python benchmarks/convert.py [--preset llama3-8b] [--no-embed] [--dir D] [--rounds 3]
 
 Builds a drafter checkpoint of at least 1 GiB (default: the Llama-3.1-8B drafter shapes in bf16
 with its [V, H] embedding, ~1.9 GiB) in a temp dir, then, in each round, copies the weight file
 (shutil.copyfile, with and without fsync) and converts it in a fresh process. Prints side by side:
     conversion time / plain copy time          (target <= 1.5x)
     conversion peak RSS increase / largest tensor size
-Neither the copy nor the conversion fsyncs (like `cp`); a copy followed by fsync is shown too. Peak RSS is the child's VmHWM (reset just before converting) minus its RSS then.
+Neither the copy nor the conversion fsyncs (like `cp`); a copy followed by fsync is shown too.
+Peak RSS is the child's VmHWM (reset just before converting) minus its RSS then.
 The conversion also sha256-hashes the source (provenance) on a second thread; the hash-only time
 is printed for reference, because on a busy machine it is what bounds the ratio.
 """

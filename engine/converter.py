@@ -22,8 +22,8 @@ from engine.errors import EngineError
 from engine.events import Emitter
 from engine.formats import (
     LAYER_PREFIX,
-    TARGET_EMBED_NAMES,
     atomic_output_dir,
+    find_target_embedding,
     cast_code,
     config_for,
     export_checks,
@@ -38,7 +38,6 @@ from engine.safetensors_io import (
     HashInBackground,
     SafetensorsWriter,
     WeightSet,
-    open_weights,
     tensor_bytes,
     torch_dtype,
 )
@@ -57,14 +56,6 @@ class _Item:
     in_code: str
     out_code: str
     shape: tuple[int, ...]
-
-
-def find_target_embedding(target: Path) -> tuple[WeightSet, str]:
-    ws = open_weights(Path(target))
-    for n in TARGET_EMBED_NAMES:
-        if n in ws.entries:
-            return ws, n
-    raise EngineError(f"{target}: no embedding tensor (looked for {', '.join(TARGET_EMBED_NAMES)})")
 
 
 def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = None,

@@ -205,7 +205,8 @@ class Eagle3Config:
         """The EAGLE-style config.json that vLLM and SGLang both load (spec section 4)."""
         if self.norm_before_residual:
             raise EngineError("config field 'norm_before_residual' is true: EAGLE-style engines "
-                              "(vLLM/SGLang llama_eagle3) cannot express it; keep speculators style")
+                              "(vLLM/SGLang llama_eagle3) cannot express it; keep speculators "
+                              "style")
         out = {"architectures": [EAGLE_ARCH], **self._llama_dict(),
                "draft_vocab_size": self.draft_vocab_size}
         if self.target_hidden_size != self.hidden_size:

@@ -3,7 +3,8 @@
 Styles (spec section 4)
     eagle        `midlayer.*` names, flat Llama config (EAGLE, SpecForge, AQ-MedAI; what vLLM and
                  SGLang both load; `vllm` and `sglang` exports are this style plus engine checks)
-    speculators  `layers.0.*` names, config with `speculators_model_type` / `transformer_layer_config`
+    speculators  `layers.0.*` names, config with `speculators_model_type` and
+                 `transformer_layer_config`
 The canonical names are the EAGLE ones (engine/model.py). The only key difference between styles
 is the layer prefix, so the map is one table, LAYER_PREFIX, with `to_*` / `from_*` directions:
     from_speculators(sd) / to_speculators(sd) / from_eagle(sd) / to_eagle(sd)
@@ -13,6 +14,8 @@ Library entry points (used by convert, inspect, vocab remap and the trainer):
     open_checkpoint(dir) -> Checkpoint   config + weight index + detected style, nothing loaded
     run_checks(ckpt) -> list[Check]      the `inspect` checks (loads only d2t/t2d)
     load_drafter(dir) -> (Eagle3Config, canonical state dict, Detected)   raises on any failed check
+    load_target_embedding(target_dir, cfg) -> the target's [V, H] embedding (for
+                                         Eagle3Draft.set_embedding)
     save_drafter(dst, cfg, state_dict, style, ...)   whole-dict save, atomic (temp dir + rename)
     atomic_output_dir(dst, force)        the temp-dir-then-rename context manager itself
 """
@@ -330,6 +333,25 @@ def _vocab_check(ck: Checkpoint, shapes_ok: bool) -> Check:
             return Check("vocab_map", False, msg, f"{ck.where('t2d')}: tensor 't2d': {msg}")
         return Check("vocab_map", True, f"d2t/t2d consistent, Vd {Vd} of V {V}")
     return Check("vocab_map", True, f"d2t valid, Vd {Vd} of V {V} (no t2d)")
+
+
+def find_target_embedding(target: Path) -> tuple[WeightSet, str]:
+    ws = open_weights(Path(target))
+    for n in TARGET_EMBED_NAMES:
+        if n in ws.entries:
+            return ws, n
+    raise EngineError(f"{target}: no embedding tensor (looked for {', '.join(TARGET_EMBED_NAMES)})")
+
+
+def load_target_embedding(target: Path, cfg: Eagle3Config) -> torch.Tensor:
+    """The target model's input embedding [V, H], checked against the drafter's config."""
+    ws, name = find_target_embedding(target)
+    e = ws.entries[name]
+    want = (cfg.vocab_size, cfg.hidden_size)
+    if e.shape != want:
+        raise EngineError(f"{e.file}: tensor {name!r} has shape {list(e.shape)} but the drafter "
+                          f"needs {list(want)} = [vocab_size, hidden_size]")
+    return ws.load(name)
 
 
 def require_checks(ck: Checkpoint) -> None:

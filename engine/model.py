@@ -24,7 +24,8 @@ Eagle3Draft(cfg)
         t2d (buffer)                        bool  [V]   true for target ids in the draft vocab
     Optional, by config flag: input_norm.weight [3Ht] (norm_before_fc), fc_norm.{0,1,2}.weight
     [Ht] (fc_norm). Rotary tables are non-persistent buffers, never saved.
-    `trainable_state_dict()` is the state dict without the frozen embedding.
+    `trainable_state_dict()` is the state dict without the frozen embedding; `set_embedding(w)`
+    installs the target's (engine.formats.load_target_embedding reads it from a target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
                         attention_mask [B,T] | None, position_ids [B,T] | None)
     -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll of spec section 5.
@@ -268,6 +269,14 @@ class Eagle3Draft(nn.Module):
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         """Draft ids -> target ids through the d2t offsets."""
         return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def set_embedding(self, weight: Tensor) -> None:
+        """Install the target's embedding [V, H] (stays frozen)."""
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            want = list(self.embed_tokens.weight.shape)
+            raise ValueError(f"embedding {list(weight.shape)} != {want}")
+        self.embed_tokens.weight.copy_(weight)
 
     def trainable_state_dict(self) -> dict[str, Tensor]:
         """The state dict without the frozen embedding (what an EAGLE checkpoint holds)."""

@@ -1,8 +1,8 @@
 """Weight files without surprises: validated safetensors headers, streaming reads and writes.
 
 Readers
-    open_weights(dir) -> WeightSet over `model.safetensors.index.json` (sharded), `model.safetensors`
-    (or a single other *.safetensors), `pytorch_model.bin.index.json` or `pytorch_model.bin`.
+    open_weights(dir) -> WeightSet over `model.safetensors.index.json` (sharded),
+    `model.safetensors` (or a single other *.safetensors), `pytorch_model.bin.index.json` or `pytorch_model.bin`.
     A safetensors header is checked in full before any tensor is used (JSON, known dtypes, shapes
     that match their byte ranges, ranges that tile the data section, file size that matches), so a
     truncated or corrupt file fails with one line naming the file and the tensor. `.bin` files

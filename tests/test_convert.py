@@ -1,4 +1,4 @@
-"""`python -m engine convert`: byte-identical restyling, exports, provenance, and every bad input."""
+"""`python -m engine convert`: byte-identical restyling, exports, provenance, every bad input."""
 
 from __future__ import annotations
 

@@ -278,3 +278,19 @@ def test_sha256_helper(tmp_path: Path) -> None:
     p = tmp_path / "f"
     p.write_bytes(b"abc" * 100001)  # not a whole number of windows
     assert sha256_file(p, window=8192) == hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_target_embedding_goes_into_the_model_frozen(tmp_path: Path) -> None:
+    from engine.formats import load_target_embedding
+    from tests.drafters import write_target_embedding
+
+    cfg = tiny_config()
+    emb = write_target_embedding(tmp_path / "target", cfg)
+    m = Eagle3Draft(cfg)
+    m.set_embedding(load_target_embedding(tmp_path / "target", cfg))
+    assert torch.equal(m.embed_tokens.weight, emb.float())
+    assert not m.embed_tokens.weight.requires_grad
+    with pytest.raises(EngineError, match="model.embed_tokens.weight"):
+        load_target_embedding(tmp_path / "target", tiny_config(hidden_size=32,
+                                                               num_attention_heads=2,
+                                                               num_key_value_heads=1))

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,8 @@ def _mixed(d: Path) -> None:
                                           (_unknown, "unknown_keys"),
                                           (_no_nbr, "norm_before_residual"),
                                           (_mixed, "serving_names")])
-def test_failing_check_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture, damage,  # type: ignore[no-untyped-def]
-                               check: str) -> None:
+def test_failing_check_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture,
+                               damage: Callable[[Path], None], check: str) -> None:
     damage(tmp_path)
     rc, r = inspect_json(tmp_path, capsys)
     assert rc == 1 and r["ok"] is False

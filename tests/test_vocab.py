@@ -155,8 +155,8 @@ def test_remap_keeps_kept_token_logits_exactly(tmp_path: Path, style: str) -> No
     d2t, t2d = build_vocab(counts, 100)
     from engine.vocab import save_vocab
     save_vocab(tmp_path / "v.safetensors", d2t, t2d)
-    assert main(["vocab", "remap", str(tmp_path / "old"), "--vocab", str(tmp_path / "v.safetensors"),
-                 "--out", str(tmp_path / "new")]) == 0
+    assert main(["vocab", "remap", str(tmp_path / "old"), "--vocab",
+                 str(tmp_path / "v.safetensors"), "--out", str(tmp_path / "new")]) == 0
     h = torch.randn(5, cfg.hidden_size)
     before = _logits_by_target_id(tmp_path / "old", h)
     after = _logits_by_target_id(tmp_path / "new", h)
@@ -220,6 +220,6 @@ def test_remap_refuses_a_vocab_for_another_target(tmp_path: Path,
     d2t, t2d = build_vocab(torch.arange(300), 50)
     from engine.vocab import save_vocab
     save_vocab(tmp_path / "v.safetensors", d2t, t2d)
-    assert main(["vocab", "remap", str(tmp_path / "old"), "--vocab", str(tmp_path / "v.safetensors"),
-                 "--out", str(tmp_path / "new")]) == 1
+    assert main(["vocab", "remap", str(tmp_path / "old"), "--vocab",
+                 str(tmp_path / "v.safetensors"), "--out", str(tmp_path / "new")]) == 1
     assert "t2d" in capsys.readouterr().err and not (tmp_path / "new").exists()

@@ -1,4 +1,4 @@
-"""`python -m engine convert SRC DST --to {eagle,speculators,vllm,sglang}`: restyle or export a drafter.
+"""`python -m engine convert SRC DST --to {eagle,speculators,vllm,sglang}`: restyle or export.
 
 Streams tensor by tensor (peak memory near the largest tensor), keeps tensor bytes identical unless
 `--dtype` asks for a cast, writes into a temp dir beside DST and renames it at the end, and records

@@ -1,6 +1,6 @@
-"""`python -m engine vocab {build,remap}`: draft vocab maps and lm_head re-indexing (engine/vocab.py).
+"""`python -m engine vocab {build,remap}`: draft vocab maps and lm_head re-indexing.
 
-    vocab build --data DATA --draft-vocab-size N --out vocab.safetensors [--vocab-size V | --target T]
+    vocab build --data DATA --draft-vocab-size N --out vocab.safetensors [--vocab-size V|--target T]
         DATA: a JSONL of {"input_ids", "loss_mask"} or a prepared data directory (manifest.json +
         safetensors shards; exact format in engine/vocab.py). Counts only loss-masked tokens.
     vocab remap CKPT --vocab NEW --out DST [--target TARGET_DIR] [--force]
