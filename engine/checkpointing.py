@@ -1,0 +1,130 @@
+"""Trainer checkpoints: RUN_DIR/checkpoints/step_NNNNNN/, atomic, a `latest` pointer, keep K.
+
+One checkpoint directory holds
+    config.json        the drafter's EAGLE-style config (the directory loads like any drafter:
+    model.safetensors  `eval --draft RUN/checkpoints/step_000500` works)
+    optimizer.pt       AdamW state (tensors and plain containers; loaded with weights_only=True)
+    trainer.json       step, data position (epoch, step in epoch), scheduler state, best tau so
+                       far, world size, the run settings that must match on --resume
+    rng.pt             torch CPU (and CUDA) generator states per rank (weights_only=True)
+It is written to `.tmp-step_NNNNNN-PID` and renamed; `latest` (a one-line file naming the
+directory) is replaced after the rename, so a crash at any point leaves the previous checkpoint
+as `latest`. Older step directories beyond the last K are deleted after that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.errors import EngineError
+
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def save_checkpoint(ckpt_root: Path, step: int, draft_config: dict[str, Any],
+                    model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                    trainer_state: dict[str, Any], rng_states: list[dict[str, Any]],
+                    keep: int) -> Path:
+    """Write one checkpoint atomically, point `latest` at it, prune to the last `keep`."""
+    from safetensors.torch import save_file
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / step_name(step)
+    tmp = ckpt_root / f".tmp-{step_name(step)}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write_json(tmp / "config.json", draft_config)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()},
+                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save(rng_states, tmp / "rng.pt")
+        _write_json(tmp / "trainer.json", trainer_state)
+        if final.exists():  # a rerun of the same step after a crash: replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    pointer = ckpt_root / f".latest.tmp-{os.getpid()}"
+    pointer.write_text(final.name + "\n", encoding="utf-8")
+    os.replace(pointer, ckpt_root / "latest")
+    prune(ckpt_root, keep)
+    return final
+
+
+def step_dirs(ckpt_root: Path) -> list[Path]:
+    """Complete step directories, oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [p for p in ckpt_root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def prune(ckpt_root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` step dirs (never the one `latest` names), and temp dirs."""
+    latest = latest_dir(ckpt_root)
+    dirs = step_dirs(ckpt_root)
+    for p in dirs[:-keep] if keep > 0 else dirs:
+        if latest is None or p.resolve() != latest.resolve():
+            shutil.rmtree(p, ignore_errors=True)
+    for p in ckpt_root.iterdir():
+        if p.name.startswith(".tmp-step_") and not p.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True)  # left by a killed run
+
+
+def latest_dir(ckpt_root: Path) -> Path | None:
+    """The directory `latest` points at, or None when there is no checkpoint yet."""
+    pointer = ckpt_root / "latest"
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text(encoding="utf-8").strip()
+    if not STEP_DIR.match(name) or not (ckpt_root / name).is_dir():
+        raise EngineError(f"{pointer}: names {name!r}, which is not a checkpoint directory")
+    return ckpt_root / name
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """model (state dict), optimizer, trainer, rng of one checkpoint directory."""
+    from safetensors.torch import load_file
+    for name in ("model.safetensors", "optimizer.pt", "trainer.json", "rng.pt"):
+        if not (path / name).is_file():
+            raise EngineError(f"{path}: {name} is missing (incomplete checkpoint)")
+    try:
+        trainer = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise EngineError(f"{path / 'trainer.json'}: invalid JSON ({e})") from None
+    return {
+        "model": load_file(str(path / "model.safetensors")),
+        "optimizer": torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
+        "rng": torch.load(path / "rng.pt", map_location="cpu", weights_only=True),
+        "trainer": trainer,
+    }
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's generator states."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

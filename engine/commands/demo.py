@@ -1,0 +1,33 @@
+"""`python -m engine demo init DIR`: build the offline demo workspace (see engine/demo.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine.events import Emitter
+
+HELP = "build a small offline demo workspace: tiny target, conversations, data, public drafter"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    init = sub.add_parser("init", help="create the workspace in DIR")
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--json", action="store_true", help="print what was built as JSON")
+
+
+def run(args: argparse.Namespace, ev: Emitter) -> int:
+    from engine.demo import init_demo
+    info = init_demo(args.dir, ev, seed=args.seed, force=args.force)
+    ev.result(info)
+    if not ev.json_mode:
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(f"demo workspace in {info['dir']} ({info['seconds']['total']}s)")
+            for name, cmd in info["commands"].items():
+                print(f"  {name}: {cmd}")
+    return 0

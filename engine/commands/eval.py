@@ -1,0 +1,39 @@
+"""`python -m engine eval`: mean acceptance length of a drafter, counted like vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine.events import Emitter
+
+HELP = "replay greedy speculative decoding on held-out samples: acceptance length, per position"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", required=True, help="drafter directory (any style)")
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--data", required=True, help="prepared data directory (held-out samples)")
+    p.add_argument("--steps", type=int, default=3, help="K drafted tokens per step (default 3)")
+    p.add_argument("--max-samples", type=int, default=64, help="samples replayed (default 64)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="greedy tokens generated per sample (default 64)")
+    p.add_argument("--device", help="torch device (default: cuda if present, else cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace, ev: Emitter) -> int:
+    from engine.evaluate import evaluate
+    res = evaluate(args.draft, args.target, args.data, k=args.steps,
+                   max_samples=args.max_samples, max_new_tokens=args.max_new_tokens,
+                   device=args.device, ev=ev)
+    ev.result(res)
+    if not ev.json_mode:
+        if args.json:
+            print(json.dumps(res))
+        else:
+            pos = ", ".join(f"{x:.3f}" for x in res["per_position"])
+            print(f"Mean acceptance length: {res['acceptance_length']:.2f}, Per-position "
+                  f"acceptance rate: {pos} ({res['drafts']} drafts, {res['samples']} samples, "
+                  f"k={res['steps']})")
+    return 0

@@ -1,0 +1,41 @@
+"""`python -m engine prepare`: conversations -> target features in safetensors shards."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine.events import Emitter
+
+HELP = "apply the chat template, mask assistant tokens, capture target features into shards"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--data", required=True, help="conversations JSONL (ours or ShareGPT)")
+    p.add_argument("--out", required=True, help="data directory to create")
+    p.add_argument("--max-len", type=int, default=2048, help="token limit per conversation")
+    p.add_argument("--batch-tokens", type=int, default=16384,
+                   help="padded tokens per target forward (default 16384)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="stored dtype (default: float32 on CPU, the target's dtype on GPU)")
+    p.add_argument("--shard-mb", type=int, default=1024, help="approximate shard size")
+    p.add_argument("--device", help="torch device (default: cuda if present, else cpu)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+
+def run(args: argparse.Namespace, ev: Emitter) -> int:
+    from engine.prepare import prepare
+    manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
+                       batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
+                       device=args.device, ev=ev, overwrite=args.overwrite)
+    ev.result(manifest)
+    if not ev.json_mode:
+        if args.json:
+            print(json.dumps(manifest, indent=2))
+        else:
+            print(f"{manifest['samples']} samples, {manifest['tokens']} tokens "
+                  f"({manifest['loss_tokens']} assistant) in {len(manifest['shards'])} shard(s) "
+                  f"at {args.out}; skipped {manifest['skipped']}")
+    return 0

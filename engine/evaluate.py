@@ -1,0 +1,148 @@
+"""Acceptance of a drafter against its target, counted the way vLLM counts it.
+
+For each held-out sample, the prompt is everything before its first assistant token; the target
+continues it greedily (`--max-new-tokens`), which is exactly the text speculative decoding with
+greedy verification would produce. Speculative decoding is then replayed along that text:
+at the current position the drafter proposes K tokens greedily (engine/model.py `draft_greedy`:
+target features of the context, the target's newest token, then its own tokens); the target
+accepts the longest prefix that matches its own greedy tokens and adds one token of its own (the
+bonus); the next draft starts after it. Only windows with all K positions inside the generated
+text are replayed.
+
+    acceptance_length = 1 + accepted / drafts      (vLLM's "Mean acceptance length")
+    per_position[j]   = drafts whose first j+1 tokens were all accepted / drafts
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine.errors import EngineError
+from engine.events import Emitter
+from engine.model import Eagle3Draft
+from engine.target import Target
+
+
+@dataclass
+class Acceptance:
+    """Running counts of a replay."""
+
+    k: int
+    drafts: int = 0
+    accepted: int = 0
+    hits: list[int] = field(default_factory=list)  # per position: drafts accepted at least j+1
+
+    def __post_init__(self) -> None:
+        self.hits = self.hits or [0] * self.k
+
+    def add(self, n_accepted: int) -> None:
+        self.drafts += 1
+        self.accepted += n_accepted
+        for j in range(n_accepted):
+            self.hits[j] += 1
+
+    def report(self) -> dict[str, Any]:
+        d = max(1, self.drafts)
+        return {"acceptance_length": 1.0 + self.accepted / d,
+                "per_position": [h / d for h in self.hits],
+                "drafts": self.drafts, "accepted": self.accepted, "steps": self.k}
+
+
+def load_draft(path: str, target: Target) -> Eagle3Draft:
+    """Any style -> Eagle3Draft on the target's device, with the target's embedding."""
+    from engine.formats import load_drafter
+    cfg, sd, _ = load_drafter(Path(path))
+    emb = target.embed_weight()
+    if cfg.vocab_size != emb.shape[0] or cfg.hidden_size != emb.shape[1]:
+        raise EngineError(f"--draft {path}: vocab_size/hidden_size {cfg.vocab_size}/"
+                          f"{cfg.hidden_size} do not fit the target's embedding {list(emb.shape)}")
+    draft = Eagle3Draft(cfg)
+    sd = {k: v for k, v in sd.items() if k != "embed_tokens.weight"}
+    missing, unexpected = draft.load_state_dict({**sd, "embed_tokens.weight": emb}, strict=False)
+    bad = [k for k in missing if not (k in ("d2t", "t2d") and not cfg.has_vocab_map)]
+    if bad or unexpected:
+        raise EngineError(f"--draft {path}: tensor {(bad or unexpected)[0]!r} missing or unknown")
+    return draft.float().to(target.device).eval()
+
+
+def prompts_from(data: str, limit: int) -> list[list[int]]:
+    """Token ids before the first assistant token of up to `limit` samples."""
+    out: list[list[int]] = []
+    if os.path.isdir(data):
+        from engine.data import open_data
+        fd = open_data(data)
+        for i in range(len(fd)):
+            s = fd[i]
+            first = int(s.loss_mask.nonzero()[0]) if bool(s.loss_mask.any()) else -1
+            if first > 0:
+                out.append(s.input_ids[:first].tolist())
+            if len(out) >= limit:
+                break
+    else:
+        raise EngineError(f"--data {data}: not a prepared data directory")
+    if not out:
+        raise EngineError(f"--data {data}: no sample with an assistant turn")
+    return out
+
+
+@torch.no_grad()
+def greedy_continue(target: Target, prompt: list[int], max_new: int) -> list[int]:
+    tok = target.tokenizer
+    eos = tok.convert_tokens_to_ids(tok.eos_token) if tok is not None and tok.eos_token else None
+    ids = torch.tensor([prompt], device=target.device)
+    gen = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                                pad_token_id=eos if eos is not None else 0)
+    return gen[0].tolist()
+
+
+@torch.no_grad()
+def replay(draft: Eagle3Draft, aux: Tensor, seq: Tensor, start: int, k: int, acc: Acceptance
+           ) -> None:
+    """Replay speculative decoding along `seq` [L] (prompt + greedy text) from position `start`,
+    the prompt's last token; aux [1,L,3Ht] are the target's features over seq."""
+    n = seq.numel()
+    p = start  # the target has just produced seq[p+1] (its bonus / first token)
+    while p + 1 + k < n:
+        drafts = draft.draft_greedy(aux[:, :p + 1], seq[None, :p + 2], k)[0]  # [k] target ids
+        truth = seq[p + 2:p + 2 + k]
+        match = (drafts == truth).int()
+        a = int(match.cumprod(0).sum())
+        acc.add(a)
+        p += a + 1
+
+
+def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_samples: int = 64,
+             max_new_tokens: int = 64, device: str | None = None, ev: Emitter | None = None
+             ) -> dict[str, Any]:
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    if k < 1:
+        raise EngineError(f"--steps {k}: must be >= 1")
+    t0 = time.monotonic()
+    target = Target.load(target_dir, device=device)
+    draft = load_draft(draft_path, target)
+    ids = draft.config.resolved_aux_layer_ids(target.num_layers)
+    target.aux_layer_ids = ids
+    prompts = prompts_from(data, max_samples)
+    acc = Acceptance(k)
+    generated = 0
+    for i, prompt in enumerate(prompts):
+        full = greedy_continue(target, prompt, max_new_tokens)
+        generated += len(full) - len(prompt)
+        seq = torch.tensor(full, device=target.device)
+        aux, _ = target.features(seq[None])
+        replay(draft, aux.float(), seq, len(prompt) - 1, k, acc)
+        if ev is not None:
+            ev.progress(i + 1, len(prompts), unit="sample", desc="eval")
+    out = acc.report()
+    out.update(samples=len(prompts), generated_tokens=generated, draft=str(draft_path),
+               target=str(target_dir), seconds=round(time.monotonic() - t0, 2))
+    return out

@@ -1,0 +1,231 @@
+"""The target model: its tokenizer, a forward pass that captures the drafter's inputs, and its heads.
+
+Two ways in:
+- `Target.load(dir)` loads the whole transformers model (prepare, `train --online`, eval, demo):
+  `features()` runs the decoder stack once and returns the three aux hidden states (the INPUTS of
+  decoder layers 2, N//2, N-3 by default -- spec section 2, vLLM convention, captured with forward
+  pre-hooks, so no full `output_hidden_states` tuple is kept) and the final-norm hidden state (the
+  lm_head input). The vocabulary logits are not computed here: the trainer recomputes them from the
+  final hidden state with the target's lm_head.
+- `load_heads(dir)` reads only the embedding and lm_head tensors from the safetensors files (offline
+  training never needs the decoder layers of a 1T-parameter target).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine.errors import EngineError
+
+
+def read_config(target_dir: str) -> dict[str, Any]:
+    """The target's config.json as a dict (text_config unwrapped for multimodal wrappers)."""
+    path = os.path.join(target_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise EngineError(f"{path}: no such file (is --target a model directory?)") from None
+    except ValueError as e:
+        raise EngineError(f"{path}: invalid JSON ({e})") from None
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if not isinstance(cfg.get(key), int):
+            raise EngineError(f"{path}: field {key!r}: missing or not an integer")
+    return dict(cfg)
+
+
+def config_hash(target_dir: str) -> str:
+    """sha256 of the target's config.json as canonical JSON (ties data to the target)."""
+    cfg = read_config(target_dir)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+
+
+def default_aux_ids(num_layers: int) -> list[int]:
+    """Spec section 2 defaults, vLLM convention (id k = input of decoder layer k)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """`device` if given, else cuda:LOCAL_RANK when CUDA is there, else CPU."""
+    if device:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def load_tokenizer(target_dir: str) -> Any:
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(target_dir)
+    except (OSError, ValueError) as e:
+        raise EngineError(f"{target_dir}: cannot load the tokenizer ({str(e).splitlines()[0]})"
+                          ) from None
+
+
+@dataclass
+class Target:
+    """A loaded target: tokenizer, transformers causal LM (eval mode), capture settings."""
+
+    path: str
+    tokenizer: Any
+    model: Any
+    aux_layer_ids: list[int]
+    device: torch.device
+
+    @classmethod
+    def load(cls, target_dir: str, device: str | None = None, dtype: torch.dtype | None = None,
+             aux_layer_ids: list[int] | None = None, tokenizer: bool = True) -> Target:
+        from transformers import AutoModelForCausalLM
+        cfg = read_config(target_dir)
+        dev = pick_device(device)
+        if dtype is None:  # CPU: float32 (bf16 matmuls are slow there); GPU: the stored dtype
+            stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+            dtype = torch.float32 if dev.type == "cpu" else getattr(torch, stored, torch.bfloat16)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
+        except (OSError, ValueError) as e:
+            raise EngineError(f"{target_dir}: cannot load the target model "
+                              f"({str(e).splitlines()[0]})") from None
+        model.to(dev).eval().requires_grad_(False)
+        n = cfg["num_hidden_layers"]
+        ids = list(aux_layer_ids) if aux_layer_ids is not None else default_aux_ids(n)
+        if len(ids) != 3 or not all(0 <= k <= n for k in ids):
+            raise EngineError(f"aux layer ids {ids} must be 3 ids in 0..{n} (target has {n} layers)")
+        tok = load_tokenizer(target_dir) if tokenizer else None
+        return cls(path=target_dir, tokenizer=tok, model=model, aux_layer_ids=ids, device=dev)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def _decoder(self) -> Any:
+        base = self.model.base_model
+        if not hasattr(base, "layers") or not hasattr(base, "norm"):
+            raise EngineError(f"{self.path}: unsupported architecture "
+                              f"{type(self.model).__name__} (no decoder .layers/.norm)")
+        return base
+
+    @torch.no_grad()
+    def features(self, input_ids: Tensor, attention_mask: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor]:
+        """input_ids [B,T] -> (aux [B,T,3Ht] low/mid/high, hidden [B,T,Ht] after the final norm)."""
+        base = self._decoder()
+        captured: dict[int, Tensor] = {}
+
+        def grab(k: int) -> Any:
+            def hook(_mod: Any, args: tuple, kwargs: dict) -> None:
+                captured[k] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        handles = []
+        for k in sorted(set(self.aux_layer_ids)):
+            mod = base.layers[k] if k < self.num_layers else base.norm  # id N: last layer's output
+            handles.append(mod.register_forward_pre_hook(grab(k), with_kwargs=True))
+        try:
+            out = base(input_ids=input_ids.to(self.device),
+                       attention_mask=None if attention_mask is None else
+                       attention_mask.to(self.device), use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        aux = torch.cat([captured[k] for k in self.aux_layer_ids], dim=-1)  # [B,T,3Ht]
+        return aux, out.last_hidden_state  # [B,T,Ht]
+
+    def lm_head_weight(self) -> Tensor:
+        return self.model.get_output_embeddings().weight  # [V,Ht]
+
+    def embed_weight(self) -> Tensor:
+        return self.model.get_input_embeddings().weight  # [V,Ht]
+
+
+# -- heads only (offline training) -----------------------------------------------------------------
+
+def _weight_files(target_dir: str) -> dict[str, str]:
+    """tensor name -> safetensors file, from the index or the single file."""
+    index = os.path.join(target_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            wm = json.load(f).get("weight_map")
+        if not isinstance(wm, dict):
+            raise EngineError(f"{index}: field 'weight_map': missing")
+        return {k: os.path.join(target_dir, v) for k, v in wm.items()}
+    single = os.path.join(target_dir, "model.safetensors")
+    if os.path.isfile(single):
+        from safetensors import safe_open
+        with safe_open(single, "pt") as f:
+            return {k: single for k in f.keys()}  # noqa: SIM118
+    raise EngineError(f"{target_dir}: no model.safetensors or model.safetensors.index.json")
+
+
+def load_heads(target_dir: str) -> tuple[Tensor, Tensor]:
+    """(embedding [V,Ht], lm_head [V,Ht]) read straight from the target's safetensors files."""
+    from safetensors import safe_open
+    cfg = read_config(target_dir)
+    files = _weight_files(target_dir)
+    emb_key = next((k for k in files if k.endswith("embed_tokens.weight")), None)
+    head_key = next((k for k in files if k == "lm_head.weight" or k.endswith(".lm_head.weight")),
+                    None)
+    if emb_key is None:
+        raise EngineError(f"{target_dir}: no '*embed_tokens.weight' tensor in the weights")
+    if head_key is None and not cfg.get("tie_word_embeddings", False):
+        raise EngineError(f"{target_dir}: no 'lm_head.weight' tensor and tie_word_embeddings "
+                          "is false")
+
+    def read(key: str) -> Tensor:
+        with safe_open(files[key], "pt") as f:
+            return f.get_tensor(key)
+
+    emb = read(emb_key)
+    head = read(head_key) if head_key is not None else emb
+    return emb, head
+
+
+# -- greedy chat replies (demo data, the regen test server, eval prompts) ----------------------------
+
+@torch.no_grad()
+def greedy_replies(target: Target, chats: list[list[dict[str, str]]], max_new_tokens: int,
+                   batch_size: int = 64) -> list[str]:
+    """The target's greedy reply to each chat (rendered with the generation prompt), batched."""
+    from engine.chat import prompt_ids
+    tok = target.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None
+    prompts = [prompt_ids(tok, c) for c in chats]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+    out: list[str] = [""] * len(prompts)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        att = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):  # left padding: every prompt ends at the same column
+            ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            att[r, width - len(prompts[i]):] = 1
+        gen = target.model.generate(input_ids=ids.to(target.device),
+                                    attention_mask=att.to(target.device),
+                                    max_new_tokens=max_new_tokens, do_sample=False,
+                                    eos_token_id=eos, pad_token_id=pad)
+        for r, i in enumerate(idx):
+            new = gen[r, width:].tolist()
+            if eos is not None and eos in new:
+                new = new[:new.index(eos)]
+            out[i] = tok.decode(new, skip_special_tokens=True)
+    return out
