@@ -374,6 +374,9 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
     if to not in EXPORT_TARGETS:
         raise EngineError(f"unknown export target {to!r} (one of {', '.join(EXPORT_TARGETS)})")
     warnings: list[str] = []
+    if to == "speculators" and not cfg.verifier:
+        raise EngineError("speculators: the verifier is unknown (pass --verifier NAME_OR_PATH; "
+                          "vLLM requires speculators_config.verifier.name_or_path)")
     if output_style(to) == "eagle":
         cfg.to_eagle_dict()  # raises for norm_before_residual: true
     if to in ("vllm", "sglang"):
@@ -441,6 +444,8 @@ def save_drafter(dst: Path, cfg: Eagle3Config, state_dict: Mapping[str, torch.Te
         if tuple(v.shape) != exp[k].shape:
             raise EngineError(f"save: tensor {k!r} has shape {list(v.shape)}, config says "
                               f"{list(exp[k].shape)} = {exp[k].formula}")
+    if verifier:
+        cfg = cfg.with_(verifier=verifier)
     warnings = export_checks(cfg, list(sd), to)
     style = output_style(to)
     names = {k: from_canonical(k, style) for k in sd}

@@ -72,7 +72,8 @@ def test_sharded_and_legacy_inputs(tmp_path: Path, layout: str) -> None:
 
 def test_provenance(tmp_path: Path) -> None:
     write_drafter(tmp_path / "src", layout="sharded")
-    assert convert(tmp_path / "src", tmp_path / "out", "--to", "speculators") == 0
+    assert convert(tmp_path / "src", tmp_path / "out", "--to", "speculators",
+                   "--verifier", "org/target") == 0
     prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
     assert prov["source"]["path"] == str((tmp_path / "src").resolve())
     assert prov["source"]["format"] == "eagle"
@@ -215,6 +216,14 @@ def test_norm_before_residual_true_cannot_become_eagle(tmp_path: Path,
     assert convert(tmp_path / "src", tmp_path / "dst", "--to", "sglang") == 1
     assert "norm_before_residual" in capsys.readouterr().err
     assert not (tmp_path / "dst").exists()
+
+
+def test_speculators_output_needs_a_verifier(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    write_drafter(tmp_path / "src")
+    assert convert(tmp_path / "src", tmp_path / "dst", "--to", "speculators") == 1
+    assert "--verifier" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_cli_subprocess_with_events(tmp_path: Path) -> None:

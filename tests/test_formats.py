@@ -269,7 +269,10 @@ def test_export_checks_refuse_what_engines_mis_load() -> None:
         export_checks(cfg, [n for n in names if n != "d2t"], "vllm")
     with pytest.raises(EngineError, match="norm_before_residual"):
         export_checks(cfg.with_(norm_before_residual=True), names, "vllm")
-    assert export_checks(cfg.with_(norm_before_residual=True), names, "speculators") == []
+    nbr = cfg.with_(norm_before_residual=True, verifier="t/x")
+    assert export_checks(nbr, names, "speculators") == []
+    with pytest.raises(EngineError, match="verifier"):
+        export_checks(cfg, names, "speculators")
 
 
 def test_sha256_helper(tmp_path: Path) -> None:
