@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ from engine.events import Emitter
 from engine.formats import (
     LAYER_PREFIX,
     atomic_output_dir,
-    find_target_embedding,
     cast_code,
     config_for,
     export_checks,
@@ -31,6 +31,7 @@ from engine.formats import (
     open_checkpoint,
     output_style,
     require_checks,
+    target_embedding_entry,
     torch_name,
     write_json,
 )
@@ -95,17 +96,12 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
                            cast_code(e.dtype, dtype), e.shape))
     embed_info: dict[str, Any] | None = None
     if embed_from:
-        tws, tname = find_target_embedding(Path(embed_from))
-        te = tws.entries[tname]
-        want = (cfg.vocab_size, cfg.hidden_size)
-        if te.shape != want:
-            raise EngineError(f"{te.file}: tensor {tname!r} has shape {list(te.shape)} but the "
-                              f"drafter needs {list(want)} = [vocab_size, hidden_size]")
-        items.append(_Item("embed_tokens.weight", tws, tname, te.dtype,
+        tws, te = target_embedding_entry(Path(embed_from), cfg)
+        items.append(_Item("embed_tokens.weight", tws, te.name, te.dtype,
                            cast_code(te.dtype, dtype), te.shape))
         embed_info = {"path": str(Path(embed_from).resolve()), "file": te.file.name,
-                      "tensor": tname, "file_size": te.file.stat().st_size}
-    canonical_out = [c for c in canon] + (["embed_tokens.weight"] if embed_from else [])
+                      "tensor": te.name, "file_size": te.file.stat().st_size}
+    canonical_out = list(canon) + (["embed_tokens.weight"] if embed_from else [])
     warnings = export_checks(cfg, canonical_out, to)
     conf = config_for(cfg, to, verifier=verifier, speculative_tokens=speculative_tokens)
 
@@ -162,7 +158,7 @@ def _nbytes(it: _Item) -> int:
     return n
 
 
-def _bytes_of(it: _Item):  # type: ignore[no-untyped-def]
+def _bytes_of(it: _Item) -> Iterator[memoryview]:
     """The output bytes of one tensor: raw chunks when the dtype is kept, else one cast."""
     if it.in_code == it.out_code:
         yield from it.src.raw_chunks(it.name)

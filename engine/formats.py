@@ -343,15 +343,21 @@ def find_target_embedding(target: Path) -> tuple[WeightSet, str]:
     raise EngineError(f"{target}: no embedding tensor (looked for {', '.join(TARGET_EMBED_NAMES)})")
 
 
-def load_target_embedding(target: Path, cfg: Eagle3Config) -> torch.Tensor:
-    """The target model's input embedding [V, H], checked against the drafter's config."""
+def target_embedding_entry(target: Path, cfg: Eagle3Config) -> tuple[WeightSet, Entry]:
+    """Where the target's input embedding is, after checking it is [V, H] for this drafter."""
     ws, name = find_target_embedding(target)
     e = ws.entries[name]
     want = (cfg.vocab_size, cfg.hidden_size)
     if e.shape != want:
         raise EngineError(f"{e.file}: tensor {name!r} has shape {list(e.shape)} but the drafter "
                           f"needs {list(want)} = [vocab_size, hidden_size]")
-    return ws.load(name)
+    return ws, e
+
+
+def load_target_embedding(target: Path, cfg: Eagle3Config) -> torch.Tensor:
+    """The target model's input embedding [V, H], checked against the drafter's config."""
+    ws, e = target_embedding_entry(target, cfg)
+    return ws.load(e.name)
 
 
 def require_checks(ck: Checkpoint) -> None:
