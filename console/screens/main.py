@@ -8,11 +8,14 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
+from console.commands_palette import ConsoleCommands
 from console.messages import HostSelected, HostStateChanged
+from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
 from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
+from console.panes.runs import RunsPane
 from console.widgets.host_list import HostList
 
 # (tab id, title, pane class). Each pane has show_host(name). Keys 1-9 select them in this order.
@@ -21,13 +24,16 @@ PANES: list[tuple[str, str, type]] = [
     ("overview", "Host", OverviewPane),
     ("fleet", "Fleet", FleetPane),
     ("logs", "Logs", LogsPane),
+    ("runs", "Runs", RunsPane),
+    ("checkpoints", "Checkpoints", CheckpointsPane),
 ]
 
 
 class MainScreen(Screen):
     """Hosts list + tabbed panes."""
 
-    BINDINGS = [("q", "app.quit", "Quit"),
+    COMMANDS = {ConsoleCommands}   # every pane action in the command palette (ctrl+p)
+    BINDINGS = [("q", "app.quit", "Quit"), Binding("question_mark", "help", "Help"),
                 *[Binding(str(n), f"show_pane('{tab_id}')", title, show=False)
                   for n, (tab_id, title, _cls) in enumerate(PANES, start=1)]]
 
@@ -57,6 +63,10 @@ class MainScreen(Screen):
 
     def on_host_state_changed(self, message: HostStateChanged) -> None:
         self.query_one(HostList).show_state(message.host, message.state)
+
+    def action_help(self) -> None:
+        from console.screens.help import HelpScreen
+        self.app.push_screen(HelpScreen())
 
     def action_show_pane(self, tab_id: str) -> None:
         # drop focus first: a focused widget inside the old tab would pull its tab back

@@ -1,0 +1,292 @@
+"""The checkpoints pane: the selected host's drafter checkpoints, inspected and converted.
+
+    enter / i  inspect the selected checkpoint again (moving the cursor inspects it anyway)
+    c          convert it (dialog: target style, destination, dtype); a progress bar follows the
+               engine's progress events, then the result's own inspect report is shown
+    r          scan the host again (configured folders, run outputs, ROOT/converted)
+
+No I/O here: workers call console/checkpoints.py. Reports are kept per (path, mtime), so going
+back to a checkpoint shows its report at once. Engine errors are shown whole in the report area.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, ProgressBar, Static
+
+from console.checkpoints import (
+    Checkpoint,
+    convert_checkpoint,
+    converted_dir,
+    find_checkpoints,
+    inspect_checkpoint,
+)
+from console.errors import ConsoleError
+from console.run_watch import describe_error
+from console.screens.convert_dialog import ConvertDialog, ConvertRequest
+from console.widgets.inspect_view import InspectView
+from console.widgets.meters import fmt_bytes
+from engine import events
+
+SCAN_EVERY_S = 10.0
+INSPECT_DELAY_S = 0.3   # the cursor rests this long before a report is asked for
+COLUMNS = ("CHECKPOINT", "SIZE", "MODIFIED")
+
+
+def display_path(ck: Checkpoint, root: str) -> str:
+    """Run outputs and conversions relative to the host root (runs/..., converted/...);
+    configured folders in full."""
+    if ck.path.startswith(root.rstrip("/") + "/"):
+        return ck.path[len(root.rstrip("/")) + 1:]
+    return ck.path
+
+
+def ckpt_row(ck: Checkpoint, root: str) -> tuple[str, str, str]:
+    return (display_path(ck, root), fmt_bytes(ck.bytes),
+            time.strftime("%m-%d %H:%M", time.localtime(ck.mtime)))
+
+
+class CheckpointTable(DataTable[Any]):
+    """Checkpoints of the selected host; enter inspects the one under the cursor."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Inspect")]
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+        self.paths: list[str] = []
+        self.rows_shown: list[tuple[str, ...]] = []
+
+    def on_mount(self) -> None:
+        self.add_columns(*COLUMNS)
+
+    def show(self, paths: list[str], rows: list[tuple[str, ...]]) -> None:
+        if paths == self.paths and rows == self.rows_shown:
+            return
+        selected = self.selected
+        self.paths, self.rows_shown = paths, rows
+        self.clear()
+        for p, r in zip(paths, rows):
+            self.add_row(*r, key=p)
+        if selected in paths:
+            self.move_cursor(row=paths.index(selected))
+
+    def select(self, path: str) -> None:
+        if path in self.paths:
+            self.move_cursor(row=self.paths.index(path))
+
+    @property
+    def selected(self) -> str | None:
+        if not self.paths or self.cursor_row < 0:
+            return None
+        return self.paths[min(self.cursor_row, len(self.paths) - 1)]
+
+
+class CheckpointsPane(Vertical):
+    """Checkpoints of the selected host (module docstring)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("i", "inspect", "Inspect"),
+        Binding("c", "convert", "Convert"),
+        Binding("r", "refresh", "Rescan"),
+    ]
+    HELP_WIDGETS: ClassVar[list[type]] = [CheckpointTable]
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.host: str | None = None
+        self.found: dict[str, list[Checkpoint]] = {}
+        self.roots: dict[str, str] = {}
+        self.reports: dict[tuple[str, float], dict[str, Any]] = {}
+        self.scan_error: str | None = None
+        self.scans = 0
+        self.converting: str | None = None
+        self._shown_path: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="ckpt-status")
+        yield CheckpointTable(id="ckpt-table")
+        yield ProgressBar(id="ckpt-bar", show_eta=False)
+        with VerticalScroll(id="ckpt-report-box"):
+            yield InspectView(id="ckpt-report")
+
+    def on_mount(self) -> None:
+        self.query_one("#ckpt-bar").display = False
+        self.set_interval(SCAN_EVERY_S, self._poll)
+
+    # -- host and scanning -----------------------------------------------------------------
+    def show_host(self, host: str) -> None:
+        self.host = host
+        self._shown_path = None
+        self._draw()
+        if self.is_on_screen:
+            self.scan(host)
+
+    def on_show(self) -> None:
+        if self.host is not None:
+            self.scan(self.host)
+
+    def _poll(self) -> None:
+        if self.host is not None and self.is_on_screen and self.converting is None:
+            self.scan(self.host)
+
+    def action_refresh(self) -> None:
+        if self.host is not None:
+            self.scan(self.host)
+
+    @work(exclusive=True, group="ckpt-scan", exit_on_error=False)
+    async def scan(self, host: str) -> None:
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            found = await find_checkpoints(h)
+            self.roots[host] = await h.root()
+        except ConsoleError as e:
+            self.scan_error = f"{host}: {describe_error(e)}"
+            self._draw()
+            return
+        self.scan_error = None
+        self.found[host] = found
+        self.scans += 1
+        self._draw()
+        self._inspect_selected()
+
+    def _draw(self) -> None:
+        host = self.host
+        if host is None:
+            return
+        found = self.found.get(host, [])
+        root = self.roots.get(host, "")
+        self.query_one(CheckpointTable).show([c.path for c in found],
+                                             [ckpt_row(c, root) for c in found])
+        folders = ", ".join(self.app.config.hosts[host].checkpoints) or "none configured"  # type: ignore[attr-defined]
+        text = f"[b]{host}[/b] · {len(found)} checkpoints · folders: {folders}"
+        if root:
+            text += f" · runs and conversions under {root}"
+        if self.scan_error:
+            text += f"\n[$error]{self.scan_error}[/]"
+        self.query_one("#ckpt-status", Static).update(text)
+        if not found and self.scans:
+            self.query_one(InspectView).show_text(
+                "No checkpoints yet: list folders in the host's `checkpoints = [...]`, or "
+                "finish a training run.")
+
+    def selected(self) -> Checkpoint | None:
+        path = self.query_one(CheckpointTable).selected
+        return next((c for c in self.found.get(self.host or "", []) if c.path == path), None)
+
+    # -- inspecting --------------------------------------------------------------------------
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if isinstance(event.data_table, CheckpointTable):
+            self._inspect_selected()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if isinstance(event.data_table, CheckpointTable):
+            event.stop()
+            self.action_inspect()
+
+    def _inspect_selected(self, again: bool = False) -> None:
+        ck = self.selected()
+        if ck is None or self.host is None or self.converting is not None:
+            return
+        if ck.path == self._shown_path and not again:
+            return
+        self._shown_path = ck.path
+        cached = None if again else self.reports.get((ck.path, ck.mtime))
+        if cached is not None:
+            self.query_one(InspectView).show_report(cached, ck.path)
+            return
+        self.query_one(InspectView).show_text(f"inspecting {ck.path} …")
+        self.inspect(self.host, ck)
+
+    def action_inspect(self) -> None:
+        self._inspect_selected(again=True)
+
+    @work(exclusive=True, group="ckpt-inspect", exit_on_error=False)
+    async def inspect(self, host: str, ck: Checkpoint) -> None:
+        import asyncio
+        await asyncio.sleep(INSPECT_DELAY_S)  # a cursor sweeping the list inspects the last row
+        view = self.query_one(InspectView)
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            report = await inspect_checkpoint(h, ck.path)
+        except ConsoleError as e:
+            if self._shown_path == ck.path:
+                view.show_error(f"inspect failed: {describe_error(e)}", ck.path)
+            return
+        self.reports[(ck.path, ck.mtime)] = report
+        if self._shown_path == ck.path:
+            view.show_report(report, ck.path)
+
+    # -- converting --------------------------------------------------------------------------
+    def action_convert(self) -> None:
+        ck = self.selected()
+        if ck is None or self.host is None:
+            self.notify("No checkpoint selected", severity="warning")
+            return
+        if self.converting is not None:
+            self.notify(f"Busy converting {self.converting}", severity="warning")
+            return
+        self.ask_convert(self.host, ck)
+
+    @work(group="ckpt-convert", exit_on_error=False)
+    async def ask_convert(self, host: str, ck: Checkpoint) -> None:
+        h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+        req = await self.app.push_screen_wait(ConvertDialog(ck.path, await converted_dir(h)))
+        if req is not None:
+            await self.run_convert(host, req)
+
+    async def run_convert(self, host: str, req: ConvertRequest) -> None:
+        view = self.query_one(InspectView)
+        bar = self.query_one("#ckpt-bar", ProgressBar)
+        heading = f"convert {req.src} → {req.dst} (--to {req.to}, --dtype {req.dtype})"
+        self.converting = req.src
+        self._shown_path = None
+        view.show_text(heading + "\nstarting…")
+        bar.display = True
+        bar.update(total=None, progress=0)
+
+        def on_event(ev: events.Event) -> None:
+            if ev.kind == "progress":
+                bar.update(total=ev.get("total"), progress=ev.get("done") or 0)
+                view.show_text(f"{heading}\n{ev.get('desc') or 'convert'} {ev.get('done')}/"
+                               f"{ev.get('total')} {ev.get('unit', '')}")
+
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            summary = await convert_checkpoint(h, req.src, req.dst, req.to, req.dtype,
+                                               req.force, on_event=on_event)
+            bar.update(total=1, progress=1)
+            view.show_text(f"{heading}\nconverted; inspecting the result…")
+            report = await inspect_checkpoint(h, str(summary.get("dst") or req.dst))
+        except ConsoleError as e:
+            view.show_error(f"convert failed: {describe_error(e)}", heading)
+            return
+        finally:
+            self.converting = None
+            bar.display = False
+        dst = str(summary.get("dst") or req.dst)
+        mib = float(summary.get("bytes") or 0) / 2**20
+        done = (f"converted to {req.to}: {dst} ({summary.get('tensors')} tensors, {mib:.1f} MiB, "
+                f"{float(summary.get('seconds') or 0):.1f} s)")
+        view.show_report(report, done)
+        self._shown_path = dst
+        await self._rescan_and_select(host, dst, report)
+
+    async def _rescan_and_select(self, host: str, path: str, report: dict[str, Any]) -> None:
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            self.found[host] = await find_checkpoints(h)
+        except ConsoleError:
+            return
+        for ck in self.found[host]:
+            if posixpath.normpath(ck.path) == posixpath.normpath(path):
+                self.reports[(ck.path, ck.mtime)] = report
+        self._shown_path = path
+        self._draw()
+        self.query_one(CheckpointTable).select(path)

@@ -1,0 +1,399 @@
+"""The runs pane: the selected host's profiles and runs; push, launch, stop, open.
+
+    p      push the engine and the host's sync sets (only what changed; files and bytes shown)
+    t      launch the selected profile: push what changed, then start it detached; a profile
+           that is already running asks before a second copy starts (launch --force)
+    x      stop the selected run (asks first): SIGTERM to its process group, SIGKILL later
+    enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py)
+    r      re-read the host's run registry (it is re-read every few seconds anyway)
+
+No I/O here: workers call the services (console/runs.py, console/push.py, console/run_watch.py,
+console/demo_default.py) and the pane redraws from what they left, on a timer. Running runs
+are followed in the background (their progress column moves, and opening one is instant); the
+feeds outlive the pane's redraws, so reopening a run goes on from where its feed was.
+
+With the embedded default (no config file) the pane also builds the demo workspace on first
+start, with a progress bar, and is the tab the console opens on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Label, ProgressBar, Static
+
+from console.config import LOCAL, Config
+from console.demo_default import demo_ready, ensure_demo
+from console.errors import ConsoleError
+from console.host import Host
+from console.push import PushReport, host_trees, push
+from console.run_watch import RunFeed, RunFeeds, describe_error
+from console.runs import RunRecord, launch, list_runs, running_for, stop_run
+from console.widgets.meters import fmt_bytes
+from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
+from engine import events
+
+LIST_EVERY_S = 3.0
+STOP_GRACE_S = 10.0
+
+
+def push_summary(report: PushReport) -> str:
+    """`pushed 3 of 41 files, 12.0K (engine 3/38, hostside 0/3) · code 1a2b3c4d`."""
+    files = sum(t.files for t in report.trees)
+    trees = ", ".join(f"{t.name} {t.sent}/{t.files}" for t in report.trees)
+    verb = "pushed" if report.files_sent else "up to date:"
+    sent = f"{report.files_sent} of {files} files, {fmt_bytes(report.bytes_sent)}" \
+        if report.files_sent else f"0 of {files} files sent"
+    return f"{verb} {sent} to {report.host} ({trees}) · code {report.manifest[:8]}"
+
+
+class RunsPane(Vertical):
+    """Profiles and runs of the selected host (module docstring)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("p", "push", "Push"),
+        Binding("t", "launch", "Launch"),
+        Binding("x", "stop", "Stop run"),
+        Binding("enter", "open", "Open run"),
+        Binding("r", "refresh", "Refresh"),
+    ]
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.host: str | None = None
+        self.records: dict[str, list[RunRecord]] = {}
+        self.feeds = RunFeeds()
+        self.busy: str | None = None            # what the pane is doing (push, launch, ...)
+        self.demo_state: str | None = None      # None, "building", "ready" or "failed"
+        self.list_error: str | None = None
+        self.listed = 0                          # how many registry reads have completed
+        self._drawn: tuple[object, ...] = ()
+
+    # -- layout --------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static("", id="runs-status")
+        with Horizontal(id="runs-activity-row"):
+            yield Static("", id="runs-activity")
+            yield ProgressBar(id="runs-bar", show_eta=False)
+        yield Label("Profiles", classes="section")
+        yield ProfileTable(id="profiles-table")
+        yield Label("Runs", classes="section")
+        yield RunTable(id="runs-table")
+
+    def on_mount(self) -> None:
+        self.query_one("#runs-bar").display = False
+        self.set_interval(1.0, self.refresh_view)
+        self.set_interval(LIST_EVERY_S, self._poll)
+        if self.config.demo is not None:
+            # the embedded demo opens on this pane: it is where a new user starts
+            self.call_after_refresh(lambda: self.screen.run_action("show_pane('runs')"))
+
+    @property
+    def config(self) -> Config:
+        return self.app.config  # type: ignore[attr-defined,no-any-return]
+
+    def _host(self, name: str) -> Host:
+        return self.app.pool[name]  # type: ignore[attr-defined,no-any-return]
+
+    def activity(self, text: str, error: bool = False) -> None:
+        w = self.query_one("#runs-activity", Static)
+        w.update(text)
+        w.set_class(error, "-error")
+
+    def bar(self, done: float | None, total: float | None) -> None:
+        bar = self.query_one("#runs-bar", ProgressBar)
+        bar.display = done is not None
+        if done is not None:
+            bar.update(total=total, progress=done)
+
+    # -- host selection and refresh ------------------------------------------------------------
+    def show_host(self, host: str) -> None:
+        self.host = host
+        self.refresh_view(force=True)
+        if self.config.demo is not None and host == LOCAL and self.demo_state is None:
+            self.build_demo(host, self.config.demo)
+        if self.is_on_screen:
+            self.load_runs(host)
+
+    def on_show(self) -> None:
+        if self.host is not None:
+            self.load_runs(self.host)
+        self.refresh_view(force=True)
+
+    def _poll(self) -> None:
+        if self.host is not None and self.is_on_screen:
+            self.load_runs(self.host)
+
+    def action_refresh(self) -> None:
+        if self.host is not None:
+            self.load_runs(self.host)
+
+    @work(exclusive=True, group="runs-list", exit_on_error=False)
+    async def load_runs(self, host: str) -> None:
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            recs = await list_runs(h)
+        except ConsoleError as e:
+            self.list_error = f"{host}: cannot read the run registry: {e}"
+            self.refresh_view(force=True)
+            return
+        self.list_error = None
+        self.records[host] = recs
+        self.listed += 1
+        for rec in recs:
+            feed = self.feeds.get(h, rec)
+            if rec.status == "running" and not feed.following:
+                self.start_feed(feed)
+        self.refresh_view(force=True)
+
+    def start_feed(self, feed: RunFeed) -> None:
+        """Follow a run in the background (idempotent while it follows)."""
+        if feed.following or feed.finished:
+            return
+        feed.following = True   # set now: the worker starts on the next loop turn
+        self.run_worker(self._follow(feed), group=f"feed-{feed.host.name}-{feed.run_id}",
+                        exclusive=True, exit_on_error=False)
+
+    async def _follow(self, feed: RunFeed) -> None:
+        try:
+            await feed.follow()
+        except ConsoleError as e:
+            feed.notice = f"stopped following: {describe_error(e)}"
+            feed.progress.version += 1
+        finally:
+            feed.following = False
+
+    # -- drawing -------------------------------------------------------------------------------
+    def profiles(self) -> list[str]:
+        """Profiles that run on the selected host (first), in config order."""
+        return [name for name, p in self.config.profiles.items() if self.host in p.hosts]
+
+    def refresh_view(self, force: bool = False) -> None:
+        if self.host is None or not (force or self.is_on_screen):
+            return
+        host = self.host
+        now: float = self.app.clock()  # type: ignore[attr-defined]
+        recs = list(reversed(self.records.get(host, [])))   # newest first
+        feeds = [self.feeds.find(host, r.id) for r in recs]
+        key = (host, int(now), tuple((r.id, r.status, r.end) for r in recs),
+               tuple(f.progress.version if f else -1 for f in feeds), self.list_error,
+               self.demo_state, len(self.config.profiles))
+        if key == self._drawn and not force:
+            return
+        self._drawn = key
+        profiles = self.profiles()
+        self.query_one(ProfileTable).show(
+            [profile_row(self.config.profiles[n]) for n in profiles])
+        self.query_one(RunTable).show(
+            [r.id for r in recs],
+            [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds)])
+        running = sum(r.status == "running" for r in recs)
+        where = self.config.hosts[host].ssh or "this machine"
+        status = f"[b]{host}[/b] ({where}) · {len(profiles)} profiles · {len(recs)} runs" + \
+            (f", {running} running" if running else "")
+        if self.list_error:
+            status += f"\n[$error]{self.list_error}[/]"
+        self.query_one("#runs-status", Static).update(status)
+        if self.busy is None and self.demo_state != "building" and not profiles:
+            self.activity("No profile runs on this host: add [profiles.NAME] with "
+                          f"host = \"{host}\" to the config.")
+
+    # -- actions -------------------------------------------------------------------------------
+    def _selected_run(self) -> RunRecord | None:
+        rid = self.query_one(RunTable).selected
+        return next((r for r in self.records.get(self.host or "", []) if r.id == rid), None)
+
+    def _start(self, what: str) -> bool:
+        if self.busy is not None:
+            self.notify(f"Busy: {self.busy}", severity="warning")
+            return False
+        self.busy = what
+        return True
+
+    def action_push(self) -> None:
+        if self.host is not None and self._start("push"):
+            self.do_push(self.host)
+
+    @work(group="runs-action", exit_on_error=False)
+    async def do_push(self, host: str) -> None:
+        try:
+            self.activity(f"pushing to {host}: comparing manifests…")
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            report = await self._push(h, None)
+            self.activity(push_summary(report))
+        except ConsoleError as e:
+            self.activity(f"push failed: {describe_error(e)}", error=True)
+        finally:
+            self.busy = None
+            self.bar(None, None)
+
+    async def _push(self, h: Host, syncs: list[str] | None) -> PushReport:
+        def progress(done: int, total: int, sent: int) -> None:
+            self.activity(f"pushing to {h.name}: {done}/{total} files, {fmt_bytes(sent)}")
+            self.bar(done, total)
+
+        trees = await host_trees(h, self.config, syncs)
+        report = await push(h, trees, on_progress=progress)
+        h._engine_pushed = True  # noqa: SLF001 - the push above covered the engine
+        return report
+
+    def action_launch(self) -> None:
+        name = self.query_one(ProfileTable).selected
+        if name is None:
+            self.notify("No profile to launch on this host", severity="warning")
+            return
+        if self.config.demo is not None and self.demo_state == "building":
+            self.notify("The demo workspace is still being built; launch when it is ready",
+                        severity="warning")
+            return
+        if self._start(f"launch {name}"):
+            self.do_launch(name)
+
+    @work(group="runs-action", exit_on_error=False)
+    async def do_launch(self, name: str) -> None:
+        profile = self.config.profile(name)
+        pool = self.app.pool  # type: ignore[attr-defined]
+        try:
+            nodes = [await pool.ensure(h) for h in profile.hosts]
+            busy = await running_for(nodes, name)
+            force = False
+            if busy:
+                from console.screens.confirm import ConfirmScreen
+                ids = ", ".join(sorted({r.id for r in busy}))
+                force = await self.app.push_screen_wait(ConfirmScreen(
+                    f"Profile [b]{name}[/b] is already running ({ids}).\n\n"
+                    "Start a second copy?", yes="Start another"))
+                if not force:
+                    self.activity(f"not started: {name} is already running")
+                    return
+            summaries = []
+            for h in nodes:  # push first (only what changed) and say what went over
+                self.activity(f"pushing to {h.name}…")
+                summaries.append(push_summary(await self._push(h, profile.sync)))
+            self.bar(None, None)
+            self.activity(f"starting {name}…")
+            run = await launch(self.config, name, pool.hosts, force=force)
+        except ConsoleError as e:
+            self.activity(f"launch of {name} failed: {describe_error(e)}", error=True)
+            return
+        finally:
+            self.busy = None
+            self.bar(None, None)
+        self.activity(f"started [b]{run.id}[/b] · " + " · ".join(summaries))
+        if self.host is not None:
+            await self._reload(self.host)
+            table = self.query_one(RunTable)
+            table.select(run.id)
+            table.focus()   # enter opens the new run, x stops it
+
+    async def _reload(self, host: str) -> None:
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            self.records[host] = await list_runs(h)
+        except ConsoleError:
+            return
+        for rec in self.records[host]:
+            feed = self.feeds.get(h, rec)
+            if rec.status == "running":
+                self.start_feed(feed)
+        self.refresh_view(force=True)
+
+    def action_stop(self) -> None:
+        rec = self._selected_run()
+        if rec is None:
+            self.notify("No run selected", severity="warning")
+            return
+        if rec.status != "running":
+            self.notify(f"{rec.id} is not running ({rec.status})", severity="warning")
+            return
+        if self._start(f"stop {rec.id}"):
+            self.do_stop(rec.id)
+
+    @work(group="runs-action", exit_on_error=False)
+    async def do_stop(self, run_id: str) -> None:
+        from console.screens.confirm import ConfirmScreen
+        try:
+            ok = await self.app.push_screen_wait(ConfirmScreen(
+                f"Stop [b]{run_id}[/b]?\n\nSIGTERM to its process group, SIGKILL after "
+                f"{STOP_GRACE_S:.0f} s.", yes="Stop it"))
+            if not ok:
+                return
+            self.activity(f"stopping {run_id}…")
+            run = await stop_run(self.config, run_id, self.app.pool.hosts,  # type: ignore[attr-defined]
+                                 grace=STOP_GRACE_S)
+            self.activity(f"{run_id}: {run.status}")
+        except ConsoleError as e:
+            self.activity(f"stop failed: {describe_error(e)}", error=True)
+        finally:
+            self.busy = None
+        if self.host is not None:
+            await self._reload(self.host)
+
+    def action_open(self) -> None:
+        rec = self._selected_run()
+        if rec is None or self.host is None:
+            self.notify("No run selected", severity="warning")
+            return
+        from console.screens.run_detail import RunDetailScreen
+        feed = self.feeds.get(self._host(self.host), rec)
+        self.start_feed(feed)
+        self.app.push_screen(RunDetailScreen(feed))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if isinstance(event.data_table, RunTable):
+            event.stop()
+            self.action_open()
+        elif isinstance(event.data_table, ProfileTable):
+            # enter on a profile: its newest run (what a user who just pressed t wants)
+            event.stop()
+            name = event.data_table.selected
+            mine = [r for r in self.records.get(self.host or "", []) if r.profile == name]
+            if not mine:
+                self.notify(f"{name} has no run yet: press t to launch it", severity="warning")
+                return
+            self.query_one(RunTable).select(mine[-1].id)
+            self.action_open()
+
+    # -- the embedded demo ---------------------------------------------------------------------
+    @work(group="demo", exit_on_error=False)
+    async def build_demo(self, host: str, workspace: str) -> None:
+        self.demo_state = "building"
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            if await demo_ready(h, workspace):
+                self.demo_state = "ready"
+                self.activity("Demo workspace: select a profile and press [b]t[/b] "
+                              "(the finetune takes a few minutes on a CPU)")
+                return
+            self.activity("Building the demo workspace (first start only): a tiny target, "
+                          "data and a public drafter…")
+            self.bar(0, None)
+
+            def on_event(ev: events.Event) -> None:
+                if ev.kind == "progress":
+                    what = ev.get("desc") or ev.cmd
+                    self.activity(f"Building the demo workspace (first start only): {what} "
+                                  f"{ev.get('done')}/{ev.get('total') or '?'} {ev.get('unit', '')}")
+                    self.bar(ev.get("done"), ev.get("total"))
+                elif ev.kind == "log" and ev.get("level") != "debug":
+                    self.activity(f"Building the demo workspace: {ev.get('msg')}")
+
+            info = await ensure_demo(h, workspace, on_event=on_event)
+        except ConsoleError as e:
+            self.demo_state = "failed"
+            self.activity(f"The demo workspace could not be built: {describe_error(e)}",
+                          error=True)
+            return
+        finally:
+            self.bar(None, None)
+        self.demo_state = "ready"
+        took = (info.get("seconds") or {}).get("total")
+        self.activity("Demo workspace ready" + (f" ({took:.0f} s)" if took else "") +
+                      ": press [b]t[/b] to finetune the public drafter, [b]enter[/b] to "
+                      "watch the run")
+        self.notify("Demo workspace ready: press t to start the finetune")
+        self.refresh_view(force=True)

@@ -1,0 +1,163 @@
+"""An opened run: progress with step, total and ETA; live plots of the loss, acc_i per TTT step
+and the estimated acceptance length; the last log lines; provenance.
+
+The screen renders a RunFeed (console/run_watch.py) that the runs pane keeps following in the
+background; it redraws twice a second, only when the feed moved. `escape` goes back (the feed
+keeps following), `x` stops the run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, ProgressBar, Static
+
+from console.errors import ConsoleError
+from console.run_watch import RunFeed, describe_error
+from console.runs import stop_run
+from console.widgets.line_plot import LinePlot
+from console.widgets.log_tail import LogTail
+from console.widgets.run_tables import STATUS_MARK, fmt_duration
+
+STOP_GRACE_S = 10.0
+
+
+def progress_text(feed: RunFeed) -> str:
+    """`step 37/150 · 25% · ETA 1:12 · 0.6 step/s` (or what the run has said so far)."""
+    p = feed.progress
+    if p.done is None:
+        return "waiting for the first progress event…" if feed.status == "running" else \
+            "no progress events (not an engine run, or it ended before its first step)"
+    unit = p.unit or "it"
+    parts = [f"{unit} {p.done}/{p.total}" if p.total else f"{unit} {p.done}"]
+    frac = p.fraction
+    if frac is not None:
+        parts.append(f"{frac * 100:.0f}%")
+    if feed.status == "running" and p.eta_s is not None and frac is not None and frac < 1:
+        parts.append(f"ETA {fmt_duration(p.eta_s)}")
+    if p.rate:
+        parts.append(f"{p.rate:.2f} {unit}/s")
+    return " · ".join(parts)
+
+
+class RunDetailScreen(Screen[None]):
+    """One run, live (module docstring)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Back"),
+        Binding("x", "stop", "Stop run"),
+        Binding("question_mark", "help", "Help"),
+    ]
+
+    def __init__(self, feed: RunFeed) -> None:
+        super().__init__()
+        self.feed = feed
+        self._drawn: tuple[object, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical(id="detail-body"):
+            yield Static("", id="detail-title")
+            with Horizontal(id="detail-progress-row"):
+                yield ProgressBar(id="detail-bar", show_eta=False)
+                yield Static("", id="detail-progress")
+            with Horizontal(id="detail-plots"):
+                yield LinePlot("loss", id="plot-loss")
+                yield LinePlot("estimated acceptance length", id="plot-tau")
+            yield LinePlot("acc_i per TTT step", id="plot-acc")
+            with Horizontal(id="detail-bottom"):
+                yield LogTail(id="detail-log")
+                yield Static("", id="detail-prov")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.feed.run_id
+        self.set_interval(0.5, self.refresh_view)
+        self.refresh_view(force=True)
+
+    def refresh_view(self, force: bool = False) -> None:
+        feed = self.feed
+        now: float = self.app.clock()  # type: ignore[attr-defined]
+        running = feed.status == "running"
+        key = (feed.progress.version, feed.status, feed.notice, feed.following,
+               int(now) if running else 0)
+        if key == self._drawn and not force:
+            return
+        self._drawn = key
+        self._title(now)
+        p = feed.progress
+        bar = self.query_one("#detail-bar", ProgressBar)
+        if p.total:
+            bar.update(total=p.total, progress=p.done or 0)
+        else:
+            bar.update(total=100, progress=100 if not running else 0)
+        self.query_one("#detail-progress", Static).update(progress_text(feed))
+        x_range = (0.0, float(p.total)) if p.total and p.unit == "step" else None
+        self.query_one("#plot-loss", LinePlot).show([("loss", p.points("loss"))], x_range)
+        k = len(p.acc_names())
+        self.query_one("#plot-tau", LinePlot).show([("tau", p.points("tau"))], x_range,
+                                                    y_min=1.0, y_max=float(k + 1) if k else None)
+        self.query_one("#plot-acc", LinePlot).show(
+            [(n, p.points(n)) for n in p.acc_names()], x_range, y_min=0.0, y_max=1.0)
+        self.query_one(LogTail).show(list(p.lines))
+        rows = feed.provenance()
+        if p.result:
+            final = p.result.get("final")
+            if final:
+                rows.append(("final", str(final)))
+        width = max(len(k) for k, _ in rows) if rows else 0
+        self.query_one("#detail-prov", Static).update(
+            "\n".join(f"[b]{k.ljust(width)}[/b]  {v}" for k, v in rows))
+
+    def _title(self, now: float) -> None:
+        feed, rec = self.feed, self.feed.record
+        status = rec.status + ("" if rec.exit_code in (None, 0) else f" (exit {rec.exit_code})")
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.start)) \
+            if rec.start else "-"
+        end = rec.end or (now if rec.status == "running" else None)
+        took = fmt_duration(end - rec.start) if end and rec.start else "-"
+        line = (f"[b]{rec.id}[/b] on {rec.host} · {STATUS_MARK.get(rec.status, '')} {status} · "
+                f"started {started} · {took}")
+        if feed.notice:
+            line += f" · [$warning]{feed.notice}[/]"
+        elif feed.following and rec.status == "running":
+            line += " · [$success]live[/]"
+        if feed.progress.error:
+            line += f"\n[$error]{feed.progress.error}[/]"
+        self.query_one("#detail-title", Static).update(line)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_help(self) -> None:
+        from console.screens.help import HelpScreen
+        self.app.push_screen(HelpScreen())
+
+    def action_stop(self) -> None:
+        if self.feed.status != "running":
+            self.notify(f"{self.feed.run_id} is not running ({self.feed.status})",
+                        severity="warning")
+            return
+        self.do_stop()
+
+    @work(group="detail-stop", exclusive=True, exit_on_error=False)
+    async def do_stop(self) -> None:
+        from console.screens.confirm import ConfirmScreen
+        run_id = self.feed.run_id
+        if not await self.app.push_screen_wait(ConfirmScreen(
+                f"Stop [b]{run_id}[/b]?\n\nSIGTERM to its process group, SIGKILL after "
+                f"{STOP_GRACE_S:.0f} s.", yes="Stop it")):
+            return
+        try:
+            await stop_run(self.app.config, run_id, self.app.pool.hosts,  # type: ignore[attr-defined]
+                           grace=STOP_GRACE_S)
+            await self.feed.refresh_record()
+        except ConsoleError as e:
+            self.notify(f"stop failed: {describe_error(e)}", severity="error")
+        self.refresh_view(force=True)

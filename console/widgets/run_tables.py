@@ -1,0 +1,157 @@
+"""The runs pane's two tables: the profiles that can start on the selected host, and its runs
+(status, progress, duration, the code they ran). Rows are computed by pure functions; the
+tables only draw them (status colours from the `runs--*` component classes)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
+
+from console.config import Profile
+from console.run_progress import RunProgress
+from console.runs import RunRecord
+
+PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
+RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")
+COMMAND_WIDTH = 60
+STATUS_MARK = {"running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■", "lost": "?"}
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def short_command(run: str, width: int = COMMAND_WIDTH) -> str:
+    """The run string for a table cell: long absolute paths as …/last/two, then cut."""
+    words = []
+    for w in run.split(" "):
+        parts = w.split("/")
+        words.append("…/" + "/".join(parts[-2:]) if w.startswith("/") and len(parts) > 4 else w)
+    text = " ".join(words)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def profile_row(p: Profile) -> tuple[str, str, str]:
+    nodes = ",".join(p.hosts) + (f" ×{p.nproc_per_node}" if p.nproc_per_node > 1 else "")
+    return p.name, nodes, short_command(p.run)
+
+
+def code_of(rec: RunRecord) -> str:
+    """The pushed code a run used: the manifest hash, and the git commit when there is one."""
+    push = rec.raw.get("push") or {}
+    manifest = str(push.get("manifest") or "")[:8] or "-"
+    gits = [str(g) for g in (push.get("git") or {}).values() if g]
+    return manifest + (f" {gits[0][:7]}{'+' if gits[0].endswith('-dirty') else ''}"
+                       if gits else "")
+
+
+def progress_of(rec: RunRecord, prog: RunProgress | None) -> str:
+    """`37/150 1:12` (steps and ETA) while running, `150/150` after, `-` without events."""
+    if prog is None or prog.done is None:
+        return "-"
+    text = f"{prog.done}/{prog.total}" if prog.total else str(prog.done)
+    if rec.status == "running" and prog.eta_s is not None and prog.total and \
+            prog.done < prog.total:
+        text += f" {fmt_duration(prog.eta_s)}"
+    return text
+
+
+def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, ...]:
+    node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
+    status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
+                           else f" ({rec.exit_code})")
+    end = rec.end if rec.end else (now if rec.status == "running" else None)
+    dur = fmt_duration(end - rec.start) if rec.start and end else "-"
+    return (rec.id + node, f"{STATUS_MARK.get(rec.status, ' ')} {status}",
+            progress_of(rec, prog), dur, code_of(rec))
+
+
+class ProfileTable(DataTable[Any]):
+    """Profiles runnable on the selected host; enter opens the profile's newest run."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Open run")]
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+        self.rows_shown: list[tuple[str, ...]] = []
+
+    def on_mount(self) -> None:
+        self.add_columns(*PROFILE_COLUMNS)
+
+    def show(self, rows: list[tuple[str, ...]]) -> None:
+        if rows == self.rows_shown:
+            return
+        keep = self.cursor_row
+        self.rows_shown = rows
+        self.clear()
+        for r in rows:
+            self.add_row(*r, key=r[0])
+        if rows:
+            self.move_cursor(row=min(keep, len(rows) - 1))
+
+    @property
+    def selected(self) -> str | None:
+        if not self.rows_shown or self.cursor_row < 0:
+            return None
+        return self.rows_shown[min(self.cursor_row, len(self.rows_shown) - 1)][0]
+
+
+class RunTable(DataTable[Any]):
+    """Runs of the selected host, newest first; enter opens the one under the cursor."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Open run")]
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        *DataTable.COMPONENT_CLASSES, *(f"runs--{s}" for s in STATUS_MARK)}
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+        self.rows_shown: list[tuple[str, ...]] = []
+        self.ids: list[str] = []
+
+    def on_mount(self) -> None:
+        for col in RUN_COLUMNS:
+            self.add_column(col, key=col)
+
+    def _status_style(self, status: str) -> Style:
+        name = status.split()[1] if " " in status else status
+        if f"runs--{name}" not in self.COMPONENT_CLASSES:
+            return Style()
+        return self.get_component_rich_style(f"runs--{name}", partial=True)
+
+    def show(self, ids: list[str], rows: list[tuple[str, ...]]) -> None:
+        if rows == self.rows_shown and ids == self.ids:
+            return
+        selected = self.selected
+        same_rows = ids == self.ids
+        self.rows_shown, self.ids = rows, ids
+        if same_rows:  # only cells changed: update in place, the cursor stays put
+            for rid, r in zip(ids, rows):
+                for col, value in zip(RUN_COLUMNS, r):
+                    cell: Any = Text(value, self._status_style(value)) if col == "STATUS" \
+                        else value
+                    self.update_cell(rid, col, cell, update_width=True)
+            return
+        self.clear()
+        for rid, r in zip(ids, rows):
+            self.add_row(r[0], Text(r[1], self._status_style(r[1])), *r[2:], key=rid)
+        if selected in ids:
+            self.move_cursor(row=ids.index(selected))
+
+    def select(self, run_id: str) -> None:
+        if run_id in self.ids:
+            self.move_cursor(row=self.ids.index(run_id))
+
+    @property
+    def selected(self) -> str | None:
+        if not self.ids or self.cursor_row < 0:
+            return None
+        return self.ids[min(self.cursor_row, len(self.ids) - 1)]
