@@ -2,8 +2,8 @@
 
 Tensor by tensor, in the source's on-disk order: with `--dtype keep` the stored bytes of a
 safetensors source are copied by the kernel (sendfile, as `cp` does: never decoded, so identical,
-and they never occupy Python memory); a `.bin` source or a dtype cast handles one tensor at a time
-(peak memory ~ the largest tensor). The sha256 of the source weight
+and they never occupy Python memory); a dtype cast converts 8 MiB chunks; a `.bin` source (memory
+mapped by torch.load) goes tensor by tensor (peak memory ~ the largest tensor). The sha256 of the source weight
 files is computed on a thread while the copy runs. Everything goes into a temp dir beside DST that
 is renamed into place at the end; any failure removes it, so DST is complete or absent.
 """
@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from engine import __version__
 from engine.errors import EngineError
@@ -159,13 +161,17 @@ def _nbytes(it: _Item) -> int:
 
 
 def _bytes_of(it: _Item) -> Iterator[memoryview]:
-    """The output bytes of one tensor: raw chunks when the dtype is kept, else one cast."""
+    """The output bytes of one tensor: raw chunks when the dtype is kept, else cast chunk by
+    chunk (safetensors) or tensor by tensor (.bin, already memory-mapped)."""
     if it.in_code == it.out_code:
         yield from it.src.raw_chunks(it.name)
         return
-    t = it.src.load(it.name).to(torch_dtype(it.out_code))
-    yield tensor_bytes(t)
-    del t
+    src, out = torch_dtype(it.in_code), torch_dtype(it.out_code)
+    if it.src.kind == "safetensors":
+        for chunk in it.src.raw_chunks(it.name):
+            yield tensor_bytes(torch.frombuffer(chunk, dtype=src).to(out))
+        return
+    yield tensor_bytes(it.src.load(it.name).to(out))
 
 
 def _provenance(ck: Any, to: str, dtype: str, items: list[_Item], sha: dict[str, str],

@@ -180,7 +180,9 @@ class WeightSet:
         return torch.frombuffer(buf, dtype=torch_dtype(e.dtype)).reshape(len(rows), e.shape[1])
 
     def raw_chunks(self, name: str, chunk: int = CHUNK) -> Iterator[memoryview]:
-        """The stored bytes of a safetensors tensor, chunk by chunk (one reusable buffer)."""
+        """The stored bytes of a safetensors tensor, chunk by chunk through one reused buffer.
+        Every chunk but the last is exactly `chunk` bytes (so, with `chunk` a multiple of 8,
+        whole elements); a consumer must use a chunk before asking for the next."""
         e = self.entries[name]
         if self.kind == "bin":
             yield memoryview(tensor_bytes(self.load(name)))
@@ -191,9 +193,12 @@ class WeightSet:
         with open(e.file, "rb", buffering=0) as f:
             f.seek(e.offset)
             while left:
-                got = f.readinto(view[:min(left, len(buf))])
-                if not got:
-                    raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
+                want, got = min(left, len(buf)), 0
+                while got < want:  # fill the buffer: short reads must not split elements
+                    n = f.readinto(view[got:want])
+                    if not n:
+                        raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
+                    got += n
                 left -= got
                 yield view[:got]
 
@@ -388,7 +393,7 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
         raise
 
 
-def sha256_file(path: Path, window: int = 8 * CHUNK) -> str:
+def sha256_file(path: Path, window: int = 2 * CHUNK) -> str:
     """sha256 of a file, hashing page-cache pages in place (mmap windows: no copy into Python,
     and resident memory stays at one window)."""
     h = hashlib.sha256()
