@@ -287,7 +287,9 @@ def test_conversion_memory_stays_far_below_the_largest_tensor(tmp_path: Path, dt
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert r.returncode == 0, r.stderr
     increase = json.loads(r.stdout.strip().splitlines()[-1])["increase"]
-    assert increase < largest / 2, (increase, largest)  # measured: ~15 MiB keep, ~40 fp16
+    # Bounded by the 8 MiB chunk and the 16 MiB hash window, not by the tensor: measured about
+    # 15 MiB with the dtype kept and 45 MiB with a cast (torch op overhead), whatever its size.
+    assert increase < 64 << 20, (increase, largest)
     out = load_drafter(tmp_path / "out")[1]["lm_head.weight"]
     want = state["lm_head.weight"] if dtype == "keep" else state["lm_head.weight"].half()
     assert torch.equal(out, want)
