@@ -34,13 +34,13 @@ from engine.events import Emitter
 
 # Sizes chosen so that `demo init` takes well under a minute and a demo finetune about two
 # minutes on 2 CPU cores (see the report in the project README).
-TARGET_STEPS = 110
-N_TRAIN, N_EVAL, N_PUBLIC = 320, 40, 200
-MAX_NEW_TOKENS = 40
+TARGET_STEPS = 200
+N_TRAIN, N_EVAL, N_PUBLIC = 320, 40, 160
+MAX_NEW_TOKENS = 32
 DRAFT_VOCAB = 192          # the run's draft vocab (from DIR/data)
 PUBLIC_DRAFT_VOCAB = 160   # the public drafter's (from public.jsonl): a different id set
 PUBLIC_KINDS = ("spell", "day", "colour", "greet", "reverse", "count")
-PUBLIC_STEPS = 120
+PUBLIC_STEPS = 100
 TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",
               "--warmup-ratio", "0.05", "--save-every", "50", "--holdout", "16"]
 FINETUNE_STEPS = 150

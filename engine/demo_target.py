@@ -1,7 +1,7 @@
 """The demo's tiny target: a synthetic chat task mix, a locally trained tokenizer, a small Llama.
 
 Nothing is downloaded. The target is a transformers `LlamaForCausalLM` (6 layers, hidden 64) trained
-for a few seconds on synthetic chats (counting, spelling, weekdays, colours, greetings, letters,
+for a few seconds (200 steps of 8 x 96 tokens) on synthetic chats (counting, spelling, weekdays, colours, greetings, letters,
 word reversal), so that its greedy replies are structured, mostly right and sometimes wrong: text a
 drafter can learn to predict, with real disagreements between a weak and a good drafter.
 Tokenizer: byte-level BPE trained with the `tokenizers` library, wrapped as a
@@ -99,8 +99,8 @@ def build_tokenizer(corpus: list[list[dict[str, str]]]):  # -> PreTrainedTokeniz
 
 
 def build_target(tok, corpus: list[list[dict[str, str]]], steps: int, seed: int,
-                 ev: Emitter | None = None, seq_len: int = 96, batch: int = 16,
-                 lr: float = 6e-3, warmup: int = 0):
+                 ev: Emitter | None = None, seq_len: int = 96, batch: int = 8,
+                 lr: float = 1e-2, warmup: int = 10):
     """A 6-layer Llama (hidden 64) trained with next-token loss on the rendered corpus."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
