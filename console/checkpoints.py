@@ -139,7 +139,7 @@ async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:
 
 
 def convert_args(src: str, dst: str, to: str, dtype: str = "keep", force: bool = False,
-                 extra: list[str] | None = None) -> list[str]:
+                 verifier: str | None = None, extra: list[str] | None = None) -> list[str]:
     """The `engine convert` arguments (checked here so a typo never reaches the host)."""
     if to not in STYLES:
         raise ConsoleError(f"--to: {to!r} is not one of {', '.join(STYLES)}")
@@ -148,16 +148,16 @@ def convert_args(src: str, dst: str, to: str, dtype: str = "keep", force: bool =
     if not dst.strip():
         raise ConsoleError("destination: empty path")
     return ["convert", src, dst, "--to", to, "--dtype", dtype, *(["--force"] if force else []),
-            *(extra or [])]
+            *(["--verifier", verifier] if verifier else []), *(extra or [])]
 
 
 async def convert_checkpoint(host: Host, src: str, dst: str, to: str, dtype: str = "keep",
-                             force: bool = False,
+                             force: bool = False, verifier: str | None = None,
                              on_event: Callable[[events.Event], None] | None = None,
                              extra: list[str] | None = None) -> dict[str, Any]:
     """Run `engine convert` on the host; its summary. Raises EngineError with the engine's
     message (DST is then absent: the engine writes a temp folder and renames it at the end)."""
-    args = convert_args(src, dst, to, dtype, force, extra)
+    args = convert_args(src, dst, to, dtype, force, verifier, extra)
     await host.connect()
     parent = posixpath.dirname(dst.rstrip("/"))
     if parent:

@@ -260,7 +260,8 @@ class CheckpointsPane(Vertical):
         try:
             h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
             summary = await convert_checkpoint(h, req.src, req.dst, req.to, req.dtype,
-                                               req.force, on_event=on_event)
+                                               req.force, verifier=req.verifier,
+                                               on_event=on_event)
             bar.update(total=1, progress=1)
             view.show_text(f"{heading}\nconverted; inspecting the result…")
             report = await inspect_checkpoint(h, str(summary.get("dst") or req.dst))

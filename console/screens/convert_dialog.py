@@ -31,6 +31,7 @@ class ConvertRequest:
     to: str
     dtype: str
     force: bool
+    verifier: str | None = None
 
 
 def default_destination(src: str, to: str, converted_dir: str) -> str:
@@ -67,6 +68,9 @@ class ConvertDialog(ModalScreen["ConvertRequest | None"]):
             yield Label("Destination")
             yield Input(default_destination(self.src, self.to, self.converted_dir),
                         id="convert-dst")
+            yield Label("Verifier (the target; recorded by --to speculators)")
+            yield Input("", placeholder="name or path of the target model (optional)",
+                        id="convert-verifier")
             with Horizontal(id="convert-options"):
                 yield Label("dtype ")
                 yield Select([(d, d) for d in DTYPES], value="keep", allow_blank=False,
@@ -101,8 +105,9 @@ class ConvertDialog(ModalScreen["ConvertRequest | None"]):
             self.notify("Destination: enter a folder path", severity="error")
             return
         dtype = self.query_one("#convert-dtype", Select).value
+        verifier = self.query_one("#convert-verifier", Input).value.strip() or None
         self.dismiss(ConvertRequest(self.src, dst, self.to, str(dtype),
-                                    self.query_one("#convert-force", Checkbox).value))
+                                    self.query_one("#convert-force", Checkbox).value, verifier))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

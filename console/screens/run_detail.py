@@ -18,6 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
+from console.commands_palette import ConsoleCommands
 from console.errors import ConsoleError
 from console.run_watch import RunFeed, describe_error
 from console.runs import stop_run
@@ -48,6 +49,8 @@ def progress_text(feed: RunFeed) -> str:
 
 class RunDetailScreen(Screen[None]):
     """One run, live (module docstring)."""
+
+    COMMANDS = {ConsoleCommands}
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back"),

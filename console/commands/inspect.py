@@ -1,0 +1,32 @@
+"""`eagle3-console inspect HOST PATH [--json]`: the engine's inspect report of a checkpoint on HOST.
+
+The same report the checkpoints pane shows (format, tensors, config summary, checks); exits 1
+when a check fails, like `python -m engine inspect`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.checkpoints import inspect_checkpoint
+from console.config import Config
+from console.host import open_host
+from engine.commands.inspect import render
+
+HELP = "show a checkpoint's format, tensors, config and checks on HOST (exit 1 on a failed check)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name (`local` is built in)")
+    p.add_argument("path", help="the checkpoint folder on that host")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    host = await open_host(config, args.host)
+    try:
+        report = await inspect_checkpoint(host, await host.resolve(args.path))
+    finally:
+        await host.close()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0 if report.get("ok") else 1

@@ -1,0 +1,302 @@
+"""The runs pane and run detail on a real registry on disk with a recorded event stream (a real
+demo finetune) at a frozen clock: SVG snapshots of a running and a finished run at 120x40; the
+run feed catching up by byte offset with no gap or repeat across a cancel; bounded series; the
+plot; help, palette and footer built from the bindings; the layout at 100x30."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Footer, TabbedContent
+
+from console.host import Host
+from console.panes.runs import RunsPane
+from console.run_progress import MAX_POINTS, RunProgress, Series
+from console.run_watch import RunFeed
+from console.runs import list_runs
+from console.screens.help import flat, own_bindings, sections
+from console.screens.main import PANES, MainScreen
+from console.screens.run_detail import RunDetailScreen
+from console.widgets.line_plot import LinePlot, braille_grid
+from console.widgets.run_tables import RunTable
+from engine import events
+from tests.replay import FrozenClock
+from tests.runs_registry import (
+    event_time,
+    fresh_snap_root,
+    local_app,
+    local_config,
+    recorded_events,
+    shifted,
+    upto_step,
+    write_run,
+)
+
+SIZE = (120, 40)
+RUNNING = "finetune-20261130-160144-a1b2"
+FINISHED = "finetune-20261130-140141-0f0f"
+LATER = 7200.0   # the running run started two hours after the finished one
+
+
+@pytest.fixture(autouse=True)
+def _utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Times on screen are local times: pin the zone so snapshots agree everywhere."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def two_runs(name: str) -> tuple[Path, FrozenClock]:
+    """A finished finetune (all 150 steps) and a running one (60 of 150 steps so far)."""
+    root = fresh_snap_root(name)
+    lines = recorded_events()
+    t0, t1 = event_time(lines[0]) - 3.0, event_time(lines[-1])
+    write_run(root, FINISHED, lines, status="succeeded", start=t0, end=t1 + 1, exit_code=0)
+    partial = shifted(upto_step(lines, 60), LATER)
+    write_run(root, RUNNING, partial, status="running", start=t0 + LATER)
+    return root, FrozenClock(event_time(partial[-1]) + 0.4)
+
+
+async def wait_for(pilot: Pilot[Any], cond: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.05)
+
+
+def runs_pane(pilot: Pilot[Any]) -> RunsPane:
+    main = next(s for s in pilot.app.screen_stack if isinstance(s, MainScreen))
+    return main.query_one(RunsPane)
+
+
+def feed_of(pilot: Pilot[Any], run_id: str) -> RunFeed | None:
+    return runs_pane(pilot).feeds.find("local", run_id)
+
+
+async def show_runs(pilot: Pilot[Any], n_running: int) -> None:
+    await pilot.press("5")
+    pane = pilot.app.screen.query_one(RunsPane)
+    await wait_for(pilot, lambda: pane.listed > 0)
+    await wait_for(pilot, lambda: (f := feed_of(pilot, RUNNING)) is not None
+                   and f.progress.events == n_running and f.train_run is not None)
+    pane.refresh_view(force=True)
+    await pilot.pause()
+
+
+def test_snapshot_runs_pane_running_and_finished(snap_compare: Any) -> None:
+    root, clock = two_runs("runs-pane")
+    n = len(upto_step(recorded_events(), 60))
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await show_runs(pilot, n)
+
+    assert snap_compare(local_app(local_config(root), clock), terminal_size=SIZE,
+                        run_before=run_before)
+
+
+def test_snapshot_run_detail_running(snap_compare: Any) -> None:
+    """Step 60 of 150: progress with ETA, loss / tau / acc_i plots, log lines, provenance."""
+    root, clock = two_runs("run-detail-running")
+    n = len(upto_step(recorded_events(), 60))
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await show_runs(pilot, n)
+        await pilot.press("enter")          # on the finetune profile: its newest run
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, RunDetailScreen))
+        pilot.app.screen.refresh_view(force=True)
+        await pilot.pause()
+
+    assert snap_compare(local_app(local_config(root), clock), terminal_size=SIZE,
+                        run_before=run_before)
+
+
+def test_snapshot_run_detail_finished(snap_compare: Any) -> None:
+    root, clock = two_runs("run-detail-finished")
+    n = len(upto_step(recorded_events(), 60))
+    total = len(recorded_events())
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await show_runs(pilot, n)
+        pilot.app.screen.query_one(RunTable).focus()
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: (f := feed_of(pilot, FINISHED)) is not None
+                       and f.finished and f.progress.events == total)
+        pilot.app.screen.refresh_view(force=True)
+        await pilot.pause()
+
+    assert snap_compare(local_app(local_config(root), clock), terminal_size=SIZE,
+                        run_before=run_before)
+
+
+async def test_pane_rows_and_detail_state() -> None:
+    root, clock = two_runs("runs-pane-state")
+    lines = recorded_events()
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await show_runs(pilot, len(upto_step(lines, 60)))
+        table = app.screen.query_one(RunTable)
+        assert table.ids == [RUNNING, FINISHED]                      # newest first
+        running, finished = table.rows_shown
+        assert running[1] == "▶ running" and running[2].startswith("60/150 ")
+        assert finished[1] == "✔ succeeded" and finished[3] == "2:21"
+        assert running[4].startswith("5b4def2d 6d60b61")           # manifest, then git
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        screen = app.screen
+        assert isinstance(screen, RunDetailScreen)
+        plots = {p.id: p for p in screen.query(LinePlot)}
+        assert [len(pts) for _, pts in plots["plot-loss"].series] == [60]
+        assert [name for name, _ in plots["plot-acc"].series] == [f"acc_{i}" for i in range(4)]
+        assert plots["plot-tau"].point_count == 60
+        prov = dict(screen.feed.provenance())
+        assert prov["finetune from"].startswith("/data/demo/public-drafter (eagle, sha256 ")
+        assert prov["data"].startswith("/data/demo/data (sha256 5610ec719eb3")
+        assert prov["vocab"].startswith("rebuilt from data (sha256 fcd6e9655d2a")
+        assert prov["code"] == "manifest 5b4def2dcfb1"
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+
+async def test_feed_catches_up_without_gap_or_repeat_across_a_cancel(tmp_path: Path) -> None:
+    """Follow, cancel mid-run (screen closed, console gone), more lines land, follow again:
+    every step arrives exactly once, and the feed ends when the registry says the run ended."""
+    lines = recorded_events()
+    first = upto_step(lines, 40)
+    run_dir = write_run(tmp_path, RUNNING, first, status="running", start=time.time())
+    config = local_config(tmp_path)
+    host = Host(config.hosts["local"])
+    rec = (await list_runs(host, RUNNING))[0]
+    assert rec.status == "running"
+    feed = RunFeed(host, rec, poll=0.05, status_every=0.1)
+    steps: list[int] = []
+    original = feed.progress._metric
+
+    def spy(ev: events.Event) -> None:
+        steps.append(int(ev.get("step")))
+        original(ev)
+
+    feed.progress._metric = spy  # type: ignore[method-assign]
+    task = asyncio.ensure_future(feed.follow())
+    deadline = time.monotonic() + 30
+    while len(steps) < 40:
+        assert time.monotonic() < deadline, steps[-3:]
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:
+        half = lines[len(first):len(first) + 50]
+        f.write("".join(ln + "\n" for ln in half))
+        f.write(lines[len(first) + 50][:40])        # a line still being written
+    task = asyncio.ensure_future(feed.follow())
+    while len(steps) < 65:
+        assert time.monotonic() < deadline + 30
+        await asyncio.sleep(0.05)
+    with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:
+        f.write(lines[len(first) + 50][40:] + "\n")
+        f.write("".join(ln + "\n" for ln in lines[len(first) + 51:]))
+    rec_json = json.loads((run_dir / "run.json").read_text())
+    rec_json.update(status="succeeded", exit_code=0, end=time.time())
+    (run_dir / "run.json").write_text(json.dumps(rec_json))
+    await asyncio.wait_for(task, 60)
+    assert steps == list(range(1, 151))
+    assert feed.finished and feed.status == "succeeded"
+    assert feed.progress.result is not None and feed.progress.done == 150
+    await host.close()
+
+
+def test_series_stay_bounded_and_keep_the_whole_run_in_view() -> None:
+    s = Series()
+    n = MAX_POINTS * 10 + 7
+    for i in range(n):
+        s.add(float(i), float(i) * 2)
+    assert len(s.points) <= MAX_POINTS
+    assert s.points[0] == (0.0, 0.0)                  # the start stays
+    view = s.view()
+    assert view[-1] == (float(n - 1), float(n - 1) * 2)  # and so does the latest point
+    xs = [x for x, _ in view]
+    assert xs == sorted(xs) and xs[-1] - xs[0] == n - 1
+
+
+def test_progress_reads_the_recorded_stream() -> None:
+    p = RunProgress()
+    lines = recorded_events()
+    for ln in lines:
+        p.ingest_event_line(ln)
+    p.ingest_event_line("a stray line of output")
+    assert (p.done, p.total, p.unit) == (150, 150, "step")
+    assert len(p.points("loss")) == 150 and p.acc_names() == ["acc_0", "acc_1", "acc_2", "acc_3"]
+    assert p.points("tau")[-1][1] > p.points("tau")[0][1]    # the finetune got better
+    assert p.result is not None and p.result["steps"] == 150
+    assert any(ln.level == "out" and "stray" in ln.text for ln in p.lines)
+    assert not any(name.startswith(("lr", "grad")) for name in p.series)  # plotted ones only
+
+
+def test_braille_grid_draws_a_joined_line() -> None:
+    grid = braille_grid([[(0.0, 0.0), (1.0, 1.0)]], 4, 2, (0.0, 1.0), (0.0, 1.0))
+    # a diagonal from bottom-left to top-right touches every column, both rows
+    assert all(any(grid[r][c][0] for r in range(2)) for c in range(4))
+    assert grid[1][0][0] and grid[0][3][0] and not grid[0][0][0] and not grid[1][3][0]
+    assert {k for row in grid for bits, k in row if bits} == {0}
+
+
+def test_help_lists_every_pane_binding_and_the_palette_has_them() -> None:
+    rows = flat(sections())
+    for _id, title, cls in PANES:
+        for b in own_bindings(cls):
+            desc = b.description if hasattr(b, "description") else b[2]  # type: ignore[union-attr]
+            if desc:
+                assert any(t == f"{title} pane" and d == desc for t, _k, d in rows), (title, desc)
+    for b in own_bindings(RunDetailScreen):
+        assert any(t.startswith("Run detail") and d == b.description  # type: ignore[union-attr]
+                   for t, _k, d in rows)
+
+
+async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
+    root, clock = tmp_path / "root", FrozenClock()
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        # the footer shows the focused pane's keys
+        footer_keys = {b.key for _n, b, _e, _d in app.screen.active_bindings.values()
+                       if b.show} if hasattr(app.screen, "active_bindings") else set()
+        assert {"p", "t", "x", "r"} <= footer_keys
+        assert app.screen.query_one(Footer).display
+        # every pane action is a palette command, and running one acts like the key
+        from console.commands_palette import ConsoleCommands
+        provider = ConsoleCommands(app.screen)
+        names = [name for name, _h, _cb in provider.commands()]
+        for _id, title, cls in PANES:
+            for b in own_bindings(cls):
+                if getattr(b, "description", ""):
+                    assert f"{title}: {b.description}" in names  # type: ignore[union-attr]
+        assert "Help: all keys" in names
+        show_ckpt = next(cb for name, _h, cb in provider.commands() if name == "Show Checkpoints")
+        show_ckpt()
+        await pilot.pause()
+        assert app.screen.query_one(TabbedContent).active == "tab-checkpoints"
+        # the layout fits: tables and status inside the pane, nothing with zero size
+        await pilot.press("5")
+        await pilot.pause()
+        for w in (pane.query_one("#profiles-table"), pane.query_one(RunTable),
+                  pane.query_one("#runs-status")):
+            assert w.size.width >= 60 and w.size.height >= 1, w
+        assert pane.query_one(RunTable).region.bottom <= 29
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert app.screen.query_one(RunsPane) is pane
