@@ -11,9 +11,10 @@ Data read by `count_tokens(DATA)` (what `vocab build --data` accepts)
     1. A JSONL file: one object per line, {"input_ids": [int, ...], "loss_mask": [0|1, ...]}
        of equal length; blank lines are skipped.
     2. A directory with `manifest.json` and safetensors shards (what `engine prepare` writes):
-       - manifest.json: a JSON object; `shards` (list of file names relative to the directory)
-         when present, else every `*.safetensors` in the directory, sorted by name; the target
-         vocab size from `vocab_size` or `target.vocab_size` when present.
+       - manifest.json: a JSON object; `shards` (a list of file names relative to the
+         directory, or of objects {"file": name, ...}) when present, else every `*.safetensors`
+         in the directory, sorted by name; the target vocab size from `vocab_size` or
+         `target.vocab_size` when present.
        - each shard holds integer tensors `input_ids` and `loss_mask` of the same shape (any
          shape: packed [N] or padded [S, T] with loss_mask 0 on padding), and/or per-sample pairs
          named `<prefix>input_ids` / `<prefix>loss_mask` (e.g. `sample_7.input_ids`). Every other
@@ -109,10 +110,15 @@ def _count_shards(d: Path, vocab_size: int | None, ev: Emitter | None
     names = manifest.get("shards")
     if names is None:
         shards = sorted(d.glob("*.safetensors"))
-    elif isinstance(names, list) and all(isinstance(n, str) for n in names):
-        shards = [d / n for n in names]
+    elif isinstance(names, list):
+        # entries are file names, or objects with a "file" field (what `engine prepare` writes)
+        files = [n.get("file") if isinstance(n, dict) else n for n in names]
+        if not all(isinstance(f, str) for f in files):
+            raise EngineError(f"{mpath}: field 'shards': entries must be file names or "
+                              "objects with a 'file' name")
+        shards = [d / f for f in files]
     else:
-        raise EngineError(f"{mpath}: field 'shards' is not a list of file names")
+        raise EngineError(f"{mpath}: field 'shards' is not a list")
     if not shards:
         raise EngineError(f"{d}: no *.safetensors shards")
     counts = torch.zeros(vocab_size, dtype=torch.int64)

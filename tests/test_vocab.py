@@ -88,6 +88,12 @@ def test_build_from_prepared_shard_directory(tmp_path: Path) -> None:
     (d / "manifest.json").write_text(json.dumps({"vocab_size": 8, "samples": 3}))
     counts, v = count_tokens(d)
     assert v == 8 and counts.tolist() == [0, 0, 1, 0, 2, 0, 3, 0]
+    # The manifest `engine prepare` writes: shard objects, vocab size under `target`.
+    (d / "manifest.json").write_text(json.dumps({
+        "target": {"vocab_size": 8}, "shards": [{"file": "shard_00001.safetensors", "n": 2}]}))
+    counts, v = count_tokens(d)
+    assert v == 8 and counts.tolist() == [0, 0, 1, 0, 0, 0, 2, 0]
+    (d / "manifest.json").write_text(json.dumps({"vocab_size": 8, "samples": 3}))
     out = tmp_path / "vocab.safetensors"
     assert main(["vocab", "build", "--data", str(d), "--draft-vocab-size", "2",
                  "--out", str(out)]) == 0
