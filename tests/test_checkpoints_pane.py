@@ -1,0 +1,189 @@
+"""The checkpoints pane on the local host with real drafter checkpoints on disk (written with the
+safetensors library): a snapshot of the list and an inspect report, a conversion driven by keys
+through the dialog with the engine's progress and the result's report, engine errors shown in
+full (an existing destination, a corrupt checkpoint), and the `inspect` / `convert` subcommands."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Checkbox, Input, Select
+
+from console.cli import main as cli_main
+from console.panes.checkpoints import CheckpointsPane, CheckpointTable
+from console.screens.convert_dialog import ConvertDialog, default_destination
+from console.screens.main import MainScreen
+from console.widgets.inspect_view import InspectView
+from tests.drafters import write_drafter
+from tests.replay import FrozenClock
+from tests.runs_registry import fresh_snap_root, local_app, local_config
+
+SIZE = (120, 40)
+MTIME = 1_764_504_000.0   # fixed modification times: the list shows them
+
+
+@pytest.fixture(autouse=True)
+def _utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def checkpoints_tree(root: Path) -> Path:
+    """A configured folder with two drafters (EAGLE single-file, speculators sharded) and a run
+    output; returns the configured folder."""
+    shelf = root / "shelf"
+    write_drafter(shelf / "aq-medai-eagle3", seed=1)
+    write_drafter(shelf / "speculators-sharded", style="speculators", layout="sharded", seed=2)
+    write_drafter(root / "host" / "runs" / "finetune-20261130-140141-0f0f" / "out" / "final",
+                  seed=3)
+    for dirpath, dirs, files in os.walk(root):
+        for n in dirs + files:
+            os.utime(os.path.join(dirpath, n), (MTIME, MTIME))
+    return shelf
+
+
+def app_for(root: Path, shelf: Path) -> Any:
+    return local_app(local_config(root / "host", checkpoints=[str(shelf)]),
+                     FrozenClock(MTIME + 60))
+
+
+def pane_of(pilot: Pilot[Any]) -> CheckpointsPane:
+    main = next(s for s in pilot.app.screen_stack if isinstance(s, MainScreen))
+    return main.query_one(CheckpointsPane)
+
+
+async def wait_for(pilot: Pilot[Any], cond: Any, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.05)
+
+
+async def open_pane(pilot: Pilot[Any]) -> CheckpointsPane:
+    await pilot.press("6")
+    pane = pane_of(pilot)
+    await wait_for(pilot, lambda: pane.scans > 0)
+    return pane
+
+
+def report_shown(pane: CheckpointsPane, path: str) -> bool:
+    view = pane.query_one(InspectView)
+    return view.report is not None and view.heading.endswith(path)
+
+
+def test_snapshot_checkpoints_pane(snap_compare: Any) -> None:
+    root = fresh_snap_root("checkpoints-pane")
+    shelf = checkpoints_tree(root)
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        pane = await open_pane(pilot)
+        await pilot.press("down")       # the sharded speculators drafter
+        target = str(shelf / "speculators-sharded")
+        await wait_for(pilot, lambda: report_shown(pane, target))
+        await pilot.pause()
+
+    assert snap_compare(app_for(root, shelf), terminal_size=SIZE, run_before=run_before)
+
+
+async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
+    shelf = checkpoints_tree(tmp_path)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        table = pane.query_one(CheckpointTable)
+        run_final = str(tmp_path / "host" / "runs" / "finetune-20261130-140141-0f0f" / "out" /
+                        "final")
+        assert table.paths == [str(shelf / "aq-medai-eagle3"),
+                               str(shelf / "speculators-sharded"), run_final]
+        assert table.rows_shown[2][0] == "runs/finetune-20261130-140141-0f0f/out/final"
+        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
+        view = pane.query_one(InspectView)
+        assert view.report and view.report["ok"] and view.report["format"] == "eagle"
+        assert "✔ all checks pass" in view.plain and "FAIL" not in view.plain
+        # c: the dialog proposes ROOT/converted/<name>-<style>; choose sglang and bf16
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        dialog = app.screen
+        dialog.query_one("#convert-to", Select).value = "sglang"
+        dialog.query_one("#convert-dtype", Select).value = "bf16"
+        await pilot.pause()
+        dst = str(tmp_path / "host" / "converted" / "aq-medai-eagle3-sglang")
+        assert dialog.query_one("#convert-dst", Input).value == dst
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: pane.converting is None and view.heading.startswith(
+            "converted to sglang") and view.report is not None)
+        assert view.report["ok"] and view.report["path"] == dst
+        assert {t["dtype"] for n, t in view.report["tensors"].items()
+                if n not in ("d2t", "t2d")} == {"BF16"}
+        assert json.loads((Path(dst) / "provenance.json").read_text())["source"]
+        await wait_for(pilot, lambda: dst in table.paths)
+        assert table.selected == dst
+        # the same again without "replace": the engine refuses, the pane says so in full
+        table.select(str(shelf / "aq-medai-eagle3"))
+        await pilot.pause()
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        app.screen.query_one("#convert-to", Select).value = "sglang"
+        app.screen.query_one("#convert-dtype", Select).value = "bf16"
+        await pilot.pause()
+        assert not app.screen.query_one("#convert-force", Checkbox).value
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: view.error is not None)
+        assert view.error.startswith("convert failed: local: ") and dst in view.error
+        assert "exists" in view.error and "--force" in view.error
+
+
+async def test_a_corrupt_checkpoint_shows_the_engine_error(tmp_path: Path) -> None:
+    shelf = checkpoints_tree(tmp_path)
+    bad = shelf / "aq-medai-eagle3" / "model.safetensors"
+    bad.write_bytes(bad.read_bytes()[:300])            # truncated mid-header
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        view = pane.query_one(InspectView)
+        await wait_for(pilot, lambda: view.error is not None)
+        assert view.error.startswith("inspect failed: local: ")
+        assert "model.safetensors" in view.error
+        assert "✖" in view.plain
+
+
+def test_default_destination_names_the_run() -> None:
+    assert default_destination("/r/runs/ft-1/out/final", "vllm", "/r/converted") == \
+        "/r/converted/ft-1-final-vllm"
+    assert default_destination("/d/aq-medai/", "sglang", "/r/converted") == \
+        "/r/converted/aq-medai-sglang"
+
+
+def test_inspect_and_convert_subcommands(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    shelf = checkpoints_tree(tmp_path)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.box]\npython = "{os.sys.executable}"\nroot = "{tmp_path / "host"}"\n')
+    src = shelf / "speculators-sharded"
+    assert cli_main(["--config", str(cfg), "inspect", "box", str(src), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["format"] == "speculators" and report["ok"]
+    dst = tmp_path / "out" / "eagle"
+    assert cli_main(["--config", str(cfg), "convert", "box", str(src), str(dst),
+                     "--to", "eagle"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {dst} (eagle style from speculators" in out and "FAIL" not in out
+    assert (dst / "model.safetensors").exists()
+    # bad input: one line naming the problem, exit 1, nothing written
+    assert cli_main(["--config", str(cfg), "convert", "box", str(tmp_path / "nope"),
+                     str(tmp_path / "out2"), "--to", "vllm"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: box: ") and "nope" in err[0]
+    assert not (tmp_path / "out2").exists()
+    assert cli_main(["--config", str(cfg), "inspect", "box", str(tmp_path / "nope")]) == 1
