@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from console.follow import Line
 from console.vllm_log import EngineStats, SpecDecodeStats, parse_line, strip_ansi
@@ -23,17 +23,23 @@ ERROR = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|Traceback \(most recent call l
 WARNING = re.compile(r"\bWARN(?:ING)?\b")
 
 
-@dataclass(frozen=True)
-class LogEntry:
-    """One line as the pane keeps it: sequence number, byte offset, text without colours."""
+_HINTS = ("ERR", "Err", "CRIT", "FATAL", "Traceback", "out of memory", "WARN")
+
+
+class LogEntry(NamedTuple):
+    """One line as the pane keeps it: sequence number, byte offset, text without colours, and
+    its severity ("error", "warning" or "")."""
 
     seq: int
     offset: int
     text: str
+    level: str = ""
 
 
 def severity(text: str) -> str:
-    """"error", "warning" or "" for a line."""
+    """"error", "warning" or "" for a line (a substring check first: most lines have neither)."""
+    if not any(h in text for h in _HINTS):
+        return ""
     if ERROR.search(text):
         return "error"
     if WARNING.search(text):
@@ -61,12 +67,13 @@ class LogModel:
         q = self._query_lower
         for line in batch:
             text = strip_ansi(line.text) if "\x1b" in line.text else line.text
-            entry = LogEntry(self.next_seq, line.offset, text)
+            level = severity(text)
+            entry = LogEntry(self.next_seq, line.offset, text, level)
             self.next_seq += 1
             self.lines.append(entry)
             if q and q in text.lower():
                 self.matches.append(entry.seq)
-            if ERROR.search(text):
+            if level == "error":
                 self.errors += 1
             m = parse_line(text)
             if isinstance(m, EngineStats):
@@ -133,7 +140,7 @@ class LogModel:
         row = from_row + direction
         while 0 <= row < n:
             e = self.at(row)
-            if e is not None and severity(e.text) == "error":
+            if e is not None and e.level == "error":
                 return row
             row += direction
         return None

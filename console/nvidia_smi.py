@@ -187,7 +187,8 @@ class NvidiaSmiSampler:
         gpus, other = parse_gpus(s.get("gpu", ""))
         reason = None
         if not gpus:
-            reason = _no_gpu_reason(rc, s.get("gpu", "")) if rc != "0" else "nvidia-smi found no GPUs"
+            reason = (_no_gpu_reason(rc, s.get("gpu", "")) if rc != "0"
+                      else "nvidia-smi found no GPUs")
         elif other:
             reason = "; ".join(other)   # e.g. a lost GPU's "Unable to determine the device handle"
         gpus = with_processes(gpus, parse_apps(s.get("apps", "")), parse_ps(s.get("ps", "")))

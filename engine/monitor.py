@@ -6,7 +6,7 @@ interval whose payload is `Monitor.sample()`:
     interval  float         seconds between samples
     hostname  str
     driver    str | None    NVML's driver version
-    reason    str | None    why `gpus` is empty (no nvidia-ml-py, no driver, ...); None when NVML works
+    reason    str | None    why `gpus` is empty (no nvidia-ml-py, no driver, ...); else None
     gpus      [gpu, ...]
     host      {...} | None  None (with host_reason) when psutil is missing
 
@@ -205,7 +205,9 @@ class GpuSampler:
     def _fields(self, i: int, h: Any) -> dict[str, Any]:
         """ECC and PCIe counters in one nvmlDeviceGetFieldValues call; PCIe as rates."""
         out: dict[str, Any] = {"ecc_uncorrected": None, "pcie_rx": None, "pcie_tx": None}
-        values = self._q(i, "fields", lambda: self.nvml.nvmlDeviceGetFieldValues(h, list(_FIELDS)))  # type: ignore[union-attr]
+        nv = self.nvml
+        assert nv is not None
+        values = self._q(i, "fields", lambda: nv.nvmlDeviceGetFieldValues(h, list(_FIELDS)))
         if values is None:
             return out
         got = {int(fv.fieldId): _field_value(fv) for fv in values}

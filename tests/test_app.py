@@ -9,6 +9,7 @@ from textual.widgets import TabbedContent
 
 from console.panes.gpu import GpuPane
 from console.screens.main import PANES
+from console.widgets.gpu_table import GpuTable
 from console.widgets.host_list import HostList
 from console.widgets.status_line import StatusLine
 from tests.replay import fleet_app
@@ -50,4 +51,4 @@ async def test_host_list_selects_the_host_for_every_pane(tmp_path: Path) -> None
         await pilot.press("down")
         await pilot.pause()
         assert gpu.host == "local"
-        assert "No GPUs: NVML unavailable" in str(app.screen.query_one("#gpu-table").render())
+        assert "No GPUs: NVML unavailable" in app.screen.query_one(GpuTable).plain_lines()[0]

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from textual.pilot import Pilot
+
 from console.app import create_app
 from console.config import Config, HostConfig
 from console.monitor_service import MonitorState
@@ -21,15 +23,10 @@ SIZE = (120, 40)
 
 def test_snapshot_fleet(snap_compare: Any, tmp_path: Path) -> None:
     """gpu1 live with GPU 5 lost, gpu2 reconnecting (greyed, STALE), local: no GPUs and why."""
-    assert snap_compare(fleet_app(tmp_path), press=["3"], terminal_size=SIZE)
 
-
-async def test_fleet_lines(tmp_path: Path) -> None:
-    app = fleet_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
+    async def check(pilot: Pilot[Any]) -> None:
         await pilot.press("3")
-        await pilot.pause()
-        fleet = app.screen.query_one(FleetTable)
+        fleet = pilot.app.screen.query_one(FleetTable)
         by_name = {h.name: h for h in fleet.hosts}
         assert list(by_name) == ["gpu1", "gpu2", "local"]
         assert len(by_name["gpu1"].rows) == 8 and by_name["gpu1"].rows[5].error == "GPU is lost"
@@ -38,6 +35,8 @@ async def test_fleet_lines(tmp_path: Path) -> None:
         assert by_name["local"].rows == [] and "NVML" in (by_name["local"].reason or "")
         # one line per host plus one per GPU (a GPU-less host: one line saying why)
         assert fleet.get_content_height(None, None, 96) == (1 + 8) + (1 + 8) + (1 + 1)
+
+    assert snap_compare(fleet_app(tmp_path), terminal_size=SIZE, run_before=check)
 
 
 async def test_showing_the_fleet_starts_every_hosts_agent(tmp_path: Path) -> None:

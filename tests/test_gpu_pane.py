@@ -29,9 +29,16 @@ def test_snapshot_gpu_pane_eight_gpus_one_stale(snap_compare: Any, tmp_path: Pat
 
 
 def test_snapshot_gpu_detail_view(snap_compare: Any, tmp_path: Path) -> None:
+    """`d` opens the detail of the GPU under the cursor (moved to GPU 2): clocks, PCIe, fan,
+    pstate, ECC and four 5-minute history lines."""
+
     async def open_detail(pilot: Pilot[Any]) -> None:
+        from console.widgets.gpu_detail import GpuDetail
+
         pilot.app.screen.query_one(GpuTable).focus()
         await pilot.press("down", "down", "d")
+        detail = pilot.app.screen.query_one(GpuDetail)
+        assert detail.display and detail.row is not None and detail.row.gpu.index == 2
 
     assert snap_compare(fleet_app(tmp_path), terminal_size=SIZE, run_before=open_detail)
 
@@ -85,21 +92,6 @@ async def test_process_table_sorts_by_each_column(tmp_path: Path) -> None:
         procs.sort_by(0)
         await pilot.pause()
         assert column(0) == [str(i) for i in range(8)]
-
-
-async def test_gpu_cursor_moves_the_detail(tmp_path: Path) -> None:
-    app = fleet_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        table = app.screen.query_one(GpuTable)
-        table.focus()
-        await pilot.press("d", "down", "down", "down")
-        await pilot.pause()
-        from console.widgets.gpu_detail import GpuDetail
-
-        detail = app.screen.query_one(GpuDetail)
-        assert detail.display and detail.row is not None and detail.row.gpu.index == 3
-        await pilot.press("d")
-        assert not detail.display
 
 
 async def test_screen_stays_responsive_while_a_host_hangs(tmp_path: Path) -> None:

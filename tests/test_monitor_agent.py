@@ -69,13 +69,15 @@ def test_agent_imports_no_torch() -> None:
 
 def test_agent_human_output_and_bad_interval() -> None:
     out = subprocess.run([sys.executable, "-m", "engine", "monitor", "--count", "1",
-                          "--interval", "0.1"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                          "--interval", "0.1"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("gpus: none (")
     assert "host: cpu" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "engine", "monitor", "--interval", "0"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == ["error: --interval must be more than 0.05 s, got 0.0"]
+    assert bad.stderr.strip().splitlines() == [
+        "error: --interval must be more than 0.05 s, got 0.0"]
 
 
 # -- the GPU sampler against an NVML stand-in ---------------------------------------------------

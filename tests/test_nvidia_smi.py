@@ -33,7 +33,8 @@ def test_h100_training_rows_map_to_the_agent_record() -> None:
     gpus, other = parse_gpus(_read("h100x8_training.gpu.csv"))
     assert other == [] and [g.index for g in gpus] == list(range(8))
     g = gpus[0]
-    assert g.name == "NVIDIA H100 80GB HBM3" and g.uuid == "GPU-5c8a31f2-7b0e-9d1a-44e2-1f0b9c3d7a61"
+    assert g.name == "NVIDIA H100 80GB HBM3"
+    assert g.uuid == "GPU-5c8a31f2-7b0e-9d1a-44e2-1f0b9c3d7a61"
     assert (g.util, g.mem_util, g.temp, g.power, g.power_limit) == (100, 62, 61, 618.42, 700.0)
     assert g.mem_used == 76883 * MIB and g.mem_total == 81559 * MIB
     assert (g.sm_clock, g.mem_clock, g.pstate, g.ecc_uncorrected) == (1980, 2619, 0, 0)

@@ -68,7 +68,8 @@ def test_remember_theme_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
     other = tmp_path / "other.toml"
     other.write_text('# header\n\n# gpu box\n[hosts.a]\nssh = "a"')
     remember_theme(Config(hosts={}, path=other), "eagle3-dark")
-    assert other.read_text() == '# header\n\ntheme = "eagle3-dark"\n# gpu box\n[hosts.a]\nssh = "a"\n'
+    assert other.read_text() == (
+        '# header\n\ntheme = "eagle3-dark"\n# gpu box\n[hosts.a]\nssh = "a"\n')
     other.unlink()
     remember_theme(cfg, "eagle3-solarized")                      # replaces, never duplicates
     text = (tmp_path / "config.toml").read_text()

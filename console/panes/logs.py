@@ -26,7 +26,7 @@ from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine
 
 TAIL_LINES = 5000      # history loaded when a log is opened (charts get its stats lines)
-REDRAW_S = 0.25
+REDRAW_S = 0.5      # the log text; the charts redraw at most once a second
 RETRY_S = 5.0
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rich.text import Text
-
 from console.monitor_service import HostMonitor, MonitorState
 from console.widgets.gpu_table import GpuRow
-from console.widgets.meter_base import MeterWidget
+from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import bar, fmt_age, fmt_mem, fmt_num, level, spark
 
 _UB, _MB = 6, 6
@@ -47,28 +45,28 @@ class FleetTable(MeterWidget):
         self.window: tuple[float, float] = (0.0, 1.0)
 
     def show(self, hosts: list[FleetHost], window: tuple[float, float]) -> None:
+        resized = [len(h.rows) for h in hosts] != [len(h.rows) for h in self.hosts]
         self.hosts, self.window = hosts, window
-        self.refresh(layout=True)
+        self.refresh(layout=resized)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
         return sum(1 + max(1, len(h.rows)) for h in self.hosts) or 1
 
-    def render(self) -> Text:
+    def lines(self) -> list[MeterLine]:
         width = max(60, self.size.width)
-        out: list[Text] = []
+        out: list[MeterLine] = []
         for h in self.hosts:
             out.append(self._host_line(h))
             if not h.rows:
                 why = h.reason or ("waiting for the first sample" if h.state is not
                                    MonitorState.RECONNECTING else "no data")
-                out.append(Text(f"   no GPUs: {why}", self.mstyle("stale"), no_wrap=True,
-                                overflow="ellipsis"))
+                out.append(MeterLine(f"   no GPUs: {why}", self.mstyle("stale")))
             for r in h.rows:
                 out.append(self._gpu_line(r, width))
-        return Text("\n").join(out) if out else Text("No hosts configured.")
+        return out or [MeterLine("No hosts configured.")]
 
-    def _host_line(self, h: FleetHost) -> Text:
-        t = Text(no_wrap=True, overflow="ellipsis")
+    def _host_line(self, h: FleetHost) -> MeterLine:
+        t = MeterLine()
         t.append(f"{h.name} ", self.mstyle("header"))
         if h.state is MonitorState.RECONNECTING:
             t.append("◌ reconnecting", self.mstyle("alert"))
@@ -88,10 +86,10 @@ class FleetTable(MeterWidget):
             t.append("  (nvidia-smi)", self.mstyle("mid"))
         return t
 
-    def _gpu_line(self, r: GpuRow, width: int) -> Text:
+    def _gpu_line(self, r: GpuRow, width: int) -> MeterLine:
         g = r.gpu
         grey = r.stale or r.error is not None
-        t = Text(no_wrap=True, overflow="ellipsis")
+        t = MeterLine()
         t.append(f"  {g.index:>2} ", self.mstyle("label"))
 
         def meter(frac: float | None, w: int) -> None:
@@ -99,7 +97,7 @@ class FleetTable(MeterWidget):
             t.append(filled, self.mstyle("stale" if grey else level(frac)))
             t.append(empty, self.mstyle("empty"))
 
-        num = self.mstyle("stale") if grey else ""
+        num = self.mstyle("stale") if grey else None
         meter(None if g.util is None else g.util / 100, _UB)
         t.append(f" {fmt_num(g.util, '%'):>4}  ", num)
         meter(g.mem_frac, _MB)

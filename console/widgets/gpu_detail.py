@@ -3,10 +3,8 @@ history lines (utilisation, memory, power, temperature) across the whole history
 
 from __future__ import annotations
 
-from rich.text import Text
-
 from console.widgets.gpu_table import GpuRow
-from console.widgets.meter_base import MeterWidget
+from console.widgets.meter_base import MeterLine, MeterText, MeterWidget
 from console.widgets.meters import fmt_bytes, fmt_mem, fmt_num, spark
 
 
@@ -23,14 +21,14 @@ class GpuDetail(MeterWidget):
         self.row, self.window, self.window_label = row, window, label
         self.refresh()
 
-    def render(self) -> Text:
+    def lines(self) -> list[MeterLine]:
         row = self.row
         if row is None:
-            return Text("No GPU selected.", self.mstyle("stale"))
+            return [MeterLine("No GPU selected.", self.mstyle("stale"))]
         g = row.gpu
         grey = row.stale or row.error is not None
         lab, val = self.mstyle("label"), self.mstyle("stale") if grey else self.mstyle("spark")
-        t = Text(no_wrap=True, overflow="crop")
+        t = MeterText()
         t.append(f"GPU {g.index}  ", self.mstyle("header"))
         t.append(f"{g.name or '?'}  {g.uuid or ''}  ", val)
         if row.error:
@@ -38,13 +36,15 @@ class GpuDetail(MeterWidget):
         elif row.stale:
             t.append(" STALE ", self.mstyle("alert"))
         for name, v in (("pstate", "—" if g.pstate is None else f"P{g.pstate}"),
-                        ("fan", fmt_num(g.fan, "%")), ("ECC uncorrected", fmt_num(g.ecc_uncorrected))):
+                        ("fan", fmt_num(g.fan, "%")),
+                        ("ECC uncorrected", fmt_num(g.ecc_uncorrected))):
             t.append(f"{name} ", lab)
             t.append(f"{v}  ", val)
         t.append("\n")
         for name, v in (("SM", fmt_num(g.sm_clock, " MHz")), ("MEM", fmt_num(g.mem_clock, " MHz")),
                         ("mem busy", fmt_num(g.mem_util, "%")),
-                        ("PCIe", f"↓{fmt_bytes(g.pcie_rx, '/s')} ↑{fmt_bytes(g.pcie_tx, '/s')}")):
+                        ("PCIe", f"↓{fmt_bytes(g.pcie_rx, '/s')} "
+                                 f"↑{fmt_bytes(g.pcie_tx, '/s')}")):
             t.append(f"{name} ", lab)
             t.append(f"{v}   ", val)
         width = max(10, self.size.width - 22)
@@ -64,4 +64,4 @@ class GpuDetail(MeterWidget):
             t.append(f" {now_text:>13}", val)
         t.append("\n")
         t.append(f"{'':<7}" + f"← {self.window_label}".ljust(max(0, width - 3)) + "now", lab)
-        return t
+        return t.lines

@@ -7,15 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rich.style import Style
-from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
 
 from console.monitor_record import GpuStat
 from console.monitor_service import GpuPoint
-from console.widgets.meter_base import MeterWidget
+from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import bar, fmt_mem, fmt_num, level, spark
 
 
@@ -60,10 +58,12 @@ class GpuTable(MeterWidget, can_focus=True):
 
     def show(self, rows: list[GpuRow], window: tuple[float, float], label: str,
              empty_text: str = "No GPUs.") -> None:
-        self.rows, self.window, self.history_label, self.empty_text = rows, window, label, empty_text
+        resized = len(rows) != len(self.rows)
+        self.rows, self.window = rows, window
+        self.history_label, self.empty_text = label, empty_text
         if rows and self.cursor >= len(rows):
             self.cursor = len(rows) - 1
-        self.refresh(layout=True)
+        self.refresh(layout=resized)  # a layout pass only when the number of rows changed
 
     @property
     def selected(self) -> GpuRow | None:
@@ -87,33 +87,30 @@ class GpuTable(MeterWidget, can_focus=True):
         return 1 + max(1, len(self.rows))
 
     # -- drawing --------------------------------------------------------------------------------
-    def render(self) -> Text:
+    def lines(self) -> list[MeterLine]:
         width = max(40, self.size.width)
         idx_w = len(str(max((r.gpu.index for r in self.rows), default=0))) + 2
         fixed = idx_w + (_UB + 5) + 1 + (_MB + 10) + 1 + (_PB + 9) + 1 + (_TB + 6) + 2 + 6
         spark_w = max(0, width - fixed)
-        head = Text(no_wrap=True, overflow="crop")
-        head.append(" " * idx_w + "UTIL".ljust(_UB + 6) + "MEMORY".ljust(_MB + 11)
+        head = MeterLine(" " * idx_w + "UTIL".ljust(_UB + 6) + "MEMORY".ljust(_MB + 11)
                     + "POWER".ljust(_PB + 10) + "TEMP".ljust(_TB + 7)
                     + self.history_label[:spark_w].ljust(spark_w), self.mstyle("header"))
         if not self.rows:
-            return Text(self.empty_text, self.mstyle("stale"))
-        lines = [head]
-        for i, row in enumerate(self.rows):
-            lines.append(self._row(row, i == self.cursor, idx_w, spark_w))
-        return Text("\n").join(lines)
+            return [MeterLine(self.empty_text, self.mstyle("stale"))]
+        return [head] + [self._row(row, i == self.cursor, idx_w, spark_w)
+                         for i, row in enumerate(self.rows)]
 
-    def _row(self, row: GpuRow, is_cursor: bool, idx_w: int, spark_w: int) -> Text:
+    def _row(self, row: GpuRow, is_cursor: bool, idx_w: int, spark_w: int) -> MeterLine:
         g = row.gpu
         grey = row.stale or row.error is not None
-        t = Text(no_wrap=True, overflow="crop")
+        t = MeterLine()
         t.append(f"{'▶' if is_cursor else ' '}{g.index}".ljust(idx_w), self.mstyle("label"))
 
         def meter(frac: float | None, width: int, number: str, num_w: int) -> None:
             filled, empty = bar(frac, width)
             t.append(filled, self.mstyle("stale" if grey else level(frac)))
             t.append(empty, self.mstyle("empty"))
-            t.append(" " + number.rjust(num_w), self.mstyle("stale") if grey else Style())
+            t.append(" " + number.rjust(num_w), self.mstyle("stale") if grey else None)
             t.append(" ")
 
         util = None if g.util is None else g.util / 100

@@ -3,10 +3,8 @@ root and network rates, in two lines."""
 
 from __future__ import annotations
 
-from rich.text import Text
-
 from console.monitor_record import HostStat
-from console.widgets.meter_base import MeterWidget
+from console.widgets.meter_base import MeterLine, MeterText, MeterWidget
 from console.widgets.meters import bar, fmt_bytes, fmt_mem, level
 
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -38,12 +36,12 @@ class HostStrip(MeterWidget):
         self.host, self.reason, self.grey = host, reason, grey
         self.refresh()
 
-    def render(self) -> Text:
+    def lines(self) -> list[MeterLine]:
         h = self.host
         if h is None:
-            return Text(f"host: {self.reason or 'no data yet'}\n", self.mstyle("stale"))
+            return [MeterLine(f"host: {self.reason or 'no data yet'}", self.mstyle("stale"))]
         lab = self.mstyle("label")
-        t = Text(no_wrap=True, overflow="crop")
+        t = MeterText()
 
         def val(text: str, frac: float | None = None) -> None:
             t.append(text, self.mstyle("stale" if self.grey else level(frac) if frac is not None
@@ -82,4 +80,4 @@ class HostStrip(MeterWidget):
             meter(f"DISK {path}", h.disk_used, h.disk_total)
         t.append("NET ", lab)
         val(f"↓{fmt_bytes(h.net_rx, '/s')} ↑{fmt_bytes(h.net_tx, '/s')}")
-        return t
+        return t.lines

@@ -5,10 +5,10 @@ default), newest at the right."""
 
 from __future__ import annotations
 
-from rich.text import Text
+import time
 
 from console.log_model import LogModel
-from console.widgets.meter_base import MeterWidget
+from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import columns, fmt_si, shade
 
 CHART_ROWS = 3
@@ -27,38 +27,37 @@ class LogCharts(MeterWidget):
     def __init__(self, model: LogModel, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.model = model
-        self._seen = -1
+        self._seen: tuple[int, int] = (-1, -1)
+        self._drawn_at = 0.0
 
     def sync(self, force: bool = False) -> None:
-        n = (len(self.model.engine), len(self.model.spec),
-             self.model.engine[-1] if self.model.engine else None,
-             self.model.spec[-1] if self.model.spec else None)
-        if n != self._seen or force:
-            self._seen = n  # type: ignore[assignment]
+        """Redraw when stats lines arrived, at most once a second (vLLM writes them every 10 s;
+        a flood of them must not cost more)."""
+        m = self.model
+        seen = (id(m.engine[-1]) if m.engine else 0, id(m.spec[-1]) if m.spec else 0)
+        now = time.monotonic()
+        if force or (seen != self._seen and now - self._drawn_at >= 1.0):
+            self._seen, self._drawn_at = seen, now
             self.refresh()
 
     def _chart(self, title: str, now: str, values: list[float | None], width: int,
-               vmax: float | None = None, style: str = "spark") -> list[Text]:
+               vmax: float | None = None, style: str = "spark") -> list[MeterLine]:
         top = max((v for v in values if v is not None), default=0.0)
         scale = vmax if vmax is not None else (top * 1.1 or 1.0)
-        head = Text(no_wrap=True, overflow="crop")
+        head = MeterLine()
         head.append(title, self.mstyle("label"))
         head.append(" " + now, self.mstyle("header"))
         if vmax is None and top:
             head.append(f" ↑{fmt_si(top)}", self.mstyle("label"))
-        rows = [head] + [Text(r, self.mstyle(style)) for r in columns(values, width, CHART_ROWS,
-                                                                      scale)]
-        return [self._pad(t, width) for t in rows]
+        rows = [head] + [MeterLine(r, self.mstyle(style))
+                         for r in columns(values, width, CHART_ROWS, scale)]
+        return [t.pad(width) for t in rows]
 
-    def _pad(self, t: Text, width: int) -> Text:
-        t.truncate(width, overflow="crop", pad=True)
-        return t
-
-    def _requests(self, width: int) -> list[Text]:
+    def _requests(self, width: int) -> list[MeterLine]:
         run = [e.running for e in self.model.engine]
         wait = [e.waiting for e in self.model.engine]
         last = self.model.engine[-1] if self.model.engine else None
-        head = Text(no_wrap=True)
+        head = MeterLine()
         head.append("requests ", self.mstyle("label"))
         head.append(f"{_fmt(last.running if last else None)} running", self.mstyle("header"))
         head.append(f" {_fmt(last.waiting if last else None)} waiting", self.mstyle("high" if last
@@ -66,14 +65,15 @@ class LogCharts(MeterWidget):
         top = max([v for v in run + wait if v is not None] or [1])
         chart = columns([float(v) if v is not None else None for v in run], width, 2, top * 1.1)
         wait_row = columns([float(v) if v is not None else None for v in wait], width, 1, top * 1.1)
-        rows = [head, Text(chart[0], self.mstyle("spark")), Text(chart[1], self.mstyle("spark")),
-                Text(wait_row[0], self.mstyle("spark2"))]
-        return [self._pad(t, width) for t in rows]
+        rows = [head, MeterLine(chart[0], self.mstyle("spark")),
+                MeterLine(chart[1], self.mstyle("spark")),
+                MeterLine(wait_row[0], self.mstyle("spark2"))]
+        return [t.pad(width) for t in rows]
 
-    def _positions(self, width: int) -> list[Text]:
+    def _positions(self, width: int) -> list[MeterLine]:
         spec = self.model.spec
         k = max((len(s.per_position) for s in spec), default=0)
-        head = Text(no_wrap=True)
+        head = MeterLine()
         head.append("accept/position ", self.mstyle("label"))
         if spec and spec[-1].per_position:
             head.append(" ".join(f"{p:.2f}" for p in spec[-1].per_position[:POSITIONS]),
@@ -83,14 +83,14 @@ class LogCharts(MeterWidget):
         rows = [head]
         label_w = 3
         for i in range(POSITIONS):
-            row = Text(no_wrap=True)
+            row = MeterLine()
             row.append(f"{i:<{label_w}}", self.mstyle("label"))
             vals = [s.per_position[i] if len(s.per_position) > i else None for s in spec]
             row.append(shade(vals, width - label_w) if i < k else "", self.mstyle("spark2"))
             rows.append(row)
-        return [self._pad(t, width) for t in rows]
+        return [t.pad(width) for t in rows]
 
-    def render(self) -> Text:
+    def lines(self) -> list[MeterLine]:
         gap = 2
         w = max(10, (self.size.width - 2 * gap) // 3)
         eng, spec = self.model.engine, self.model.spec
@@ -115,13 +115,13 @@ class LogCharts(MeterWidget):
         lines = []
         for block in (top_row, bottom_row):
             for r in range(CHART_ROWS + 1):
-                line = Text(no_wrap=True)
+                line = MeterLine()
                 for i, chart in enumerate(block):
                     if i:
                         line.append(" " * gap)
-                    line.append_text(chart[r])
+                    line.extend(chart[r])
                 lines.append(line)
         if not eng and not spec:
-            lines[1] = Text("  no vLLM stats lines yet (vLLM logs them every 10 s while serving)",
-                            self.mstyle("stale"))
-        return Text("\n").join(lines)
+            lines[1] = MeterLine("  no vLLM stats lines yet (vLLM logs them every 10 s while "
+                                 "serving)", self.mstyle("stale"))
+        return lines

@@ -12,17 +12,16 @@ from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.log_model import LogModel, severity
+from console.log_model import LogModel
 
-DISPLAY_LIMIT = 2000   # characters of one line drawn (the model keeps the whole line)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -54,6 +53,15 @@ class LogView(ScrollView, can_focus=True):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.model = model
         self._seen = -1
+        # rendered lines by (seq, width, query, highlighted): following a busy log redraws
+        # mostly lines already drawn one row lower
+        self._strips: LRUCache[tuple[int, int, str, bool], Strip] = LRUCache(1024)
+        self._style_cache: dict[str, Style] = {}
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()  # a theme change recolours every line
+        self._style_cache.clear()
 
     # -- updates (from the pane's timer) ------------------------------------------------------
     def sync(self, force: bool = False) -> None:
@@ -62,39 +70,72 @@ class LogView(ScrollView, can_focus=True):
             return
         self._seen = self.model.version
         rows = self.model.visible()
-        self.virtual_size = Size(0, rows)  # no horizontal scroll: long lines are cut
+        self._set_rows(rows)
         if self.following:
             self.cursor = rows - 1
             self.scroll_to(y=max(0, rows - self.size.height), animate=False, immediate=True)
         self.refresh()
+
+    def _set_rows(self, rows: int) -> None:
+        """Grow the scroll range. Assigning virtual_size makes Textual lay out the whole screen;
+        while the scrollbar is shown before and after, updating it alone is enough (width 0: no
+        horizontal scroll, long lines are cut)."""
+        new = Size(0, rows)
+        if new == self.virtual_size:
+            return
+        height = self.size.height
+        if self.virtual_size.height > height and rows > height:
+            self.set_reactive(LogView.virtual_size, new)
+            self._scroll_update(new)
+        else:
+            self.virtual_size = new
 
     # -- drawing --------------------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         row = scroll_y + y
         width = self.size.width
-        base = self.rich_style
         entry = self.model.at(row)
         if entry is None:
-            return Strip.blank(width, base)
-        text = Text(entry.text[:DISPLAY_LIMIT], style=base, no_wrap=True, end="")
-        level = severity(entry.text)
-        if level:
-            text.stylize(self.get_component_rich_style(f"log-view--{level}", partial=True))
-        if self.model.query:
-            self._highlight(text, self.model.query)
-        if row == self.cursor and not self.following:
-            text.stylize(self.get_component_rich_style("log-view--cursor", partial=True))
-        segments = [Segment(s.text, s.style) for s in text.render(self.app.console)]
-        strip = Strip(segments).crop_extend(scroll_x, scroll_x + width, base)
+            return Strip.blank(width, self._style("base"))
+        key = (entry.seq, width, self.model.query, row == self.cursor and not self.following)
+        strip = self._strips.get(key)
+        if strip is None:
+            strip = self._render_entry(entry.text, entry.level, key[3], width)
+            self._strips[key] = strip
         return strip.apply_offsets(scroll_x, row)
 
-    def _highlight(self, text: Text, query: str) -> None:
-        style: Style = self.get_component_rich_style("log-view--match", partial=True)
-        low, q, start = text.plain.lower(), query.lower(), 0
+    def _style(self, name: str) -> Style:
+        """The widget's own style ("base") or a component's, cached until the styles change
+        (at a thousand lines a second every visible line is new on every redraw)."""
+        style = self._style_cache.get(name)
+        if style is None:
+            style = self.rich_style if name == "base" else self.get_component_rich_style(
+                f"log-view--{name}", partial=True)
+            self._style_cache[name] = style
+        return style
+
+    def _render_entry(self, line: str, level: str, highlighted: bool, width: int) -> Strip:
+        """One line as segments, built directly (no Rich layout: lines are cut, never wrapped)."""
+        text = line[:max(width, 1) * 2 + 8].expandtabs(4)
+        style = self._style("base")
+        if level:
+            style += self._style(level)
+        if highlighted:
+            style += self._style("cursor")
+        segments = [Segment(text, style)]
+        if self.model.query:
+            segments = self._highlight(text, self.model.query, style)
+        return Strip(segments).crop_extend(0, width, self._style("base"))
+
+    def _highlight(self, text: str, query: str, style: Style) -> list[Segment]:
+        match = style + self._style("match")
+        low, q, start, out = text.lower(), query.lower(), 0, []
         while (i := low.find(q, start)) >= 0:
-            text.stylize(style, i, i + len(q))
+            out += [Segment(text[start:i], style), Segment(text[i:i + len(q)], match)]
             start = i + len(q)
+        out.append(Segment(text[start:], style))
+        return [s for s in out if s.text]
 
     # -- moving ---------------------------------------------------------------------------------
     def set_following(self, on: bool) -> None:

@@ -1,17 +1,85 @@
 """MeterWidget: the base of the widgets that draw meters as text (GPU table and detail, host
-strip, fleet, log charts). It declares the shared component classes, so one block of
-themes/meters.tcss colours all of them from theme variables."""
+strip, fleet, log charts, status lines). It declares the shared component classes, so one block
+of themes/meters.tcss colours all of them from theme variables.
+
+Subclasses build their content as `MeterLine`s (text runs with styles) in `lines()`; the base
+turns them into Textual strips once per refresh and serves `render_line` from those. Going
+straight to segments (no Rich Text layout, no wrapping) keeps a redraw cheap enough for panes
+that repaint every second all day.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.segment import Segment
 from rich.style import Style
+from textual.strip import Strip
 from textual.widget import Widget
 
 
+class MeterLine:
+    """One line of styled text runs."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self, text: str = "", style: Style | None = None) -> None:
+        self.runs: list[tuple[str, Style | None]] = []
+        if text:
+            self.runs.append((text, style))
+
+    def append(self, text: str, style: Style | None = None) -> MeterLine:
+        if text:
+            self.runs.append((text, style))
+        return self
+
+    def extend(self, other: MeterLine) -> MeterLine:
+        self.runs += other.runs
+        return self
+
+    def stylize(self, style: Style) -> MeterLine:
+        """Add style on top of every run (a highlighted row)."""
+        self.runs = [(t, s + style if s is not None else style) for t, s in self.runs]
+        return self
+
+    def pad(self, width: int) -> MeterLine:
+        """Cut or pad with spaces to exactly width cells (charts side by side)."""
+        out: list[tuple[str, Style | None]] = []
+        left = width
+        for t, s in self.runs:
+            if left <= 0:
+                break
+            out.append((t[:left], s))
+            left -= len(t[:left])
+        if left > 0:
+            out.append((" " * left, None))
+        self.runs = out
+        return self
+
+    @property
+    def plain(self) -> str:
+        return "".join(t for t, _ in self.runs)
+
+    def __len__(self) -> int:
+        return sum(len(t) for t, _ in self.runs)
+
+
+class MeterText:
+    """Several MeterLines written as one stream: a "\n" in appended text starts a new line."""
+
+    def __init__(self) -> None:
+        self.lines: list[MeterLine] = [MeterLine()]
+
+    def append(self, text: str, style: Style | None = None) -> MeterText:
+        first, *rest = text.split("\n")
+        self.lines[-1].append(first, style)
+        for part in rest:
+            self.lines.append(MeterLine(part, style))
+        return self
+
+
 class MeterWidget(Widget):
-    """A widget that renders Rich text coloured by the `meter--*` component classes."""
+    """A widget whose content is a list of MeterLines, coloured by `meter--*` classes."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "meter--low", "meter--mid", "meter--high",   # a value's level (bars, numbers)
@@ -23,6 +91,44 @@ class MeterWidget(Widget):
         "meter--cursor",                             # the selected row
     }
 
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self._strips: list[Strip] | None = None
+        self._styles: dict[str, Style] = {}
+
+    def lines(self) -> list[MeterLine]:
+        """The content, top to bottom (subclasses)."""
+        return []
+
     def mstyle(self, name: str) -> Style:
         """The Rich style of component class `meter--<name>` (only what the theme sets)."""
-        return self.get_component_rich_style(f"meter--{name}", partial=True)
+        style = self._styles.get(name)
+        if style is None:
+            style = self._styles[name] = self.get_component_rich_style(f"meter--{name}",
+                                                                       partial=True)
+        return style
+
+    def refresh(self, *regions: object, **kw: object) -> MeterWidget:  # type: ignore[override]
+        self._strips = None  # rebuilt on the next render_line
+        super().refresh(*regions, **kw)  # type: ignore[arg-type]
+        return self
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()  # a theme change: component colours are looked up again
+        self._strips = None
+
+    def plain_lines(self) -> list[str]:
+        return [ln.plain for ln in self.lines()]
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if self._strips is None:
+            base = self.rich_style
+            self._strips = [
+                Strip([Segment(t, base + s if s is not None else base) for t, s in ln.runs])
+                .crop_extend(0, width, base) for ln in self.lines()]
+            self._base = base
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(width, self.rich_style)

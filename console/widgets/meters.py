@@ -113,7 +113,8 @@ def columns(values: list[float | None], width: int, height: int, vmax: float) ->
                 out.append(" ")
                 continue
             eighths = round(max(0.0, min(1.0, v / vmax)) * height * 8) - r * 8
-            out.append("█" if eighths >= 8 else " " if eighths <= 0 else "▁▂▃▄▅▆▇"[eighths - 1])
+            out.append("█" if eighths >= 8 else " " if eighths <= 0
+                       else "▁▂▃▄▅▆▇"[eighths - 1])
         rows.append("".join(out))
     return rows
 
@@ -122,4 +123,5 @@ def shade(values: list[float | None], width: int) -> str:
     """The last `width` fractions (0-1) as shades, newest at the right: ' ░▒▓█'."""
     vals = values[-width:] if width > 0 else []
     vals = [None] * (width - len(vals)) + vals
-    return "".join(" " if v is None else " ░▒▓█"[min(4, max(0, round(v * 4)))] for v in vals)
+    return "".join(" " if v is None else " ░▒▓█"[min(4, max(0, round(v * 4)))]
+                   for v in vals)

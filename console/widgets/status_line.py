@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from rich.text import Text
-
-from console.widgets.meter_base import MeterWidget
+from console.widgets.meter_base import MeterLine, MeterWidget
 
 
 class StatusLine(MeterWidget):
@@ -25,8 +23,8 @@ class StatusLine(MeterWidget):
     def plain(self) -> str:
         return "".join(text for text, _ in self.parts)
 
-    def render(self) -> Text:
-        t = Text(no_wrap=True, overflow="ellipsis")
+    def lines(self) -> list[MeterLine]:
+        t = MeterLine()
         for text, style in self.parts:
-            t.append(text, self.mstyle(style) if style else "")
-        return t
+            t.append(text, self.mstyle(style) if style else None)
+        return [t]

@@ -21,9 +21,11 @@ HELP = "sample GPUs (NVML) and the host (CPU, memory, disk, network) every inter
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between samples (default 1)")
     p.add_argument("--path", default=".", help="report disk use of this path (default: .)")
-    p.add_argument("--count", type=int, default=0, help="stop after N samples (default: run until killed)")
+    p.add_argument("--count", type=int, default=0,
+                   help="stop after N samples (default: run until killed)")
 
 
 def _gib(n: int | None) -> str:
