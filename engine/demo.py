@@ -37,8 +37,8 @@ from engine.events import Emitter
 TARGET_STEPS = 200
 N_TRAIN, N_EVAL, N_PUBLIC = 320, 40, 160
 MAX_NEW_TOKENS = 32
-DRAFT_VOCAB = 192          # the run's draft vocab (from DIR/data)
-PUBLIC_DRAFT_VOCAB = 160   # the public drafter's (from public.jsonl): a different id set
+DRAFT_VOCAB = 96           # the run's draft vocab (from DIR/data; ~100 distinct assistant tokens)
+PUBLIC_DRAFT_VOCAB = 80    # the public drafter's (from public.jsonl): another size and id set
 PUBLIC_KINDS = ("spell", "day", "colour", "greet", "reverse", "count")
 PUBLIC_STEPS = 100
 TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",

@@ -117,25 +117,28 @@ class Trainer:
         self.draft = draft
         self.lm_head = self.setup_.lm_head.to(self.dev)
         self.draft_ids = (draft.d2t + torch.arange(draft.d2t.numel(), device=self.dev))
-        params = [p for p in draft.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95),
-                                     weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_factor(s, self.total, self.warmup))
         self.step, self.pos = 0, (0, 0)
         self.best_tau, self.best_step = -1.0, 0
         self.tau_ema: float | None = None
-        if cfg.resume and resume_from is not None:
-            self._restore(resume_from)
+        ck = load_checkpoint(resume_from) if cfg.resume and resume_from is not None else None
+        if ck is not None:  # weights go in before any wrapping: every rank reads the files
+            self._restore_model(resume_from, ck)  # type: ignore[arg-type]
         self.module: nn.Module = Unroll(draft, cfg.ttt_steps)
         if self.dist.enabled and cfg.fsdp:
             from torch.distributed.fsdp import fully_shard
-            fully_shard(self.module)
+            fully_shard(self.module)  # replaces the parameters: the optimizer comes after
         elif self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
             self.module = DistributedDataParallel(
                 self.module, device_ids=[self.dev.index] if self.amp else None,
                 broadcast_buffers=False)  # d2t/t2d never change; no collective in eval forwards
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95),
+                                     weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, self.total, self.warmup))
+        if ck is not None:
+            self._restore_state(resume_from, ck)  # type: ignore[arg-type]
 
     def epoch(self, e: int) -> list[Step]:
         if e not in self.plans:
@@ -151,8 +154,7 @@ class Trainer:
         out["world_size"] = self.dist.world
         return out
 
-    def _restore(self, path: Path) -> None:
-        ck = load_checkpoint(path)
+    def _restore_model(self, path: Path, ck: dict[str, Any]) -> None:
         tr = ck["trainer"]
         mine = self._settings()
         for k, v in tr.get("settings", {}).items():
@@ -164,7 +166,18 @@ class Trainer:
         if missing or unexpected:
             raise EngineError(f"{path}/model.safetensors: tensors do not match the drafter "
                               f"({(missing or unexpected)[0]!r})")
-        self.opt.load_state_dict(ck["optimizer"])
+
+    def _restore_state(self, path: Path, ck: dict[str, Any]) -> None:
+        tr = ck["trainer"]
+        if self.dist.enabled and self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_optimizer_state_dict,
+            )
+            set_optimizer_state_dict(self.module, self.opt, ck["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(tr["scheduler"])
         self.step, self.pos = int(tr["step"]), (int(tr["epoch"]), int(tr["step_in_epoch"]))
         self.best_tau, self.best_step = float(tr["best_tau"]), int(tr["best_step"])
@@ -225,7 +238,9 @@ class Trainer:
         self.dist.all_reduce_sum(stats)
         with self._timed("optimizer"):
             gnorm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.draft.parameters() if p.requires_grad], self.cfg.clip)
+                [p for p in self.module.parameters() if p.requires_grad], self.cfg.clip)
+            if hasattr(gnorm, "full_tensor"):  # FSDP: a replicated DTensor
+                gnorm = gnorm.full_tensor()
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)

@@ -107,4 +107,5 @@ class TrainConfig:
     # Settings that must match for --resume to continue the same run.
     RESUME_KEYS = ("target", "data", "finetune_from", "vocab", "rebuild_vocab", "draft_vocab_size",
                    "ttt_steps", "lr", "weight_decay", "epochs", "max_steps", "batch_tokens",
-                   "grad_accum", "warmup_ratio", "clip", "seed", "holdout", "online", "max_len")
+                   "grad_accum", "warmup_ratio", "clip", "seed", "holdout", "online", "max_len",
+                   "fsdp")

@@ -1,0 +1,67 @@
+"""demo init: a complete offline workspace the console and the other tests build on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from engine.conversations import read_conversations
+from engine.data import open_data
+from engine.formats import load_drafter
+from engine.target import config_hash, load_tokenizer
+from engine.vocab import build_vocab
+from tests.engine_helpers import run_engine
+
+pytest_plugins = ("tests.demo_workspace",)
+
+
+def test_workspace_contents(demo_dir: Path, demo_info: dict[str, Any]) -> None:
+    for name in ("target/config.json", "target/tokenizer.json", "target/model.safetensors",
+                 "data/manifest.json", "eval/manifest.json", "public-drafter/config.json",
+                 "README.txt", "conversations/prompts.jsonl"):
+        assert (demo_dir / name).is_file(), name
+    tok = load_tokenizer(str(demo_dir / "target"))
+    assert tok.chat_template and tok.is_fast
+    train = read_conversations(str(demo_dir / "conversations" / "train.jsonl"))
+    prompts = read_conversations(str(demo_dir / "conversations" / "prompts.jsonl"))
+    assert len(train) == demo_info["samples"]["train"]
+    assert all(t["role"] == "user" for c in prompts for t in c.turns)
+    replies = {t["content"] for c in train for t in c.turns if t["role"] == "assistant"}
+    assert len(replies) > 40  # the target's replies vary with the prompt
+    for c, p in zip(train, prompts):  # replies were generated turn by turn for these prompts
+        assert [t for t in c.turns if t["role"] == "user"] == p.turns
+    manifest = json.loads((demo_dir / "data" / "manifest.json").read_text())
+    assert manifest["target"]["config_sha256"] == config_hash(str(demo_dir / "target"))
+    assert manifest["samples"] == len(train)
+    assert len(open_data(str(demo_dir / "eval"))) == demo_info["samples"]["eval"]
+    readme = (demo_dir / "README.txt").read_text()
+    for cmd in demo_info["commands"].values():
+        assert cmd in readme
+    assert "--finetune-from" in demo_info["commands"]["finetune"]
+
+
+def test_public_drafter_is_eagle_style_with_another_vocab(demo_dir: Path,
+                                                          demo_info: dict[str, Any]) -> None:
+    with safe_open(str(demo_dir / "public-drafter" / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert any(k.startswith("midlayer.") for k in keys)
+    assert not any(k.startswith("layers.") for k in keys) and "embed_tokens.weight" not in keys
+    conf = json.loads((demo_dir / "public-drafter" / "config.json").read_text())
+    assert conf["architectures"] == ["LlamaForCausalLMEagle3"]
+    cfg, sd, det = load_drafter(demo_dir / "public-drafter")
+    assert det.format == "eagle" and cfg.draft_vocab_size == demo_info["public_draft_vocab_size"]
+    counts = open_data(str(demo_dir / "data")).token_counts(cfg.vocab_size)
+    _, run_t2d = build_vocab(counts, demo_info["draft_vocab_size"])
+    pub_ids = set((sd["d2t"] + torch.arange(sd["d2t"].numel())).tolist())
+    run_ids = set(run_t2d.nonzero().flatten().tolist())
+    assert pub_ids - run_ids and run_ids - pub_ids  # a finetune must remap in both directions
+
+
+def test_init_refuses_an_existing_directory(demo_dir: Path) -> None:
+    p = run_engine("demo", "init", str(demo_dir), check=False)
+    assert p.returncode == 1
+    assert p.stderr.strip() == f"error: {demo_dir}: already exists (pass --force to rebuild it)"

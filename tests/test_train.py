@@ -1,0 +1,175 @@
+"""train on the demo workspace: acceptance goes up, finetuning a public drafter is a head start,
+vocab remap re-indexes lm_head rows, and the run directory holds what the console reads."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.errors import EngineError
+from engine.events import Emitter
+from engine.formats import load_drafter, save_drafter
+from engine.train_config import TrainConfig
+from engine.train_setup import build
+from tests.engine_helpers import events, run_engine, step_metrics, train_args
+
+pytest_plugins = ("tests.demo_workspace",)
+
+SCRATCH_STEPS = 120
+
+
+def smoothed(metrics: dict[int, list[dict[str, Any]]], key: str, window: int = 10
+             ) -> dict[int, float]:
+    """Trailing mean of a per-step metric (single training batches are noisy)."""
+    steps = sorted(metrics)
+    return {s: sum(metrics[x][-1][key] for x in steps if s - window < x <= s)
+            / min(window, s) for s in steps}
+
+
+def evaluate(demo: Path, draft: Path) -> dict[str, Any]:
+    p = run_engine("eval", "--draft", str(draft), "--target", str(demo / "target"),
+                   "--data", str(demo / "eval"), "--steps", "3", "--max-samples", "24", "--json")
+    return dict(json.loads(p.stdout))
+
+
+def quiet() -> Emitter:
+    return Emitter("train", out=io.StringIO(), err=io.StringIO())
+
+
+@pytest.fixture(scope="module")
+def scratch(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("scratch") / "run"
+    run_engine(*train_args(demo_dir, out, "--max-steps", str(SCRATCH_STEPS)), timeout=600)
+    return out
+
+
+def untrained_drafter(demo: Path, info: dict[str, Any], dst: Path) -> Path:
+    """The scratch run's starting point (same seed), saved EAGLE style."""
+    cfg = TrainConfig(target=str(demo / "target"), data=str(demo / "data"), out=str(dst) + "-run",
+                      draft_vocab_size=info["draft_vocab_size"], seed=0)
+    draft = build(cfg, quiet(), torch.device("cpu")).draft
+    save_drafter(dst, draft.config, draft.trainable_state_dict(), "eagle")
+    return dst
+
+
+@pytest.mark.slow
+def test_training_raises_acceptance_length(demo_dir: Path, demo_info: dict[str, Any],
+                                           scratch: Path, tmp_path: Path) -> None:
+    before = evaluate(demo_dir, untrained_drafter(demo_dir, demo_info, tmp_path / "untrained"))
+    after = evaluate(demo_dir, scratch / "final")
+    assert before["acceptance_length"] < 1.3
+    assert after["acceptance_length"] > before["acceptance_length"] + 0.8, (before, after)
+    assert after["per_position"][0] > 0.5
+
+
+@pytest.mark.slow
+def test_finetune_reaches_scratch_acc0_in_half_the_steps(demo_dir: Path, scratch: Path,
+                                                         tmp_path: Path) -> None:
+    ft = tmp_path / "ft"
+    half = SCRATCH_STEPS // 2
+    run_engine(*train_args(demo_dir, ft, "--max-steps", str(half), "--rebuild-vocab",
+                           "--finetune-from", str(demo_dir / "public-drafter")), timeout=600)
+    goal = smoothed(step_metrics(scratch / "events.jsonl"), "acc_0")[SCRATCH_STEPS]
+    mine = smoothed(step_metrics(ft / "events.jsonl"), "acc_0")
+    reached = [s for s in sorted(mine) if mine[s] >= goal]
+    assert reached and reached[0] <= half, (goal, mine)
+    info = json.loads((ft / "run.json").read_text())
+    remap = info["finetune"]["vocab_remap"]
+    assert info["finetune"]["format"] == "eagle" and remap["new"] > 0 and remap["kept"] > 0
+    src_files = info["finetune"]["sha256"]
+    assert list(src_files) == ["model.safetensors"] and len(src_files["model.safetensors"]) == 64
+    assert evaluate(demo_dir, ft / "final")["acceptance_length"] > 1.8
+
+
+def test_vocab_remap_moves_rows_by_target_id(demo_dir: Path, demo_info: dict[str, Any],
+                                             tmp_path: Path) -> None:
+    pub_cfg, pub, _ = load_drafter(demo_dir / "public-drafter")
+    cfg = TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"),
+                      out=str(tmp_path / "run"), finetune_from=str(demo_dir / "public-drafter"),
+                      rebuild_vocab=True, draft_vocab_size=demo_info["draft_vocab_size"])
+    setup = build(cfg, quiet(), torch.device("cpu"))
+    draft = setup.draft
+    assert draft.config.draft_vocab_size == demo_info["draft_vocab_size"] != pub_cfg.draft_vocab_size
+    old = {int(t): r for r, t in enumerate(pub["d2t"] + torch.arange(pub["d2t"].numel()))}
+    new_ids = draft.d2t + torch.arange(draft.d2t.numel())
+    assert torch.equal(draft.t2d.nonzero().flatten(), new_ids)
+    moved = fresh = 0
+    for row, tid in enumerate(new_ids.tolist()):
+        if tid in old:  # a trained row follows its token to its new index
+            assert torch.equal(draft.lm_head.weight[row], pub["lm_head.weight"][old[tid]].float())
+            moved += row != old[tid]
+        else:  # a token new to the draft vocab starts from the target's own lm_head row
+            assert torch.equal(draft.lm_head.weight[row], setup.lm_head[tid])
+            fresh += 1
+    assert moved > 0 and fresh > 0
+    # the rest of the drafter is the public one, key for key
+    for k, v in pub.items():
+        if k not in ("lm_head.weight", "d2t", "t2d"):
+            assert torch.equal(draft.state_dict()[k], v.float()), k
+
+
+def test_finetune_from_speculators_style_is_the_same_start(demo_dir: Path, tmp_path: Path
+                                                           ) -> None:
+    spec = tmp_path / "spec"
+    run_engine("convert", str(demo_dir / "public-drafter"), str(spec), "--to", "speculators")
+    assert "layers.0.self_attn.q_proj.weight" in (spec / "model.safetensors").read_bytes().decode(
+        "latin-1")
+    starts = []
+    for src in (demo_dir / "public-drafter", spec):
+        cfg = TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"),
+                          out=str(tmp_path / "run"), finetune_from=str(src))
+        starts.append(build(cfg, quiet(), torch.device("cpu")).draft.state_dict())
+    assert starts[0].keys() == starts[1].keys()
+    for k in starts[0]:
+        assert torch.equal(starts[0][k], starts[1][k]), k
+
+
+def test_run_directory(scratch: Path, demo_dir: Path) -> None:
+    info = json.loads((scratch / "run.json").read_text())
+    assert info["status"] == "done" and info["world_size"] == 1 and info["step"] == SCRATCH_STEPS
+    assert info["argv"][1] == "train" and "--max-steps" in info["argv"]
+    for key in ("engine", "started", "ended", "data_sha256", "vocab_sha256", "final_metrics"):
+        assert info[key], key
+    assert info["finetune"] is None
+    evs = events(scratch / "events.jsonl")
+    metrics = step_metrics(scratch / "events.jsonl")
+    assert sorted(metrics) == list(range(1, SCRATCH_STEPS + 1))
+    want = {"loss", "tau", "lr", "grad_norm", "tokens_per_s"} | {
+        f"{m}_{i}" for m in ("loss", "acc") for i in range(4)}
+    assert want <= set(metrics[SCRATCH_STEPS][0])
+    lrs = [metrics[s][0]["lr"] for s in sorted(metrics)]
+    assert max(lrs) == pytest.approx(3e-3) and lrs[-1] < lrs[len(lrs) // 2] < max(lrs)
+    prog = [e for e in evs if e["kind"] == "progress" and e["desc"] == "train"]
+    assert prog[-1]["done"] == prog[-1]["total"] == SCRATCH_STEPS
+    assert any(e["eta_s"] is not None for e in prog)
+    kept = sorted(p.name for p in (scratch / "checkpoints").iterdir())
+    assert kept == ["latest", "step_000050", "step_000100", "step_000120"]
+    cfg, sd, det = load_drafter(scratch / "final")
+    assert det.format == "eagle" and "embed_tokens.weight" not in sd
+    assert any(k.startswith("midlayer.") for k in sd)
+    best = json.loads((scratch / "best" / "provenance.json").read_text())
+    assert best["estimated_tau"] == info["best"]["estimated_tau"] > 1.5
+
+
+def test_bad_inputs_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other-target"
+    shutil.copytree(demo_dir / "target", other)
+    conf = json.loads((other / "config.json").read_text())
+    conf["rms_norm_eps"] = 1e-6
+    (other / "config.json").write_text(json.dumps(conf))
+    p = run_engine("train", "--target", str(other), "--data", str(demo_dir / "data"),
+                   "--out", str(tmp_path / "r1"), check=False)
+    assert p.returncode == 1 and "prepared with another target" in p.stderr.strip()
+    p = run_engine("train", "--target", str(demo_dir / "target"), "--data", str(tmp_path),
+                   "--out", str(tmp_path / "r2"), check=False)
+    assert p.returncode == 1 and p.stderr.strip().endswith(
+        "neither manifest.json nor SpecForge data_*.ckpt files")
+    with pytest.raises(EngineError, match="--batch-tokens 0: must be >= 1"):
+        TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"), out="x",
+                    batch_tokens=0)
