@@ -128,6 +128,7 @@ async def drive(seconds: float, rate: int, panes: str = "both",
           f"{rss[-1] / 2**20:.1f} MiB at the "
           f"end, peak {max(rss) / 2**20:.1f} MiB (growth {(rss[-1] - rss0) / 2**20:+.1f} MiB; "
           "target flat)")
+    print("RSS every 10 s (MiB): " + " ".join(f"{r / 2**20:.1f}" for r in rss[9::10]))
 
 
 def main() -> None:

@@ -3,12 +3,14 @@ with live charts of the vLLM stats lines above the text.
 
 Keys: `f` follow/pause, `/` filter (Enter keeps it, Esc clears), `e` / `E` next / previous
 error, `l` next configured log. A worker runs the LogFollower (console/follow.py) and only
-appends batches to the LogModel; a 4 Hz timer redraws what changed, so thousands of lines per
-second cost a few redraws per second, and memory stays bounded by the model."""
+appends batches to the LogModel; a 2 Hz timer redraws what changed (1 Hz while a flood replaces
+the whole view each time), so thousands of lines per second cost one or two redraws per second,
+and memory stays bounded by the model."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import ClassVar
 
 from textual import work
@@ -27,6 +29,7 @@ from console.widgets.status_line import StatusLine
 
 TAIL_LINES = 5000      # history loaded when a log is opened (charts get its stats lines)
 REDRAW_S = 0.5      # the log text; the charts redraw at most once a second
+FLOOD_REDRAW_S = 1.0
 RETRY_S = 5.0
 
 
@@ -49,6 +52,8 @@ class LogsPane(Vertical):
         self.path_index = 0
         self.notice = ""
         self._drawn: tuple[object, ...] = ()
+        self._drawn_at = 0.0
+        self._drawn_total = 0
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="logs-status")
@@ -120,7 +125,13 @@ class LogsPane(Vertical):
         key = (self.model.version, view.following, self.notice, self.model.query)
         if key == self._drawn and not force:
             return
-        self._drawn = key
+        now = time.monotonic()
+        # a flood (more new lines than the view shows) is redrawn once a second: nobody reads
+        # a thousand lines a second, and each redraw would replace every visible row
+        flood = self.model.total - self._drawn_total > view.size.height
+        if flood and view.following and not force and now - self._drawn_at < FLOOD_REDRAW_S:
+            return
+        self._drawn, self._drawn_at, self._drawn_total = key, now, self.model.total
         view.sync(force)
         self.query_one(LogCharts).sync(force)
         self.query_one(StatusLine).show(self._status(view.following))
