@@ -82,15 +82,16 @@ def bench_train(demo: Path, work: Path, steps: int, online: bool) -> dict[str, A
         train(cfg, ev)
     finally:
         ev.close()
-    metrics = [json.loads(line)["values"] for line in (out / "events.jsonl").read_text().splitlines()
-               if '"kind":"metric"' in line]
+    lines = (out / "events.jsonl").read_text().splitlines()
+    metrics = [json.loads(line)["values"] for line in lines if '"kind":"metric"' in line]
     metrics = metrics[min(5, len(metrics) // 4):]  # skip warm-up steps
     step_s = sum(m["step_time_s"] for m in metrics)
     phases = {}
     for name in ("data", "target", "draft", "backward", "optimizer"):
         phases[name] = round(sum(m.get(f"t_{name}_s", 0.0) for m in metrics) / step_s, 3)
     shutil.rmtree(out)
-    return {"steps": len(metrics), "tokens_per_s": round(sum(m["tokens"] for m in metrics) / step_s),
+    tokens = sum(m["tokens"] for m in metrics)
+    return {"steps": len(metrics), "tokens_per_s": round(tokens / step_s),
             "step_ms": round(1000 * step_s / len(metrics), 1), "share": phases,
             "final_acc_0": round(metrics[-1]["acc_0"], 3)}
 

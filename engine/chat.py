@@ -42,7 +42,8 @@ def render(tok: Any, turns: list[dict[str, str]], add_generation_prompt: bool = 
 
 def _end_marker(tok: Any) -> str:
     """The text a template puts after an assistant's content, without trailing whitespace."""
-    text = render(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}])
+    text = render(tok, [{"role": "user", "content": "hi"},
+                        {"role": "assistant", "content": _PROBE}])
     at = text.find(_PROBE)
     return "" if at < 0 else text[at + len(_PROBE):].rstrip()
 

@@ -72,7 +72,7 @@ def step_dirs(ckpt_root: Path) -> list[Path]:
     if not ckpt_root.is_dir():
         return []
     found = [p for p in ckpt_root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
 def prune(ckpt_root: Path, keep: int) -> None:

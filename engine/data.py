@@ -223,7 +223,10 @@ def collate(samples: list[Sample]) -> dict[str, Tensor]:
 
 
 class OnlineData(FeatureData):
-    """Conversations tokenized up front; features computed by the target at batch time."""
+    """Conversations tokenized up front; features computed by the target at batch time.
+
+    Samples are ordered as prepare writes them (stable sort by length), so an online run and an
+    offline run over the same conversations see the same batch plan."""
 
     def __init__(self, path: str, target: Any, max_len: int) -> None:
         from engine.conversations import read_conversations
@@ -233,6 +236,7 @@ class OnlineData(FeatureData):
         samples, skipped = tokenize_all(target.tokenizer, read_conversations(path), max_len)
         if not samples:
             raise EngineError(f"{path}: no conversation has an assistant turn to learn from")
+        samples = sorted(samples, key=lambda s: len(s[1].input_ids))
         self._ids = [torch.tensor(t.input_ids) for _, t in samples]
         self._mask = [torch.tensor(t.loss_mask) for _, t in samples]
         self.lengths = [len(t.input_ids) for _, t in samples]

@@ -1,4 +1,4 @@
-"""`python -m engine demo init DIR`: a small but complete workspace, built offline in under a minute.
+"""`python -m engine demo init DIR`: a small, complete workspace, built offline in under a minute.
 
     DIR/target/                  tiny Llama target + BPE tokenizer + chat template (save_pretrained)
     DIR/conversations/prompts.jsonl   user turns only (input for `engine regen`)

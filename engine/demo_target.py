@@ -1,8 +1,8 @@
 """The demo's tiny target: a synthetic chat task mix, a locally trained tokenizer, a small Llama.
 
 Nothing is downloaded. The target is a transformers `LlamaForCausalLM` (6 layers, hidden 64) trained
-for a few seconds (200 steps of 8 x 96 tokens) on synthetic chats (counting, spelling, weekdays, colours, greetings, letters,
-word reversal), so that its greedy replies are structured, mostly right and sometimes wrong: text a
+for a few seconds (200 steps of 8 x 96 tokens) on synthetic chats (counting, spelling, weekdays,
+colours, greetings, letters, word reversal), so that its greedy replies are structured, mostly right and sometimes wrong: text a
 drafter can learn to predict, with real disagreements between a weak and a good drafter.
 Tokenizer: byte-level BPE trained with the `tokenizers` library, wrapped as a
 `PreTrainedTokenizerFast` with a ChatML-style chat template; saved with `save_pretrained`.
@@ -49,7 +49,8 @@ def task(rng: random.Random, kinds: tuple[str, ...] = TASKS) -> tuple[str, str]:
         return f"spell the word {w}", "-".join(w) + "."
     if k == "day":
         d = rng.randrange(7)
-        return f"what day comes after {DAYS[d]}?", f"the day after {DAYS[d]} is {DAYS[(d + 1) % 7]}."
+        nxt = DAYS[(d + 1) % 7]
+        return f"what day comes after {DAYS[d]}?", f"the day after {DAYS[d]} is {nxt}."
     if k == "colour":
         o = rng.choice(sorted(COLOURS))
         return f"what color is the {o}?", f"the {o} is {COLOURS[o]}."
@@ -59,7 +60,8 @@ def task(rng: random.Random, kinds: tuple[str, ...] = TASKS) -> tuple[str, str]:
     if k == "letters":
         i = rng.randrange(0, 18)
         j = i + rng.randrange(3, 8)
-        return f"list the letters from {LETTERS[i]} to {LETTERS[j]}", " ".join(LETTERS[i:j + 1]) + "."
+        letters = " ".join(LETTERS[i:j + 1]) + "."
+        return f"list the letters from {LETTERS[i]} to {LETTERS[j]}", letters
     w3 = rng.sample(WORDS, 3)
     return f"reverse the words {' '.join(w3)}", " ".join(reversed(w3)) + "."
 

@@ -192,6 +192,7 @@ def regen(client: Client, in_path: str, out_path: str, concurrency: int, ev: Emi
     if failed:
         ev.log(f"{len(failed)} conversations failed; {done} of {total} are in {out_path}",
                level="warning")
-        raise EngineError(f"{len(failed)} of {total} conversations failed (first: {failed[0][0]!r}: "
-                          f"{failed[0][1]}); rerun the same command to retry them")
+        first_id, why = failed[0]
+        raise EngineError(f"{len(failed)} of {total} conversations failed (first: {first_id!r}: "
+                          f"{why}); rerun the same command to retry them")
     return summary

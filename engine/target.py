@@ -1,4 +1,4 @@
-"""The target model: its tokenizer, a forward pass that captures the drafter's inputs, and its heads.
+"""The target model: its tokenizer, a forward pass capturing the drafter's inputs, its heads.
 
 Two ways in:
 - `Target.load(dir)` loads the whole transformers model (prepare, `train --online`, eval, demo):
@@ -86,13 +86,16 @@ class Target:
     def load(cls, target_dir: str, device: str | None = None, dtype: torch.dtype | None = None,
              aux_layer_ids: list[int] | None = None, tokenizer: bool = True) -> Target:
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()  # our own progress events only
         cfg = read_config(target_dir)
         dev = pick_device(device)
         if dtype is None:  # CPU: float32 (bf16 matmuls are slow there); GPU: the stored dtype
             stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
             dtype = torch.float32 if dev.type == "cpu" else getattr(torch, stored, torch.bfloat16)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
+        try:  # straight onto the GPU: no full CPU copy of a large target first
+            model = AutoModelForCausalLM.from_pretrained(
+                target_dir, dtype=dtype, device_map=str(dev) if dev.type == "cuda" else None)
         except (OSError, ValueError) as e:
             raise EngineError(f"{target_dir}: cannot load the target model "
                               f"({str(e).splitlines()[0]})") from None
@@ -100,7 +103,8 @@ class Target:
         n = cfg["num_hidden_layers"]
         ids = list(aux_layer_ids) if aux_layer_ids is not None else default_aux_ids(n)
         if len(ids) != 3 or not all(0 <= k <= n for k in ids):
-            raise EngineError(f"aux layer ids {ids} must be 3 ids in 0..{n} (target has {n} layers)")
+            raise EngineError(f"aux layer ids {ids} must be 3 ids in 0..{n} "
+                              f"(the target has {n} layers)")
         tok = load_tokenizer(target_dir) if tokenizer else None
         return cls(path=target_dir, tokenizer=tok, model=model, aux_layer_ids=ids, device=dev)
 
@@ -198,7 +202,7 @@ def load_heads(target_dir: str) -> tuple[Tensor, Tensor]:
     return emb, head
 
 
-# -- greedy chat replies (demo data, the regen test server, eval prompts) ----------------------------
+# -- greedy chat replies (demo data, the regen test server) ---------------------------------------
 
 @torch.no_grad()
 def greedy_replies(target: Target, chats: list[list[dict[str, str]]], max_new_tokens: int,

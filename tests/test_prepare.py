@@ -1,4 +1,4 @@
-"""prepare: chat-template loss masks, target feature capture into shards, SpecForge offline files."""
+"""prepare: chat-template loss masks, target features in shards, SpecForge offline files."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_truncation_keeps_mask_aligned(tok: Any) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Path:
-    """A random-init 6-layer transformers Llama with the demo tokenizer (prepare needs no quality)."""
+    """A random-init 6-layer transformers Llama with the demo tokenizer (no quality needed)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,

@@ -1,4 +1,4 @@
-"""--resume: a run killed with SIGKILL and resumed logs exactly the losses of an uninterrupted run."""
+"""--resume: a run killed with SIGKILL, then resumed, logs exactly an uninterrupted run's losses."""
 
 from __future__ import annotations
 

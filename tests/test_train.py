@@ -95,7 +95,8 @@ def test_vocab_remap_moves_rows_by_target_id(demo_dir: Path, demo_info: dict[str
                       rebuild_vocab=True, draft_vocab_size=demo_info["draft_vocab_size"])
     setup = build(cfg, quiet(), torch.device("cpu"))
     draft = setup.draft
-    assert draft.config.draft_vocab_size == demo_info["draft_vocab_size"] != pub_cfg.draft_vocab_size
+    assert draft.config.draft_vocab_size == demo_info["draft_vocab_size"]
+    assert pub_cfg.draft_vocab_size != demo_info["draft_vocab_size"]
     old = {int(t): r for r, t in enumerate(pub["d2t"] + torch.arange(pub["d2t"].numel()))}
     new_ids = draft.d2t + torch.arange(draft.d2t.numel())
     assert torch.equal(draft.t2d.nonzero().flatten(), new_ids)
@@ -117,7 +118,8 @@ def test_vocab_remap_moves_rows_by_target_id(demo_dir: Path, demo_info: dict[str
 def test_finetune_from_speculators_style_is_the_same_start(demo_dir: Path, tmp_path: Path
                                                            ) -> None:
     spec = tmp_path / "spec"
-    run_engine("convert", str(demo_dir / "public-drafter"), str(spec), "--to", "speculators")
+    run_engine("convert", str(demo_dir / "public-drafter"), str(spec), "--to", "speculators",
+               "--verifier", str(demo_dir / "target"))
     assert "layers.0.self_attn.q_proj.weight" in (spec / "model.safetensors").read_bytes().decode(
         "latin-1")
     starts = []
@@ -173,3 +175,34 @@ def test_bad_inputs_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(EngineError, match="--batch-tokens 0: must be >= 1"):
         TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"), out="x",
                     batch_tokens=0)
+
+
+def test_online_features_match_prepared_shards(demo_dir: Path, tmp_path: Path) -> None:
+    """`--online` computes in the loop what prepare stored: the same losses, step for step."""
+    common = ("--max-steps", "3", "--holdout", "0", "--save-every", "0")
+    run_engine(*train_args(demo_dir, tmp_path / "off", *common))
+    args = train_args(demo_dir, tmp_path / "on", *common, "--online", "--max-len", "512")
+    args[args.index("--data") + 1] = str(demo_dir / "conversations" / "train.jsonl")
+    run_engine(*args)
+    off, on = step_metrics(tmp_path / "off" / "events.jsonl"), \
+        step_metrics(tmp_path / "on" / "events.jsonl")
+    for step in (1, 2, 3):
+        assert on[step][0]["tokens"] == off[step][0]["tokens"]
+        assert on[step][0]["loss"] == pytest.approx(off[step][0]["loss"], rel=1e-4)
+    assert on[3][0]["t_target_s"] > off[3][0]["t_target_s"]  # the target really ran in the loop
+
+
+def test_vocab_file_from_vocab_build(demo_dir: Path, tmp_path: Path) -> None:
+    from engine.vocab import load_vocab
+    vocab = tmp_path / "vocab.safetensors"
+    run_engine("vocab", "build", "--data", str(demo_dir / "data"), "--draft-vocab-size", "64",
+               "--out", str(vocab))
+    args = train_args(demo_dir, tmp_path / "run", "--max-steps", "2", "--holdout", "0",
+                      "--vocab", str(vocab))
+    at = args.index("--draft-vocab-size")
+    del args[at:at + 2]  # the file decides the size
+    run_engine(*args)
+    d2t, t2d = load_vocab(vocab)
+    _, sd, _ = load_drafter(tmp_path / "run" / "final")
+    assert torch.equal(sd["d2t"], d2t) and torch.equal(sd["t2d"], t2d)
+    assert sd["lm_head.weight"].shape[0] == 64

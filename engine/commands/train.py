@@ -13,7 +13,8 @@ HELP = "train or finetune an EAGLE-3 drafter on prepared target features (torchr
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--data", required=True,
-                   help="prepared data directory (or SpecForge data_*.ckpt dir; JSONL with --online)")
+                   help="prepared data directory (or a SpecForge data_*.ckpt directory; a "
+                   "conversations JSONL with --online)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, events, final/)")
     p.add_argument("--finetune-from", metavar="CKPT",
                    help="start from this drafter (EAGLE, SpecForge, AQ-MedAI or speculators style)")
