@@ -63,6 +63,11 @@ class FeatureData:
         """A padded batch of these samples (see `collate`)."""
         return collate([self[i] for i in indices])
 
+    def tokens(self, i: int) -> tuple[Tensor, Tensor]:
+        """Sample i's input_ids and loss_mask only (no hidden states read)."""
+        s = self[i]
+        return s.input_ids, s.loss_mask
+
 
 class ShardData(FeatureData):
     """Our prepared format: manifest.json + shard_NNNNN.safetensors."""
@@ -123,6 +128,9 @@ class ShardData(FeatureData):
             aux = f.get_slice("aux_hidden_states")[a:b]
             hidden = f.get_slice("hidden_states")[a:b]
         return Sample(self._ids[i].long(), self._mask[i].long(), aux, hidden)
+
+    def tokens(self, i: int) -> tuple[Tensor, Tensor]:
+        return self._ids[i].long(), self._mask[i].long()
 
     def token_counts(self, vocab_size: int) -> Tensor:
         counts = torch.zeros(vocab_size, dtype=torch.int64)
@@ -256,6 +264,9 @@ class OnlineData(FeatureData):
         aux, hidden = self.target.features(ids, att)
         return {"input_ids": ids, "loss_mask": mask, "attention_mask": att, "aux": aux,
                 "hidden": hidden}
+
+    def tokens(self, i: int) -> tuple[Tensor, Tensor]:
+        return self._ids[i], self._mask[i]
 
     def __getitem__(self, i: int) -> Sample:
         b = self.batch([i])

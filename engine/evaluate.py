@@ -79,10 +79,10 @@ def prompts_from(data: str, limit: int) -> list[list[int]]:
         from engine.data import open_data
         fd = open_data(data)
         for i in range(len(fd)):
-            s = fd[i]
-            first = int(s.loss_mask.nonzero()[0]) if bool(s.loss_mask.any()) else -1
+            ids, mask = fd.tokens(i)
+            first = int(mask.nonzero()[0]) if bool(mask.any()) else -1
             if first > 0:
-                out.append(s.input_ids[:first].tolist())
+                out.append(ids[:first].tolist())
             if len(out) >= limit:
                 break
     else:

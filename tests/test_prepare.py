@@ -135,16 +135,24 @@ def write_sharegpt(path: Path) -> list[list[dict[str, str]]]:
     return CONVS + chats(6, 3)
 
 
-def test_prepare_writes_shards_with_the_targets_features(tiny_target: Path, tmp_path: Path,
+@pytest.fixture(scope="module")
+def prepared(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[Path, list[list[dict[str, str]]], dict[str, Any]]:
+    """`prepare` run once by the CLI on ShareGPT input: (DATA_DIR, conversations, --json output)."""
+    d = tmp_path_factory.mktemp("prepared")
+    src = d / "conv.jsonl"
+    convs = write_sharegpt(src)
+    out = d / "data"
+    p = run_engine("prepare", "--target", str(tiny_target), "--data", str(src), "--out", str(out),
+                   "--max-len", "64", "--batch-tokens", "200", "--json")
+    return out, convs, json.loads(p.stdout)
+
+
+def test_prepare_writes_shards_with_the_targets_features(tiny_target: Path, prepared: Any,
                                                          tok: Any) -> None:
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
-    src = tmp_path / "conv.jsonl"
-    convs = write_sharegpt(src)
-    out = tmp_path / "data"
-    p = run_engine("prepare", "--target", str(tiny_target), "--data", str(src), "--out", str(out),
-                   "--max-len", "64", "--batch-tokens", "200", "--json")
-    manifest = json.loads(p.stdout)
+    out, convs, manifest = prepared
     assert manifest == json.loads((out / "manifest.json").read_text())
     assert manifest["samples"] == len(convs) and manifest["skipped"]["no_assistant_tokens"] == 1
     assert manifest["aux_layer_ids"] == [2, 3, 3] and manifest["dtype"] == "float32"
@@ -197,14 +205,11 @@ class _Boom:
         return (os.system, ("touch PWNED",))
 
 
-def test_specforge_offline_files_load_and_train(tiny_target: Path, tmp_path: Path) -> None:
-    src = tmp_path / "conv.jsonl"
-    write_sharegpt(src)
-    run_engine("prepare", "--target", str(tiny_target), "--data", str(src),
-               "--out", str(tmp_path / "data"))
+def test_specforge_offline_files_load_and_train(tiny_target: Path, prepared: Any,
+                                                tmp_path: Path) -> None:
     sf = tmp_path / "specforge"
-    specforge_dir(str(tmp_path / "data"), sf, 8)
-    ours, theirs = open_data(str(tmp_path / "data")), open_data(str(sf))
+    specforge_dir(str(prepared[0]), sf, 8)
+    ours, theirs = open_data(str(prepared[0])), open_data(str(sf))
     assert len(theirs) == 8 and theirs.meta["format"] == "specforge-offline"
     for i in range(8):
         a, b = ours[i], theirs[i]
