@@ -18,8 +18,8 @@ lines for the screen only. Memory: one read chunk plus one unfinished line, what
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import NamedTuple, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import NamedTuple, TypeVar, overload
 
 from console.errors import CommandFailed, TransportError
 from console.transport.base import Transport
@@ -56,6 +56,92 @@ class Line(NamedTuple):
         return self.text[:limit] + f"… [{len(self.text) - limit} more chars]"
 
 
+class LineBatch(Sequence[Line]):
+    """The whole lines one read brought: a sequence of Line, made on demand.
+
+    A busy log brings tens of thousands of lines per read; a consumer that looks at a few of
+    them (the last screenful, the metrics lines via `containing`) should not pay for making
+    every one. Iterating or indexing makes them all, once."""
+
+    __slots__ = ("data", "base", "_lines", "_count")
+
+    def __init__(self, data: bytes = b"", base: int = 0, lines: list[Line] | None = None) -> None:
+        self.data = data            # complete lines, each ending with b"\n" (unused if lines)
+        self.base = base            # byte offset of data[0] in the file
+        self._lines = lines
+        self._count: int | None = None
+
+    def __len__(self) -> int:
+        if self._lines is not None:
+            return len(self._lines)
+        if self._count is None:
+            self._count = self.data.count(b"\n")
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> Line: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Line]: ...
+
+    def __getitem__(self, i: int | slice) -> Line | list[Line]:
+        return self.lines()[i]
+
+    def __iter__(self) -> Iterator[Line]:
+        return iter(self.lines())
+
+    def __repr__(self) -> str:
+        return f"LineBatch({len(self)} lines at byte {self.base})"
+
+    def lines(self) -> list[Line]:
+        """Every line, made once."""
+        if self._lines is None:
+            self._lines = split_lines(self.data, self.base)
+            self.data = b""
+        return self._lines
+
+    def containing(self, needles: Sequence[str]) -> list[Line]:
+        """The lines containing any of needles (in file order), making only those."""
+        if self._lines is not None:
+            return [ln for ln in self._lines if any(n in ln.text for n in needles)]
+        data, spans = self.data, set()
+        for needle in needles:
+            nb = needle.encode()
+            i = data.find(nb)
+            while i >= 0:
+                start = data.rfind(b"\n", 0, i) + 1
+                end = data.find(b"\n", i)
+                spans.add((start, end))
+                i = data.find(nb, end)
+        out = []
+        for start, end in sorted(spans):
+            raw = data[start:end]
+            out.append(Line(self.base + start, raw.rstrip(b"\r").decode("utf-8", "replace")))
+        return out
+
+
+def split_lines(data: bytes, base: int) -> list[Line]:
+    """data (complete lines) as Lines; a line over MAX_LINE bytes comes in MAX_LINE pieces."""
+    parts = data.split(b"\n")
+    if parts and parts[-1] == b"":
+        parts.pop()
+    off = base
+    out: list[Line] = []
+    append = out.append
+    for raw in parts:
+        n = len(raw)
+        if n > MAX_LINE:
+            for i in range(0, n - MAX_LINE, MAX_LINE):
+                append(Line(off + i, raw[i:i + MAX_LINE].decode("utf-8", "replace")))
+            i = (n - 1) // MAX_LINE * MAX_LINE
+            append(Line(off + i, raw[i:].rstrip(b"\r").decode("utf-8", "replace")))
+        elif raw[-1:] == b"\r":
+            append(Line(off, raw[:-1].decode("utf-8", "replace")))
+        else:
+            append(Line(off, raw.decode("utf-8", "replace")))
+        off += n + 1
+    return out
+
+
 Notice = Callable[[str, str], None]    # (kind, detail): reconnecting, reconnected, truncated, ...
 
 
@@ -84,6 +170,7 @@ class LogFollower:
         self._finger = b""                    # the FINGERPRINT bytes before self.offset
         self._inode = 0
         self._stopped = False
+        self._ahead: tuple[int, asyncio.Task[bytes]] | None = None  # the next read, started early
         self.lines_read = 0
         self.bytes_read = 0
 
@@ -102,8 +189,16 @@ class LogFollower:
             for line in batch:
                 yield line
 
-    async def batches(self) -> AsyncIterator[list[Line]]:
-        """Lists of whole lines, in file order, as they appear. Ends at EOF unless following."""
+    async def batches(self) -> AsyncIterator[LineBatch]:
+        """Batches of whole lines (sequences of Line), in file order, as they appear. Ends at
+        the end of the file unless following."""
+        try:
+            async for batch in self._loop():
+                yield batch
+        finally:
+            self._drop_ahead()
+
+    async def _loop(self) -> AsyncIterator[LineBatch]:
         await self._retrying(self._position)
         finishing = False
         while not self._stopped:
@@ -121,7 +216,7 @@ class LogFollower:
                 self.lines_read += len(batch)
                 yield batch
         if self._partial and not self._stopped:  # an unterminated last line at the very end
-            yield [self._flush_partial()]
+            yield LineBatch(lines=[self._flush_partial()])
 
     async def _retrying(self, op: Callable[[], Awaitable[T]]) -> T:
         """op(), retried with backoff across dropped connections (the offset is unchanged)."""
@@ -160,6 +255,7 @@ class LogFollower:
         await self._seek(offset)
 
     async def _seek(self, offset: int) -> None:
+        self._drop_ahead()
         self.offset = self._partial_at = offset
         self._partial = b""
         lo = max(0, offset - FINGERPRINT)
@@ -190,11 +286,11 @@ class LogFollower:
 
     # -- reading -------------------------------------------------------------------------------
 
-    async def _read_once(self) -> list[Line] | None:
+    async def _read_once(self) -> LineBatch | None:
         """One read: the lines it completed ([] if none yet), None at the end of the file."""
         k = len(self._finger)
         try:
-            data = await self.transport.read_range(self.path, self.offset - k, k + self.chunk)
+            data = await self._read(self.offset - k, k + self.chunk)
         except CommandFailed:
             if not self.transport.connected:
                 raise
@@ -211,36 +307,52 @@ class LogFollower:
             if st is not None:
                 self._inode = st.inode
             return None
-        return self._take(new)
+        batch = self._take(new)
+        if len(new) >= self.chunk:  # behind the writer: fetch the next chunk while this is used
+            k = len(self._finger)
+            start = self.offset - k
+            self._ahead = (start, asyncio.ensure_future(
+                self.transport.read_range(self.path, start, k + self.chunk)))
+        return batch
 
-    def _take(self, new: bytes) -> list[Line]:
+    async def _read(self, start: int, length: int) -> bytes:
+        """read_range, taking the read started ahead when it is the one wanted."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == start:
+                return await ahead[1]
+            self._ahead = ahead
+            self._drop_ahead()
+        return await self.transport.read_range(self.path, start, length)
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            task = self._ahead[1]
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._ahead = None
+
+    def _take(self, new: bytes) -> LineBatch:
         self.offset += len(new)
         self.bytes_read += len(new)
-        self._finger = (self._finger + new)[-FINGERPRINT:]
+        self._finger = new[-FINGERPRINT:] if len(new) >= FINGERPRINT else \
+            (self._finger + new)[-FINGERPRINT:]
         buf = self._partial + new if self._partial else new
-        parts = buf.split(b"\n")
-        rest = parts.pop()
-        off = self._partial_at
-        out: list[Line] = []
-        append = out.append
-        for raw in parts:
-            n = len(raw)
-            if n > MAX_LINE:
-                for i in range(0, n - MAX_LINE, MAX_LINE):
-                    append(Line(off + i, raw[i:i + MAX_LINE].decode("utf-8", "replace")))
-                i = (n - 1) // MAX_LINE * MAX_LINE
-                append(Line(off + i, raw[i:].rstrip(b"\r").decode("utf-8", "replace")))
-            elif raw[-1:] == b"\r":
-                append(Line(off, raw[:-1].decode("utf-8", "replace")))
-            else:
-                append(Line(off, raw.decode("utf-8", "replace")))
-            off += n + 1
-        self._partial, self._partial_at = rest, off
-        while len(self._partial) > MAX_LINE:  # a newline-free flood: hand it out in pieces
-            piece, self._partial = self._partial[:MAX_LINE], self._partial[MAX_LINE:]
-            out.append(Line(self._partial_at, piece.decode("utf-8", "replace")))
-            self._partial_at += len(piece)
-        return out
+        cut = buf.rfind(b"\n") + 1
+        whole, self._partial = buf[:cut], buf[cut:]
+        base = self._partial_at
+        self._partial_at = base + cut
+        batch = LineBatch(whole, base)
+        if cut > MAX_LINE // 2 and _may_hold_long_line(whole):
+            batch = LineBatch(lines=split_lines(whole, base))
+        if len(self._partial) > MAX_LINE:      # a newline-free flood: hand it out in pieces
+            lines = batch.lines()
+            while len(self._partial) > MAX_LINE:
+                piece, self._partial = self._partial[:MAX_LINE], self._partial[MAX_LINE:]
+                lines.append(Line(self._partial_at, piece.decode("utf-8", "replace")))
+                self._partial_at += len(piece)
+            batch = LineBatch(lines=lines)
+        return batch
 
     def _flush_partial(self) -> Line:
         line = Line(self._partial_at, self._partial.decode("utf-8", "replace").rstrip("\r"))
@@ -248,7 +360,7 @@ class LogFollower:
         self._partial = b""
         return line
 
-    async def _replaced(self, shorter: bool) -> list[Line]:
+    async def _replaced(self, shorter: bool) -> LineBatch:
         """The file is not the one we were reading: drain the old one's rest, restart at 0."""
         out = await self._drain_rotated()
         if self._partial:
@@ -257,7 +369,7 @@ class LogFollower:
                      f"{self.path} restarted at byte 0 (was at {self.offset})")
         await self._seek(0)
         self._inode = 0
-        return out
+        return LineBatch(lines=out)
 
     async def _drain_rotated(self) -> list[Line]:
         """If PATH.1 holds our bytes at our offset (a rename or copytruncate rotation), the
@@ -272,10 +384,16 @@ class LogFollower:
             if data[:k] != self._finger:
                 return []
             while len(data) > k:
-                out += self._take(data[k:])
+                out += self._take(data[k:]).lines()
                 k = len(self._finger)
                 data = await self.transport.read_range(old, self.offset - k, k + self.chunk)
         except CommandFailed:
             return out
         return out
 
+
+def _may_hold_long_line(data: bytes) -> bool:
+    """Whether data may hold a line over MAX_LINE bytes: any such line covers a whole aligned
+    window of MAX_LINE // 2 bytes with no newline (a few C-speed finds per chunk)."""
+    step = MAX_LINE // 2
+    return any(data.find(b"\n", i, i + step) < 0 for i in range(0, len(data) - step + 1, step))

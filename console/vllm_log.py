@@ -30,11 +30,11 @@ _LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 _TAG = re.compile(r"\(([A-Za-z][\w.-]*(?: [\w.-]+)* pid=\d+)\)")
 _ENGINE = re.compile(r"Engine (\d+):\s*$")
 _AGGREGATED = re.compile(r"(\d+) Engines Aggregated:\s*$")
-# a label starts a part: at the body start or after a comma, letters first (numbers in the
-# per-position list never start with a letter), and it contains neither ',' nor ':'
-_LABEL = re.compile(r"(?:^|,)\s*([A-Za-z][^:,]*?):\s*")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
+#: every metrics line contains one of these (the cheap filter): a follower's
+#: `LineBatch.containing(MARKERS)` picks the candidate lines of a busy log without touching the rest
+MARKERS = ("throughput:", "metrics:")
 _ENGINE_MARKERS = ("Avg prompt throughput:", "Avg generation throughput:")
 _SPEC_MARKERS = ("SpecDecoding metrics:", "Speculative metrics:")
 
@@ -99,7 +99,7 @@ def strip_ansi(text: str) -> str:
 def parse_line(line: str) -> Metrics | None:
     """The metrics record a vLLM log line carries, or None for any other line (never raises)."""
     # cheap rejection first: a follower calls this on every line of a busy log
-    if "throughput:" not in line and "metrics:" not in line:
+    if MARKERS[0] not in line and MARKERS[1] not in line:
         return None
     line = strip_ansi(line).rstrip("\r\n")
     for marker in _SPEC_MARKERS:
@@ -116,14 +116,24 @@ def parse_line(line: str) -> Metrics | None:
 # -- parts ----------------------------------------------------------------------------------------
 
 def _labels(body: str) -> dict[str, str]:
-    """`A: 1, B c: 2 x, D: 0.1, 0.2` -> {"a": "1", "b c": "2 x", "d": "0.1, 0.2"}."""
-    found = list(_LABEL.finditer(body))
+    """`A: 1, B c: 2 x, D: 0.1, 0.2` -> {"a": "1", "b c": "2 x", "d": "0.1, 0.2"}.
+
+    A comma-separated part that starts with a letter and has a colon starts a new label; any
+    other part (a number of the per-position list) continues the previous value."""
     out: dict[str, str] = {}
-    for i, m in enumerate(found):
-        end = found[i + 1].start() if i + 1 < len(found) else len(body)
-        key = " ".join(m.group(1).split()).lower()
-        out.setdefault(key, body[m.end():end].strip().rstrip("."))
-    return out
+    key: str | None = None
+    for part in body.split(","):
+        text = part.strip()
+        colon = text.find(":")
+        if colon > 0 and text[0].isalpha():
+            key = " ".join(text[:colon].split()).lower()
+            if key in out:
+                key = None                     # a repeated label: the first one counts
+            else:
+                out[key] = text[colon + 1:].strip()
+        elif key is not None:
+            out[key] += "," + part
+    return {k: v.strip().rstrip(".") for k, v in out.items()}
 
 
 def _head(prefix: str) -> dict[str, Any]:
@@ -141,10 +151,14 @@ def _head(prefix: str) -> dict[str, Any]:
 
 
 def _num(text: str | None) -> float | None:
-    if text is None:
+    """The first number in text ("12.5%", "1205 tokens", "456.7 tokens/s")."""
+    if not text:
         return None
-    m = _NUMBER.search(text)
-    return float(m.group(0)) if m else None
+    try:  # the usual shape, "<number>[%] [unit]", without a regex
+        return float(text.split(None, 1)[0].rstrip("%,"))
+    except ValueError:
+        m = _NUMBER.search(text)
+        return float(m.group(0)) if m else None
 
 
 def _int(text: str | None) -> int | None:

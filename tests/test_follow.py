@@ -16,6 +16,7 @@ import pytest
 from console.cli import main as cli_main
 from console.config import Config, HostConfig, Profile
 from console.follow import MAX_LINE, Line, LogFollower
+from console.vllm_log import MARKERS, parse_line
 from console.host import Host
 from console.runs import close_hosts, launch
 from console.transport.local import LocalTransport
@@ -199,3 +200,22 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
     assert rc == 0
     assert out.splitlines() == [f"tick {i}" for i in range(5)]
     assert f"run {run.id} failed, exit 2" in err
+
+
+async def test_batches_are_lazy_and_containing_finds_metrics(tmp_path: Path) -> None:
+    log = tmp_path / "v.log"
+    body = "".join(f"INFO request {i}\r\n" for i in range(1000)) + VLLM + "tail\n"
+    log.write_bytes(body.encode() + b"bad \xff metrics: x\n")
+    f = LogFollower(LocalTransport(), str(log), start="begin", follow=False)
+    batches = [b async for b in f.batches()]
+    assert len(batches) == 1
+    batch = batches[0]
+    assert len(batch) == 1005
+    hits = batch.containing(MARKERS)
+    assert [h.text[:4] for h in hits] == ["INFO", "\x1b[32", "bad "]
+    assert [type(parse_line(h.text)).__name__ for h in hits] == \
+        ["EngineStats", "SpecDecodeStats", "NoneType"]
+    everything = list(batch)                       # made on demand, identical offsets
+    assert [ln for ln in everything if any(m in ln.text for m in MARKERS)] == hits
+    assert everything[3] == Line(len("INFO request 0\r\n") * 3, "INFO request 3")
+    assert batch[-1].text == "bad \ufffd metrics: x" and batch[-2:][0].text == "tail"

@@ -11,7 +11,7 @@ from console.config import Config
 from console.errors import ConsoleError
 from console.follow import LogFollower
 from console.host import open_host
-from console.vllm_log import EngineStats, Metrics, parse_line
+from console.vllm_log import MARKERS, EngineStats, Metrics, parse_line
 
 HELP = "print (and --follow) a file on HOST; --metrics parses vLLM stats lines (--json: records)"
 
@@ -40,12 +40,15 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     out = sys.stdout
     try:
         async for batch in follower.batches():
-            for line in batch:
-                if args.metrics:
+            if args.metrics:
+                for line in batch.containing(MARKERS):
                     rec = parse_line(line.text)
                     if rec is not None:
                         out.write((json.dumps(rec.to_dict()) if args.json else render(rec)) + "\n")
-                elif args.json:
+                out.flush()
+                continue
+            for line in batch:
+                if args.json:
                     out.write(json.dumps({"offset": line.offset, "text": line.text}) + "\n")
                 else:
                     out.write(line.display() + "\n")
