@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/follow.py [--lines 1000000]
 
 A writer appends a vLLM-like server log (request lines, with an engine-stats and a SpecDecoding
-line every 500: far denser than vLLM's one pair per 10 s) as fast as it can. Each consumer is connected and waiting before the writer is
-released; the time is from release to the consumer holding every line. Ours parses every line
-(the lines `LineBatch.containing(MARKERS)` picks, through `parse_line`) and checks the count of
-metrics records; the baseline only counts newlines.
+line every 500: far denser than vLLM's one pair per 10 s) as fast as it can. Each consumer is
+connected and waiting before the writer is released; the time is from release to the consumer
+holding every line. Ours parses the lines `LineBatch.containing(MARKERS)` picks (through
+`parse_line`) and checks the count of metrics records; the baseline only counts newlines.
 Target: at least 0.8x the baseline's lines/s, with our memory bounded (RSS growth reported
 beside the log's size).
 """

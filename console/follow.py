@@ -259,7 +259,8 @@ class LogFollower:
         self.offset = self._partial_at = offset
         self._partial = b""
         lo = max(0, offset - FINGERPRINT)
-        self._finger = await self.transport.read_range(self.path, lo, offset - lo) if offset else b""
+        self._finger = (await self.transport.read_range(self.path, lo, offset - lo)
+                        if offset else b"")
 
     async def _last_lines_offset(self, size: int, n: int) -> int:
         """Offset where the last n lines start, reading backwards in blocks (bounded)."""

@@ -152,7 +152,8 @@ def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int
     try:
         words = shlex.split(profile.run)
     except ValueError as e:
-        raise ConfigError(f"[profiles.{profile.name}] run: cannot split {profile.run!r}: {e}") from e
+        raise ConfigError(f"[profiles.{profile.name}] run: cannot split {profile.run!r}: "
+                          f"{e}") from e
     if not words:
         raise ConfigError(f"[profiles.{profile.name}] run: empty command")
     is_engine = words[0] == "engine"

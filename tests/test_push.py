@@ -21,7 +21,8 @@ ODD = ["with space.txt", "quote'single.txt", 'quote"double.txt', "semi;colon $(e
        "dir with space/nested & amp.py", "ünïcode/ðata.txt"]
 
 
-def host_cfg(kind: str, request: pytest.FixtureRequest, root: Path, name: str = "box") -> HostConfig:
+def host_cfg(kind: str, request: pytest.FixtureRequest, root: Path,
+             name: str = "box") -> HostConfig:
     if kind == "local":
         return HostConfig(name=name, ssh=None, python=sys.executable, root=str(root))
     sshd: SSHD = request.getfixturevalue("sshd")
@@ -126,7 +127,8 @@ def test_push_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     box = HostConfig(name="box", python=sys.executable, root=str(tmp_path / "root"))
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'[hosts.box]\npython = "{sys.executable}"\nroot = "{box.root}"\n'
-                   f'[sync.scripts]\nhost = "box"\nlocal = "{src}"\nremote = "{tmp_path / "dst"}"\n')
+                   f'[sync.scripts]\nhost = "box"\nlocal = "{src}"\n'
+                   f'remote = "{tmp_path / "dst"}"\n')
     assert cli_main(["--config", str(cfg), "push", "box", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     names = {t["name"]: t for t in out["trees"]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -31,17 +32,16 @@ from console.runs import (
 from engine import events
 from tests.sshd import SSHD
 
-ARGS_SCRIPT = "import json, sys, os\nprint(json.dumps(sys.argv[1:]))\nprint(os.environ['GREETING'])\n" \
-              "sys.stderr.write('to stderr\\n')\nsys.exit(3)\n"
+ARGS_SCRIPT = ("import json, sys, os\nprint(json.dumps(sys.argv[1:]))\n"
+               "print(os.environ['GREETING'])\nsys.stderr.write('to stderr\\n')\nsys.exit(3)\n")
 
 
-def make_config(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
-                profiles: dict[str, Profile]) -> Config:
+def make_config(sshd: SSHD | None, tmp_path: Path, profiles: dict[str, Profile]) -> Config:
+    """One host "box": this machine (LocalTransport), or the test sshd when given."""
     root = str(tmp_path / "host root")
-    if kind == "local":
+    if sshd is None:
         box = HostConfig(name="box", ssh=None, python=sys.executable, root=root)
     else:
-        sshd: SSHD = request.getfixturevalue("sshd")
         box = HostConfig(name="box", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
                          identity=str(sshd.user_key), python=sys.executable, root=root)
     return Config(hosts={"box": box}, profiles=profiles)
@@ -59,18 +59,18 @@ async def wait_status(host: Host, run_id: str, want: set[str], timeout: float = 
 
 
 @pytest.fixture(params=["local", "ssh"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+def server(request: pytest.FixtureRequest) -> SSHD | None:
+    """Each test twice: on the local transport and through the real test sshd."""
+    return request.getfixturevalue("sshd") if request.param == "ssh" else None
 
 
-async def test_odd_names_args_exit_code_and_output(kind: str, request: pytest.FixtureRequest,
-                                                   tmp_path: Path) -> None:
+async def test_odd_names_args_exit_code_and_output(server: SSHD | None, tmp_path: Path) -> None:
     work = tmp_path / "work dir 'q'"
     work.mkdir()
     (work / "my script's.py").write_text(ARGS_SCRIPT)
     args = ["arg with space", 'q"uote', "$(touch pwned)", ";echo no", "`id`", "*", "a\\b"]
-    run = "python \"my script's.py\" " + " ".join(__import__("shlex").quote(a) for a in args)
-    cfg = make_config(kind, request, tmp_path, {
+    run = "python \"my script's.py\" " + " ".join(shlex.quote(a) for a in args)
+    cfg = make_config(server, tmp_path, {
         "odd": Profile(name="odd", hosts=["box"], run=run, cwd=str(work),
                        env={"GREETING": "hello; $HOME 'x'"})})
     pool: dict[str, Host] = {}
@@ -94,7 +94,7 @@ async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> No
     script = tmp_path / "slow.py"
     script.write_text(f"import time, pathlib\ntime.sleep(2)\npathlib.Path({str(marker)!r})"
                       ".write_text('ok')\nprint('finished')\nraise SystemExit(7)\n")
-    cfg = make_config("ssh", _Req(sshd), tmp_path, {
+    cfg = make_config(sshd, tmp_path, {
         "slow": Profile(name="slow", hosts=["box"], run=f"python {script}")})
     pool: dict[str, Host] = {}
     try:
@@ -111,16 +111,6 @@ async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> No
     assert (Path(rec.run_dir) / "output.log").read_text() == "finished\n"
 
 
-class _Req:
-    """getfixturevalue stand-in for make_config when the sshd fixture is already at hand."""
-
-    def __init__(self, sshd: SSHD) -> None:
-        self.sshd = sshd
-
-    def getfixturevalue(self, name: str) -> SSHD:
-        return self.sshd
-
-
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -128,10 +118,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def test_double_launch_refused_and_stop_kills_children(kind: str,
-                                                             request: pytest.FixtureRequest,
+async def test_double_launch_refused_and_stop_kills_children(server: SSHD | None,
                                                              tmp_path: Path) -> None:
-    cfg = make_config(kind, request, tmp_path, {
+    cfg = make_config(server, tmp_path, {
         "tree": Profile(name="tree", hosts=["box"], cwd=str(tmp_path),
                         run="sh -c 'sleep 300 & echo $! > child-$$.pid; wait'")})
     pool: dict[str, Host] = {}
@@ -166,7 +155,7 @@ async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
     stubborn = tmp_path / "stubborn.py"
     stubborn.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                         "print('ready', flush=True)\ntime.sleep(300)\n")
-    cfg = make_config("local", None, tmp_path, {  # type: ignore[arg-type]
+    cfg = make_config(None, tmp_path, {
         "stubborn": Profile(name="stubborn", hosts=["box"], run=f"python {stubborn}"),
         "victim": Profile(name="victim", hosts=["box"], run="sleep 300")})
     pool: dict[str, Host] = {}
@@ -198,7 +187,7 @@ async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
 
 
 async def test_engine_run_writes_events(tmp_path: Path) -> None:
-    cfg = make_config("local", None, tmp_path, {  # type: ignore[arg-type]
+    cfg = make_config(None, tmp_path, {
         "doc": Profile(name="doc", hosts=["box"], run=f"engine doctor --path '{tmp_path}'")})
     pool: dict[str, Host] = {}
     try:

@@ -1,4 +1,5 @@
-"""`eagle3-console push HOST [SYNC ...] [--delete]`: send the engine and sync sets, only what changed."""
+"""`eagle3-console push HOST [SYNC ...] [--delete]`: send the engine and sync sets, only what
+changed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from console.config import Config
 from console.host import open_host
 from console.push import host_trees, push
 
-HELP = "send the engine package and sync sets to HOST (only changed files; --delete mirrors removals)"
+HELP = ("send the engine package and sync sets to HOST (only changed files; --delete mirrors "
+        "removals)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -44,7 +46,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if sys.stderr.isatty() and report.files_sent:
         print(file=sys.stderr)
     for t in report.trees:
-        line = f"{t.name:<12} {t.sent:>5} of {t.files} files sent, {_size(t.bytes):>9}  -> {t.remote}"
+        line = (f"{t.name:<12} {t.sent:>5} of {t.files} files sent, {_size(t.bytes):>9}  "
+                f"-> {t.remote}")
         if t.deleted:
             line += f"  ({t.deleted} deleted)"
         if t.extra:
