@@ -104,10 +104,10 @@ async def test_push_sends_only_changes(kind: str, request: pytest.FixtureRequest
         await host.close()
 
 
-async def test_engine_always_pushed_and_doctor_on_fresh_host(kind: str,
-                                                              request: pytest.FixtureRequest,
-                                                              tmp_path: Path) -> None:
-    host = Host(host_cfg(kind, request, tmp_path / "fresh root"))
+async def test_engine_always_pushed_and_doctor_on_fresh_host(sshd: SSHD, tmp_path: Path) -> None:
+    host = Host(HostConfig(name="fresh", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                           identity=str(sshd.user_key), python=sys.executable,
+                           root=str(tmp_path / "fresh root")))
     try:
         report = await host.doctor()        # nothing pushed yet: ensure_engine does it
         assert report["engine"] and report["python"]

@@ -188,17 +188,19 @@ async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
 
 async def test_engine_run_writes_events(tmp_path: Path) -> None:
     cfg = make_config(None, tmp_path, {
-        "doc": Profile(name="doc", hosts=["box"], run=f"engine doctor --path '{tmp_path}'")})
+        "mon": Profile(name="mon", hosts=["box"],
+                       run=f"engine monitor --count 3 --interval 0.1 --path '{tmp_path}'")})
     pool: dict[str, Host] = {}
     try:
-        run = await launch(cfg, "doc", pool)
+        run = await launch(cfg, "mon", pool)
         rec = await wait_status(pool["box"], run.id, {"succeeded", "failed"}, timeout=60)
     finally:
         await close_hosts(pool)
     assert rec.status == "succeeded", (Path(rec.run_dir) / "output.log").read_text()
-    assert rec.raw["argv"][1:4] == ["-m", "engine", "doctor"] and rec.raw["argv"][-1] == "--events"
-    evs = [events.parse(ln) for ln in (Path(rec.run_dir) / "events.jsonl").read_text().splitlines()]
-    assert any(e is not None and e.kind == "result" for e in evs)
+    assert rec.raw["argv"][1:4] == ["-m", "engine", "monitor"] and rec.raw["argv"][-1] == "--events"
+    lines = (Path(rec.run_dir) / "events.jsonl").read_text().splitlines()
+    kinds = [e.kind for e in map(events.parse, lines) if e is not None]
+    assert kinds.count("sample") == 3 and len(kinds) == len(lines)   # stdout is events only
 
 
 def test_launch_failure_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
