@@ -50,7 +50,7 @@ class Host:
         self.transport = transport or open_transport(cfg)
         self._home: str | None = None
         self._lock = asyncio.Lock()
-        self._engine_pushed = False
+        self.engine_pushed = False  # set once this console's engine is known to be on the host
 
     @property
     def name(self) -> str:
@@ -88,12 +88,12 @@ class Host:
     async def ensure_engine(self, force: bool = False) -> None:
         """Push the engine package and host helpers when they differ from this console's copy.
 
-        Checked once per Host (an unchanged engine costs one remote command); force re-checks."""
-        if self._engine_pushed and not force:
+        Checked once per Host (an unchanged engine costs two small SFTP reads); force re-checks."""
+        if self.engine_pushed and not force:
             return
         from console.push import engine_trees, push  # push imports this module
         await push(self, await engine_trees(self))
-        self._engine_pushed = True
+        self.engine_pushed = True
 
     async def engine_argv(self, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         """argv and env that run `python -m engine ARGS` with the pushed code first on the path."""

@@ -20,7 +20,8 @@ directory (one record, its node_rank) on every host. How a profile's `run` strin
     python[3] script.py ...   PYTHON script.py ...               (the host's configured Python)
     anything else             as written (split like a shell would, never run by one)
 
-(`{run_dir}` in any word becomes ROOT/runs/<run-id>, so a run's outputs can live beside its log)
+`{run_dir}` and `{run_id}` in the run string or cwd become this run's directory and id (e.g.
+`engine train ... --out {run_dir}/out`: a run's outputs live beside its log, ROOT/runs/<id>),
 
 and with nproc_per_node > 1 or several hosts the same under `PYTHON -m torch.distributed.run`
 (`--standalone` on one host; `--nnodes N --node-rank R --rdzv-backend c10d --rdzv-endpoint
@@ -47,8 +48,6 @@ from console.host import Host
 from console.push import PushReport, engine_trees, push, sync_tree
 
 STATUSES = ("running", "succeeded", "failed", "stopped", "lost")
-#: replaced in a profile's argv by the run's directory on the host (e.g. `--out {run_dir}/out`)
-RUN_DIR_PLACEHOLDER = "{run_dir}"
 RUNNER = "eagle3_hostside.runner"
 
 
@@ -146,11 +145,17 @@ def new_run_id(profile: str) -> str:
     return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def substitute(text: str, run_id: str, run_dir: str) -> str:
+    """`{run_id}` and `{run_dir}` in a profile's run words and cwd (nothing else is touched:
+    other braces, e.g. JSON arguments, stay as written)."""
+    return text.replace("{run_dir}", run_dir).replace("{run_id}", run_id)
+
+
 def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int = 0,
-               rdzv: Rendezvous | None = None) -> tuple[list[str], bool]:
+               rdzv: Rendezvous | None = None, run_dir: str = "") -> tuple[list[str], bool]:
     """argv for one node, and whether it is an engine command (see the module docstring)."""
     try:
-        words = shlex.split(profile.run)
+        words = [substitute(w, run_id, run_dir) for w in shlex.split(profile.run)]
     except ValueError as e:
         raise ConfigError(f"[profiles.{profile.name}] run: cannot split {profile.run!r}: "
                           f"{e}") from e
@@ -224,7 +229,7 @@ async def _push_for(config: Config, profile: Profile, host: Host) -> PushReport:
     for s in profile.sync:
         trees.append(await sync_tree(host, config.syncs[s]))
     report = await push(host, trees)
-    host._engine_pushed = True  # noqa: SLF001 - the push above covered the engine
+    host.engine_pushed = True  # the push above covered the engine
     return report
 
 
@@ -258,16 +263,16 @@ def _ssh_hostname(cfg: HostConfig) -> str | None:
 
 async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
                       rdzv: Rendezvous | None, report: PushReport) -> dict[str, Any]:
-    argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv)
     run_dir = posixpath.join(await runs_dir(host), run_id)
-    # `{run_dir}` in a profile's run string: outputs land in the run's own directory
-    argv = [a.replace(RUN_DIR_PLACEHOLDER, run_dir) for a in argv]
+    argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv,
+                                 run_dir=run_dir)
     env = {k: v for k, v in profile.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     env.setdefault("PYTHONUNBUFFERED", "1")
     spec = {
         "id": run_id, "profile": profile.name, "host": host.name, "node_rank": rank,
         "nnodes": len(profile.hosts), "argv": argv,
-        "cwd": await host.resolve(profile.cwd) if profile.cwd else await host.root(),
+        "cwd": (await host.resolve(substitute(profile.cwd, run_id, run_dir)) if profile.cwd
+                else await host.root()),
         "env": env, "path_prepend": {"PYTHONPATH": await host.code_dir()},
         "stdout": "events.jsonl" if is_engine else "output.log", "stderr": "output.log",
         "engine": is_engine, "run_dir": run_dir, "push": report.record(),

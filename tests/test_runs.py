@@ -238,6 +238,11 @@ def test_build_argv() -> None:
     assert argv[3:] == ["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
                         "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29400",
                         "--rdzv-id", "r1", "04_train.py", "--x", "1"]
+    out = Profile(name="p", hosts=["box"], run="engine train --out {run_dir}/out --tag {run_id} "
+                  "--json '{\"a\": 1}'")
+    argv, _ = build_argv(out, box, run_id="r7", run_dir="/root/runs/r7")
+    assert argv[4:] == ["--out", "/root/runs/r7/out", "--tag", "r7", "--json", '{"a": 1}',
+                        "--events"]
     plain = Profile(name="p", hosts=["box"], run="bash run.sh", nproc_per_node=2)
     assert build_argv(plain, box, run_id="r")[0][-3:] == ["--no-python", "bash", "run.sh"]
     assert build_argv(Profile(name="p", hosts=["box"], run="ls -l"), box, run_id="r") == \
