@@ -11,12 +11,16 @@ defaults it adds:
 
 so a new user presses `t` and watches a real CPU finetune finish in about two minutes. Each run
 writes into its own run directory (`--out {run_dir}/out`, substituted by console/runs.py).
-The training arguments mirror engine/demo.py's `suggested_commands` (a test keeps them equal);
-they are spelled out here because the console must not import the engine's torch code.
+The training arguments are the workspace's own suggested commands (its demo.json, so a
+workspace built by another engine version still gets the runs it was made for); before the
+workspace exists they come from the copy below of engine/demo.py's `suggested_commands` (a test
+keeps the two equal; the console must not import the engine's torch code).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import posixpath
 import shlex
 from collections.abc import Callable
@@ -24,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from console.config import LOCAL, Config, Profile, data_dir, local_host
-from console.host import Host
+from console.errors import CommandFailed
+from console.host import EngineError, Host
 from engine import events
 
 DEMO = "demo"
 #: the workspace's draft vocab size and the runs' lengths (engine/demo.py)
-DRAFT_VOCAB = 192
+DRAFT_VOCAB = 96
 FINETUNE_STEPS = 150
 SCRATCH_STEPS = 300
 TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",
@@ -58,12 +63,34 @@ def train_argv(workspace: str, kind: str, steps: int | None = None) -> list[str]
     return argv + TRAIN_ARGS
 
 
+def suggested_argv(workspace: str, kind: str) -> list[str] | None:
+    """`engine train ...` words of the workspace's demo.json command (no --out), or None."""
+    d = workspace.rstrip("/")
+    try:
+        info = json.loads((Path(d) / "demo.json").read_text(encoding="utf-8"))
+        cmd = str(info["commands"][kind])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # the engine writes the workspace path unquoted: keep it one word whatever it holds
+    mark = "\0workspace\0"
+    try:
+        words = [w.replace(mark, d) for w in shlex.split(cmd.replace(d, mark))]
+    except ValueError:
+        return None
+    if words[:3] != ["python", "-m", "engine"] or "--out" not in words[:-1]:
+        return None
+    i = words.index("--out")
+    return ["engine", *words[3:i], *words[i + 2:]]
+
+
 def demo_profiles(workspace: str, host: str = LOCAL, steps: int | None = None,
                   extra: list[str] | None = None) -> dict[str, Profile]:
     """The `finetune` and `scratch` profiles on host (steps / extra args: shorter test runs)."""
     out = {}
     for kind in ("finetune", "scratch"):
-        words = [*train_argv(workspace, kind, steps), "--out", "{run_dir}/out", *(extra or [])]
+        base = suggested_argv(workspace, kind) if steps is None else None
+        words = [*(base or train_argv(workspace, kind, steps)), "--out", "{run_dir}/out",
+                 *(extra or [])]
         out[kind] = Profile(name=kind, hosts=[host], run=shlex.join(words))
     return out
 
@@ -81,6 +108,15 @@ def with_demo(config: Config, workspace: Path | None = None) -> Config:
         config.profiles.setdefault(name, profile)
     config.demo = d
     return config
+
+
+def refresh_demo_profiles(config: Config) -> None:
+    """After the first build: the profiles as the new workspace's demo.json says."""
+    if config.demo is None:
+        return
+    for name, profile in demo_profiles(config.demo).items():
+        if name in config.profiles and config.profiles[name].hosts == [LOCAL]:
+            config.profiles[name] = profile
 
 
 def demo_config() -> Config:
@@ -104,5 +140,29 @@ async def ensure_demo(host: Host, workspace: str,
         return {}
     parent = posixpath.dirname(workspace.rstrip("/"))
     await host.transport.run(["mkdir", "-p", parent], check=True)
-    return await host.engine(["demo", "init", workspace], timeout=BUILD_TIMEOUT_S,
-                             on_event=on_event)
+    await host.ensure_engine()
+    # `demo --events init DIR`: the flag belongs to `demo` (its `init` takes no common flags),
+    # so this runs the stream itself rather than Host.engine, which appends --events last
+    argv, env = await host.engine_argv(["demo", "--events", "init", workspace])
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    try:
+        async with asyncio.timeout(BUILD_TIMEOUT_S):
+            async for line in host.transport.stream(argv, env=env):
+                ev = events.parse(line)
+                if ev is None:
+                    continue
+                if on_event is not None:
+                    on_event(ev)
+                if ev.kind == "result":
+                    result = dict(ev.get("data") or {})
+                elif ev.kind == "error":
+                    error = str(ev.get("msg", "failed"))
+    except CommandFailed as e:
+        lines = [ln for ln in (e.stderr or "").splitlines() if ln.strip()]
+        raise EngineError(host.name, error or (lines[-1] if lines else str(e))) from e
+    except TimeoutError as e:
+        raise EngineError(host.name, f"demo init took over {BUILD_TIMEOUT_S:.0f} s") from e
+    if error is not None or result is None:
+        raise EngineError(host.name, error or "engine demo init ended without a result")
+    return result

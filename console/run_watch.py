@@ -165,8 +165,14 @@ class RunFeed:
         push = raw.get("push") or {}
         if push.get("manifest"):
             rows.append(("code", f"manifest {str(push['manifest'])[:12]}"))
+        by_commit: dict[str, list[str]] = {}
         for tree, commit in (push.get("git") or {}).items():
-            rows.append((f"git {tree}", str(commit)))
+            if commit:
+                by_commit.setdefault(str(commit), []).append(str(tree))
+        for commit, trees in by_commit.items():
+            dirty = " (local changes)" if commit.endswith("-dirty") else ""
+            rows.append(("git", f"{commit.removesuffix('-dirty')[:12]}{dirty} "
+                                f"({', '.join(trees)})"))
         tr = self.train_run
         if tr:
             settings = tr.get("settings") or {}

@@ -27,7 +27,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
 from console.config import LOCAL, Config
-from console.demo_default import demo_ready, ensure_demo
+from console.demo_default import demo_ready, ensure_demo, refresh_demo_profiles
 from console.errors import ConsoleError
 from console.host import Host
 from console.push import PushReport, host_trees, push
@@ -391,6 +391,7 @@ class RunsPane(Vertical):
         finally:
             self.bar(None, None)
         self.demo_state = "ready"
+        refresh_demo_profiles(self.config)
         took = (info.get("seconds") or {}).get("total")
         self.activity("Demo workspace ready" + (f" ({took:.0f} s)" if took else "") +
                       ": press [b]t[/b] to finetune the public drafter, [b]enter[/b] to "

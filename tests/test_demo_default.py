@@ -1,0 +1,121 @@
+"""The embedded default: no config file (or one holding only a theme) gives the local host, the
+demo's `finetune` and `scratch` profiles (the engine's own suggested runs, writing into the run
+directory) and its public drafter in the checkpoints pane; the first start builds the workspace
+in the runs pane with a progress bar from the engine's events, and a failed build says why."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+from textual.widgets import ProgressBar, TabbedContent
+
+from console.config import LOCAL, data_dir, default_config, load_config
+from console.demo_default import demo_dir, demo_profiles
+from console.panes.runs import RunsPane
+from console.screens.main import MainScreen
+from tests.runs_registry import local_app
+
+
+def test_no_config_file_gives_the_demo() -> None:
+    cfg = load_config()
+    d = str(data_dir() / "demo")
+    assert cfg.path is None and cfg.demo == d and list(cfg.hosts) == [LOCAL]
+    assert cfg.hosts[LOCAL].checkpoints == [f"{d}/public-drafter"]
+    assert list(cfg.profiles) == ["finetune", "scratch"]
+    words = shlex.split(cfg.profiles["finetune"].run)
+    assert words[:2] == ["engine", "train"]
+    assert words[words.index("--out") + 1] == "{run_dir}/out"
+    assert words[words.index("--finetune-from") + 1] == f"{d}/public-drafter"
+
+
+def test_a_config_with_only_a_theme_keeps_the_demo(tmp_path: Path) -> None:
+    only_theme = tmp_path / "a.toml"
+    only_theme.write_text('theme = "eagle3-light"\n')
+    cfg = load_config(only_theme)
+    assert cfg.theme == "eagle3-light" and cfg.demo is not None and "finetune" in cfg.profiles
+    real = tmp_path / "b.toml"
+    real.write_text('[hosts.gpu1]\nssh = "gpu1"\n')
+    cfg = load_config(real)
+    assert cfg.demo is None and cfg.profiles == {} and cfg.hosts[LOCAL].checkpoints == []
+
+
+def test_profiles_are_the_engines_suggested_runs() -> None:
+    """The console spells the demo runs out itself (no torch import): they must stay the
+    engine's suggested commands, with the output moved into the run directory."""
+    from engine.demo import suggested_commands
+    d = "/w/demo"
+    suggested = suggested_commands(d)
+    for name, profile in demo_profiles(d).items():
+        ours = shlex.split(profile.run)
+        theirs = shlex.split(suggested[name])
+        assert theirs[:3] == ["python", "-m", "engine"] and ours[0] == "engine"
+        i, j = theirs.index("--out"), ours.index("--out")
+        assert ours[j + 1] == "{run_dir}/out"
+        ours_rest = ours[1:j] + ours[j + 2:]
+        theirs_rest = theirs[3:i] + theirs[i + 2:]
+        assert ours_rest == theirs_rest, name
+
+
+def test_profiles_follow_the_workspace_demo_json(tmp_path: Path) -> None:
+    """A built workspace's own commands win (spaces in its path included)."""
+    import json
+    ws = tmp_path / "my demo"
+    ws.mkdir()
+    d = str(ws)
+    cmds = {"finetune": f"python -m engine train --target {d}/target --data {d}/data --out "
+                        f"{d}/runs/finetune --finetune-from {d}/public-drafter --max-steps 7",
+            "scratch": f"python -m engine train --target {d}/target --data {d}/data --out "
+                       f"{d}/runs/scratch --max-steps 9"}
+    (ws / "demo.json").write_text(json.dumps({"commands": cmds}))
+    prof = demo_profiles(d)
+    assert shlex.split(prof["finetune"].run) == [
+        "engine", "train", "--target", f"{d}/target", "--data", f"{d}/data", "--finetune-from",
+        f"{d}/public-drafter", "--max-steps", "7", "--out", "{run_dir}/out"]
+    assert shlex.split(prof["scratch"].run)[-4:] == ["--max-steps", "9", "--out", "{run_dir}/out"]
+
+
+async def wait_for(pilot: Pilot[Any], cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        await pilot.pause(0.1)
+
+
+async def test_first_start_builds_the_demo_with_progress() -> None:
+    """The real build starts (engine demo init through the local host) and reports progress
+    in the runs pane, which the console opens on; quitting mid-build leaves no workspace."""
+    app = local_app(default_config())
+    async with app.run_test(size=(120, 40)) as pilot:
+        main = next(s for s in app.screen_stack if isinstance(s, MainScreen))
+        pane = main.query_one(RunsPane)
+        await wait_for(pilot, lambda: main.query_one(TabbedContent).active == "tab-runs", 10,
+                       "the runs tab")
+        activity = pane.query_one("#runs-activity")
+        bar = pane.query_one("#runs-bar", ProgressBar)
+        await wait_for(pilot, lambda: "/" in str(activity.render()) and bar.display
+                       and bar.total is not None, 240, "a progress event of the build")
+        assert pane.demo_state == "building"
+        assert str(activity.render()).startswith("Building the demo workspace (first start")
+        await pilot.press("t")                      # not yet: the workspace is not there
+        await pilot.pause()
+        assert pane.busy is None and not pane.records.get(LOCAL)
+    assert not (demo_dir() / "demo.json").exists()
+
+
+async def test_a_failed_build_says_why(tmp_path: Path) -> None:
+    cfg = default_config()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    cfg.demo = str(blocker / "demo")                  # its parent is a file: mkdir fails
+    app = local_app(cfg)
+    async with app.run_test(size=(120, 40)) as pilot:
+        main = next(s for s in app.screen_stack if isinstance(s, MainScreen))
+        pane = main.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.demo_state == "failed", 120, "the failure")
+        text = str(pane.query_one("#runs-activity").render())
+        assert text.startswith("The demo workspace could not be built: ") and "mkdir" in text
