@@ -35,12 +35,12 @@ from engine.events import Emitter
 # Sizes chosen so that `demo init` takes well under a minute and a demo finetune about two
 # minutes on 2 CPU cores (see the report in the project README).
 TARGET_STEPS = 200
-N_TRAIN, N_EVAL, N_PUBLIC = 320, 40, 160
+N_TRAIN, N_EVAL, N_PUBLIC = 320, 40, 128
 MAX_NEW_TOKENS = 32
 DRAFT_VOCAB = 96           # the run's draft vocab (from DIR/data; ~100 distinct assistant tokens)
 PUBLIC_DRAFT_VOCAB = 80    # the public drafter's (from public.jsonl): another size and id set
 PUBLIC_KINDS = ("spell", "day", "colour", "greet", "reverse", "count")
-PUBLIC_STEPS = 100
+PUBLIC_STEPS = 80
 TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",
               "--warmup-ratio", "0.05", "--save-every", "50", "--holdout", "16"]
 FINETUNE_STEPS = 150

@@ -188,7 +188,6 @@ def test_online_features_match_prepared_shards(demo_dir: Path, tmp_path: Path) -
     for step in (1, 2, 3):
         assert on[step][0]["tokens"] == off[step][0]["tokens"]
         assert on[step][0]["loss"] == pytest.approx(off[step][0]["loss"], rel=1e-4)
-    assert on[3][0]["t_target_s"] > off[3][0]["t_target_s"]  # the target really ran in the loop
 
 
 def test_vocab_file_from_vocab_build(demo_dir: Path, tmp_path: Path) -> None:
