@@ -26,7 +26,7 @@ run: setup
 	$(BIN)/eagle3-console $(ARGS)
 
 test: setup-test
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 lint: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks || true
