@@ -46,7 +46,7 @@ class RunFeed:
         self.poll = poll
         self.status_every = status_every
         self.train_run: dict[str, Any] | None = None   # the engine's RUN_DIR/run.json
-        self.notice = ""                                 # "reconnecting: ..." while the link is down
+        self.notice = ""                           # "reconnecting: ..." while the link is down
         self.following = False
         self.finished = False                            # read to the end of a run that ended
         # per file: (offset of the last line handed over, or None for none yet)

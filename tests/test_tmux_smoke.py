@@ -86,8 +86,8 @@ def console_command(tmp_path: Path) -> str:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_DATA_HOME": str(tmp_path / "data"),
            "TERM": "xterm-256color", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # COLUMNS / LINES (set by pytest's terminal handling) would pin the app's size
-    return "env -u COLUMNS -u LINES " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " " + \
-        " ".join(shlex.quote(a) for a in argv)
+    words = [f"{k}={v}" for k, v in env.items()] + argv
+    return "env -u COLUMNS -u LINES " + " ".join(shlex.quote(w) for w in words)
 
 
 def test_demo_default_in_a_real_terminal(term: Term, demo_dir: Path, tmp_path: Path) -> None:

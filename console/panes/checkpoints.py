@@ -164,7 +164,8 @@ class CheckpointsPane(Vertical):
         root = self.roots.get(host, "")
         self.query_one(CheckpointTable).show([c.path for c in found],
                                              [ckpt_row(c, root) for c in found])
-        folders = ", ".join(self.app.config.hosts[host].checkpoints) or "none configured"  # type: ignore[attr-defined]
+        config = self.app.config  # type: ignore[attr-defined]
+        folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
         text = f"[b]{host}[/b] · {len(found)} checkpoints · folders: {folders}"
         if root:
             text += f" · runs and conversions under {root}"

@@ -37,7 +37,7 @@ from console.widgets.meters import fmt_bytes
 from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
 from engine import events
 
-LIST_EVERY_S = 3.0
+LIST_EVERY_S = 5.0
 STOP_GRACE_S = 10.0
 
 
@@ -323,8 +323,8 @@ class RunsPane(Vertical):
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")
-            run = await stop_run(self.config, run_id, self.app.pool.hosts,  # type: ignore[attr-defined]
-                                 grace=STOP_GRACE_S)
+            hosts = self.app.pool.hosts  # type: ignore[attr-defined]
+            run = await stop_run(self.config, run_id, hosts, grace=STOP_GRACE_S)
             self.activity(f"{run_id}: {run.status}")
         except ConsoleError as e:
             self.activity(f"stop failed: {describe_error(e)}", error=True)

@@ -9,7 +9,7 @@ keeps following), `x` stops the run.
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -158,8 +158,8 @@ class RunDetailScreen(Screen[None]):
                 f"{STOP_GRACE_S:.0f} s.", yes="Stop it")):
             return
         try:
-            await stop_run(self.app.config, run_id, self.app.pool.hosts,  # type: ignore[attr-defined]
-                           grace=STOP_GRACE_S)
+            app: Any = self.app
+            await stop_run(app.config, run_id, app.pool.hosts, grace=STOP_GRACE_S)
             await self.feed.refresh_record()
         except ConsoleError as e:
             self.notify(f"stop failed: {describe_error(e)}", severity="error")
