@@ -187,3 +187,17 @@ def test_inspect_and_convert_subcommands(tmp_path: Path, capsys: pytest.CaptureF
     assert len(err) == 1 and err[0].startswith("error: box: ") and "nope" in err[0]
     assert not (tmp_path / "out2").exists()
     assert cli_main(["--config", str(cfg), "inspect", "box", str(tmp_path / "nope")]) == 1
+
+
+async def test_convert_dialog_fits_100x30(tmp_path: Path) -> None:
+    app = local_app(local_config(tmp_path / "host"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.push_screen(ConvertDialog("/x/runs/ft-1/out/final", "/x/converted"))
+        await pilot.pause()
+        box = app.screen.query_one("#convert-box").region
+        for wid in ("#convert-to", "#convert-dst", "#convert-verifier", "#convert-dtype",
+                    "#convert-force", "#convert-ok", "#convert-cancel"):
+            r = app.screen.query_one(wid).region
+            assert r.height > 0 and box.contains_region(r) and r.bottom <= 30, wid
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
