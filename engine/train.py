@@ -99,6 +99,9 @@ class Trainer:
         if cfg.resume and resume_from is None:
             self.ev.log(f"--resume: no checkpoint in {self.ckpt_root} yet; starting fresh",
                         level="warning")
+        if cfg.fsdp and not self.dist.enabled:
+            self.ev.log("--fsdp: one process, nothing to shard (launch with torchrun)",
+                        level="warning")
         self.setup_: Setup = build(cfg, self.ev, self.dev)
         data = self.setup_.data
         hold = cfg.holdout if cfg.holdout is not None else min(64, len(data) // 20)
