@@ -238,7 +238,7 @@ class RunsPane(Vertical):
 
         trees = await host_trees(h, self.config, syncs)
         report = await push(h, trees, on_progress=progress)
-        h._engine_pushed = True  # noqa: SLF001 - the push above covered the engine
+        h.engine_pushed = True  # the push above covered the engine
         return report
 
     def action_launch(self) -> None:

@@ -57,6 +57,7 @@ _FAST_FIRST = [b"aes128-gcm@openssh.com", b"aes256-gcm@openssh.com"]
 
 # what a dropped link looks like to the code using it
 _LINK_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, asyncssh.SFTPConnectionLost,
+                asyncssh.SFTPNoConnection,
                 ConnectionError, BrokenPipeError, EOFError)
 
 
