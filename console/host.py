@@ -174,6 +174,8 @@ class HostPool:
         """Connected host, or raise after setting FAILED with the reason."""
         host = self.hosts[name]
         if host.transport.connected:
+            if self.state[name] is not HostState.CONNECTED:  # local: connected from the start
+                self.set_state(name, HostState.CONNECTED)
             return host
         was = self.state[name]
         self.set_state(name, HostState.RECONNECTING if was is HostState.CONNECTED

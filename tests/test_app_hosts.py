@@ -1,0 +1,31 @@
+"""The hosts list shows each host's real connection state, driven by the host pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from console.app import create_app
+from console.config import Config, HostConfig, local_host
+from console.host import HostState
+from console.widgets.host_list import HostItem
+
+
+async def test_states_follow_the_pool(tmp_path: Path) -> None:
+    # a host on a closed loopback port fails; the local host connects
+    dead = HostConfig(name="dead", ssh="nobody@127.0.0.1:1", root=str(tmp_path / "r"),
+                      known_hosts=str(tmp_path / "kh"))
+    cfg = Config(hosts={"local": local_host(), "dead": dead})
+    app = create_app(cfg)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.pool.ensure("local")
+        try:
+            await app.pool.ensure("dead")
+        except Exception:
+            pass
+        await pilot.pause(0.2)
+        items = {i.host: i for i in app.screen.query(HostItem)}
+        assert app.pool.state["local"] is HostState.CONNECTED
+        assert items["local"].has_class("-connected")
+        assert app.pool.state["dead"] is HostState.FAILED
+        assert items["dead"].has_class("-failed")
+        assert "failed" in str(items["dead"].label.render())
