@@ -41,6 +41,9 @@ TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--e
               "--warmup-ratio", "0.05", "--save-every", "50", "--holdout", "16"]
 #: a first build takes about a minute; a loaded machine may take several
 BUILD_TIMEOUT_S = 1800.0
+#: the demo's models are tiny: one thread each is as fast, and on a busy machine far faster
+#: (OpenMP threads spinning on shared cores stall each other)
+DEMO_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def demo_dir() -> Path:
@@ -91,7 +94,7 @@ def demo_profiles(workspace: str, host: str = LOCAL, steps: int | None = None,
         base = suggested_argv(workspace, kind) if steps is None else None
         words = [*(base or train_argv(workspace, kind, steps)), "--out", "{run_dir}/out",
                  *(extra or [])]
-        out[kind] = Profile(name=kind, hosts=[host], run=shlex.join(words))
+        out[kind] = Profile(name=kind, hosts=[host], run=shlex.join(words), env=dict(DEMO_ENV))
     return out
 
 
@@ -144,6 +147,7 @@ async def ensure_demo(host: Host, workspace: str,
     # `demo --events init DIR`: the flag belongs to `demo` (its `init` takes no common flags),
     # so this runs the stream itself rather than Host.engine, which appends --events last
     argv, env = await host.engine_argv(["demo", "--events", "init", workspace])
+    env.update(DEMO_ENV)
     result: dict[str, Any] | None = None
     error: str | None = None
     try:
