@@ -107,6 +107,7 @@ class CheckpointsPane(Vertical):
         self.scan_error: str | None = None
         self.scans = 0
         self.converting: str | None = None
+        self._scanning = False
         self._shown_path: str | None = None
 
     def compose(self) -> ComposeResult:
@@ -133,7 +134,8 @@ class CheckpointsPane(Vertical):
             self.scan(self.host)
 
     def _poll(self) -> None:
-        if self.host is not None and self.is_on_screen and self.converting is None:
+        if self.host is not None and self.is_on_screen and self.converting is None \
+                and not self._scanning:
             self.scan(self.host)
 
     def action_refresh(self) -> None:
@@ -142,6 +144,7 @@ class CheckpointsPane(Vertical):
 
     @work(exclusive=True, group="ckpt-scan", exit_on_error=False)
     async def scan(self, host: str) -> None:
+        self._scanning = True
         try:
             h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
             found = await find_checkpoints(h)
@@ -150,6 +153,8 @@ class CheckpointsPane(Vertical):
             self.scan_error = f"{host}: {describe_error(e)}"
             self._draw()
             return
+        finally:
+            self._scanning = False
         self.scan_error = None
         self.found[host] = found
         self.scans += 1

@@ -71,6 +71,7 @@ class RunsPane(Vertical):
         self.demo_state: str | None = None      # None, "building", "ready" or "failed"
         self.list_error: str | None = None
         self.listed = 0                          # how many registry reads have completed
+        self._listing = False
         self._drawn: tuple[object, ...] = ()
 
     # -- layout --------------------------------------------------------------------------------
@@ -125,7 +126,8 @@ class RunsPane(Vertical):
         self.refresh_view(force=True)
 
     def _poll(self) -> None:
-        if self.host is not None and self.is_on_screen:
+        # a slow host: let the read in flight finish rather than restart it every tick
+        if self.host is not None and self.is_on_screen and not self._listing:
             self.load_runs(self.host)
 
     def action_refresh(self) -> None:
@@ -134,6 +136,7 @@ class RunsPane(Vertical):
 
     @work(exclusive=True, group="runs-list", exit_on_error=False)
     async def load_runs(self, host: str) -> None:
+        self._listing = True
         try:
             h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
             recs = await list_runs(h)
@@ -141,6 +144,8 @@ class RunsPane(Vertical):
             self.list_error = f"{host}: cannot read the run registry: {e}"
             self.refresh_view(force=True)
             return
+        finally:
+            self._listing = False
         self.list_error = None
         self.records[host] = recs
         self.listed += 1
