@@ -65,3 +65,10 @@ def test_init_refuses_an_existing_directory(demo_dir: Path) -> None:
     p = run_engine("demo", "init", str(demo_dir), check=False)
     assert p.returncode == 1
     assert p.stderr.strip() == f"error: {demo_dir}: already exists (pass --force to rebuild it)"
+
+
+def test_init_accepts_events_after_the_action(demo_dir: Path) -> None:
+    p = run_engine("demo", "init", str(demo_dir), "--events", check=False)
+    assert p.returncode == 1
+    err = json.loads(p.stdout.strip().splitlines()[-1])
+    assert err["kind"] == "error" and "already exists" in err["msg"]

@@ -17,6 +17,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     init.add_argument("--force", action="store_true", help="replace DIR if it exists")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--json", action="store_true", help="print what was built as JSON")
+    # `demo init DIR --events` as well as `demo --events init DIR` (SUPPRESS: never resets them)
+    init.add_argument("--events", action="store_true", default=argparse.SUPPRESS,
+                      help="JSON-line events on stdout")
+    init.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                      help="show tracebacks on failure")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
