@@ -158,6 +158,7 @@ class Emitter:
         self._emit("result", {"data": data})
 
     def error(self, msg: str, type_: str = "EngineError") -> None:
+        self._end_bar()  # the CLI's `error:` line must not be glued to a half-drawn bar
         self._emit("error", {"msg": msg, "type": type_})
 
     def sample(self, data: dict[str, Any]) -> None:
