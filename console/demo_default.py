@@ -144,8 +144,7 @@ async def ensure_demo(host: Host, workspace: str,
     parent = posixpath.dirname(workspace.rstrip("/"))
     await host.transport.run(["mkdir", "-p", parent], check=True)
     await host.ensure_engine()
-    # `demo --events init DIR`: the flag belongs to `demo` (its `init` takes no common flags),
-    # so this runs the stream itself rather than Host.engine, which appends --events last
+    # streamed here rather than through Host.engine: the build gets DEMO_ENV (one thread)
     argv, env = await host.engine_argv(["demo", "--events", "init", workspace])
     env.update(DEMO_ENV)
     result: dict[str, Any] | None = None
