@@ -19,7 +19,6 @@ keeps the two equal; the console must not import the engine's torch code).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import posixpath
 import shlex
@@ -28,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from console.config import LOCAL, Config, Profile, data_dir, local_host
-from console.errors import CommandFailed
-from console.host import EngineError, Host
+from console.host import Host
 from engine import events
 
 DEMO = "demo"
@@ -144,28 +142,5 @@ async def ensure_demo(host: Host, workspace: str,
     parent = posixpath.dirname(workspace.rstrip("/"))
     await host.transport.run(["mkdir", "-p", parent], check=True)
     await host.ensure_engine()
-    # streamed here rather than through Host.engine: the build gets DEMO_ENV (one thread)
-    argv, env = await host.engine_argv(["demo", "--events", "init", workspace])
-    env.update(DEMO_ENV)
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    try:
-        async with asyncio.timeout(BUILD_TIMEOUT_S):
-            async for line in host.transport.stream(argv, env=env):
-                ev = events.parse(line)
-                if ev is None:
-                    continue
-                if on_event is not None:
-                    on_event(ev)
-                if ev.kind == "result":
-                    result = dict(ev.get("data") or {})
-                elif ev.kind == "error":
-                    error = str(ev.get("msg", "failed"))
-    except CommandFailed as e:
-        lines = [ln for ln in (e.stderr or "").splitlines() if ln.strip()]
-        raise EngineError(host.name, error or (lines[-1] if lines else str(e))) from e
-    except TimeoutError as e:
-        raise EngineError(host.name, f"demo init took over {BUILD_TIMEOUT_S:.0f} s") from e
-    if error is not None or result is None:
-        raise EngineError(host.name, error or "engine demo init ended without a result")
-    return result
+    return await host.engine(["demo", "init", workspace], timeout=BUILD_TIMEOUT_S,
+                             on_event=on_event, env=DEMO_ENV)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import posixpath
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,18 +101,21 @@ class Host:
         return [self.cfg.python, "-m", "engine", *args], env
 
     async def engine(self, args: Sequence[str], *, timeout: float | None = None,
-                     on_event: Callable[[events.Event], None] | None = None) -> dict[str, Any]:
+                     on_event: Callable[[events.Event], None] | None = None,
+                     env: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Run an engine command with --events; return its result data or raise EngineError.
 
-        on_event sees every event (progress bars in panes) as it arrives."""
+        on_event sees every event (progress bars in panes) as it arrives; env is added to the
+        command's environment (e.g. OMP_NUM_THREADS)."""
         await self.connect()
         await self.ensure_engine()
-        argv, env = await self.engine_argv([*args, "--events"])
+        argv, full_env = await self.engine_argv([*args, "--events"])
+        full_env.update(env or {})
         result: dict[str, Any] | None = None
         error: str | None = None
         try:
             async with asyncio.timeout(timeout):
-                async for line in self.transport.stream(argv, env=env):
+                async for line in self.transport.stream(argv, env=full_env):
                     ev = events.parse(line)
                     if ev is None:
                         continue
@@ -124,6 +127,9 @@ class Host:
                         error = ev.get("msg", "failed")
         except CommandFailed as e:
             raise EngineError(self.name, error or _engine_failure(e)) from e
+        except TimeoutError as e:
+            what = " ".join(args[:1])
+            raise EngineError(self.name, f"engine {what} took over {timeout:.0f} s") from e
         if error is not None:
             raise EngineError(self.name, error)
         if result is None:
