@@ -9,8 +9,9 @@ snippets we write ourselves, with every variable part passed through `quote`.
 from __future__ import annotations
 
 import abc
+import asyncio
 import shlex
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -29,6 +30,18 @@ def command_line(argv: Sequence[str], cwd: str | None = None,
         parts.append("env " + " ".join(quote(f"{k}={v}") for k, v in env.items()))
     parts.append(" ".join(quote(a) for a in argv))
     return " ".join(parts)
+
+
+async def gather_all_or_none(coros: Iterable[Awaitable[int]]) -> list[int]:
+    """Run coroutines concurrently; the first failure (or our cancellation) cancels the rest and
+    waits for them, so each can clean up (e.g. remove its temp file) before the error surfaces."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from console.errors import CommandFailed
-from console.transport.base import CommandResult, FileStat, Transport
+from console.transport.base import CommandResult, FileStat, Transport, gather_all_or_none
 
 #: longest stdout line stream() accepts (a JSON event with a big payload must still fit)
 LINE_LIMIT = 16 * 1024 * 1024
@@ -176,14 +176,7 @@ class LocalTransport(Transport):
             async with sem:
                 return await self._upload_one(src, dst, mode)
 
-        tasks = [asyncio.ensure_future(one(s, d)) for s, d in files]
-        try:
-            return sum(await asyncio.gather(*tasks))
-        finally:
-            # one failure (or our cancellation) stops the rest; each cleans its own temp file
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        return sum(await gather_all_or_none(one(s, d) for s, d in files))
 
     async def _upload_one(self, src: str, dst: str, mode: int | None) -> int:
         src, dst = expand(src), expand(dst)

@@ -35,7 +35,13 @@ from console.errors import (
     TransportError,
     Unreachable,
 )
-from console.transport.base import CommandResult, FileStat, Transport, quote
+from console.transport.base import (
+    CommandResult,
+    FileStat,
+    Transport,
+    gather_all_or_none,
+    quote,
+)
 from console.transport.local import STDERR_TAIL, temp_name
 
 T = TypeVar("T")
@@ -505,14 +511,7 @@ class SSHTransport(Transport):
                 await self._sftp_call(f"upload {src} -> {dst}", op)
             return st.st_size
 
-        tasks = [asyncio.ensure_future(one(s, d)) for s, d in files]
-        try:
-            return sum(await asyncio.gather(*tasks))
-        finally:
-            # one failure (or our cancellation) stops the rest; each removes its own temp
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        return sum(await gather_all_or_none(one(s, d) for s, d in files))
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int | None = None) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
