@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from console.errors import CommandFailed, ConsoleError, TransportError
-from console.host import HostPool, _engine_failure
+from console.host import HostPool, HostState, _engine_failure
 from console.monitor_record import GpuStat, Sample, sample_from_event
 from console.nvidia_smi import NvidiaSmiSampler
 from engine import events
@@ -65,6 +65,8 @@ class HostMonitor:
 
     def __init__(self, name: str, interval: float, history_s: float) -> None:
         self.name = name
+        # told of every state change (MonitorHub forwards it to the host pool)
+        self.on_state: Callable[[str, MonitorState, str], None] | None = None
         self.interval = interval
         self.history_s = history_s
         self.state = MonitorState.STARTING
@@ -115,6 +117,8 @@ class HostMonitor:
         if (state, detail) != (self.state, self.detail):
             self.state, self.detail = state, detail
             self.version += 1
+            if self.on_state is not None:
+                self.on_state(self.name, state, detail)
 
     # -- reads (the panes) ---------------------------------------------------------------------
     def age(self, now: float) -> float | None:
@@ -142,7 +146,17 @@ class MonitorHub:
         self.clock = clock
         self.autostart = autostart      # False: fed only through ingest() (recordings, tests)
         self.monitors = {name: HostMonitor(name, interval, history_s) for name in pool.hosts}
+        for mon in self.monitors.values():
+            mon.on_state = self._host_state
         self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def _host_state(self, name: str, state: MonitorState, detail: str) -> None:
+        # the hosts list shows what the monitor sees: a dropped agent link is "reconnecting"
+        # there too, and the first sample after it brings the host back to "connected"
+        if state is MonitorState.RECONNECTING:
+            self.pool.set_state(name, HostState.RECONNECTING, detail)
+        elif state is MonitorState.LIVE and self.pool.state[name] is not HostState.CONNECTED:
+            self.pool.set_state(name, HostState.CONNECTED, detail)
 
     def __getitem__(self, name: str) -> HostMonitor:
         return self.monitors[name]

@@ -29,3 +29,19 @@ async def test_states_follow_the_pool(tmp_path: Path) -> None:
         assert app.pool.state["dead"] is HostState.FAILED
         assert items["dead"].has_class("-failed")
         assert "failed" in str(items["dead"].label.render())
+
+
+def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
+    from console.host import HostPool
+    from console.monitor_service import MonitorHub, MonitorState
+
+    seen: list[tuple[str, HostState]] = []
+    pool = HostPool(Config(hosts={"local": local_host()}),
+                    on_state=lambda name, state, detail: seen.append((name, state)))
+    hub = MonitorHub(pool, autostart=False)
+    hub["local"].set_state(MonitorState.RECONNECTING, "no monitor data for 10 s")
+    assert pool.state["local"] is HostState.RECONNECTING
+    assert pool.detail["local"] == "no monitor data for 10 s"
+    hub["local"].set_state(MonitorState.LIVE, "")
+    assert pool.state["local"] is HostState.CONNECTED
+    assert seen == [("local", HostState.RECONNECTING), ("local", HostState.CONNECTED)]

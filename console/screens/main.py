@@ -55,6 +55,8 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         hosts = self.query_one(HostList)
         hosts.index = self.host_names.index(self.selected)
+        for name, state in self.app.pool.state.items():  # type: ignore[attr-defined]
+            hosts.show_state(name, state)  # states set before this screen existed
         self._select(self.selected)
 
     def on_host_selected(self, message: HostSelected) -> None:
