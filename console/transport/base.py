@@ -20,12 +20,22 @@ def quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+def shell_path(path: str) -> str:
+    """A path as one shell word, keeping a leading `~` live (`~/'a b'`) so it means home."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + quote(path[2:]) if path[2:] else "~/"
+    return quote(path)
+
+
 def command_line(argv: Sequence[str], cwd: str | None = None,
                  env: Mapping[str, str] | None = None) -> str:
-    """A POSIX shell command line for argv, run in cwd with extra env, every part quoted."""
+    """A POSIX shell command line for argv, run in cwd (which may start with `~`) with extra
+    env, every part quoted."""
     parts: list[str] = []
     if cwd:
-        parts.append(f"cd {quote(cwd)} &&")
+        parts.append(f"cd {shell_path(cwd)} &&")
     if env:
         parts.append("env " + " ".join(quote(f"{k}={v}") for k, v in env.items()))
     parts.append(" ".join(quote(a) for a in argv))

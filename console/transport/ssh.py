@@ -39,8 +39,8 @@ from console.transport.base import (
     CommandResult,
     FileStat,
     Transport,
+    command_line,
     gather_all_or_none,
-    quote,
 )
 from console.transport.local import STDERR_TAIL, temp_name
 
@@ -67,15 +67,6 @@ _LINK_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, asyncssh.SF
                 ConnectionError, BrokenPipeError, EOFError)
 
 
-def shell_path(path: str) -> str:
-    """A path as one shell word, keeping a leading `~` live (`~/'a b'`) so it means home."""
-    if path == "~":
-        return "~"
-    if path.startswith("~/"):
-        return "~/" + quote(path[2:]) if path[2:] else "~/"
-    return quote(path)
-
-
 def sftp_path(path: str) -> str:
     """SFTP resolves relative paths against the login directory: `~/x` is just `x`."""
     if path == "~":
@@ -83,18 +74,6 @@ def sftp_path(path: str) -> str:
     if path.startswith("~/"):
         return path[2:] or "."
     return path
-
-
-def remote_command(argv: Sequence[str], cwd: str | None = None,
-                   env: Mapping[str, str] | None = None) -> str:
-    """argv as a POSIX shell command line: every word quoted, cwd may start with `~`."""
-    parts: list[str] = []
-    if cwd:
-        parts.append(f"cd {shell_path(cwd)} &&")
-    if env:
-        parts.append("env " + " ".join(quote(f"{k}={v}") for k, v in env.items()))
-    parts.append(" ".join(quote(a) for a in argv))
-    return " ".join(parts)
 
 
 def _decode(data: bytes) -> str:
@@ -386,7 +365,7 @@ class SSHTransport(Transport):
                   env: Mapping[str, str] | None = None, input: str | bytes | None = None,
                   timeout: float | None = None, check: bool = False) -> CommandResult:
         argv = list(argv)
-        result = await self._exec(remote_command(argv, cwd, env), argv, input, timeout)
+        result = await self._exec(command_line(argv, cwd, env), argv, input, timeout)
         if check and not result.ok:
             raise CommandFailed(self.name, argv, result.returncode, result.stderr)
         return result
@@ -401,7 +380,7 @@ class SSHTransport(Transport):
     async def stream(self, argv: Sequence[str], *, cwd: str | None = None,
                      env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
         argv = list(argv)
-        rp = await self._start(remote_command(argv, cwd, env), STDERR_TAIL)
+        rp = await self._start(command_line(argv, cwd, env), STDERR_TAIL)
         finished = False
         try:
             rp.feed(None)
