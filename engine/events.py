@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -156,6 +157,15 @@ class Emitter:
 
     def result(self, data: dict[str, Any]) -> None:
         self._emit("result", {"data": data})
+
+    def answer(self, data: dict[str, Any], as_json: bool, text: Callable[[dict[str, Any]], str],
+               indent: int | None = 2) -> None:
+        """A command's final answer: the result event, and for humans either the data as JSON
+        (the command's --json) or text(data). With --events, stdout holds only the event."""
+        self.result(data)
+        if not self.json_mode:
+            print(json.dumps(data, indent=indent, default=_json_default) if as_json else text(data),
+                  file=self.out, flush=True)
 
     def error(self, msg: str, type_: str = "EngineError") -> None:
         self._end_bar()  # the CLI's `error:` line must not be glued to a half-drawn bar

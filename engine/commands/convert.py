@@ -9,7 +9,6 @@ The work is engine/converter.py; this module is the command line.
 from __future__ import annotations
 
 import argparse
-import json
 
 from engine.events import Emitter
 
@@ -48,12 +47,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
         speculative_tokens=args.speculative_tokens,
         embed_from=Path(args.embed_from) if args.embed_from else None,
         drop_embed=args.drop_embed, force=args.force, ev=ev)
-    ev.result(summary)
-    if not ev.json_mode:
-        if args.json:
-            print(json.dumps(summary, indent=2))
-        else:
-            print(f"wrote {summary['dst']} ({args.to} style from {summary['source_format']}, "
-                  f"{summary['tensors']} tensors, {summary['bytes'] / 2**20:.1f} MiB, "
-                  f"{summary['seconds']:.2f} s)")
+    ev.answer(summary, args.json, lambda s: (
+        f"wrote {s['dst']} ({args.to} style from {s['source_format']}, {s['tensors']} tensors, "
+        f"{s['bytes'] / 2**20:.1f} MiB, {s['seconds']:.2f} s)"))
     return 0

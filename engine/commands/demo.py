@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from engine.events import Emitter
 
@@ -27,12 +26,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ev: Emitter) -> int:
     from engine.demo import init_demo
     info = init_demo(args.dir, ev, seed=args.seed, force=args.force)
-    ev.result(info)
-    if not ev.json_mode:
-        if args.json:
-            print(json.dumps(info, indent=2))
-        else:
-            print(f"demo workspace in {info['dir']} ({info['seconds']['total']}s)")
-            for name, cmd in info["commands"].items():
-                print(f"  {name}: {cmd}")
+    ev.answer(info, args.json, lambda i: "\n".join(
+        [f"demo workspace in {i['dir']} ({i['seconds']['total']}s)"]
+        + [f"  {name}: {cmd}" for name, cmd in i["commands"].items()]))
     return 0

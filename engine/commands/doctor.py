@@ -115,11 +115,5 @@ def render(r: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
     report = collect(args.path)
-    ev.result(report)
-    if not ev.json_mode:
-        if args.json:
-            import json
-            print(json.dumps(report, indent=2))
-        else:
-            print(render(report))
+    ev.answer(report, args.json, render)
     return 0

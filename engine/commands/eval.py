@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from engine.events import Emitter
 
@@ -27,13 +26,8 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     res = evaluate(args.draft, args.target, args.data, k=args.steps,
                    max_samples=args.max_samples, max_new_tokens=args.max_new_tokens,
                    device=args.device, ev=ev)
-    ev.result(res)
-    if not ev.json_mode:
-        if args.json:
-            print(json.dumps(res))
-        else:
-            pos = ", ".join(f"{x:.3f}" for x in res["per_position"])
-            print(f"Mean acceptance length: {res['acceptance_length']:.2f}, Per-position "
-                  f"acceptance rate: {pos} ({res['drafts']} drafts, {res['samples']} samples, "
-                  f"k={res['steps']})")
+    ev.answer(res, args.json, lambda r: (
+        f"Mean acceptance length: {r['acceptance_length']:.2f}, Per-position acceptance rate: "
+        + ", ".join(f"{x:.3f}" for x in r["per_position"])
+        + f" ({r['drafts']} drafts, {r['samples']} samples, k={r['steps']})"), indent=None)
     return 0

@@ -9,7 +9,6 @@ one object with `format`, `tensors`, `config`, `checks` (and `ok`). Exit 1 when 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from engine.events import Emitter
@@ -78,7 +77,5 @@ def render(r: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
     report = collect(args.path)
-    ev.result(report)
-    if not ev.json_mode:
-        print(json.dumps(report, indent=2) if args.json else render(report))
+    ev.answer(report, args.json, render)
     return 0 if report["ok"] else 1

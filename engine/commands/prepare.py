@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from engine.events import Emitter
 
@@ -30,12 +29,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
                        batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
                        device=args.device, ev=ev, overwrite=args.overwrite)
-    ev.result(manifest)
-    if not ev.json_mode:
-        if args.json:
-            print(json.dumps(manifest, indent=2))
-        else:
-            print(f"{manifest['samples']} samples, {manifest['tokens']} tokens "
-                  f"({manifest['loss_tokens']} assistant) in {len(manifest['shards'])} shard(s) "
-                  f"at {args.out}; skipped {manifest['skipped']}")
+    ev.answer(manifest, args.json, lambda m: (
+        f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
+        f"{len(m['shards'])} shard(s) at {args.out}; skipped {m['skipped']}"))
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from engine.events import Emitter
@@ -31,11 +30,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
                     temperature=args.temperature, api_key=os.environ.get("OPENAI_API_KEY"),
                     timeout=args.timeout, retries=args.retries)
     summary = regen(client, args.in_path, args.out, args.concurrency, ev)
-    ev.result(summary)
-    if not ev.json_mode:
-        if args.json:
-            print(json.dumps(summary))
-        else:
-            print(f"{summary['written']} conversations regenerated, {summary['skipped']} already "
-                  f"done, into {summary['out']} ({summary['seconds']}s)")
+    ev.answer(summary, args.json, lambda s: (
+        f"{s['written']} conversations regenerated, {s['skipped']} already done, "
+        f"into {s['out']} ({s['seconds']}s)"), indent=None)
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+from typing import Any
 
 from engine.events import Emitter
 
@@ -66,13 +66,11 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     result = train(cfg, ev, argv=sys.argv)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 alone reports
-    ev.result(result)
-    if not ev.json_mode:
-        if args.json:
-            print(json.dumps(result, indent=2))
-        else:
-            m = result["metrics"]
-            print(f"trained {result['steps']} steps: loss {m.get('loss', float('nan')):.4f}, "
-                  f"acc_0 {m.get('acc_0', 0):.3f}, estimated tau {m.get('tau', 0):.3f}; "
-                  f"drafter in {result['final']} (best: {result['best']})")
+    def text(r: dict[str, Any]) -> str:
+        m = r["metrics"]
+        return (f"trained {r['steps']} steps: loss {m.get('loss', float('nan')):.4f}, "
+                f"acc_0 {m.get('acc_0', 0):.3f}, estimated tau {m.get('tau', 0):.3f}; "
+                f"drafter in {r['final']} (best: {r['best']})")
+
+    ev.answer(result, args.json, text)
     return 0

@@ -96,7 +96,5 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
                 f"{summary['new_size']} rows kept ({summary['overlap'] * 100:.1f}% overlap), "
                 f"{summary['new']} new from {summary['new_rows_from']}, {summary['dropped']} "
                 "dropped")
-    ev.result(summary)
-    if not ev.json_mode:
-        print(json.dumps(summary, indent=2) if args.json else text)
+    ev.answer(summary, args.json, lambda _: text)
     return 0
