@@ -19,6 +19,7 @@ This module has no heavy imports: the console imports it without torch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -82,6 +83,28 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
+def drop_torn_tail(path: str) -> None:
+    """Truncate a JSON-lines file after its last newline (a no-op when it ends with one)."""
+    try:
+        f = open(path, "r+b")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        pos = size
+        while pos > 0:
+            step = min(4096, pos)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                pos = pos - step + nl + 1
+                break
+            pos -= step
+        if pos != size:
+            f.truncate(pos)
+
+
 class Emitter:
     """Where an engine command reports to: JSON lines with --events, a human view without.
 
@@ -103,7 +126,13 @@ class Emitter:
 
     # -- sinks ---------------------------------------------------------------------------------
     def add_sink(self, path: str, append: bool = True) -> None:
-        """Also write every event, as JSON, to this file (flushed per line)."""
+        """Also write every event, as JSON, to this file (flushed per line).
+
+        Appending after a writer that was killed mid-line first cuts that torn tail off, so the
+        next event starts on a line of its own and every line stays one parseable event.
+        """
+        if append:
+            drop_torn_tail(path)
         self.sinks.append(open(path, "a" if append else "w", encoding="utf-8"))  # noqa: SIM115
 
     def close(self) -> None:

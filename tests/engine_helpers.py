@@ -34,8 +34,10 @@ def run_engine(*args: str, timeout: float = 300, check: bool = True, **kw: Any
 
 
 def events(path: Path) -> list[dict[str, Any]]:
-    """The JSON events of an events.jsonl file."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    """The JSON events of an events.jsonl file; a last line without its newline is still being
+    written (or was torn by a kill) and is left out."""
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    return [json.loads(line) for line in lines if line]
 
 
 def step_metrics(path: Path) -> dict[int, list[dict[str, Any]]]:

@@ -48,6 +48,27 @@ def test_emitter_json_mode_and_sink(tmp_path: Path) -> None:
     assert (tmp_path / "events.jsonl").read_text().splitlines() == lines
 
 
+def test_appending_sink_cuts_a_line_torn_by_a_kill(tmp_path: Path) -> None:
+    # A run killed mid-write leaves half a line; the resumed run must not glue its first event
+    # onto it (that line would parse as nothing and the event would be lost).
+    path = tmp_path / "events.jsonl"
+    whole = encode("metric", "train", {"step": 1, "values": {"loss": 2.0}})
+    torn = encode("metric", "train", {"step": 2, "values": {"loss": 1.9}})[:37]
+    path.write_text(whole + "\n" + "x" * 9000 + "\n" + torn, encoding="utf-8")
+    ev = Emitter("train", err=io.StringIO())
+    ev.add_sink(str(path))
+    ev.metric({"loss": 1.8}, step=2)
+    ev.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == whole and lines[1] == "x" * 9000
+    resumed = parse(lines[2])
+    assert len(lines) == 3 and resumed is not None and resumed.get("step") == 2
+    events.drop_torn_tail(str(path))                      # a whole file is left as it is
+    assert path.read_text(encoding="utf-8").splitlines() == lines
+    events.drop_torn_tail(str(tmp_path / "absent.jsonl"))  # and a missing one is not created
+    assert not (tmp_path / "absent.jsonl").exists()
+
+
 def test_human_mode_draws_bar_on_stderr() -> None:
     out, err = io.StringIO(), io.StringIO()
     ev = Emitter("x", out=out, err=err)
