@@ -3,8 +3,9 @@
 Tensor by tensor, in the source's on-disk order: with `--dtype keep` the stored bytes of a
 safetensors source are copied by the kernel (sendfile, as `cp` does: never decoded, so identical,
 and they never occupy Python memory); a dtype cast converts 8 MiB chunks; a `.bin` source (memory
-mapped by torch.load) goes tensor by tensor (peak memory ~ the largest tensor). The sha256 of the source weight
-files is computed on a thread while the copy runs. Everything goes into a temp dir beside DST that
+mapped by torch.load) goes tensor by tensor (peak memory ~ the largest tensor). The sha256 of the
+source weight files is computed on a thread while the copy runs (or taken from
+engine/hash_cache.py when this exact file was hashed before). Everything goes into a temp dir beside DST that
 is renamed into place at the end; any failure removes it, so DST is complete or absent.
 """
 
@@ -37,8 +38,8 @@ from engine.formats import (
     torch_name,
     write_json,
 )
+from engine.hash_cache import HashInBackground
 from engine.safetensors_io import (
-    HashInBackground,
     SafetensorsWriter,
     WeightSet,
     tensor_bytes,
@@ -174,7 +175,8 @@ def _bytes_of(it: _Item) -> Iterator[memoryview]:
     yield tensor_bytes(it.src.load(it.name).to(out))
 
 
-def _provenance(ck: Any, to: str, dtype: str, items: list[_Item], sha: dict[str, str],
+def _provenance(ck: Any, to: str, dtype: str, items: list[_Item],
+                sha: dict[str, tuple[str, bool]],
                 embed_action: str, embed_info: dict[str, Any] | None, cfg: Any,
                 warnings: list[str]) -> dict[str, Any]:
     src_style, out_style = ck.detected.key_style, output_style(to)
@@ -189,7 +191,8 @@ def _provenance(ck: Any, to: str, dtype: str, items: list[_Item], sha: dict[str,
             "format": ck.detected.format,
             "key_style": src_style,
             "config_style": ck.detected.config_style,
-            "weight_files": {p.name: {"sha256": sha.get(p.name), "size": p.stat().st_size}
+            "weight_files": {p.name: {"sha256": sha[p.name][0], "size": p.stat().st_size,
+                                      "sha256_from": "cache" if sha[p.name][1] else "computed"}
                              for p in ck.weights.files},
         },
         "key_mapping": {

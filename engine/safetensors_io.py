@@ -11,8 +11,8 @@ Writers
     SafetensorsWriter(path, [(name, dtype_code, shape)], metadata): writes the header first, then
     each tensor's bytes in order, so a converter streams tensor by tensor (or chunk by chunk).
 Helpers
-    sha256_file(path), HashInBackground(paths) (hashes while the caller copies; hashlib releases the
-    GIL), torch_dtype(code) / st_code(dtype), tensor_bytes(t).
+    sha256_file(path) (engine/hash_cache.py remembers digests), torch_dtype(code) / st_code(dtype),
+    tensor_bytes(t).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import hashlib
 import json
 import mmap
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -404,28 +403,3 @@ def sha256_file(path: Path, window: int = 2 * CHUNK) -> str:
             with mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ, offset=off) as m:
                 h.update(m)
     return h.hexdigest()
-
-
-class HashInBackground:
-    """sha256 of several files on a thread, overlapping the caller's own I/O."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-        self._result: dict[str, str] = {}
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for p in self.paths:
-                self._result[p.name] = sha256_file(p)
-        except BaseException as e:  # reported by result()
-            self._error = e
-
-    def result(self) -> dict[str, str]:
-        """File name -> hex digest (waits for the thread)."""
-        self._thread.join()
-        if self._error is not None:
-            raise EngineError(f"hashing failed: {self._error}")
-        return dict(self._result)

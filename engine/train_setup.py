@@ -96,7 +96,7 @@ def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: T
               data: FeatureData, ev: Emitter) -> tuple[Eagle3Config, dict[str, Tensor],
                                                        dict[str, Any]]:
     from engine.formats import load_drafter, open_checkpoint
-    from engine.safetensors_io import sha256_file
+    from engine.hash_cache import sha256_by_name
     from engine.vocab import new_token_ids, remap_lm_head
     assert cfg.finetune_from is not None
     src = Path(cfg.finetune_from)
@@ -116,7 +116,7 @@ def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: T
     files = open_checkpoint(src).weights.files
     prov: dict[str, Any] = {
         "path": str(src.resolve()), "format": det.format,
-        "sha256": {p.name: sha256_file(p) for p in files}}
+        "sha256": sha256_by_name(files)}
     vocab = _vocab(cfg, data, v, scfg.draft_vocab_size, ev)
     if vocab is not None and not torch.equal(vocab[0], old_d2t):
         new_d2t, new_t2d, _ = vocab

@@ -36,7 +36,8 @@ import torch
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.formats import TARGET_EMBED_NAMES
-from engine.safetensors_io import WeightSet, open_weights, read_header, save_tensors, sha256_file
+from engine.hash_cache import sha256_by_name
+from engine.safetensors_io import WeightSet, open_weights, read_header, save_tensors
 
 # -- counting ------------------------------------------------------------------------------------
 
@@ -299,8 +300,9 @@ def remap_drafter(ckpt: Path, vocab: Path, dst: Path, target: Path | None = None
     files = open_checkpoint(Path(ckpt)).weights.files
     overlap = stats["kept"] / stats["new_size"] if stats["new_size"] else 0.0
     prov = {"source": {"path": str(Path(ckpt).resolve()), "format": det.format,
-                       "weight_files": {p.name: {"sha256": sha256_file(p)} for p in files}},
-            "vocab": {"path": str(Path(vocab).resolve()), "sha256": sha256_file(Path(vocab))},
+                       "weight_files": {n: {"sha256": d} for n, d in sha256_by_name(files).items()}},
+            "vocab": {"path": str(Path(vocab).resolve()),
+                      "sha256": sha256_by_name([Path(vocab)])[Path(vocab).name]},
             "remap": {**stats, "overlap": round(overlap, 6), "new_rows_from": source}}
     save_drafter(dst, new_cfg, sd, style, force=force, provenance=prov)
     return {"dst": str(dst), "style": style, **stats, "overlap": overlap,
