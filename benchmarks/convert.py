@@ -172,7 +172,8 @@ def main() -> None:
               f"{ratio:>7.2f}x  (target <= 1.5x)")
         print(f"{'time vs plain copy, warm (cached) (s)':40}{warm_s:>12.2f}{c:>12.2f}"
               f"{warm_s / c:>7.2f}x  (target <= 1.5x)")
-        print(f"{'time vs copy + fsync, cold (s)':40}{conv_s:>12.2f}{cs:>12.2f}{conv_s / cs:>7.2f}x")
+        print(f"{'time vs copy + fsync, cold (s)':40}{conv_s:>12.2f}{cs:>12.2f}"
+              f"{conv_s / cs:>7.2f}x")
         print(f"{'peak RSS increase vs largest tensor':40}{rss / 2**20:>9.0f} MiB"
               f"{big_bytes / 2**20:>8.0f} MiB{rss / big_bytes:>7.2f}x")
         print(f"(best cold round: {rows[0][0]:.2f}x; sha256 of the source alone took {h:.2f} s, "

@@ -5,8 +5,9 @@ safetensors source are copied by the kernel (sendfile, as `cp` does: never decod
 and they never occupy Python memory); a dtype cast converts 8 MiB chunks; a `.bin` source (memory
 mapped by torch.load) goes tensor by tensor (peak memory ~ the largest tensor). The sha256 of the
 source weight files is computed on a thread while the copy runs (or taken from
-engine/hash_cache.py when this exact file was hashed before). Everything goes into a temp dir beside DST that
-is renamed into place at the end; any failure removes it, so DST is complete or absent.
+engine/hash_cache.py when this exact file was hashed before). Everything goes into a temp dir
+beside DST that is renamed into place at the end; any failure removes it, so DST is complete or
+absent.
 """
 
 from __future__ import annotations

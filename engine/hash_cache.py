@@ -35,7 +35,8 @@ def cache_path() -> Path:
 
 
 def enabled() -> bool:
-    return os.environ.get("EAGLE3_HASH_CACHE", "1").strip().lower() not in ("0", "off", "no", "false")
+    flag = os.environ.get("EAGLE3_HASH_CACHE", "1").strip().lower()
+    return flag not in ("0", "off", "no", "false")
 
 
 def _identity(path: Path) -> tuple[str, os.stat_result]:
