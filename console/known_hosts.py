@@ -70,10 +70,12 @@ class Resolved:
     key_name: str             # HostKeyAlias if set, else host: the name known_hosts records
     config_known_hosts: tuple[str, ...]  # UserKnownHostsFile/GlobalKnownHostsFile from config
     ciphers_configured: bool = False     # ssh_config sets Ciphers: leave the choice to it
+    proxy_jump: str | None = None        # ProxyJump hops, comma-separated (none: direct)
 
 
 async def resolve(target: Target, ssh_config: str | None) -> Resolved:
-    """Apply ssh_config (HostName, Port, HostKeyAlias, UserKnownHostsFile) to a target."""
+    """Apply ssh_config (HostName, Port, HostKeyAlias, UserKnownHostsFile, ProxyJump) to a
+    target."""
     opts = await asyncssh.SSHClientConnectionOptions.construct(
         None, config=config_arg(ssh_config), host=target.host,
         port=target.port if target.port is not None else (),
@@ -81,9 +83,11 @@ async def resolve(target: Target, ssh_config: str | None) -> Resolved:
         client_keys=None, agent_path=None)
     kh = opts.known_hosts
     files = tuple(os.path.expanduser(str(p)) for p in kh) if isinstance(kh, (list, tuple)) else ()
+    jump = opts.config.get("ProxyJump")
     return Resolved(host=opts.host, port=int(opts.port), key_name=opts.host_key_alias or opts.host,
                     config_known_hosts=files,
-                    ciphers_configured=opts.config.get("Ciphers") is not None)
+                    ciphers_configured=opts.config.get("Ciphers") is not None,
+                    proxy_jump=jump if isinstance(jump, str) and jump.lower() != "none" else None)
 
 
 def known_hosts_files(explicit: str | None, resolved: Resolved | None = None) -> list[Path]:

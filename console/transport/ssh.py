@@ -1,8 +1,9 @@
 """SSHTransport: one long-lived asyncssh connection to a host, commands over exec channels and
 files over SFTP on the same connection.
 
-- `ssh` is an ~/.ssh/config alias (HostName, User, Port, IdentityFile, ProxyJump honoured
-  through asyncssh's config support; `ssh_config` overrides which file) or `user@host[:port]`.
+- `ssh` is an ~/.ssh/config alias (HostName, User, Port, IdentityFile through asyncssh's config
+  support; `ssh_config` overrides which file) or `user@host[:port]`. ProxyJump hops are dialled
+  here, each verified against the same known_hosts files as a host, errors naming the hop.
   Keys and ssh-agent are asyncssh's defaults; `identity` names one key file instead.
 - Host keys are strict (console/known_hosts.py): an unknown host or a changed key refuses the
   connection with HostKeyUnknown / HostKeyChanged naming the presented key's fingerprint.
@@ -50,6 +51,7 @@ PGID_MARK = b"__eagle3_pgid__ "
 KEEPALIVE_INTERVAL = 15.0
 KEEPALIVE_COUNT_MAX = 3
 CONNECT_TIMEOUT = 15.0
+MAX_JUMPS = 8  # ProxyJump nesting (OpenSSH has no limit; a loop in ssh_config would spin)
 #: reconnect after a drop: first try at once, then wait 0.2 s doubling up to 5 s
 BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_TRIES = 0.2, 5.0, 6
 KILL_TIMEOUT = 5.0
@@ -183,6 +185,7 @@ class SSHTransport(Transport):
         self.identity = identity
         self.connect_timeout = connect_timeout
         self._conn: asyncssh.SSHClientConnection | None = None
+        self._jumps: list[asyncssh.SSHClientConnection] = []  # ProxyJump hops, outermost first
         self._client: _Client | None = None
         self._sftp: asyncssh.SFTPClient | None = None
         self._lock = asyncio.Lock()
@@ -200,11 +203,12 @@ class SSHTransport(Transport):
 
     async def close(self) -> None:
         conn, self._conn, self._client, self._sftp = self._conn, None, None, None
+        jumps, self._jumps = self._jumps, []
         self._was_connected = False
-        if conn is not None:
-            conn.close()
+        for c in ([conn] if conn is not None else []) + jumps[::-1]:
+            c.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.wait_closed(), 5.0)
+                await asyncio.wait_for(c.wait_closed(), 5.0)
 
     async def _ensure(self) -> asyncssh.SSHClientConnection:
         """The live connection, opening it (or reopening it after a drop) when needed."""
@@ -222,9 +226,9 @@ class SSHTransport(Transport):
             return self._conn
 
     def _discard(self) -> None:
-        if self._conn is not None:
-            self._conn.abort()
-        self._conn, self._client, self._sftp = None, None, None
+        for c in ([self._conn] if self._conn is not None else []) + self._jumps[::-1]:
+            c.abort()
+        self._conn, self._client, self._sftp, self._jumps = None, None, None, []
 
     async def _reconnect(self) -> None:
         delay = BACKOFF_FIRST
@@ -239,21 +243,45 @@ class SSHTransport(Transport):
             delay = min(delay * 2, BACKOFF_MAX)
 
     async def _open(self) -> None:
+        jumps: list[asyncssh.SSHClientConnection] = []
         try:
-            target = kh.parse_target(self.ssh)
+            conn, client = await self._dial(self.ssh, jumps, depth=0, via=None)
+        except BaseException:
+            for j in reversed(jumps):
+                j.close()
+            raise
+        self._conn, self._client, self._sftp, self._jumps = conn, client, None, jumps
+        self._was_connected = True
+
+    async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
+                    via: asyncssh.SSHClientConnection | None
+                    ) -> tuple[asyncssh.SSHClientConnection, _Client]:
+        """Connect to `spec` (the host itself at depth 0, else a ProxyJump hop), through `via`.
+        Jump hosts are dialled here, not by asyncssh, so that they are verified against the
+        same known_hosts files as any host and an error names the hop that caused it."""
+        who = self.name if depth == 0 else f"{self.name}: jump host {spec}"
+        try:
+            target = kh.parse_target(spec)
         except ValueError as e:
-            raise Unreachable(self.name, str(e)) from e
+            raise Unreachable(who, str(e)) from e
         if self.ssh_config and not os.path.isfile(os.path.expanduser(self.ssh_config)):
             raise Unreachable(self.name, f"ssh config {self.ssh_config} does not exist")
         try:
             resolved = await kh.resolve(target, self.ssh_config)
         except (OSError, ValueError, asyncssh.Error) as e:
-            raise Unreachable(self.name, f"ssh config for {self.ssh}: {e}") from e
+            raise Unreachable(who, f"ssh config for {spec}: {e}") from e
+        if via is None and resolved.proxy_jump:
+            if depth >= MAX_JUMPS:
+                raise Unreachable(self.name, f"ProxyJump from {spec} goes more than {MAX_JUMPS} "
+                                             "hops deep (a loop in ssh_config?)")
+            for hop in resolved.proxy_jump.split(","):
+                via, _ = await self._dial(hop.strip(), jumps, depth + 1, via)
+                jumps.append(via)
         files = kh.known_hosts_files(self.known_hosts, resolved)
         try:
             known = kh.load(files)
         except ValueError as e:
-            raise Unreachable(self.name, str(e)) from e
+            raise Unreachable(who, str(e)) from e
         where = f"{resolved.host}:{resolved.port}"
 
         options: dict[str, object] = {}
@@ -261,10 +289,10 @@ class SSHTransport(Transport):
             options["port"] = target.port
         if target.username is not None:
             options["username"] = target.username
-        if self.identity:
+        if self.identity and depth == 0:
             ident = os.path.expanduser(self.identity)
             if not os.access(ident, os.R_OK):
-                raise AuthFailed(self.name, f"identity file {ident} is missing or unreadable")
+                raise AuthFailed(who, f"identity file {ident} is missing or unreadable")
             options["client_keys"] = [ident]
         if not resolved.ciphers_configured:
             defaults = get_default_encryption_algs()
@@ -277,27 +305,28 @@ class SSHTransport(Transport):
                 target.host, config=kh.config_arg(self.ssh_config), known_hosts=known,
                 client_factory=lambda: client, keepalive_interval=KEEPALIVE_INTERVAL,
                 keepalive_count_max=KEEPALIVE_COUNT_MAX, connect_timeout=self.connect_timeout,
-                **options)  # type: ignore[arg-type]
+                tunnel=via, **options)  # type: ignore[arg-type]
         except asyncssh.HostKeyNotVerifiable as e:
-            raise await self._host_key_error(client, known, files, resolved) from e
+            raise await self._host_key_error(who, spec, client, known, files, resolved,
+                                             via) from e
         except asyncssh.PermissionDenied as e:
-            raise AuthFailed(self.name, f"{where} refused our keys ({e.reason})") from e
+            raise AuthFailed(who, f"{where} refused our keys ({e.reason})") from e
         except asyncssh.KeyImportError as e:
-            raise AuthFailed(self.name, f"cannot load identity {self.identity}: {e}") from e
+            raise AuthFailed(who, f"cannot load identity {self.identity}: {e}") from e
         except asyncio.TimeoutError as e:
-            raise Unreachable(self.name, f"no SSH answer from {where} within "
-                                         f"{self.connect_timeout:g} s") from e
+            raise Unreachable(who, f"no SSH answer from {where} within "
+                                   f"{self.connect_timeout:g} s") from e
         except asyncssh.DisconnectError as e:
-            raise Unreachable(self.name, f"{where}: {e.reason}") from e
+            raise Unreachable(who, f"{where}: {e.reason}") from e
         except OSError as e:
-            raise Unreachable(self.name, f"cannot reach {where}: {e.strerror or e}") from e
-        except asyncssh.Error as e:  # channel/tunnel failures (ProxyJump)
-            raise Unreachable(self.name, f"{where}: {e.reason}") from e
-        self._conn, self._client, self._sftp = conn, client, None
-        self._was_connected = True
+            raise Unreachable(who, f"cannot reach {where}: {e.strerror or e}") from e
+        except asyncssh.Error as e:  # channel failures through a jump host
+            raise Unreachable(who, f"{where}: {e.reason}") from e
+        return conn, client
 
-    async def _host_key_error(self, client: _Client, known: asyncssh.SSHKnownHosts,
-                              files: Sequence[os.PathLike[str]], resolved: kh.Resolved
+    async def _host_key_error(self, who: str, spec: str, client: _Client,
+                              known: asyncssh.SSHKnownHosts, files: Sequence[os.PathLike[str]],
+                              resolved: kh.Resolved, via: asyncssh.SSHClientConnection | None
                               ) -> TransportError:
         """Unknown host or changed key? Judge the key the server presented against the file."""
         file = str(files[0])
@@ -307,18 +336,21 @@ class SSHTransport(Transport):
             # refused before asking us (a revoked key, a certificate): fetch the key to name it
             try:
                 key = await asyncssh.get_server_host_key(
-                    resolved.host, resolved.port, config=kh.config_arg(self.ssh_config))
+                    resolved.host, resolved.port, config=kh.config_arg(self.ssh_config),
+                    tunnel=via)
             except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
-                return Unreachable(self.name, f"host key not accepted and not readable: {e}")
+                return Unreachable(who, f"host key not accepted and not readable: {e}")
             if key is None:
-                return HostKeyChanged(self.name, "(no key presented)", file)
+                return HostKeyChanged(who, "(no key presented)", file)
             name, addr, port = resolved.key_name, "", resolved.port
         fp = kh.fingerprint(key)
         if kh.verdict(known, name, addr, port, key) == "unknown":
-            return HostKeyUnknown(
-                self.name, fp, f"if that is the server's key, trust it with "
-                               f"`eagle3-console trust {self.name}` (adds it to {file})")
-        return HostKeyChanged(self.name, fp, file)
+            how = (f"trust it with `eagle3-console trust {self.name}`" if who == self.name else
+                   f"record it with `ssh {spec}` (OpenSSH asks) or `eagle3-console trust` on a "
+                   f"host entry for {spec}")
+            return HostKeyUnknown(who, fp, f"if that is the server's key, {how} (adds it to "
+                                           f"{file})")
+        return HostKeyChanged(who, fp, file)
 
     # -- commands ---------------------------------------------------------------------------
 
