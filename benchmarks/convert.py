@@ -8,6 +8,7 @@ with its [V, H] embedding, ~1.9 GiB) in a temp dir, then, in each round, copies 
     conversion time / plain copy time          (target <= 1.5x)
     conversion peak RSS increase / largest tensor size
 Neither the copy nor the conversion fsyncs (like `cp`); a copy followed by fsync is shown too.
+Every timed step starts after os.sync(), so no step pays for the previous one's writeback.
 Peak RSS is the child's VmHWM (reset just before converting) minus its RSS then.
 The conversion also sha256-hashes the source (provenance) on a second thread. Each round converts
 twice: cold (EAGLE3_HASH_CACHE=0: the source is hashed, as on a first conversion) and warm (the
@@ -145,12 +146,18 @@ def main() -> None:
         for r in range(args.rounds):
             for p in ("copy", "copy_sync", "out", "out_warm"):
                 shutil.rmtree(root / p, ignore_errors=True)
+            # Each timed step starts with no dirty pages: otherwise whichever step crosses the
+            # kernel's dirty threshold is throttled by the previous step's writeback.
+            os.sync()
             c = plain_copy(src, root / "copy", fsync=False)
             shutil.rmtree(root / "copy")
+            os.sync()
             cold = convert_in_child(src, root / "out", cache, cold=True)
             shutil.rmtree(root / "out")
+            os.sync()
             warm = convert_in_child(src, root / "out_warm", cache, cold=False)
             shutil.rmtree(root / "out_warm")
+            os.sync()
             cs = plain_copy(src, root / "copy_sync", fsync=True)
             shutil.rmtree(root / "copy_sync")
             t = time.perf_counter()
