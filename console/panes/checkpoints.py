@@ -19,7 +19,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import DataTable, ProgressBar, Static
+from textual.widgets import DataTable, Static
 
 from console.checkpoints import (
     Checkpoint,
@@ -33,6 +33,7 @@ from console.run_watch import describe_error
 from console.screens.convert_dialog import ConvertDialog, ConvertRequest
 from console.widgets.inspect_view import InspectView
 from console.widgets.meters import fmt_bytes
+from console.widgets.progress import ProgressBar
 from engine import events
 
 SCAN_EVERY_S = 10.0

@@ -24,7 +24,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Label, ProgressBar, Static
+from textual.widgets import DataTable, Label, Static
 
 from console.config import LOCAL, Config
 from console.demo_default import demo_ready, ensure_demo, refresh_demo_profiles
@@ -34,6 +34,7 @@ from console.push import PushReport, host_trees, push
 from console.run_watch import RunFeed, RunFeeds, describe_error
 from console.runs import RunRecord, launch, list_runs, running_for, stop_run
 from console.widgets.meters import fmt_bytes
+from console.widgets.progress import ProgressBar
 from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
 from engine import events
 
