@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Header, TabbedContent, TabPane
+from textual.widgets import Header, TabbedContent, TabPane
 
 from console.commands_palette import ConsoleCommands
 from console.messages import HostSelected, HostStateChanged
@@ -16,6 +16,7 @@ from console.panes.gpu import GpuPane
 from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
 from console.panes.runs import RunsPane
+from console.widgets.footer import Footer
 from console.widgets.host_list import HostList
 
 # (tab id, title, pane class). Each pane has show_host(name). Keys 1-9 select them in this order.
@@ -71,17 +72,17 @@ class MainScreen(Screen):
         self.app.push_screen(HelpScreen())
 
     def action_show_pane(self, tab_id: str) -> None:
-        # drop focus first: a focused widget inside the old tab would pull its tab back
-        self.set_focus(None)
         self.query_one(TabbedContent).active = f"tab-{tab_id}"
-        self.call_after_refresh(self._focus_pane, tab_id)
+        self._focus_pane(tab_id)
 
     def _focus_pane(self, tab_id: str) -> None:
-        """Keys go to the pane just shown: focus its first focusable widget."""
+        """Keys go to the pane just shown: focus its first focusable widget, now, so the tab
+        switch and the focus change repaint in one frame (each focus change repaints the
+        whole screen). With nothing to focus, focus is dropped: a widget left focused in the
+        old tab would pull its tab back."""
         pane = self.query_one(f"#pane-{tab_id}")
         target = next((w for w in [pane, *pane.query("*")] if w.focusable and w.display), None)
-        if target is not None:
-            target.focus()
+        self.set_focus(target)
 
     def _select(self, host: str) -> None:
         self.selected = host

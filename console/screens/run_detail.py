@@ -16,12 +16,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, ProgressBar, Static
+from textual.widgets import Header, ProgressBar, Static
 
 from console.commands_palette import ConsoleCommands
 from console.errors import ConsoleError
 from console.run_watch import RunFeed, describe_error
 from console.runs import stop_run
+from console.widgets.footer import Footer
 from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import STATUS_MARK, fmt_duration
