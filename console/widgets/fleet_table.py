@@ -47,7 +47,7 @@ class FleetTable(MeterWidget):
     def show(self, hosts: list[FleetHost], window: tuple[float, float]) -> None:
         resized = [len(h.rows) for h in hosts] != [len(h.rows) for h in self.hosts]
         self.hosts, self.window = hosts, window
-        self.refresh(layout=resized)
+        self.redraw(layout=resized)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
         return sum(1 + max(1, len(h.rows)) for h in self.hosts) or 1

@@ -19,7 +19,7 @@ class GpuDetail(MeterWidget):
 
     def show(self, row: GpuRow | None, window: tuple[float, float], label: str) -> None:
         self.row, self.window, self.window_label = row, window, label
-        self.refresh()
+        self.redraw()
 
     def lines(self) -> list[MeterLine]:
         row = self.row

@@ -63,7 +63,7 @@ class GpuTable(MeterWidget, can_focus=True):
         self.history_label, self.empty_text = label, empty_text
         if rows and self.cursor >= len(rows):
             self.cursor = len(rows) - 1
-        self.refresh(layout=resized)  # a layout pass only when the number of rows changed
+        self.redraw(layout=resized)  # a layout pass only when the number of rows changed
 
     @property
     def selected(self) -> GpuRow | None:
@@ -75,7 +75,7 @@ class GpuTable(MeterWidget, can_focus=True):
 
     def watch_cursor(self, index: int) -> None:
         self.post_message(self.CursorMoved(index))
-        self.refresh()
+        self.redraw()
 
     def on_focus(self) -> None:
         self.refresh()

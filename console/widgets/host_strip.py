@@ -34,7 +34,7 @@ class HostStrip(MeterWidget):
 
     def show(self, host: HostStat | None, reason: str | None, grey: bool) -> None:
         self.host, self.reason, self.grey = host, reason, grey
-        self.refresh()
+        self.redraw()
 
     def lines(self) -> list[MeterLine]:
         h = self.host

@@ -38,7 +38,7 @@ class LogCharts(MeterWidget):
         now = time.monotonic()
         if force or (seen != self._seen and now - self._drawn_at >= 1.0):
             self._seen, self._drawn_at = seen, now
-            self.refresh()
+            self.redraw()
 
     def _chart(self, title: str, now: str, values: list[float | None], width: int,
                vmax: float | None = None, style: str = "spark") -> list[MeterLine]:

@@ -5,7 +5,8 @@ of themes/meters.tcss colours all of them from theme variables.
 Subclasses build their content as `MeterLine`s (text runs with styles) in `lines()`; the base
 turns them into Textual strips once per refresh and serves `render_line` from those. Going
 straight to segments (no Rich Text layout, no wrapping) keeps a redraw cheap enough for panes
-that repaint every second all day.
+that repaint every second all day. `redraw()` (what new data calls) goes further: it compares
+the new lines with those on screen and repaints only the lines that differ, or nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -93,7 +95,10 @@ class MeterWidget(Widget):
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
+        self._lines: list[MeterLine] | None = None   # what the strips were built from
         self._strips: list[Strip] | None = None
+        self._width = -1                              # the width they were built for
+        self._base = Style()
         self._styles: dict[str, Style] = {}
 
     def lines(self) -> list[MeterLine]:
@@ -109,26 +114,50 @@ class MeterWidget(Widget):
         return style
 
     def refresh(self, *regions: object, **kw: object) -> MeterWidget:  # type: ignore[override]
-        self._strips = None  # rebuilt on the next render_line
+        if not regions:
+            self._lines = self._strips = None  # rebuilt on the next render_line
         super().refresh(*regions, **kw)  # type: ignore[arg-type]
         return self
+
+    def redraw(self, layout: bool = False) -> None:
+        """Show what `lines()` says now, repainting only the lines that changed (none: no
+        repaint at all). Before the first render, after a style change, or when the number of
+        lines or the layout changes, a plain full refresh."""
+        old = self._lines
+        if layout or old is None or self._strips is None or self.size.width != self._width:
+            self.refresh(layout=layout)
+            return
+        new = self.lines()
+        if len(new) != len(old):
+            self.refresh()
+            return
+        changed = [y for y, (a, b) in enumerate(zip(new, old)) if a.runs != b.runs]
+        if not changed:
+            return
+        self._lines = new
+        for y in changed:
+            self._strips[y] = self._strip(new[y])
+        super().refresh(*(Region(0, y, self._width, 1) for y in changed))
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._styles.clear()  # a theme change: component colours are looked up again
-        self._strips = None
+        self._lines = self._strips = None
 
     def plain_lines(self) -> list[str]:
         return [ln.plain for ln in self.lines()]
 
+    def _strip(self, line: MeterLine) -> Strip:
+        base = self._base
+        return Strip([Segment(t, base + s if s is not None else base) for t, s in line.runs]
+                     ).crop_extend(0, self._width, base)
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        if self._strips is None:
-            base = self.rich_style
-            self._strips = [
-                Strip([Segment(t, base + s if s is not None else base) for t, s in ln.runs])
-                .crop_extend(0, width, base) for ln in self.lines()]
-            self._base = base
+        if self._strips is None or width != self._width:
+            self._base, self._width = self.rich_style, width
+            self._lines = self.lines()
+            self._strips = [self._strip(ln) for ln in self._lines]
         if y < len(self._strips):
             return self._strips[y]
         return Strip.blank(width, self.rich_style)

@@ -17,7 +17,7 @@ class StatusLine(MeterWidget):
     def show(self, parts: list[tuple[str, str]]) -> None:
         if parts != self.parts:
             self.parts = parts
-            self.refresh()
+            self.redraw()
 
     @property
     def plain(self) -> str:
