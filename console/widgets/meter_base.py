@@ -131,7 +131,7 @@ class MeterWidget(Widget):
         if len(new) != len(old):
             self.refresh()
             return
-        changed = [y for y, (a, b) in enumerate(zip(new, old)) if a.runs != b.runs]
+        changed = [y for y, (a, b) in enumerate(zip(new, old, strict=True)) if a.runs != b.runs]
         if not changed:
             return
         self._lines = new
