@@ -1,44 +1,112 @@
-"""Textual's key footer, rebuilt only when the keys it shows change.
+"""Textual's key footer, relabelled in place when the keys it shows change.
 
-The stock footer re-mounts all its keys on every bindings signal, and a pane switch sends
-several (focus leaving, focus arriving, the tab's own): each re-mount restyles every key and
-lays the screen out again. Here the signals of one refresh are folded into one check, and the
-keys are rebuilt only if what they show differs."""
+The stock footer removes and re-mounts all its keys on every bindings signal, and a pane switch
+sends several: each re-mount restyles every key and lays the screen out again, two or three
+extra screen updates after the switch itself. Here the keys are compared first (nothing to do
+when they are the same), and a different set relabels the key widgets already mounted, at once,
+so the change is laid out in the same frame as the switch; keys left over are hidden, kept for
+the next pane that has more. Only a footer that must grow, or one with grouped keys, is rebuilt
+the stock way."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from itertools import groupby
 from typing import TYPE_CHECKING
 
+from textual.binding import Binding
 from textual.widgets import Footer as _Footer
+from textual.widgets._footer import FooterKey
 
 if TYPE_CHECKING:
     from textual.screen import Screen
 
+# what one key shows: key, key display, description, action, disabled, tooltip
+Spec = tuple[str, str, str, str, bool, str]
+
 
 class Footer(_Footer):
-    """The key footer (same look and behaviour), without redundant rebuilds."""
+    """The key footer (same look and behaviour), without the re-mounts."""
 
     _pending = False
     _shown: tuple[object, ...] | None = None
 
     def bindings_changed(self, screen: Screen) -> None:
         self._bindings_ready = True
-        if not screen.app.app_focus:
+        if not screen.app.app_focus or not self.is_attached or screen is not self.screen:
             return
-        if self.is_attached and screen is self.screen and not self._pending:
+        keys = self._specs()
+        if keys is not None and keys == self._shown:
+            return
+        if keys is not None and self._shown is not None and self._relabel(*keys):
+            self._shown = keys
+        elif not self._pending:
             self._pending = True
-            self.call_after_refresh(self._rebuild_if_changed)
+            self.call_after_refresh(self._rebuild)
 
-    def _keys(self) -> tuple[object, ...]:
-        """Everything compose() reads, as one comparable value."""
-        app = self.app
-        return (self.show_command_palette, tuple(
-            (binding, app.get_key_display(binding), enabled, tooltip)
-            for _node, binding, enabled, tooltip in self.screen.active_bindings.values()))
-
-    async def _rebuild_if_changed(self) -> None:
+    async def _rebuild(self) -> None:
         self._pending = False
-        keys = self._keys()
-        if keys != self._shown:
+        keys = self._specs()
+        if keys != self._shown or keys is None:
             self._shown = keys
             await self.recompose()
+
+    def _specs(self) -> tuple[tuple[Spec, ...], Spec | None] | None:
+        """The keys compose() would make (its rules), or None when it would group some."""
+        app = self.app
+        active = self.screen.active_bindings
+        by_action: defaultdict[str, list[tuple[Binding, bool, str]]] = defaultdict(list)
+        for _node, binding, enabled, tooltip in active.values():
+            if binding.show:
+                by_action[binding.action].append((binding, enabled, tooltip))
+        keys: list[Spec] = []
+        for group, runs in groupby(by_action.values(), lambda bindings: bindings[0][0].group):
+            same_group = list(runs)
+            if group is not None and len(same_group) > 1:
+                return None
+            for bindings in same_group:
+                binding, enabled, tooltip = bindings[0]
+                keys.append((binding.key, app.get_key_display(binding), binding.description,
+                             binding.action, not enabled, tooltip))
+        palette: Spec | None = None
+        if self.show_command_palette and app.ENABLE_COMMAND_PALETTE \
+                and app.COMMAND_PALETTE_BINDING in active:
+            _node, binding, enabled, _tooltip = active[app.COMMAND_PALETTE_BINDING]
+            palette = (binding.key, app.get_key_display(binding), binding.description,
+                       binding.action, not enabled, binding.tooltip or binding.description)
+        return tuple(keys), palette
+
+    def _relabel(self, keys: tuple[Spec, ...], palette: Spec | None) -> bool:
+        """Show keys on the mounted key widgets; False if there are too few (or others)."""
+        pool: list[FooterKey] = []
+        palette_key: FooterKey | None = None
+        for child in self.children:
+            if not isinstance(child, FooterKey):
+                return False                      # a group or label: the stock rebuild
+            if child.has_class("-command-palette"):
+                palette_key = child
+            else:
+                pool.append(child)
+        if len(keys) > len(pool) or (palette is None) != (palette_key is None):
+            return False
+        for widget, spec in zip(pool, keys, strict=False):
+            _set_key(widget, spec)
+        for widget in pool[len(keys):]:
+            widget.display = False
+        if palette_key is not None and palette is not None:
+            _set_key(palette_key, palette)
+        return True
+
+
+def _set_key(widget: FooterKey, spec: Spec) -> None:
+    key, key_display, description, action, disabled, tooltip = spec
+    if (widget.key, widget.key_display, widget.description, widget.action,
+            widget._disabled) != (key, key_display, description, action, disabled):
+        widget.key, widget.key_display = key, key_display
+        widget.description, widget.action = description, action
+        widget._disabled = disabled                   # what FooterKey's click checks
+        widget.set_class(disabled, "-disabled")
+        widget.refresh(layout=True)                   # its width follows its text
+    if widget.tooltip != (tooltip or None):
+        widget.tooltip = tooltip or None
+    widget.display = True
