@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from textual.widgets import TabbedContent
+from textual.widgets import ProgressBar, TabbedContent
+from textual.widgets._footer import FooterKey
+from textual.widgets._progress_bar import Bar
 
 from console.panes.gpu import GpuPane
 from console.screens.main import PANES
+from console.widgets.footer import Footer
 from console.widgets.gpu_table import GpuTable
 from console.widgets.host_list import HostList
 from console.widgets.status_line import StatusLine
@@ -52,3 +55,35 @@ async def test_host_list_selects_the_host_for_every_pane(tmp_path: Path) -> None
         await pilot.pause()
         assert gpu.host == "local"
         assert "No GPUs: NVML unavailable" in app.screen.query_one(GpuTable).plain_lines()[0]
+
+
+async def test_footer_shows_each_panes_keys_after_every_switch(tmp_path: Path) -> None:
+    """The footer relabels its mounted keys on a switch (it grows, hides leftovers, and
+    shrinks): whatever it did, the keys on screen are the focused pane's, in binding order."""
+    app = fleet_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        footer = app.screen.query_one(Footer)
+        for n in "14161541":
+            await pilot.press(n)
+            await pilot.pause()
+            shown = [(k.key, k.description) for k in footer.query(FooterKey)
+                     if k.display and not k.has_class("-command-palette")]
+            want = []
+            for _node, b, _enabled, _tip in app.screen.active_bindings.values():
+                if b.show and b.action not in {a for _k, a in want}:
+                    want.append((b.key, b.action))
+            assert [k for k, _d in shown] == [k for k, _a in want], n
+            assert all(d for _k, d in shown)
+
+
+async def test_hidden_progress_bars_keep_no_timers_running(tmp_path: Path) -> None:
+    """The panes' progress bars are hidden most of the time: then neither the indeterminate
+    animation nor the ETA tick may wake the app."""
+    app = fleet_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        bars = list(app.screen.query(ProgressBar))
+        assert bars and all(not b.display for b in bars)
+        for bar in bars:
+            timers = [*bar._timers, *bar.query_one(Bar)._timers]  # noqa: SLF001
+            assert not [t for t in timers if t._active.is_set()], bar.id  # noqa: SLF001

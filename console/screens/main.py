@@ -5,7 +5,9 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.reactive import Reactive
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
 from console.commands_palette import ConsoleCommands
@@ -34,6 +36,10 @@ class MainScreen(Screen):
     """Hosts list + tabbed panes."""
 
     COMMANDS = {ConsoleCommands}   # every pane action in the command palette (ctrl+p)
+    # Screen repaints all of itself whenever focus moves; what focus changes (:focus styles,
+    # the footer's keys, the widgets' own cursors) repaints itself, so a pane switch need not
+    # draw the whole screen twice
+    focused: Reactive[Widget | None] = Reactive(None, repaint=False)
     BINDINGS = [("q", "app.quit", "Quit"), Binding("question_mark", "help", "Help"),
                 *[Binding(str(n), f"show_pane('{tab_id}')", title, show=False)
                   for n, (tab_id, title, _cls) in enumerate(PANES, start=1)]]
