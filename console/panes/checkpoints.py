@@ -29,6 +29,7 @@ from console.checkpoints import (
     inspect_checkpoint,
 )
 from console.errors import ConsoleError
+from console.panes.timers import ShownTimers
 from console.run_watch import describe_error
 from console.screens.convert_dialog import ConvertDialog, ConvertRequest
 from console.widgets.inspect_view import InspectView
@@ -89,7 +90,7 @@ class CheckpointTable(DataTable[Any]):
         return self.paths[min(self.cursor_row, len(self.paths) - 1)]
 
 
-class CheckpointsPane(Vertical):
+class CheckpointsPane(ShownTimers, Vertical):
     """Checkpoints of the selected host (module docstring)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -120,7 +121,7 @@ class CheckpointsPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#ckpt-bar").display = False
-        self.set_interval(SCAN_EVERY_S, self._poll)
+        self.set_shown_interval(SCAN_EVERY_S, self._poll)
 
     # -- host and scanning -----------------------------------------------------------------
     def show_host(self, host: str) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
+from console.panes.timers import ShownTimers
 from console.widgets.fleet_table import FleetTable, fleet_host
 
 WINDOW_S = 300.0
 
 
-class FleetPane(VerticalScroll):
+class FleetPane(ShownTimers, VerticalScroll):
     """All hosts at a glance."""
 
     def __init__(self, **kw: object) -> None:
@@ -24,7 +25,7 @@ class FleetPane(VerticalScroll):
         yield FleetTable(id="fleet-table")
 
     def on_mount(self) -> None:
-        self.set_interval(1.0, self.refresh_view)
+        self.set_shown_interval(1.0, self.refresh_view)
 
     def show_host(self, host: str) -> None:
         """The fleet shows every host whichever is selected."""

@@ -14,6 +14,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 
 from console.monitor_service import HostMonitor, MonitorState
+from console.panes.timers import ShownTimers
 from console.widgets.gpu_detail import GpuDetail
 from console.widgets.gpu_table import GpuRow, GpuTable
 from console.widgets.host_strip import HostStrip
@@ -60,7 +61,7 @@ def status_parts(mon: HostMonitor, now: float) -> list[tuple[str, str]]:
     return parts
 
 
-class GpuPane(Vertical):
+class GpuPane(ShownTimers, Vertical):
     """GPUs, processes and host of the selected host; `d` toggles the GPU detail view."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -81,7 +82,7 @@ class GpuPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one(GpuDetail).display = False
-        self.set_interval(1.0, self.refresh_view)
+        self.set_shown_interval(1.0, self.refresh_view)
 
     def show_host(self, host: str) -> None:
         self.host = host

@@ -22,6 +22,7 @@ from textual.widgets import Input
 from console.errors import ConsoleError
 from console.follow import LogFollower
 from console.log_model import LogModel
+from console.panes.timers import ShownTimers
 from console.widgets.host_strip import short_path
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
@@ -33,7 +34,7 @@ FLOOD_REDRAW_S = 1.0
 RETRY_S = 5.0
 
 
-class LogsPane(Vertical):
+class LogsPane(ShownTimers, Vertical):
     """One followed log of the selected host, with its vLLM charts."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -64,7 +65,7 @@ class LogsPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#logs-filter", Input).display = False
-        self.set_interval(REDRAW_S, self.redraw)
+        self.set_shown_interval(REDRAW_S, self.redraw)
 
     # -- what is followed -----------------------------------------------------------------------
     def show_host(self, host: str) -> None:

@@ -30,6 +30,7 @@ from console.config import LOCAL, Config
 from console.demo_default import demo_ready, ensure_demo, refresh_demo_profiles
 from console.errors import ConsoleError
 from console.host import Host
+from console.panes.timers import ShownTimers
 from console.push import PushReport, host_trees, push
 from console.run_watch import RunFeed, RunFeeds, describe_error
 from console.runs import RunRecord, launch, list_runs, running_for, stop_run
@@ -52,7 +53,7 @@ def push_summary(report: PushReport) -> str:
     return f"{verb} {sent} to {report.host} ({trees}) · code {report.manifest[:8]}"
 
 
-class RunsPane(Vertical):
+class RunsPane(ShownTimers, Vertical):
     """Profiles and runs of the selected host (module docstring)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -88,8 +89,8 @@ class RunsPane(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#runs-bar").display = False
-        self.set_interval(1.0, self.refresh_view)
-        self.set_interval(LIST_EVERY_S, self._poll)
+        self.set_shown_interval(1.0, self.refresh_view)
+        self.set_shown_interval(LIST_EVERY_S, self._poll)
         if self.config.demo is not None:
             # the embedded demo opens on this pane: it is where a new user starts
             self.call_after_refresh(lambda: self.screen.run_action("show_pane('runs')"))
