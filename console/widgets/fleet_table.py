@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from console.monitor_service import HostMonitor, MonitorState
-from console.widgets.gpu_table import GpuRow
+from console.widgets.gpu_table import _T_UTIL, GpuRow
 from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import bar, fmt_age, fmt_mem, fmt_num, level, spark
 
@@ -104,7 +104,7 @@ class FleetTable(MeterWidget):
         t.append(f" {fmt_mem(g.mem_used, g.mem_total):>9}  ", num)
         t.append(f"{fmt_num(g.power, 'W'):>5} {fmt_num(g.temp, '°C'):>5}  ", num)
         spark_w = max(8, min(30, width - 78))
-        t.append(spark(((p.t, p.util) for p in r.history), *self.window, spark_w, 100.0),
+        t.append(spark(map(_T_UTIL, r.history), *self.window, spark_w, 100.0),
                  self.mstyle("stale" if grey else "spark"))
         if r.error is not None:
             t.append(" LOST ", self.mstyle("alert"))

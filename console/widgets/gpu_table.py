@@ -5,6 +5,7 @@ tagged; a lost GPU is tagged LOST. Up/down moves the cursor that picks the detai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import ClassVar
 
 from textual.binding import Binding, BindingType
@@ -29,6 +30,7 @@ class GpuRow:
 
 # bar widths: utilisation, memory, power, temperature
 _UB, _MB, _PB, _TB = 8, 8, 6, 4
+_T_UTIL = attrgetter("t", "util")  # a history point as the sparkline's (t, value)
 _TEMP_MAX = 100.0
 
 
@@ -122,7 +124,7 @@ class GpuTable(MeterWidget, can_focus=True):
         meter(p, _PB, power, 8)
         meter(None if g.temp is None else g.temp / _TEMP_MAX, _TB, fmt_num(g.temp, "°C"), 4)
         t.append(" ")
-        hist = spark(((pt.t, pt.util) for pt in row.history), *self.window, spark_w, 100.0)
+        hist = spark(map(_T_UTIL, row.history), *self.window, spark_w, 100.0)
         t.append(hist, self.mstyle("stale" if grey else "spark"))
         t.append(" ")
         if row.error is not None:

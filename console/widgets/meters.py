@@ -37,12 +37,16 @@ def spark(points: Iterable[tuple[float, float | None]], t0: float, t1: float, wi
         return ""
     cells: list[float | None] = [None] * width
     span = (t1 - t0) / width
-    for t, v in points:
+    last = width - 1
+    for t, v in points:  # every point of every history line, every redraw: no calls here
         if v is None or t < t0 or t > t1:
             continue
-        i = min(width - 1, int((t - t0) / span))
+        i = int((t - t0) / span)
+        if i > last:
+            i = last
         cur = cells[i]
-        cells[i] = v if cur is None else max(cur, v)
+        if cur is None or v > cur:
+            cells[i] = v
     out = []
     for v in cells:
         if v is None:
