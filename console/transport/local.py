@@ -217,6 +217,11 @@ class LocalTransport(Transport):
     async def read_range(self, path: str, offset: int, length: int) -> bytes:
         try:
             with open(expand(path), "rb") as f:
+                st = os.fstat(f.fileno())
+                if stat_mod.S_ISREG(st.st_mode):
+                    # a follower asks for a whole chunk (MiBs) where a few KB are new: read()
+                    # would allocate the whole request first
+                    length = max(0, min(length, st.st_size - offset))
                 f.seek(offset)
                 return f.read(length)
         except OSError as e:
