@@ -2,10 +2,10 @@
 with live charts of the vLLM stats lines above the text.
 
 Keys: `f` follow/pause, `/` filter (Enter keeps it, Esc clears), `e` / `E` next / previous
-error, `l` next configured log. A worker runs the LogFollower (console/follow.py) and only
-appends batches to the LogModel; a 2 Hz timer redraws what changed (1 Hz while a flood replaces
-the whole view each time), so thousands of lines per second cost one or two redraws per second,
-and memory stays bounded by the model."""
+error, `l` next configured log. A worker runs the LogFollower (console/follow.py), polling as
+often as the text redraws, and only appends batches to the LogModel; a 2 Hz timer redraws what
+changed (1 Hz while a flood replaces the whole view each time), so thousands of lines per second
+cost one or two redraws per second, and memory stays bounded by the model."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ class LogsPane(ShownTimers, Vertical):
             try:
                 h = await pool.ensure(host)
                 real = await h.resolve(path)
-                follower = LogFollower(h.transport, real, tail_lines=TAIL_LINES,
+                # read as often as the text can redraw: reads in between only wake the app
+                follower = LogFollower(h.transport, real, tail_lines=TAIL_LINES, poll=REDRAW_S,
                                        on_notice=self._on_notice)
                 async for batch in follower.batches():
                     self.model.add(batch)
