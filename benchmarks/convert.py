@@ -170,15 +170,17 @@ def main() -> None:
                   f"({warm['seconds'] / c:.2f}x), copy+fsync {cs:.2f} s, sha256 alone {h:.2f} s, "
                   f"convert peak RSS +{rss / 2**20:.0f} MiB")
         rows.sort()
-        ratio, c, cs, h, conv_s, _, warm_s = rows[len(rows) // 2]  # the median round by ratio
+        ratio, c, cs, h, conv_s, _, _ = rows[len(rows) // 2]  # the median round by cold ratio
+        warm_rows = sorted(rows, key=lambda x: x[6] / x[1])
+        _, wc, _, _, _, _, warm_s = warm_rows[len(rows) // 2]  # and the median by warm ratio
         rss = max(x[5] for x in rows)
-        print(f"\nmedian of {len(rows)} rounds (load average "
+        print(f"\nmedian of {len(rows)} rounds, each ratio's own median round (load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs):")
         print(f"{'':40}{'conversion':>12}{'baseline':>12}{'ratio':>8}")
         print(f"{'time vs plain copy, cold (hashes) (s)':40}{conv_s:>12.2f}{c:>12.2f}"
               f"{ratio:>7.2f}x  (target <= 1.5x)")
-        print(f"{'time vs plain copy, warm (cached) (s)':40}{warm_s:>12.2f}{c:>12.2f}"
-              f"{warm_s / c:>7.2f}x  (target <= 1.5x)")
+        print(f"{'time vs plain copy, warm (cached) (s)':40}{warm_s:>12.2f}{wc:>12.2f}"
+              f"{warm_s / wc:>7.2f}x  (target <= 1.5x)")
         print(f"{'time vs copy + fsync, cold (s)':40}{conv_s:>12.2f}{cs:>12.2f}"
               f"{conv_s / cs:>7.2f}x")
         print(f"{'peak RSS increase vs largest tensor':40}{rss / 2**20:>9.0f} MiB"
