@@ -54,8 +54,9 @@ class LogView(ScrollView, can_focus=True):
         self.model = model
         self._seen = -1
         # rendered lines by (seq, width, query, highlighted): following a busy log redraws
-        # mostly lines already drawn one row lower
-        self._strips: LRUCache[tuple[int, int, str, bool], Strip] = LRUCache(1024)
+        # mostly lines already drawn one row lower; a few screens' worth is all that is reused
+        # (more only held memory: a thousand strips was a megabyte or two)
+        self._strips: LRUCache[tuple[int, int, str, bool], Strip] = LRUCache(256)
         self._style_cache: dict[str, Style] = {}
 
     def notify_style_update(self) -> None:
