@@ -124,10 +124,18 @@ class LogView(ScrollView, can_focus=True):
             style += self._style(level)
         if highlighted:
             style += self._style("cursor")
+        base = self._style("base")
+        if not self.model.query and text.isascii() and text.isprintable():
+            # one cell per character: cut and pad here, one Strip instead of two
+            text = text[:width]
+            segments = [Segment(text, style)] if text else []
+            if len(text) < width:
+                segments.append(Segment(" " * (width - len(text)), base))
+            return Strip(segments, width)
         segments = [Segment(text, style)]
         if self.model.query:
             segments = self._highlight(text, self.model.query, style)
-        return Strip(segments).crop_extend(0, width, self._style("base"))
+        return Strip(segments).crop_extend(0, width, base)
 
     def _highlight(self, text: str, query: str, style: Style) -> list[Segment]:
         match = style + self._style("match")

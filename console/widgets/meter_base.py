@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual.geometry import Region
@@ -148,9 +149,14 @@ class MeterWidget(Widget):
         return [ln.plain for ln in self.lines()]
 
     def _strip(self, line: MeterLine) -> Strip:
-        base = self._base
-        return Strip([Segment(t, base + s if s is not None else base) for t, s in line.runs]
-                     ).crop_extend(0, self._width, base)
+        base, width = self._base, self._width
+        segments = [Segment(t, base + s if s is not None else base) for t, s in line.runs]
+        cells = cell_len(line.plain)
+        if cells <= width:  # pad here: one Strip, its length known
+            if cells < width:
+                segments.append(Segment(" " * (width - cells), base))
+            return Strip(segments, width)
+        return Strip(segments).crop_extend(0, width, base)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
