@@ -83,9 +83,8 @@ class MainScreen(Screen):
 
     def _focus_pane(self, tab_id: str) -> None:
         """Keys go to the pane just shown: focus its first focusable widget, now, so the tab
-        switch and the focus change repaint in one frame (each focus change repaints the
-        whole screen). With nothing to focus, focus is dropped: a widget left focused in the
-        old tab would pull its tab back."""
+        switch and the focus change are drawn in one frame. With nothing to focus, focus is
+        dropped: a widget left focused in the old tab would pull its tab back."""
         pane = self.query_one(f"#pane-{tab_id}")
         target = next((w for w in [pane, *pane.query("*")] if w.focusable and w.display), None)
         self.set_focus(target)
