@@ -340,6 +340,37 @@ class Eagle3Draft(nn.Module):
             last = self.midlayer(emb, last, cos, sin, past, keep)
         return torch.cat(drafts, dim=1)  # [B,k]
 
+    @torch.no_grad()
+    def draft_greedy_all(self, aux_hidden: Tensor, input_ids: Tensor, k: int) -> Tensor:
+        """`draft_greedy` from every prefix at once: [B,T,k] target ids, row p = the k drafts
+        after the prefix aux[:, :p+1], input_ids[:, :p+2] (what `draft_greedy` returns for it).
+
+        One causal step-0 pass over all T positions, then k-1 steps whose queries see the step-0
+        keys up to their own position and their own earlier steps' keys: the TTT mask
+        (`ttt_mask`), with the draft's own argmax tokens as inputs instead of the text's. Causal
+        attention makes every row equal to its prefix's `draft_greedy`; right padding only adds
+        rows nobody reads."""
+        b, t, _ = aux_hidden.shape
+        if input_ids.shape[1] != t + 1:
+            raise ValueError(f"input_ids must have T+1={t + 1} tokens (got {input_ids.shape[1]})")
+        dev = aux_hidden.device
+        h = self.fuse(aux_hidden)  # [B,T,H]
+        past: list[KV] = []
+        pos = torch.arange(t, device=dev).expand(b, t)  # [B,T]
+        emb = self.embed_tokens(input_ids[:, 1:]).to(h.dtype)  # token p+1 at position p
+        cos, sin = self._cos_sin(pos, h.dtype)
+        last = self.midlayer(emb, h, cos, sin, past, ttt_mask(t, 0, None, dev))  # [B,T,H]
+        drafts: list[Tensor] = []
+        for i in range(k):
+            tok = self.to_target_ids(self.logits(last).argmax(-1))  # [B,T] target ids
+            drafts.append(tok)
+            if i == k - 1:
+                break
+            emb = self.embed_tokens(tok).to(h.dtype)  # [B,T,H]: row p's draft i at p+i+1
+            cos, sin = self._cos_sin(pos + i + 1, h.dtype)
+            last = self.midlayer(emb, last, cos, sin, past, ttt_mask(t, i + 1, None, dev))
+        return torch.stack(drafts, dim=-1)  # [B,T,k]
+
 
 def ttt_mask(t: int, i: int, attention_mask: Tensor | None, device: torch.device) -> Tensor:
     """Bool mask [B|1,1,T,(i+1)T] for TTT step i: causal over step-0 keys, then one diagonal

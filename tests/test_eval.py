@@ -63,3 +63,15 @@ def test_replay_counts_what_speculative_decoding_accepts(demo_dir: Path) -> None
         seq = speculative_decode(target, draft, prompt, len(full), real)
         assert seq == full[:len(seq)]  # greedy speculation never changes the text
         assert real.drafts > 0 and replayed.report() == real.report()
+
+
+def test_fast_eval_counts_what_the_reference_path_counts(demo_dir: Path) -> None:
+    """Batched generation + drafts from every position give the one-window-at-a-time counts."""
+    from engine.evaluate import evaluate
+    args = (str(demo_dir / "public-drafter"), str(demo_dir / "target"), str(demo_dir / "eval"))
+    ref = evaluate(*args, k=K, max_samples=12, max_new_tokens=24, reference=True)
+    for bs in (1, 5):  # one sample a batch, and ragged batches with padding on both sides
+        fast = evaluate(*args, k=K, max_samples=12, max_new_tokens=24, batch_size=bs)
+        for key in ("drafts", "accepted", "per_position", "generated_tokens", "samples"):
+            assert fast[key] == ref[key], (bs, key)
+        assert ref["drafts"] > 0

@@ -205,6 +205,23 @@ def test_draft_greedy_equals_ttt_on_its_own_tokens() -> None:
         assert torch.equal(want, drafts[:, i])
 
 
+def test_draft_greedy_all_is_draft_greedy_from_every_prefix() -> None:
+    """The batched eval path: row p of draft_greedy_all equals draft_greedy on prefix p (GQA)."""
+    cfg = _tiny()
+    assert cfg.num_key_value_heads is not None and cfg.num_key_value_heads < cfg.num_attention_heads
+    m = _model(cfg, seed=3)
+    vd = cfg.draft_vocab_size
+    targets = torch.arange(vd) * 3 + 1  # a non-trivial vocab map
+    m.d2t.copy_(targets - torch.arange(vd))
+    B, T, k = 2, 11, 4
+    aux = torch.randn(B, T, 3 * cfg.hidden_size, dtype=torch.float64)
+    ids = torch.randint(0, cfg.vocab_size, (B, T + 1))
+    every = m.draft_greedy_all(aux, ids, k)
+    assert every.shape == (B, T, k)
+    for p in range(T):
+        assert torch.equal(every[:, p], m.draft_greedy(aux[:, :p + 1], ids[:, :p + 2], k)), p
+
+
 def test_shift_helpers() -> None:
     x = torch.tensor([[1, 2, 3, 4]])
     assert shift_left(x, 1).tolist() == [[2, 3, 4, 0]]

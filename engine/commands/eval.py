@@ -17,6 +17,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-samples", type=int, default=64, help="samples replayed (default 64)")
     p.add_argument("--max-new-tokens", type=int, default=64,
                    help="greedy tokens generated per sample (default 64)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="samples generated and replayed together (default 32)")
+    p.add_argument("--reference", action="store_true",
+                   help="one sample and one draft window at a time (slow; to check the fast path)")
     p.add_argument("--device", help="torch device (default: cuda if present, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -25,7 +29,8 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     from engine.evaluate import evaluate
     res = evaluate(args.draft, args.target, args.data, k=args.steps,
                    max_samples=args.max_samples, max_new_tokens=args.max_new_tokens,
-                   device=args.device, ev=ev)
+                   device=args.device, ev=ev, batch_size=args.batch_size,
+                   reference=args.reference)
     ev.answer(res, args.json, lambda r: (
         f"Mean acceptance length: {r['acceptance_length']:.2f}, Per-position acceptance rate: "
         + ", ".join(f"{x:.3f}" for x in r["per_position"])
