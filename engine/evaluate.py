@@ -164,7 +164,7 @@ def replay_batch(target: Target, draft: Eagle3Draft, seqs: list[list[int]], star
     ids = ids.to(target.device)
     aux, _ = target.features(ids)  # [B,W,3Ht]
     drafts = draft.draft_greedy_all(aux[:, :width - 1].float(), ids, k).tolist()  # [B,W-1,k]
-    for r, (s, p) in enumerate(zip(seqs, starts)):
+    for r, (s, p) in enumerate(zip(seqs, starts, strict=True)):
         n = len(s)
         while p + 1 + k < n:  # the same walk as `replay`
             truth = s[p + 2:p + 2 + k]
@@ -207,7 +207,7 @@ def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_sample
         for lo in range(0, len(order), batch_size):
             chunk = [prompts[i] for i in order[lo:lo + batch_size]]
             full = greedy_batch(target, chunk, max_new_tokens)
-            generated += sum(len(f) - len(p) for f, p in zip(full, chunk))
+            generated += sum(len(f) - len(p) for f, p in zip(full, chunk, strict=True))
             replay_batch(target, draft, full, [len(p) - 1 for p in chunk], k, acc)
             if ev is not None:
                 ev.progress(lo + len(chunk), len(prompts), unit="sample", desc="eval")
