@@ -1,0 +1,50 @@
+"""`eagle3-console serve HOST CKPT --verifier V [--tp N] [--k K] [--port P] [-- EXTRA...]`:
+inspect the drafter on HOST, refuse what vLLM would not load, then start `vllm serve` with it as
+a detached run (stop it with `stop RUN`, watch its log with `follow RUN`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.config import Config
+from console.host import Host
+from console.runs import close_hosts, host_of
+from console.serve import ServeRequest, serve, vllm_argv
+
+HELP = "serve a drafter checkpoint in vLLM on HOST (speculative decoding), as a detached run"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name (`local` is built in)")
+    p.add_argument("ckpt", help="drafter checkpoint folder on that host")
+    p.add_argument("--verifier", required=True, metavar="NAME_OR_PATH",
+                   help="the target model vLLM serves (a hub name or a folder on the host)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel size (default 1)")
+    p.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")
+    p.add_argument("--port", type=int, default=8000, help="server port on the host (default 8000)")
+    p.add_argument("--force", action="store_true", help="start even if it is already served")
+    p.add_argument("--json", action="store_true", help="print the run and the command as JSON")
+    p.add_argument("extra", nargs="*", metavar="-- EXTRA",
+                   help="more `vllm serve` arguments, after `--`")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    req = ServeRequest(ckpt=args.ckpt, verifier=args.verifier, tp=args.tp, k=args.k,
+                       port=args.port, extra=list(args.extra))
+    pool: dict[str, Host] = {}
+    try:
+        host_of(pool, config, args.host)
+        started = await serve(config, args.host, req, pool, force=args.force)
+    finally:
+        await close_hosts(pool)
+    if args.json:
+        print(json.dumps({"id": started.id, "status": started.status,
+                          "argv": vllm_argv(req), "records": [r.raw for r in started.records]},
+                         indent=2))
+        return 0
+    print(started.id)
+    for r in started.records:
+        print(f"  {r.host}: pid {r.raw.get('pid')} {r.status}  {r.run_dir}")
+    print(f"  metrics: http://127.0.0.1:{args.port}/metrics on {args.host}")
+    return 0
