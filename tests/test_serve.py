@@ -134,3 +134,47 @@ async def test_serve_refuses_what_vllm_would_not_load(
             "hidden": "hidden_size", "no-config": "no config.json"}[case]
     assert want in err[0]
     assert not Path(str(standin_vllm) + ".argv").exists()  # nothing was started
+
+
+async def test_serve_from_the_checkpoints_pane(tmp_path: Path, standin_vllm: Path) -> None:
+    """`v` on a checkpoint: the dialog, then the run started on the host; a refusal is shown."""
+    from textual.widgets import Input
+
+    from console.screens.serve_dialog import ServeDialog
+    from console.widgets.inspect_view import InspectView
+    from tests.test_checkpoints_pane import SIZE, app_for, checkpoints_tree, open_pane, wait_for
+
+    shelf = checkpoints_tree(tmp_path)
+    verifier = write_verifier(tmp_path / "target")
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        view = pane.query_one(InspectView)
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
+        await pilot.press("ctrl+s")  # no verifier yet: the dialog stays and says so
+        await pilot.pause()
+        assert isinstance(app.screen, ServeDialog)
+        app.screen.query_one("#serve-verifier", Input).value = str(tmp_path / "no-such-model")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: view.error is not None)
+        assert view.error.startswith("serve refused: ") and "no config.json" in view.error
+        await pilot.press("v")  # the verifier typed last time is offered again
+        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
+        box = app.screen.query_one("#serve-verifier", Input)
+        assert box.value == str(tmp_path / "no-such-model")
+        box.value = str(verifier)
+        app.screen.query_one("#serve-k", Input).value = "4"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "started as run serve-aq-medai-eagle3" in view.plain)
+    argv = json.loads(await wait_file(Path(str(standin_vllm) + ".argv")))
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["model"] == str(shelf / "aq-medai-eagle3") and spec["num_speculative_tokens"] == 4
+    pool = {h: Host(c) for h, c in app.config.hosts.items()}
+    try:  # stop what the pane started (the stand-in would otherwise sleep on)
+        for host in pool.values():
+            for rec in await list_runs(host):
+                if rec.status == "running":
+                    await stop_run(app.config, rec.id, pool, grace=2.0)
+    finally:
+        await close_hosts(pool)

@@ -3,6 +3,8 @@
     enter / i  inspect the selected checkpoint again (moving the cursor inspects it anyway)
     c          convert it (dialog: target style, destination, dtype); a progress bar follows the
                engine's progress events, then the result's own inspect report is shown
+    v          serve it in vLLM (dialog: verifier, TP, k, port, extra args): checked, then
+               started as a detached run (console/serve.py); the Runs pane follows and stops it
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
 No I/O here: workers call console/checkpoints.py. Reports are kept per (path, mtime), so going
@@ -32,6 +34,8 @@ from console.errors import ConsoleError
 from console.panes.timers import ShownTimers
 from console.run_watch import describe_error
 from console.screens.convert_dialog import ConvertDialog, ConvertRequest
+from console.screens.serve_dialog import ServeDialog
+from console.serve import ServeRequest, serve
 from console.widgets.inspect_view import InspectView
 from console.widgets.meters import fmt_bytes
 from console.widgets.progress import ProgressBar
@@ -96,6 +100,7 @@ class CheckpointsPane(ShownTimers, Vertical):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("i", "inspect", "Inspect"),
         Binding("c", "convert", "Convert"),
+        Binding("v", "serve", "Serve"),
         Binding("r", "refresh", "Rescan"),
     ]
     HELP_WIDGETS: ClassVar[list[type]] = [CheckpointTable]
@@ -109,6 +114,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.scan_error: str | None = None
         self.scans = 0
         self.converting: str | None = None
+        self.last_verifier: dict[str, str] = {}  # host -> the verifier last served there
         self._scanning = False
         self._shown_path: str | None = None
 
@@ -286,6 +292,40 @@ class CheckpointsPane(ShownTimers, Vertical):
         view.show_report(report, done)
         self._shown_path = dst
         await self._rescan_and_select(host, dst, report)
+
+    # -- serving -----------------------------------------------------------------------------
+    def action_serve(self) -> None:
+        ck = self.selected()
+        if ck is None or self.host is None:
+            self.notify("No checkpoint selected", severity="warning")
+            return
+        report = self.reports.get((ck.path, ck.mtime)) or {}
+        verifier = str((report.get("config") or {}).get("verifier") or
+                       self.last_verifier.get(self.host, ""))
+        self.ask_serve(self.host, ck, verifier)
+
+    @work(group="ckpt-serve", exit_on_error=False)
+    async def ask_serve(self, host: str, ck: Checkpoint, verifier: str) -> None:
+        req = await self.app.push_screen_wait(ServeDialog(ck.path, verifier))
+        if req is not None:
+            await self.run_serve(host, req)
+
+    async def run_serve(self, host: str, req: ServeRequest) -> None:
+        view = self.query_one(InspectView)
+        heading = f"serve {req.ckpt} with {req.verifier} (k={req.k}, TP {req.tp}, port {req.port})"
+        self._shown_path = None
+        view.show_text(heading + "\nchecking the checkpoint and the verifier…")
+        self.last_verifier[host] = req.verifier
+        pool = self.app.pool  # type: ignore[attr-defined]
+        try:
+            await pool.ensure(host)
+            run = await serve(self.app.config, host, req, pool.hosts)  # type: ignore[attr-defined]
+        except ConsoleError as e:
+            view.show_error(f"serve refused: {describe_error(e)}", heading)
+            return
+        view.show_text(f"{heading}\nstarted as run {run.id} ({run.status}); follow or stop it in "
+                       f"the Runs pane (5); metrics at http://127.0.0.1:{req.port}/metrics")
+        self.notify(f"Serving {req.ckpt} as run {run.id}")
 
     async def _rescan_and_select(self, host: str, path: str, report: dict[str, Any]) -> None:
         try:

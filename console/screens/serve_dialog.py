@@ -1,0 +1,80 @@
+"""The serve dialog: serve the selected drafter in vLLM (verifier, TP size, k, port, extra args)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from console.serve import ServeRequest
+
+
+class ServeDialog(ModalScreen["ServeRequest | None"]):
+    """Dismisses with a ServeRequest, or None when cancelled."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "serve", "Serve"),
+    ]
+
+    def __init__(self, ckpt: str, verifier: str = "") -> None:
+        super().__init__()
+        self.ckpt = ckpt
+        self.verifier = verifier
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="serve-box", classes="dialog"):
+            yield Static(f"Serve [b]{self.ckpt}[/b] in vLLM", id="serve-title")
+            yield Label("Verifier (required: the target model, a hub name or a folder on the host)")
+            yield Input(self.verifier, placeholder="e.g. /models/Llama-3.1-8B-Instruct",
+                        id="serve-verifier")
+            with Horizontal(id="serve-numbers"):
+                yield Label("TP ")
+                yield Input("1", id="serve-tp", type="integer")
+                yield Label(" k ")
+                yield Input("3", id="serve-k", type="integer")
+                yield Label(" port ")
+                yield Input("8000", id="serve-port", type="integer")
+            yield Label("Extra `vllm serve` arguments")
+            yield Input("", placeholder="e.g. --max-model-len 8192", id="serve-extra")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Serve (ctrl+s)", id="serve-ok", variant="primary")
+                yield Button("Cancel (esc)", id="serve-cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "serve-ok":
+            self.action_serve()
+        else:
+            self.action_cancel()
+
+    def _int(self, wid: str, name: str) -> int | None:
+        text = self.query_one(f"#{wid}", Input).value.strip()
+        try:
+            return int(text)
+        except ValueError:
+            self.notify(f"{name}: enter a whole number", severity="error")
+            return None
+
+    def action_serve(self) -> None:
+        verifier = self.query_one("#serve-verifier", Input).value.strip()
+        if not verifier:
+            self.notify("Verifier: enter the target model's name or folder", severity="error")
+            return
+        tp, k, port = (self._int("serve-tp", "TP"), self._int("serve-k", "k"),
+                       self._int("serve-port", "port"))
+        if tp is None or k is None or port is None:
+            return
+        try:
+            extra = shlex.split(self.query_one("#serve-extra", Input).value)
+        except ValueError as e:
+            self.notify(f"Extra arguments: {e}", severity="error")
+            return
+        self.dismiss(ServeRequest(self.ckpt, verifier, tp=tp, k=k, port=port, extra=extra))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
