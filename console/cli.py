@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "monitor": "console.commands.monitor",
     "inspect": "console.commands.inspect",
     "convert": "console.commands.convert",
+    "metrics": "console.commands.metrics",
 }
 
 
