@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "console.commands.inspect",
     "convert": "console.commands.convert",
     "serve": "console.commands.serve",
+    "metrics": "console.commands.metrics",
 }
 
 

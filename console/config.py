@@ -8,6 +8,7 @@
     checkpoints = ["/data/ckpts"]     # folders the checkpoints pane browses
     known_hosts = "~/.ssh/known_hosts"  # optional: which known_hosts file verifies this host
     identity = "~/.ssh/id_ed25519"      # optional: a key file (else ssh-agent and ssh config)
+    metrics = "http://127.0.0.1:8000/metrics"  # optional: vLLM's /metrics, seen from the host
 
     [sync.train-scripts]
     host = "gpu1"
@@ -70,6 +71,7 @@ class HostConfig:
     known_hosts: str | None = None
     ssh_config: str | None = None
     identity: str | None = None
+    metrics: str | None = None      # vLLM's /metrics URL as seen from the host (http://...)
 
     @property
     def is_local(self) -> bool:
@@ -222,13 +224,14 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     for name, t in _tables(top, "hosts").items():
         r = _Reader(file, f"hosts.{name}", t)
         r.check_keys({"ssh", "python", "root", "logs", "checkpoints", "known_hosts", "ssh_config",
-                      "identity"})
+                      "identity", "metrics"})
         base = local_host() if r.str("ssh") is None else HostConfig(name=name)
         hosts[name] = HostConfig(
             name=name, ssh=r.str("ssh"), python=r.str("python", base.python) or base.python,
             root=r.str("root", base.root) or base.root, logs=r.strlist("logs"),
             checkpoints=r.strlist("checkpoints"), known_hosts=r.str("known_hosts"),
-            ssh_config=r.str("ssh_config"), identity=r.str("identity"))
+            ssh_config=r.str("ssh_config"), identity=r.str("identity"),
+            metrics=_metrics_url(r))
     if LOCAL not in hosts:
         hosts[LOCAL] = local_host()
     syncs: dict[str, SyncSet] = {}
@@ -261,6 +264,18 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
                                  nproc_per_node=r.int("nproc_per_node", 1), env=r.strdict("env"),
                                  cwd=r.str("cwd"), sync=sync)
     return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.str("theme"), path=file)
+
+
+def _metrics_url(r: _Reader) -> str | None:
+    """The optional `metrics` URL: an http:// URL (fetched from the host's side)."""
+    from console.vllm_metrics import split_url
+    url = r.str("metrics")
+    if url is not None:
+        try:
+            split_url(url)
+        except ValueError as e:
+            r.fail("metrics", str(e), url)
+    return url
 
 
 def _tables(top: _Reader, key: str) -> dict[str, Any]:

@@ -5,7 +5,13 @@ Keys: `f` follow/pause, `/` filter (Enter keeps it, Esc clears), `e` / `E` next 
 error, `l` next configured log. A worker runs the LogFollower (console/follow.py), polling as
 often as the text redraws, and only appends batches to the LogModel; a 2 Hz timer redraws what
 changed (1 Hz while a flood replaces the whole view each time), so thousands of lines per second
-cost one or two redraws per second, and memory stays bounded by the model."""
+cost one or two redraws per second, and memory stays bounded by the model.
+
+A host with `metrics = "http://..."` has its charts drawn from vLLM's /metrics counters instead
+(exact, where the log lines are rounded summaries): a pane timer (paused while hidden) starts one
+scrape at a time in a worker, through the host's connection (console/metrics_service.py). Until
+the first good scrape the charts stay on the log lines; an endpoint that stops answering keeps
+its last figures, marked stale in the status line, which always names the charts' source."""
 
 from __future__ import annotations
 
@@ -22,7 +28,9 @@ from textual.widgets import Input
 from console.errors import ConsoleError
 from console.follow import LogFollower
 from console.log_model import LogModel
+from console.metrics_service import MetricsError, scrape
 from console.panes.timers import ShownTimers
+from console.vllm_metrics import MetricsHistory, split_url
 from console.widgets.host_strip import short_path
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
@@ -32,6 +40,8 @@ TAIL_LINES = 5000      # history loaded when a log is opened (charts get its sta
 REDRAW_S = 0.5      # the log text; the charts redraw at most once a second
 FLOOD_REDRAW_S = 1.0
 RETRY_S = 5.0
+METRICS_POLL_S = 5.0   # a scrape costs ~1 ms of CPU here; vLLM's own log interval is 10 s
+METRICS_TIMEOUT_S = 5.0
 
 
 class LogsPane(ShownTimers, Vertical):
@@ -55,6 +65,8 @@ class LogsPane(ShownTimers, Vertical):
         self._drawn: tuple[object, ...] = ()
         self._drawn_at = 0.0
         self._drawn_total = 0
+        self.metrics: MetricsHistory | None = None  # None: the host has no `metrics` URL
+        self._scraping = False
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="logs-status")
@@ -66,6 +78,7 @@ class LogsPane(ShownTimers, Vertical):
     def on_mount(self) -> None:
         self.query_one("#logs-filter", Input).display = False
         self.set_shown_interval(REDRAW_S, self.redraw)
+        self.set_shown_interval(METRICS_POLL_S, self.poll_metrics)
 
     # -- what is followed -----------------------------------------------------------------------
     def show_host(self, host: str) -> None:
@@ -74,6 +87,7 @@ class LogsPane(ShownTimers, Vertical):
         self.host = host
         self.paths = list(self.app.config.hosts[host].logs)  # type: ignore[attr-defined]
         self.path_index = 0
+        self._watch_metrics(self.app.config.hosts[host].metrics)  # type: ignore[attr-defined]
         self._open()
 
     def action_next_log(self) -> None:
@@ -119,12 +133,59 @@ class LogsPane(ShownTimers, Vertical):
     def _on_notice(self, kind: str, detail: str) -> None:
         self.notice = f"{kind}: {detail}" if kind != "reconnected" else ""
 
+    # -- vLLM /metrics ----------------------------------------------------------------------------
+    def _watch_metrics(self, url: str | None) -> None:
+        self.workers.cancel_group(self, "metrics")
+        self._scraping = False
+        self.metrics = MetricsHistory() if url else None
+        self.query_one(LogCharts).metrics = self.metrics
+        if self.is_on_screen:  # a hidden pane scrapes when shown (on_show), not before
+            self.poll_metrics()
+
+    def poll_metrics(self) -> None:
+        """One scrape at a time: a slow endpoint delays the next one, never the UI."""
+        if self.metrics is None or self.host is None or self._scraping:
+            return
+        url = self.app.config.hosts[self.host].metrics  # type: ignore[attr-defined]
+        if url:
+            self._scraping = True
+            self.scrape_metrics(self.host, url, self.metrics)
+
+    @work(group="metrics")
+    async def scrape_metrics(self, host: str, url: str, history: MetricsHistory) -> None:
+        try:
+            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            snap = await scrape(h.transport, split_url(url), METRICS_TIMEOUT_S)
+            history.add(snap)
+        except MetricsError as e:
+            history.fail(e.why)
+        except ConsoleError as e:  # the host itself (its state shows in the hosts list too)
+            history.fail(str(e))
+        finally:
+            if history is self.metrics:
+                self._scraping = False
+
+    def _metrics_status(self) -> tuple[str, str, str]:
+        """The charts' source for the status line, its style, and why /metrics fails."""
+        m = self.metrics
+        if m is None:
+            return "  source: log", "label", ""
+        why = f"  /metrics: {m.error}" if m.error else ""
+        if not m.has_data:
+            return ("  source: log (/metrics unreachable)", "alert", why) if m.error else \
+                ("  source: log (/metrics: waiting)", "label", "")
+        age = m.age(time.monotonic()) or 0.0
+        if m.error or age > 2 * METRICS_POLL_S + METRICS_TIMEOUT_S:
+            return f"  source: /metrics (stale {age:.0f} s)", "alert", why
+        return "  source: /metrics", "low", ""
+
     # -- drawing --------------------------------------------------------------------------------
     def redraw(self, force: bool = False) -> None:
         if not (force or self.is_on_screen):
             return
         view = self.query_one(LogView)
-        key = (self.model.version, view.following, self.notice, self.model.query)
+        key = (self.model.version, view.following, self.notice, self.model.query,
+               self.metrics.version if self.metrics else -1, self._metrics_status())
         if key == self._drawn and not force:
             return
         now = time.monotonic()
@@ -142,16 +203,20 @@ class LogsPane(ShownTimers, Vertical):
         if self.host is None:
             return [("Select a host.", "label")]
         parts: list[tuple[str, str]] = [(f"{self.host} ", "header")]
+        source, style, why = self._metrics_status()
         if self.path is None:
             return parts + [(f"no logs configured: add logs = [\"/path/vllm.log\"] to "
-                             f"[hosts.{self.host}] in the config", "label")]
-        parts.append((short_path(self.path, 48), "label"))
+                             f"[hosts.{self.host}] in the config", "label"),
+                            *([(source, style), (why, "alert")] if self.metrics else [])]
+        # the source fits in the path's room, so what follows still shows at 120 columns
+        parts.append((short_path(self.path, max(24, 48 - len(source))), "label"))
         if len(self.paths) > 1:
             parts.append((f" ({self.path_index + 1}/{len(self.paths)}, l: next)", "label"))
         parts.append(("  ● following" if following else "  ‖ paused", "low" if following
                       else "mid"))
         m = self.model
         parts.append((f"  {m.total:,} lines", "label"))
+        parts.append((source, style))
         if m.errors:
             parts.append((f"  {m.errors} errors (e/E)", "alert"))
         if m.query:
@@ -159,9 +224,12 @@ class LogsPane(ShownTimers, Vertical):
         if self.notice:
             parts.append((f"  {self.notice}", "alert" if self.notice.startswith(
                 ("error", "reconnecting")) else "mid"))
+        if why:
+            parts.append((why, "alert"))
         return parts
 
     def on_show(self) -> None:
+        self.poll_metrics()
         self.redraw(force=True)
 
     def on_log_view_follow_changed(self, _event: LogView.FollowChanged) -> None:

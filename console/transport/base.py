@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from console.errors import TransportError
 
 
 def quote(arg: str) -> str:
@@ -78,6 +82,45 @@ class FileStat:
     inode: int = 0
 
 
+class TcpStream:
+    """A TCP connection opened from the host's side (`Transport.open_tcp`): bytes in and out,
+    library errors turned into TransportError like everything else a transport does."""
+
+    def __init__(self, host: str, where: str, reader: Any, writer: Any,
+                 errors: tuple[type[BaseException], ...]) -> None:
+        self.host, self.where = host, where
+        self._reader, self._writer, self._errors = reader, writer, errors
+
+    def _fail(self, what: str, e: BaseException) -> TransportError:
+        return TransportError(self.host, f"{self.where}: {what}: {e or type(e).__name__}")
+
+    async def write(self, data: bytes) -> None:
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except self._errors as e:
+            raise self._fail("send failed", e) from e
+
+    async def read(self, n: int = 1 << 16) -> bytes:
+        """Up to n bytes; b"" once the other side has closed."""
+        try:
+            return bytes(await self._reader.read(n))
+        except self._errors as e:
+            raise self._fail("receive failed", e) from e
+
+    async def close(self) -> None:
+        """Close; safe to call twice, never raises."""
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._writer.wait_closed(), 2.0)
+
+    async def __aenter__(self) -> TcpStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 class Transport(abc.ABC):
     """One host. Implementations keep one long-lived connection and reconnect on demand."""
 
@@ -137,6 +180,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def remove(self, paths: Sequence[str]) -> None:
         """Delete files (missing ones ignored)."""
+
+    @abc.abstractmethod
+    async def open_tcp(self, host: str, port: int) -> TcpStream:
+        """A TCP connection to host:port made *from the host* (its loopback is `127.0.0.1`):
+        over SSH a direct-tcpip channel of the existing connection, so no port is opened
+        anywhere and nothing travels outside SSH. TransportError when it is refused."""
 
     async def __aenter__(self) -> Transport:
         await self.connect()

@@ -18,8 +18,14 @@ import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
-from console.errors import CommandFailed
-from console.transport.base import CommandResult, FileStat, Transport, gather_all_or_none
+from console.errors import CommandFailed, TransportError
+from console.transport.base import (
+    CommandResult,
+    FileStat,
+    TcpStream,
+    Transport,
+    gather_all_or_none,
+)
 
 #: longest stdout line stream() accepts (a JSON event with a big payload must still fit)
 LINE_LIMIT = 16 * 1024 * 1024
@@ -245,6 +251,16 @@ class LocalTransport(Transport):
                 pass
             except OSError as e:
                 raise self._fail(f"remove {p}", e) from e
+
+    # -- TCP --------------------------------------------------------------------------------
+
+    async def open_tcp(self, host: str, port: int) -> TcpStream:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError as e:
+            why = os.strerror(e.errno) if e.errno else str(e)  # asyncio's text names the address
+            raise TransportError(self.name, f"cannot connect to {host}:{port}: {why}") from e
+        return TcpStream(self.name, f"{host}:{port}", reader, writer, (OSError, EOFError))
 
 
 async def _copy_in_thread(src: str, dst: str, mode: int) -> int:

@@ -39,6 +39,7 @@ from console.errors import (
 from console.transport.base import (
     CommandResult,
     FileStat,
+    TcpStream,
     Transport,
     command_line,
     gather_all_or_none,
@@ -565,3 +566,29 @@ class SSHTransport(Transport):
             await asyncio.gather(*(one(p) for p in paths))
 
         await self._sftp_call(f"remove {', '.join(paths)[:100]}", op)
+
+    # -- TCP through the connection (direct-tcpip) ------------------------------------------
+
+    async def open_tcp(self, host: str, port: int) -> TcpStream:
+        where = f"{host}:{port}"
+        for attempt in range(2):
+            conn = await self._ensure()
+            client = self._client
+            assert client is not None
+            try:
+                reader, writer = await conn.open_connection(host, port)
+            except asyncssh.ChannelOpenError as e:
+                if client.lost:
+                    if attempt == 0:
+                        continue  # found dead: reopened once, as for a command
+                    raise Unreachable(self.name, f"connection lost opening {where}") from e
+                hint = (" (the host's sshd forbids forwarding: AllowTcpForwarding)"
+                        if e.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED else "")
+                raise TransportError(self.name, f"cannot connect to {where} from the host: "
+                                                f"{e.reason or 'refused'}{hint}") from e
+            except _LINK_ERRORS as e:
+                if client.lost and attempt == 0:
+                    continue
+                raise Unreachable(self.name, f"connection lost opening {where}") from e
+            return TcpStream(self.name, where, reader, writer, (*_LINK_ERRORS, asyncssh.Error))
+        raise AssertionError("unreachable")

@@ -1,13 +1,18 @@
 """The strip of live vLLM charts above the log: generation and prompt throughput, running and
 waiting requests, KV cache usage, mean acceptance length, and per-position acceptance over time
 (one shaded row per draft position). One column per stats line (vLLM logs one every 10 s by
-default), newest at the right."""
+default), newest at the right; or, when the host's /metrics has answered, one column per scrape
+of its exact counters (console/vllm_metrics.py gives them the log records' shape)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 from console.log_model import LogModel
+from console.vllm_log import EngineStats, SpecDecodeStats
+from console.vllm_metrics import MetricsHistory
 from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import columns, fmt_si, shade
 
@@ -19,6 +24,16 @@ def _fmt(v: float | None, digits: int = 0, unit: str = "") -> str:
     return "—" if v is None else f"{v:,.{digits}f}{unit}"
 
 
+class ChartSource(Protocol):
+    """What the charts draw: engine and spec-decode records, oldest first."""
+
+    @property
+    def engine(self) -> Sequence[EngineStats]: ...
+
+    @property
+    def spec(self) -> Sequence[SpecDecodeStats]: ...
+
+
 class LogCharts(MeterWidget):
     """Six small charts in two rows of three."""
 
@@ -27,14 +42,20 @@ class LogCharts(MeterWidget):
     def __init__(self, model: LogModel, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.model = model
-        self._seen: tuple[int, int] = (-1, -1)
+        self.metrics: MetricsHistory | None = None  # set by the pane for a host with /metrics
+        self._seen: tuple[int, int, int] = (-1, -1, -1)
         self._drawn_at = 0.0
+
+    @property
+    def source(self) -> ChartSource:
+        """The /metrics scrapes once there are any (exact counters beat rounded log lines)."""
+        return self.metrics if self.metrics is not None and self.metrics.has_data else self.model
 
     def sync(self, force: bool = False) -> None:
         """Redraw when stats lines arrived, at most once a second (vLLM writes them every 10 s;
         a flood of them must not cost more)."""
-        m = self.model
-        seen = (id(m.engine[-1]) if m.engine else 0, id(m.spec[-1]) if m.spec else 0)
+        m = self.source
+        seen = (id(m), id(m.engine[-1]) if m.engine else 0, id(m.spec[-1]) if m.spec else 0)
         now = time.monotonic()
         if force or (seen != self._seen and now - self._drawn_at >= 1.0):
             self._seen, self._drawn_at = seen, now
@@ -54,9 +75,10 @@ class LogCharts(MeterWidget):
         return [t.pad(width) for t in rows]
 
     def _requests(self, width: int) -> list[MeterLine]:
-        run = [e.running for e in self.model.engine]
-        wait = [e.waiting for e in self.model.engine]
-        last = self.model.engine[-1] if self.model.engine else None
+        engine = self.source.engine
+        run = [e.running for e in engine]
+        wait = [e.waiting for e in engine]
+        last = engine[-1] if engine else None
         head = MeterLine()
         head.append("requests ", self.mstyle("label"))
         head.append(f"{_fmt(last.running if last else None)} running", self.mstyle("header"))
@@ -71,7 +93,7 @@ class LogCharts(MeterWidget):
         return [t.pad(width) for t in rows]
 
     def _positions(self, width: int) -> list[MeterLine]:
-        spec = self.model.spec
+        spec = self.source.spec
         k = max((len(s.per_position) for s in spec), default=0)
         head = MeterLine()
         head.append("accept/position ", self.mstyle("label"))
@@ -93,7 +115,7 @@ class LogCharts(MeterWidget):
     def lines(self) -> list[MeterLine]:
         gap = 2
         w = max(10, (self.size.width - 2 * gap) // 3)
-        eng, spec = self.model.engine, self.model.spec
+        eng, spec = self.source.engine, self.source.spec
         last_e = eng[-1] if eng else None
         last_s = spec[-1] if spec else None
         k = max((len(s.per_position) for s in spec), default=0)
