@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "convert": "console.commands.convert",
     "serve": "console.commands.serve",
     "metrics": "console.commands.metrics",
+    "compare": "console.commands.compare",
 }
 
 

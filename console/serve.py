@@ -148,8 +148,11 @@ async def read_provenance(host: Host, ckpt: str) -> dict[str, Any]:
         prov = {}
     if not isinstance(prov, dict):
         return {}
-    keep = ("run", "step", "finetune", "source", "format")
-    return {k: prov[k] for k in keep if prov.get(k) is not None}
+    keep = {k: prov[k] for k in ("run", "step", "source", "format") if prov.get(k) is not None}
+    ft = prov.get("finetune")
+    if isinstance(ft, dict) and ft.get("path"):
+        keep["finetune"] = {"path": ft["path"]}  # not its per-file digests: a table cell
+    return keep
 
 
 def sessions_path() -> Path:

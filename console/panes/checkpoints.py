@@ -5,6 +5,7 @@
                engine's progress events, then the result's own inspect report is shown
     v          serve it in vLLM (dialog: verifier, TP, k, port, extra args): checked, then
                started as a detached run (console/serve.py); the Runs pane follows and stops it
+    m          compare the served drafters by vLLM's measured acceptance (screens/compare.py)
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
 No I/O here: workers call console/checkpoints.py. Reports are kept per (path, mtime), so going
@@ -33,6 +34,7 @@ from console.checkpoints import (
 from console.errors import ConsoleError
 from console.panes.timers import ShownTimers
 from console.run_watch import describe_error
+from console.screens.compare import CompareScreen
 from console.screens.convert_dialog import ConvertDialog, ConvertRequest
 from console.screens.serve_dialog import ServeDialog
 from console.serve import ServeRequest, serve
@@ -101,6 +103,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         Binding("i", "inspect", "Inspect"),
         Binding("c", "convert", "Convert"),
         Binding("v", "serve", "Serve"),
+        Binding("m", "compare", "Compare"),
         Binding("r", "refresh", "Rescan"),
     ]
     HELP_WIDGETS: ClassVar[list[type]] = [CheckpointTable]
@@ -326,6 +329,9 @@ class CheckpointsPane(ShownTimers, Vertical):
         view.show_text(f"{heading}\nstarted as run {run.id} ({run.status}); follow or stop it in "
                        f"the Runs pane (5); metrics at http://127.0.0.1:{req.port}/metrics")
         self.notify(f"Serving {req.ckpt} as run {run.id}")
+
+    def action_compare(self) -> None:
+        self.app.push_screen(CompareScreen())
 
     async def _rescan_and_select(self, host: str, path: str, report: dict[str, Any]) -> None:
         try:

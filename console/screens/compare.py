@@ -1,0 +1,106 @@
+"""The comparison table: one row per serving session, newest first (drafter, provenance, k) with
+what vLLM measured while serving it (acceptance length, per-position acceptance, throughput, time
+watched).
+
+Opened with `m` from the Checkpoints pane. Sessions whose run still runs are scraped through
+their host every few seconds in a worker (console/compare.py: Measurer); every scrape is kept,
+so the table shows finished sessions from what was recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from console.compare import Measurer, Row, table
+from console.errors import ConsoleError
+from console.runs import list_runs
+from console.serve import read_sessions
+
+MEASURE_EVERY_S = 5.0
+COLUMNS = ("Drafter", "Provenance", "k", "Acc len", "Per position", "Gen tok/s", "Watched")
+
+
+def cells(r: Row) -> tuple[str, ...]:
+    def f(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    name = r.drafter if len(r.drafter) <= 32 else "…" + r.drafter[-31:]
+    prov = r.provenance if len(r.provenance) <= 30 else r.provenance[:29] + "…"
+    return (name, prov or "-", "-" if r.k is None else str(r.k),
+            f(r.acceptance_length, ".2f"),
+            " ".join(f"{p:.2f}" for p in r.per_position[:4]) or "-",
+            f(r.generation_tokens_per_s, ".1f"), f"{r.seconds:.0f} s" if r.seconds else "-")
+
+
+class CompareScreen(ModalScreen[None]):
+    """The comparison table (module docstring)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Close"),
+        Binding("r", "refresh", "Measure now"),
+    ]
+
+    def __init__(self, measure: bool = True) -> None:
+        super().__init__()
+        self.measure = measure
+        self.measurer = Measurer()
+        self.rows: list[Row] = []
+        self.measured = 0   # rounds of scrapes done (tests wait on it)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="compare-box", classes="dialog"):
+            yield Static("Served drafters, as vLLM measured them", id="compare-title")
+            yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+            yield Static("", id="compare-status")
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        t.add_columns(*COLUMNS)
+        self.redraw()
+        if self.measure:
+            self.set_interval(MEASURE_EVERY_S, self.action_refresh)
+            self.action_refresh()
+
+    def redraw(self) -> None:
+        self.rows = table()
+        t = self.query_one(DataTable)
+        t.clear()
+        for r in self.rows:
+            t.add_row(*cells(r), key=r.run_id)
+        errors = [f"{r.run_id}: {r.error}" for r in self.rows if r.error]
+        status = (f"{len(self.rows)} serving session{'s' if len(self.rows) != 1 else ''}; "
+                  "acceptance length = 1 + accepted / drafts since the server started")
+        if not self.rows:
+            status = "no serving sessions yet: `v` on a checkpoint serves it in vLLM"
+        self.query_one("#compare-status", Static).update(
+            status + ("\n" + "; ".join(errors[:2]) if errors else ""))
+
+    def action_refresh(self) -> None:
+        self.scrape()
+
+    @work(exclusive=True, group="compare-measure", exit_on_error=False)
+    async def scrape(self) -> None:
+        pool: Any = self.app.pool  # type: ignore[attr-defined]
+        for s in read_sessions():
+            name = str(s.get("host"))
+            if name not in pool.hosts:
+                continue
+            try:
+                host = await pool.ensure(name)
+                recs = await list_runs(host, str(s.get("run_id")))
+                if recs and recs[0].status == "running":
+                    await self.measurer.measure(s, host)
+            except ConsoleError:
+                continue  # the host's state shows in the hosts list; the row keeps its figures
+        self.measured += 1
+        self.redraw()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
