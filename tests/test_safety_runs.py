@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import importlib.util
 import json
-import os
 import py_compile
 import stat
 import subprocess
