@@ -15,7 +15,11 @@ The registry lives on each host, so it holds whether or not a console was connec
         stop          present once a stop was requested (the exit then reads `stopped`)
 
 A record that cannot be trusted (not JSON, a pid that is not a process id, ...) is listed as
-`corrupt` with the reason in raw["error"]; the others list normally.
+`corrupt` with the reason in raw["error"]; the others list normally. `stop` signals a run's
+process group only while its leader is the recorded command (pid and start time); otherwise
+the run comes back `lost` with raw["refused"] and nothing is signalled. Launches of one
+profile on a host are serialised by ROOT/.launch-<profile>.lock (the runner's "already
+running" check and the recorded start happen under it); node 0 starts first.
 
 A run id is `<profile>-<YYYYmmdd-HHMMSS>-<4 hex>`; a multi-node run has the same id and one
 directory (one record, its node_rank) on every host. How a profile's `run` string becomes argv:

@@ -83,16 +83,21 @@ async def test_stop_never_signals_a_reused_pid(server: SSHD | None, tmp_path: Pa
         run_dir = write_record(Path(cfg.hosts["box"].root), run_id, pid=stranger.pid,
                                pgid=stranger.pid, pid_start=wrong, monitor_pid=stranger.pid,
                                monitor_start=wrong)
+        # a record without start times cannot prove anything either (list said `running`)
+        unproven = "ghost-20260101-000000-ef01"
+        write_record(Path(cfg.hosts["box"].root), unproven, pid=stranger.pid,
+                     pgid=stranger.pid, pid_start=None, monitor_pid=None)
         pool: dict[str, Host] = {}
         try:
-            listed = await list_runs(host_of(pool, cfg, "box"), run_id)
-            assert [r.status for r in listed] == ["lost"]
+            listed = await list_runs(host_of(pool, cfg, "box"))
+            assert [(r.id, r.status) for r in listed] == [(run_id, "lost"), (unproven, "lost")]
             stopped = await stop_run(cfg, run_id, pool, grace=0.5)
+            again = await stop_run(cfg, unproven, pool, grace=0.5)
         finally:
             await close_hosts(pool)
         assert stranger.poll() is None, "stop signalled a process it did not start"
-        assert [r.status for r in stopped.records] == ["lost"]
-        assert "not signalled" in stopped.records[0].raw["refused"]
+        assert [r.status for r in stopped.records + again.records] == ["lost", "lost"]
+        assert "not signalled" in stopped.records[0].refused
         assert not (run_dir / "stop").exists()
         assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
     finally:
