@@ -2,16 +2,24 @@
 
 The registry lives on each host, so it holds whether or not a console was connected:
 
-    ROOT/runs/<run-id>/
+    ROOT/runs/<run-id>/   (0700; every file in it 0600)
         run.json      the record (written by the host-side monitor, atomically): id, profile,
                       host, node_rank, nnodes, argv, cwd, env, pid, pgid, start, status
                       (running | succeeded | failed | stopped | lost), exit_code, end, push
-                      (manifest hash, per-tree hashes, local git commits of pushed folders)
-        spec.json     what the console asked to run
+                      (manifest hash, per-tree hashes, local git commits of pushed folders);
+                      env values of keys like *TOKEN*, *KEY*, *SECRET*, *PASSWORD* read ***
+        spec.json     what the console asked to run (secrets masked the same way)
         output.log    stdout and stderr of a plain command; stderr of an engine command
         events.jsonl  stdout of an engine command run with --events (engine/events.py lines)
         runner.log    the monitor's own errors (normally empty)
         stop          present once a stop was requested (the exit then reads `stopped`)
+
+A record that cannot be trusted (not JSON, a pid that is not a process id, ...) is listed as
+`corrupt` with the reason in raw["error"]; the others list normally. `stop` signals a run's
+process group only while its leader is the recorded command (pid and start time); otherwise
+the run comes back `lost` with raw["refused"] and nothing is signalled. Launches of one
+profile on a host are serialised by ROOT/.launch-<profile>.lock (the runner's "already
+running" check and the recorded start happen under it); node 0 starts first.
 
 A run id is `<profile>-<YYYYmmdd-HHMMSS>-<4 hex>`; a multi-node run has the same id and one
 directory (one record, its node_rank) on every host. How a profile's `run` string becomes argv:
@@ -45,10 +53,11 @@ from typing import Any
 from console.config import Config, HostConfig, Profile
 from console.errors import CommandFailed, ConfigError, ConsoleError, TransportError
 from console.host import Host
-from console.push import PushReport, engine_trees, push, sync_tree
+from console.hostside.runner import record_problem
+from console.push import HOSTSIDE_PACKAGE, PushReport, engine_trees, push, sync_tree
 
-STATUSES = ("running", "succeeded", "failed", "stopped", "lost")
-RUNNER = "eagle3_hostside.runner"
+STATUSES = ("running", "succeeded", "failed", "stopped", "lost", "corrupt")
+RUNNER = "runner.py"   # in ROOT/code/eagle3_hostside, run as a script (see runner())
 
 
 @dataclass
@@ -67,15 +76,39 @@ class RunRecord:
     raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], host: str) -> RunRecord:
-        return cls(id=str(d.get("id", "?")), host=str(d.get("host") or host),
-                   profile=str(d.get("profile", "")), status=str(d.get("status", "lost")),
-                   exit_code=d.get("exit_code"), start=d.get("start"), end=d.get("end"),
-                   node_rank=int(d.get("node_rank") or 0), nnodes=int(d.get("nnodes") or 1), raw=d)
+    def from_dict(cls, d: Any, host: str) -> RunRecord:
+        """A record as the runner listed it; one with a field of the wrong type or range (the
+        runner checks too, this is the console's own guard) comes back `corrupt`."""
+        if isinstance(d, dict) and d.get("status") == "corrupt":
+            problem: str | None = str(d.get("error") or "unreadable record")
+        else:
+            problem = record_problem(d)
+        if problem is not None:  # keep only what can be shown safely
+            src = d if isinstance(d, dict) else {}
+            rid, profile, run_dir = src.get("id"), src.get("profile"), src.get("run_dir")
+            raw = {"id": rid if isinstance(rid, str) and rid else "?", "status": "corrupt",
+                   "error": problem, "profile": profile if isinstance(profile, str) else "",
+                   "run_dir": run_dir if isinstance(run_dir, str) else ""}
+            return cls(id=raw["id"], host=host, profile=raw["profile"], status="corrupt",
+                       exit_code=None, start=None, end=None, raw=raw)
+        return cls(id=d["id"], host=str(d.get("host") or host), profile=d.get("profile") or "",
+                   status=d["status"], exit_code=d.get("exit_code"), start=d.get("start"),
+                   end=d.get("end"), node_rank=d.get("node_rank") or 0,
+                   nnodes=d.get("nnodes") or 1, raw=d)
 
     @property
     def run_dir(self) -> str:
-        return str(self.raw.get("run_dir", ""))
+        return str(self.raw.get("run_dir") or "")
+
+    @property
+    def error(self) -> str:
+        """Why a `corrupt` record cannot be trusted ("" for any other)."""
+        return str(self.raw.get("error") or "") if self.status == "corrupt" else ""
+
+    @property
+    def refused(self) -> str:
+        """Why `stop` signalled nothing (a `lost` run), "" otherwise."""
+        return str(self.raw.get("refused") or "")
 
 
 @dataclass
@@ -92,7 +125,7 @@ class Run:
 
 def combined_status(statuses: Sequence[str]) -> str:
     """One status for a multi-node run: running while any node runs, then the worst outcome."""
-    for s in ("running", "lost", "stopped", "failed"):
+    for s in ("running", "corrupt", "lost", "stopped", "failed"):
         if s in statuses:
             return s
     return "succeeded" if statuses else "lost"
@@ -106,11 +139,15 @@ async def runs_dir(host: Host) -> str:
 
 async def runner(host: Host, args: Sequence[str], input: str | None = None,
                  timeout: float = 120) -> Any:
-    """Run console/hostside/runner.py on the host (pushed with the engine) and decode its JSON."""
+    """Run console/hostside/runner.py on the host (pushed with the engine) and decode its JSON.
+
+    As a script with -B, not `-m`: a script is compiled from its source every time, so a
+    __pycache__ file that a full disk left truncated cannot break the registry for good."""
     await host.connect()
     await host.ensure_engine()
-    argv = [host.cfg.python, "-m", RUNNER, *args]
-    res = await host.transport.run(argv, env={"PYTHONPATH": await host.code_dir()}, input=input,
+    code = await host.code_dir()
+    argv = [host.cfg.python, "-B", posixpath.join(code, HOSTSIDE_PACKAGE, RUNNER), *args]
+    res = await host.transport.run(argv, env={"PYTHONPATH": code}, input=input,
                                    timeout=timeout)
     try:
         data = json.loads(res.stdout) if res.stdout.strip() else None
@@ -202,7 +239,7 @@ async def launch(config: Config, name: str, pool: dict[str, Host], *, force: boo
     if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
         raise ConfigError(f"[profiles.{name}] hosts: two nodes share one host and root")
     await asyncio.gather(*(n.connect() for n in nodes))
-    if not force:
+    if not force:  # early and friendly; the runner checks again, under its lock, at the start
         busy = await running_for(nodes, name)
         if busy:
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
@@ -211,9 +248,12 @@ async def launch(config: Config, name: str, pool: dict[str, Host], *, force: boo
     pushes = await asyncio.gather(*(_push_for(config, profile, n) for n in nodes))
     run_id = new_run_id(name)
     rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
-    starts = [_start_node(profile, node, rank, run_id, rdzv, report)
-              for rank, (node, report) in enumerate(zip(nodes, pushes))]
-    results = await asyncio.gather(*starts, return_exceptions=True)
+    # node 0 first: of two launches racing for one profile, the one that starts there wins and
+    # the other is refused before it starts anything
+    first = await _start_node(profile, nodes[0], 0, run_id, rdzv, pushes[0], force)
+    starts = [_start_node(profile, nodes[rank], rank, run_id, rdzv, pushes[rank], force)
+              for rank in range(1, len(nodes))]
+    results = [first, *await asyncio.gather(*starts, return_exceptions=True)]
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
         # one node could not start: take the others down rather than leave them waiting
@@ -262,7 +302,8 @@ def _ssh_hostname(cfg: HostConfig) -> str | None:
 
 
 async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
-                      rdzv: Rendezvous | None, report: PushReport) -> dict[str, Any]:
+                      rdzv: Rendezvous | None, report: PushReport,
+                      force: bool = False) -> dict[str, Any]:
     run_dir = posixpath.join(await runs_dir(host), run_id)
     argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv,
                                  run_dir=run_dir)
@@ -278,7 +319,10 @@ async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
         "engine": is_engine, "run_dir": run_dir, "push": report.record(),
         "rendezvous": f"{rdzv.host}:{rdzv.port}" if rdzv else None,
     }
-    result = await runner(host, ["start", run_dir], input=json.dumps(spec))
+    # without --force the runner refuses, under a per-profile lock held until the new run is
+    # recorded, when the profile already runs there: two launches at once start one run
+    args = ["start", run_dir] if force else ["start", run_dir, "--unless-running"]
+    result = await runner(host, args, input=json.dumps(spec))
     return dict(result or {})
 
 

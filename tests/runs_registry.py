@@ -17,6 +17,7 @@ from console.app import Eagle3App, create_app
 from console.config import Config, HostConfig
 from console.demo_default import demo_profiles
 from console.host import HostPool
+from console.hostside.runner import proc_start
 from console.monitor_service import MonitorHub
 from tests.replay import FrozenClock
 
@@ -60,8 +61,9 @@ def shifted(lines: list[str], dt: float) -> list[str]:
 def write_run(root: Path, run_id: str, lines: list[str], *, status: str,
               start: float, end: float | None = None, exit_code: int | None = None,
               train_json: bool = True) -> Path:
-    """ROOT/runs/<id>/ with run.json (a `running` one names this test process as its pid, so
-    the registry sees it alive), events.jsonl and, like `engine train`, out/run.json."""
+    """ROOT/runs/<id>/ with run.json (a `running` one names this test process as its pid, with
+    its start time, so the registry sees it alive), events.jsonl and, like `engine train`,
+    out/run.json."""
     run_dir = root / "runs" / run_id
     (run_dir / "out").mkdir(parents=True)
     argv = ["python3", "-m", "engine", "train", "--target", "/data/demo/target", "--data",
@@ -71,7 +73,7 @@ def write_run(root: Path, run_id: str, lines: list[str], *, status: str,
         "id": run_id, "profile": run_id.split("-")[0], "host": "local", "node_rank": 0,
         "nnodes": 1, "argv": argv, "cwd": str(root), "env": {}, "engine": True,
         "run_dir": str(run_dir), "push": PUSH, "pid": os.getpid(), "pgid": os.getpgid(0),
-        "pid_start": None, "monitor_pid": None, "start": start, "status": status,
+        "pid_start": proc_start(os.getpid()), "monitor_pid": None, "start": start, "status": status,
         "exit_code": exit_code, "end": end, "stdout": "events.jsonl", "stderr": "output.log"}
     (run_dir / "run.json").write_text(json.dumps(rec), encoding="utf-8")
     (run_dir / "events.jsonl").write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")

@@ -10,7 +10,7 @@ from console.config import Config
 from console.host import open_host
 from console.runs import RunRecord, list_runs
 
-HELP = "list the runs recorded on HOST (running, succeeded, failed, stopped, lost)"
+HELP = "list the runs recorded on HOST (running, succeeded, failed, stopped, lost, corrupt)"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,9 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         return 0
     print(f"{'RUN':<40} {'PROFILE':<16} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
     for r in records:
+        if r.status == "corrupt":  # nothing in it can be trusted but the reason
+            print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {r.error}")
+            continue
         print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
               f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else ""))
     return 0

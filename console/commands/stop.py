@@ -1,8 +1,12 @@
-"""`eagle3-console stop RUN [--grace S]`: SIGTERM the run's process group, SIGKILL after S s."""
+"""`eagle3-console stop RUN [--grace S]`: SIGTERM the run's process group, SIGKILL after S s.
+
+Only a group whose leader is still the run's command (pid and start time as recorded) is
+signalled; a run whose processes are gone is reported `lost` (exit status 1), untouched."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from console.config import Config
 from console.host import Host
@@ -23,7 +27,13 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         stopped = await stop_run(config, args.run, pool, grace=args.grace)
     finally:
         await close_hosts(pool)
+    lost = 0
     for r in stopped.records:
+        if r.status == "lost":  # its pids are gone or someone else's: nothing was signalled
+            lost += 1
+            why = r.refused or "its command and monitor are gone: not signalled"
+            print(f"error: {r.id} on {r.host}: lost ({why})", file=sys.stderr)
+            continue
         code = "" if r.exit_code is None else f" (exit {r.exit_code})"
         print(f"{r.id} on {r.host}: {r.status}{code}")
-    return 0
+    return 1 if lost else 0

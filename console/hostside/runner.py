@@ -1,45 +1,78 @@
 """Detached runs on the host: start, list, stop (standard library only; runs on the host).
 
-    python -m eagle3_hostside.runner start RUN_DIR < spec.json   prints {"pid", "pgid", ...}
-    python -m eagle3_hostside.runner list RUNS_DIR [RUN_ID]      prints [record, ...]
-    python -m eagle3_hostside.runner stop RUN_DIR GRACE_S        prints the final record
-    python -m eagle3_hostside.runner freeport                    prints a free TCP port
+    python -B runner.py start RUN_DIR [--unless-running] < spec.json   prints {"pid", ...}
+    python -B runner.py list RUNS_DIR [RUN_ID]                         prints [record, ...]
+    python -B runner.py stop RUN_DIR GRACE_S                           prints the final record
+    python -B runner.py freeport                                       prints a free TCP port
+
+(run as a script, not `-m`: a script is compiled from source, so a bytecode cache that a full
+disk left truncated cannot break it; errors print {"error": ...} and exit 1)
 
 `start` double-forks: the launcher forks a child that calls setsid() and forks the monitor, then
 exits, so the monitor belongs to no SSH session and survives the connection. The monitor forks
 the command, which calls setsid() again: the command leads its own session and process group
-(what `stop` signals), apart from the monitor. The monitor writes run.json (atomically: temp
-name, then rename) with the pid and group, waits for the command and records its exit code and
-end time, whether or not any console is connected. Nothing but the monitor writes a record
-while it lives; `list` reports `lost` for a record still `running` whose command and monitor
-are both gone (a reboot, a killed monitor); `stop` finishes the record itself only when the
-monitor is gone.
+(what `stop` signals), apart from the monitor. The command waits until the monitor has written
+run.json (atomically: temp name, then rename) with its pid, group and start time; a run that
+cannot be recorded (a full disk) is killed before it runs anything. The monitor then waits for
+the command and records its exit code and end time, whether or not any console is connected.
+Nothing but the monitor writes a record while it lives; `list` reports `lost` for a record
+still `running` whose command and monitor are both gone (a reboot, a killed monitor), and
+`corrupt` (with the reason) for a record it cannot trust; `stop` finishes the record itself
+only when the monitor is gone.
+
+Safety: a pid is ours only while its start time (/proc/PID/stat) is the one recorded, so a pid
+or process group reused by another process is never signalled. Run directories are 0700 and
+every file in them 0600; env values whose names look secret are written as `***` (the command
+gets the real ones). Starts of one profile are serialised by a lock file in ROOT, held from the
+"already running" check until the new run is recorded.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
 import signal
 import socket
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 RECORD = "run.json"
+SPEC = "spec.json"
 STOP_MARKER = "stop"
 RUNNER_LOG = "runner.log"
+STATUSES = ("running", "succeeded", "failed", "stopped", "lost")
+PID_MAX = 4194304            # PID_MAX_LIMIT on 64-bit Linux: no pid is larger
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+MASK = "***"
+HAVE_PROC = os.path.isdir("/proc/self")
+
+
+class RunnerError(Exception):
+    """A one-line failure for the console (printed as {"error": ...})."""
 
 
 # -- records -------------------------------------------------------------------------------------
 
 def write_json(path: str, obj: Any) -> None:
+    """Write obj to path atomically, private to the user (0600); no temp file is left behind."""
     tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(fd, 0o600)  # a stale temp file of a dead process may have other bits
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def read_json(path: str) -> Optional[Dict[str, Any]]:
@@ -49,6 +82,102 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
         return obj if isinstance(obj, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def is_secret(key: Any) -> bool:
+    """Whether an env key names a secret (its value is never written to disk)."""
+    name = str(key).upper()
+    return any(word in name for word in SECRET_WORDS)
+
+
+def masked(env: Any) -> Any:
+    """env with the values of secret-looking keys replaced by ***, for the records."""
+    if not isinstance(env, dict):
+        return env
+    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_time(v: Any) -> bool:
+    # seconds since the epoch that time.localtime can show (1e400 reads as inf)
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 <= v < 253402300800)
+
+
+def record_problem(rec: Any, name: Optional[str] = None) -> Optional[str]:
+    """Why a run record cannot be trusted (None when it can). name: its directory's name.
+
+    Every field the console or `stop` acts on is checked by type and range: a record with a
+    pid that is not a process id must never reach kill(2)."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    rid = rec.get("id")
+    if not isinstance(rid, str) or not rid:
+        return "id: expected a run id, got %.40r" % (rid,)
+    if name is not None and rid != name:
+        return "id %.40r does not match its directory %.40r" % (rid, name)
+    status = rec.get("status")
+    if status not in STATUSES:
+        return "status: %.40r is not one of %s" % (status, ", ".join(STATUSES))
+    for key in ("pid", "pgid", "monitor_pid"):
+        v = rec.get(key)
+        if v is None and not (status == "running" and key != "monitor_pid"):
+            continue
+        if not _is_int(v) or not 0 < v <= PID_MAX:
+            return "%s: %.40r is not a process id" % (key, v)
+    for key in ("pid_start", "monitor_start", "exit_code"):
+        v = rec.get(key)
+        if v is not None and not _is_int(v):
+            return "%s: expected an integer, got %.40r" % (key, v)
+    for key in ("start", "end"):
+        v = rec.get(key)
+        if v is not None and not _is_time(v):
+            return "%s: %.40r is not a time" % (key, v)
+    for key, default, low in (("node_rank", 0, 0), ("nnodes", 1, 1)):
+        v = rec.get(key, default)
+        if v is not None and (not _is_int(v) or v < low):
+            return "%s: expected an integer >= %d, got %.40r" % (key, low, v)
+    for key in ("profile", "host", "cwd", "run_dir", "stdout", "stderr"):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            return "%s: expected a string, got %.40r" % (key, v)
+    for key, kind, what in (("argv", list, "a list"), ("env", dict, "an object"),
+                            ("push", dict, "an object")):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, kind):
+            return "%s: expected %s, got %.40r" % (key, what, v)
+    return None
+
+
+def load_record(run_dir: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(record, None) for a trustworthy run.json, (None, reason) otherwise; a missing one
+    raises FileNotFoundError (a start still in progress, or no run at all)."""
+    path = os.path.join(run_dir, RECORD)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        return None, "cannot read %s: %s" % (RECORD, e.strerror or e)
+    try:
+        rec = json.loads(data.decode("utf-8"))
+    except ValueError as e:  # also bad UTF-8
+        return None, "%s is not valid JSON: %s" % (RECORD, e)
+    problem = record_problem(rec, os.path.basename(os.path.normpath(run_dir)))
+    if problem is not None:
+        return None, problem
+    return rec, None
+
+
+def corrupt(run_dir: str, reason: str) -> Dict[str, Any]:
+    """What `list` reports for a record it cannot trust."""
+    name = os.path.basename(os.path.normpath(run_dir))
+    return {"id": name, "status": "corrupt", "error": reason, "run_dir": run_dir,
+            "profile": name.rsplit("-", 3)[0] if name.count("-") >= 3 else ""}
 
 
 def proc_start(pid: int) -> Optional[int]:
@@ -61,24 +190,26 @@ def proc_start(pid: int) -> Optional[int]:
         return None
 
 
-def alive(pid: Optional[int], start: Optional[int] = None) -> bool:
-    if not pid:
+def ours(pid: Any, start: Any) -> bool:
+    """Whether pid is still the process a record names: it exists (a zombie counts: its pid
+    cannot be reused yet) and its start time is the recorded one. A pid whose start time we
+    cannot read (gone, or hidden from us) is not ours."""
+    if not _is_int(pid) or not 0 < pid <= PID_MAX:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if start is not None:
+    if HAVE_PROC:
         now = proc_start(pid)
-        return now is None or now == start
+        return now is not None and now == start
+    try:  # no /proc (not Linux): existence is all there is to check
+        os.kill(pid, 0)
+    except OSError:
+        return False
     return True
 
 
 def group_alive(pgid: Optional[int]) -> bool:
     """Whether the process group has a member that is not a zombie (a dead process its parent
-    has not reaped yet still counts for kill(2), but it is gone for us)."""
+    has not reaped yet still counts for kill(2), but it is gone for us). Only meaningful for
+    a group already known to be ours (see stop)."""
     if not pgid:
         return False
     try:
@@ -111,11 +242,12 @@ def exit_code(status: int) -> int:
 
 
 def effective(rec: Dict[str, Any]) -> Dict[str, Any]:
-    """The record as it stands now: a `running` one whose processes are all gone is `lost`."""
+    """The record as it stands now: a `running` one whose command and monitor are both gone
+    (or whose pids now belong to other processes) is `lost`."""
     if rec.get("status") != "running":
         return rec
-    if alive(rec.get("pid"), rec.get("pid_start")) or alive(rec.get("monitor_pid"),
-                                                            rec.get("monitor_start")):
+    if ours(rec.get("pid"), rec.get("pid_start")) or ours(rec.get("monitor_pid"),
+                                                          rec.get("monitor_start")):
         return rec
     out = dict(rec)
     out["status"] = "lost"
@@ -124,14 +256,86 @@ def effective(rec: Dict[str, Any]) -> Dict[str, Any]:
 
 # -- start ---------------------------------------------------------------------------------------
 
-def start(run_dir: str, spec: Dict[str, Any]) -> int:
-    """Start spec["argv"] detached (see the module docstring). Prints the record's pid part."""
-    os.makedirs(run_dir)  # a run id is never reused
-    write_json(os.path.join(run_dir, "spec.json"), spec)
+def start(run_dir: str, spec: Dict[str, Any], unless_running: bool = False) -> int:
+    """Start spec["argv"] detached (see the module docstring). Prints the record's pid part,
+    or {"error": ...} with exit status 1 when the run did not start."""
+    try:
+        report = _start(run_dir, spec, unless_running)
+    except OSError as e:
+        report = {"error": "cannot start a run in %s: %s" % (run_dir, e.strerror or e)}
+    print(json.dumps(report))
+    return 1 if "error" in report else 0
+
+
+def _start(run_dir: str, spec: Dict[str, Any], unless_running: bool) -> Dict[str, Any]:
+    run_dir = os.path.normpath(run_dir)
+    runs_dir = os.path.dirname(run_dir)
+    if not os.path.isdir(runs_dir):
+        os.makedirs(runs_dir, 0o700)
+    profile = str(spec.get("profile") or "")
+    lock = _lock_profile(os.path.dirname(runs_dir), profile)
+    try:  # held until the new run is recorded (or refused): one start per profile at a time
+        if unless_running:
+            busy = [r["id"] for r in list_runs(runs_dir)
+                    if r.get("profile") == profile and r.get("status") == "running"]
+            if busy:
+                return {"error": "profile %r is already running (%s); stop it or launch with "
+                                 "--force" % (profile, ", ".join(busy))}
+        os.mkdir(run_dir, 0o700)  # a run id is never reused
+        os.chmod(run_dir, 0o700)  # whatever the umask: records may name private paths
+        try:
+            write_json(os.path.join(run_dir, SPEC), dict(spec, env=masked(spec.get("env"))))
+            report = _fork_monitor(run_dir, spec, lock)
+        except BaseException:
+            _remove_unrecorded(run_dir)
+            raise
+        if "error" in report:
+            _remove_unrecorded(run_dir)
+        return report
+    finally:
+        os.close(lock)
+
+
+def _lock_profile(root: str, profile: str) -> int:
+    """An exclusive flock on ROOT/.launch-PROFILE.lock (blocks while another start holds it)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in profile) or "_"
+    fd = os.open(os.path.join(root, ".launch-%s.lock" % safe),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_unrecorded(run_dir: str) -> None:
+    """A run that never got its record leaves nothing: remove the files we wrote there (and
+    the directory, when nothing else is in it)."""
+    if os.path.exists(os.path.join(run_dir, RECORD)):
+        return  # recorded (e.g. as failed): the registry keeps it
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return
+    for name in names:
+        if name in (SPEC, RUNNER_LOG) or name.startswith(RECORD + ".tmp-"):
+            try:
+                os.unlink(os.path.join(run_dir, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(run_dir)
+    except OSError:
+        pass
+
+
+def _fork_monitor(run_dir: str, spec: Dict[str, Any], lock: int) -> Dict[str, Any]:
     report_r, report_w = os.pipe()
     child = os.fork()
     if child == 0:  # first child: leave the SSH session, fork the monitor, vanish
         try:
+            os.close(lock)  # the lock is the launcher's: no process of the run may keep it
             os.close(report_r)
             os.setsid()
             if os.fork() == 0:
@@ -146,9 +350,10 @@ def start(run_dir: str, spec: Dict[str, Any]) -> int:
     try:
         report = json.loads(data.decode("utf-8", "replace"))
     except ValueError:
+        report = None
+    if not isinstance(report, dict):
         report = {"error": "the run monitor died before reporting"}
-    print(json.dumps(report))
-    return 1 if "error" in report else 0
+    return report
 
 
 def _monitor(run_dir: str, spec: Dict[str, Any], report_w: int) -> None:
@@ -159,7 +364,7 @@ def _monitor(run_dir: str, spec: Dict[str, Any], report_w: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         devnull = os.open(os.devnull, os.O_RDWR)
         log = os.open(os.path.join(run_dir, RUNNER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                      0o644)
+                      0o600)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(log, 2)  # our own tracebacks, if any
@@ -177,22 +382,42 @@ def _monitor(run_dir: str, spec: Dict[str, Any], report_w: int) -> None:
 def _supervise(run_dir: str, spec: Dict[str, Any], report_w: int) -> int:
     out_path = os.path.join(run_dir, spec.get("stdout") or "output.log")
     err_path = os.path.join(run_dir, spec.get("stderr") or "output.log")
+    go_r, go_w = os.pipe()      # the command waits on it until its record is on disk
     exec_r, exec_w = os.pipe()  # closed by a successful exec (O_CLOEXEC), else carries the error
     os.set_inheritable(exec_w, False)
     pid = os.fork()
     if pid == 0:
-        _command(spec, out_path, err_path, exec_w)
+        os.close(go_w)
+        os.close(exec_r)
+        os.close(report_w)
+        _command(spec, out_path, err_path, go_r, exec_w)
+    os.close(go_r)
     os.close(exec_w)
-    with os.fdopen(exec_r, "rb") as f:
-        exec_error = f.read().decode("utf-8", "replace")
     rec: Dict[str, Any] = {k: v for k, v in spec.items() if k not in ("stdout", "stderr")}
     rec.update({
+        "env": masked(spec.get("env")),
         "pid": pid, "pgid": pid, "pid_start": proc_start(pid),
         "monitor_pid": os.getpid(), "monitor_start": proc_start(os.getpid()),
         "start": time.time(), "status": "running", "exit_code": None, "end": None,
         "stdout": os.path.basename(out_path), "stderr": os.path.basename(err_path),
     })
     record = os.path.join(run_dir, RECORD)
+    try:
+        write_json(record, rec)
+    except OSError as e:
+        # unrecorded, the command would run unknown to `runs` and `stop`: it dies before exec
+        # (it is our unreaped child, blocked on go_r: its pid is certainly still ours)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.write(report_w, json.dumps({"error": "cannot record the run in %s: %s; the command "
+                                                "was not started" % (run_dir, e.strerror or e)
+                                       }).encode())
+        os.close(report_w)
+        return 0
+    os.write(go_w, b"g")
+    os.close(go_w)
+    with os.fdopen(exec_r, "rb") as f:
+        exec_error = f.read().decode("utf-8", "replace")
     if exec_error:
         _, status = os.waitpid(pid, 0)
         rec.update({"status": "failed", "exit_code": exit_code(status), "end": time.time(),
@@ -201,7 +426,6 @@ def _supervise(run_dir: str, spec: Dict[str, Any], report_w: int) -> int:
         os.write(report_w, json.dumps({"error": exec_error}).encode())
         os.close(report_w)
         return 0
-    write_json(record, rec)
     os.write(report_w, json.dumps({"pid": pid, "pgid": pid, "start": rec["start"]}).encode())
     os.close(report_w)
     status = _reap_until(pid)
@@ -255,15 +479,20 @@ def _reap_stragglers(pgid: int, linger: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _command(spec: Dict[str, Any], out_path: str, err_path: str, exec_w: int) -> None:
-    """In the forked command process: own session and group, redirect, exec. Never returns."""
+def _command(spec: Dict[str, Any], out_path: str, err_path: str, go_r: int,
+             exec_w: int) -> None:
+    """In the forked command process: own session and group, wait until the monitor has
+    recorded us, redirect, exec. Never returns."""
     try:
         os.setsid()
         for sig in (signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        if os.read(go_r, 1) != b"g":
+            os._exit(126)  # the monitor died before recording the run: never start it
+        os.close(go_r)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        out = os.open(out_path, flags, 0o644)
-        err = out if err_path == out_path else os.open(err_path, flags, 0o644)
+        out = os.open(out_path, flags, 0o600)
+        err = out if err_path == out_path else os.open(err_path, flags, 0o600)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
@@ -292,52 +521,93 @@ def _command(spec: Dict[str, Any], out_path: str, err_path: str, exec_w: int) ->
 # -- list / stop ---------------------------------------------------------------------------------
 
 def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Every run's record as it stands now; one that cannot be trusted as `corrupt` (with
+    the reason in "error"), so one bad file never hides the others."""
     try:
         names = [run_id] if run_id else sorted(os.listdir(runs_dir))
     except FileNotFoundError:
         return []
     out = []
     for name in names:
-        rec = read_json(os.path.join(runs_dir, name, RECORD))
-        if rec is not None:
-            out.append(effective(rec))
+        run_dir = os.path.join(runs_dir, name)
+        if name.startswith(".") or not os.path.isdir(run_dir):
+            continue
+        try:
+            rec, problem = load_record(run_dir)
+        except FileNotFoundError:
+            continue  # no record yet: a start in progress (or one that never happened)
+        out.append(effective(rec) if rec is not None else corrupt(run_dir, problem or "?"))
     return out
 
 
+def _reread(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
+    try:
+        new, _ = load_record(run_dir)
+    except FileNotFoundError:
+        new = None
+    return new if new is not None else rec
+
+
 def stop(run_dir: str, grace: float) -> Dict[str, Any]:
-    """SIGTERM the run's process group, SIGKILL what is left after grace seconds."""
-    record = os.path.join(run_dir, RECORD)
-    rec = read_json(record)
+    """SIGTERM the run's process group, SIGKILL what is left after grace seconds.
+
+    Only a group whose leader is still our command (pid and start time as recorded) is
+    signalled: a run whose command and monitor are gone comes back `lost` with "refused"
+    saying why, and nothing is signalled or written."""
+    try:
+        rec, problem = load_record(run_dir)
+    except FileNotFoundError:
+        raise RunnerError("no run record at %s" % os.path.join(run_dir, RECORD)) from None
     if rec is None:
-        raise SystemExit("no run record at %s" % record)
-    if rec.get("status") != "running":
+        raise RunnerError("the record of run %s is corrupt (%s); nothing was signalled"
+                          % (os.path.basename(os.path.normpath(run_dir)), problem))
+    if rec["status"] != "running":
         return effective(rec)
-    with open(os.path.join(run_dir, STOP_MARKER), "w") as f:
+    pgid = rec["pgid"]
+    # the command leads its own group (pgid == pid); while that process lives with the
+    # recorded start time, its group id cannot belong to anyone else
+    leader = pgid == rec["pid"] and ours(rec["pid"], rec.get("pid_start"))
+    monitor = ours(rec.get("monitor_pid"), rec.get("monitor_start"))
+    if not leader and not monitor:
+        out = dict(rec, status="lost")
+        out["refused"] = ("its command (pid %s) and monitor (pid %s) are gone, or their pids "
+                          "now belong to other processes: not signalled"
+                          % (rec["pid"], rec.get("monitor_pid")))
+        return out
+    if not leader:
+        # the command has ended and the monitor is recording it: nothing to signal
+        deadline = time.time() + 5
+        while time.time() < deadline and rec.get("status") == "running":
+            time.sleep(0.05)
+            rec = _reread(run_dir, rec)
+        return effective(rec)
+    fd = os.open(os.path.join(run_dir, STOP_MARKER), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                 0o600)
+    with os.fdopen(fd, "w") as f:
         f.write("%f\n" % time.time())
-    pgid = rec.get("pgid")
-    if pgid and alive(rec.get("pid"), rec.get("pid_start")) or group_alive(pgid):
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.time() + grace
+    _signal_group(pgid, signal.SIGTERM)
+    # from here on the group is the one we verified: its id stays taken while it has members
+    deadline = time.time() + grace
+    while group_alive(pgid) and time.time() < deadline:
+        time.sleep(0.05)
+    if group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.time() + 5
         while group_alive(pgid) and time.time() < deadline:
             time.sleep(0.05)
-        if group_alive(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-            deadline = time.time() + 5
-            while group_alive(pgid) and time.time() < deadline:
-                time.sleep(0.05)
     # the monitor records the end; if it is gone, finish the record ourselves
     deadline = time.time() + 5
     while time.time() < deadline:
-        rec = read_json(record) or rec
+        rec = _reread(run_dir, rec)
         if rec.get("status") != "running":
             return rec
-        if not alive(rec.get("monitor_pid"), rec.get("monitor_start")):
+        if not ours(rec.get("monitor_pid"), rec.get("monitor_start")):
             break
         time.sleep(0.05)
-    rec = read_json(record) or rec
+    rec = _reread(run_dir, rec)
     if rec.get("status") == "running":
         rec.update({"status": "stopped", "end": time.time()})
-        write_json(record, rec)
+        write_json(os.path.join(run_dir, RECORD), rec)
     return rec
 
 
@@ -356,17 +626,24 @@ def free_port() -> int:
 
 def main(argv: List[str]) -> int:
     cmd = argv[1] if len(argv) > 1 else ""
-    if cmd == "start" and len(argv) == 3:
-        return start(argv[2], json.load(sys.stdin))
-    if cmd == "list" and len(argv) in (3, 4):
-        print(json.dumps(list_runs(argv[2], argv[3] if len(argv) == 4 else None)))
-        return 0
-    if cmd == "stop" and len(argv) == 4:
-        print(json.dumps(stop(argv[2], float(argv[3]))))
-        return 0
-    if cmd == "freeport":
-        print(free_port())
-        return 0
+    try:
+        if cmd == "start" and len(argv) in (3, 4) and argv[3:] in ([], ["--unless-running"]):
+            return start(argv[2], json.load(sys.stdin), unless_running=len(argv) == 4)
+        if cmd == "list" and len(argv) in (3, 4):
+            print(json.dumps(list_runs(argv[2], argv[3] if len(argv) == 4 else None)))
+            return 0
+        if cmd == "stop" and len(argv) == 4:
+            print(json.dumps(stop(argv[2], float(argv[3]))))
+            return 0
+        if cmd == "freeport":
+            print(free_port())
+            return 0
+    except RunnerError as e:
+        print(json.dumps({"error": str(e)}))
+        return 1
+    except OSError as e:
+        print(json.dumps({"error": "%s: %s" % (e.filename or cmd, e.strerror or e)}))
+        return 1
     sys.stderr.write(__doc__ or "")
     return 2
 

@@ -332,7 +332,9 @@ class RunsPane(ShownTimers, Vertical):
             self.activity(f"stopping {run_id}…")
             hosts = self.app.pool.hosts  # type: ignore[attr-defined]
             run = await stop_run(self.config, run_id, hosts, grace=STOP_GRACE_S)
-            self.activity(f"{run_id}: {run.status}")
+            refused = next((r.refused for r in run.records if r.refused), "")
+            self.activity(f"{run_id}: {run.status}" + (f" ({refused})" if refused else ""),
+                          error=bool(refused))
         except ConsoleError as e:
             self.activity(f"stop failed: {describe_error(e)}", error=True)
         finally:
@@ -344,6 +346,9 @@ class RunsPane(ShownTimers, Vertical):
         rec = self._selected_run()
         if rec is None or self.host is None:
             self.notify("No run selected", severity="warning")
+            return
+        if rec.status == "corrupt":  # nothing in its record can be followed
+            self.notify(f"{rec.id}: corrupt record ({rec.error})", severity="warning")
             return
         from console.screens.run_detail import RunDetailScreen
         feed = self.feeds.get(self._host(self.host), rec)

@@ -18,7 +18,9 @@ from console.runs import RunRecord
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
 RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")
 COMMAND_WIDTH = 60
-STATUS_MARK = {"running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■", "lost": "?"}
+STATUS_MARK = {"running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■", "lost": "?",
+               "corrupt": "!"}
+REASON_WIDTH = 48
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -69,6 +71,10 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
     node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
     status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
                            else f" ({rec.exit_code})")
+    if rec.status == "corrupt":  # only why the record cannot be trusted, cut to a cell
+        reason = rec.error if len(rec.error) <= REASON_WIDTH else \
+            rec.error[:REASON_WIDTH - 1] + "…"
+        return (rec.id, f"{STATUS_MARK['corrupt']} corrupt ({reason})", "-", "-", "-")
     end = rec.end if rec.end else (now if rec.status == "running" else None)
     dur = fmt_duration(end - rec.start) if rec.start and end else "-"
     return (rec.id + node, f"{STATUS_MARK.get(rec.status, ' ')} {status}",
