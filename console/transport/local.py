@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
-import secrets
 import signal
 import stat as stat_mod
 import threading
@@ -20,6 +20,9 @@ from pathlib import Path
 
 from console.errors import CommandFailed
 from console.transport.base import CommandResult, FileStat, Transport, gather_all_or_none
+from console.transport.tempfiles import temp_name
+
+__all__ = ["LocalTransport", "expand", "temp_name"]
 
 #: longest stdout line stream() accepts (a JSON event with a big payload must still fit)
 LINE_LIMIT = 16 * 1024 * 1024
@@ -32,12 +35,6 @@ UPLOAD_CONCURRENCY = 4
 def expand(path: str) -> str:
     """A host path as the OS wants it: `~` expanded."""
     return os.path.expanduser(path)
-
-
-def temp_name(target: str) -> str:
-    """`.<name>.tmp-<random>` beside target: same filesystem, so the rename is atomic."""
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}.tmp-{secrets.token_hex(4)}")
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -192,6 +189,9 @@ class LocalTransport(Transport):
             os.replace(tmp, dst)
             return sent
         except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise CommandFailed(self.name, f"upload {src} -> {dst}", None,
+                                    f"no space left on {self.name}:{os.path.dirname(dst)}") from e
             raise self._fail(f"upload {src} -> {dst}", e) from e
         finally:
             with contextlib.suppress(FileNotFoundError):
