@@ -39,12 +39,17 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     finally:
         await host.close()
     if args.json:
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(json.dumps({"host": report.host, "files_sent": report.files_sent,
                           "bytes_sent": report.bytes_sent, **report.record(),
-                          "trees": [vars(t) for t in report.trees]}, indent=2))
+                          "trees": [vars(t) for t in report.trees],
+                          "warnings": report.warnings}, indent=2))
         return 0
     if sys.stderr.isatty() and report.files_sent:
         print(file=sys.stderr)
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     for t in report.trees:
         line = (f"{t.name:<12} {t.sent:>5} of {t.files} files sent, {_size(t.bytes):>9}  "
                 f"-> {t.remote}")
@@ -52,6 +57,10 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             line += f"  ({t.deleted} deleted)"
         if t.extra:
             line += f"  ({t.extra} remote-only kept; --delete removes them)"
+        if t.foreign:
+            line += f"  ({t.foreign} remote-only not pushed by us, left alone)"
+        if t.cleaned:
+            line += f"  ({t.cleaned} stale temp/cache files removed)"
         print(line)
     print(f"{report.files_sent} files, {report.bytes_sent} bytes sent "
           f"(manifest {report.manifest[:12]})")
