@@ -270,10 +270,14 @@ async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, veri
     uploads = [(str(trees[i].local / rel), posixpath.join(trees[i].remote, rel)) for i, rel in send]
     sizes = {str(trees[i].local / rel): (trees[i].name, walked[i][rel][0]) for i, rel in send}
     hashing = asyncio.ensure_future(asyncio.to_thread(_hash_into, trees, walked, known, later))
+    connects = getattr(host.transport, "connects", 0)
     try:
         per_tree = await _upload(host, uploads, sizes, on_progress)
     finally:
         await hashing
+    # the link dropped and uploads were retried on a new one: temps of the old link may be
+    # left, so the .pending note stays and the next push scans for them
+    relinked = getattr(host.transport, "connects", 0) != connects
     sent_rels = [{rel for j, rel in send if j == i} for i in range(len(trees))]
     # remote files not in the local tree: only those an earlier push wrote may be deleted
     gone = [[rel for rel in rem.files if rel not in walked[i] and rel in rem.owned]
@@ -307,7 +311,7 @@ async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, veri
             writes.append(host.transport.write_bytes(rec, json.dumps(body).encode()))
     await asyncio.gather(*writes)
     done = [_pending_path(records[i]) for i, rem in enumerate(remote)
-            if rem.pending or i in sending]
+            if (rem.pending or i in sending) and not (relinked and i in sending)]
     if done:
         await host.transport.remove(done)
     return report

@@ -5,6 +5,8 @@ Real sshd, real files, a real tmpfs for the full disk."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +19,7 @@ import pytest
 
 from console.cli import main as cli_main
 from console.config import HostConfig, SyncSet, load_config
-from console.errors import CommandFailed, ConfigError
+from console.errors import CommandFailed, ConfigError, Unreachable
 from console.host import Host
 from console.push import Tree, engine_trees, push, sync_tree
 from console.transport import tempfiles
@@ -312,6 +314,39 @@ async def test_killed_push_leaves_temp_that_next_push_removes(sshd: SSHD, tmp_pa
         for p in lookalikes:
             assert p.read_text() == "user data\n"
         assert (await push(host, trees)).files_sent == 0
+    finally:
+        await host.close()
+
+
+async def test_dropped_link_mid_upload_temp_removed_by_same_process(sshd: SSHD,
+                                                                  tmp_path: Path) -> None:
+    """The console survives (a TUI): its own orphaned temp goes at its next push."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    with open(src / "big.bin", "wb") as f:
+        f.write(os.urandom(1 << 20) * 96)
+    host = Host(ssh_host(sshd, tmp_path / "root"))
+    tree = Tree("work", src, str(dst))
+    try:
+        task = asyncio.ensure_future(push(host, [tree]))
+        orphan: Path | None = None
+        for _ in range(6000):
+            temps = list(dst.glob(".big.bin.tmp-*")) if dst.exists() else []
+            if temps and temps[0].stat().st_size > (1 << 20):
+                orphan = temps[0]
+                break
+            if task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert orphan is not None, "the upload finished before it could be interrupted"
+        sshd.drop_connections()
+        with contextlib.suppress(Unreachable):
+            await task                       # failed, or retried on a new link: either way
+        assert orphan.exists()
+        report = await push(host, [tree])
+        assert not orphan.exists() and report.trees[0].cleaned >= 1
+        assert [p.name for p in dst.iterdir()] == ["big.bin"]
+        assert (dst / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
     finally:
         await host.close()
 

@@ -166,6 +166,12 @@ class LocalTransport(Transport):
     def _fail(self, op: str, e: OSError) -> CommandFailed:
         return CommandFailed(self.name, op, None, f"{e.filename or ''}: {e.strerror or e}")
 
+    def _upload_failed(self, src: str, dst: str, e: OSError) -> CommandFailed:
+        if e.errno == errno.ENOSPC:  # said as the SSH transport says it
+            return CommandFailed(self.name, f"upload {src} -> {dst}", None,
+                                 f"no space left on {self.name}:{os.path.dirname(dst)}")
+        return self._fail(f"upload {src} -> {dst}", e)
+
     async def upload(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> int:
         sem = asyncio.Semaphore(UPLOAD_CONCURRENCY)
 
@@ -181,7 +187,7 @@ class LocalTransport(Transport):
             st = os.stat(src)
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise self._fail(f"upload {src} -> {dst}", e) from e
+            raise self._upload_failed(src, dst, e) from e
         tmp = temp_name(dst)
         try:
             sent = await _copy_in_thread(src, tmp, st.st_mode & 0o7777 if mode is None else mode)
@@ -189,10 +195,7 @@ class LocalTransport(Transport):
             os.replace(tmp, dst)
             return sent
         except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise CommandFailed(self.name, f"upload {src} -> {dst}", None,
-                                    f"no space left on {self.name}:{os.path.dirname(dst)}") from e
-            raise self._fail(f"upload {src} -> {dst}", e) from e
+            raise self._upload_failed(src, dst, e) from e
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

@@ -191,6 +191,9 @@ class SSHTransport(Transport):
         self._lock = asyncio.Lock()
         self._sftp_lock = asyncio.Lock()
         self._was_connected = False  # a drop after this means: reconnect with backoff
+        #: connections opened so far: an upload retried after a reconnect may have orphaned a
+        #: temp file on the old link, which console/push.py then leaves to its next push to find
+        self.connects = 0
 
     # -- connection -------------------------------------------------------------------------
 
@@ -252,6 +255,7 @@ class SSHTransport(Transport):
             raise
         self._conn, self._client, self._sftp, self._jumps = conn, client, None, jumps
         self._was_connected = True
+        self.connects += 1
 
     async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
                     via: asyncssh.SSHClientConnection | None
