@@ -84,6 +84,31 @@ async def test_delete_spares_files_push_did_not_write(host: Host, tmp_path: Path
         await host.close()
 
 
+async def test_record_from_before_the_fix_does_not_license_deletes(host: Host,
+                                                                 tmp_path: Path) -> None:
+    """A record the old code wrote already lists the user's file under `kept`."""
+    src, dst = tmp_path / "src", tmp_path / "existing"
+    src.mkdir()
+    dst.mkdir()
+    (src / "mine.txt").write_text("mine\n")
+    (dst / "precious.txt").write_text("the user's own\n")
+    tree = Tree("work", src, str(dst))
+    try:
+        await push(host, [tree])
+        rec_path = next((Path(await host.root()) / "manifests").glob("existing-*.json"))
+        rec = json.loads(rec_path.read_text())
+        old = {k: rec[k] for k in ("name", "local", "remote", "hash", "git", "time", "files")}
+        old["kept"] = {"precious.txt": [15, 0.0, "0" * 64]}     # what the old first push wrote
+        rec_path.write_text(json.dumps(old))
+        await push(host, [tree], delete=True)
+        assert (dst / "precious.txt").read_text() == "the user's own\n"
+        (src / "mine.txt").unlink()                             # its `files` were pushed: ours
+        assert (await push(host, [tree], delete=True)).trees[0].deleted == 1
+        assert files_under(dst) == {"precious.txt"}
+    finally:
+        await host.close()
+
+
 async def test_hand_edited_record_cannot_reach_outside_the_tree(host: Host, tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "area" / "dst"
     src.mkdir()
