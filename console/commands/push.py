@@ -1,5 +1,6 @@
-"""`eagle3-console push HOST [SYNC ...] [--delete]`: send the engine and sync sets, only what
-changed."""
+"""`eagle3-console push HOST [SYNC ...] [--delete] [--verify]`: send the engine and sync sets,
+only what changed. Warnings (e.g. a push record entry that is ignored) go to stderr, one line
+each."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("host", help="a configured host name")
     p.add_argument("sync", nargs="*", help="sync sets to push (default: every set for HOST)")
     p.add_argument("--delete", action="store_true",
-                   help="remove remote files that no longer exist locally")
+                   help="remove remote files that an earlier push wrote and that no longer "
+                        "exist locally (files push did not write are never removed)")
     p.add_argument("--verify", action="store_true",
-                   help="scan the remote side too (repairs files edited on the host)")
+                   help="re-read every remote file and repair what differs (files edited or "
+                        "damaged on the host; also clears the pushed code's bytecode caches)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
