@@ -267,6 +267,13 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.str("theme"), path=file)
 
 
+def _tables(top: _Reader, key: str) -> dict[str, Any]:
+    v = top.table.get(key, {})
+    if not isinstance(v, dict):
+        top.fail(key, "a table of tables", v)
+    return v
+
+
 #: folders under a host's root that belong to the console (a sync set there could overwrite or,
 #: with --delete, remove what the console itself keeps)
 RESERVED_UNDER_ROOT = ("code", "runs", "manifests")
@@ -304,10 +311,3 @@ def sync_remote_problem(remote: str, root: str) -> str | None:
         if _within(p, posixpath.join(r, sub)):
             return f"it is inside {posixpath.join(root, sub)}, which the console manages itself"
     return None
-
-
-def _tables(top: _Reader, key: str) -> dict[str, Any]:
-    v = top.table.get(key, {})
-    if not isinstance(v, dict):
-        top.fail(key, "a table of tables", v)
-    return v

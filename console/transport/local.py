@@ -20,9 +20,6 @@ from pathlib import Path
 
 from console.errors import CommandFailed
 from console.transport.base import CommandResult, FileStat, Transport, gather_all_or_none
-from console.transport.tempfiles import temp_name
-
-__all__ = ["LocalTransport", "expand", "temp_name"]
 
 #: longest stdout line stream() accepts (a JSON event with a big payload must still fit)
 LINE_LIMIT = 16 * 1024 * 1024
@@ -35,6 +32,13 @@ UPLOAD_CONCURRENCY = 4
 def expand(path: str) -> str:
     """A host path as the OS wants it: `~` expanded."""
     return os.path.expanduser(path)
+
+
+def temp_name(target: str) -> str:
+    """A temp name beside target (same filesystem, so the rename is atomic) that says which
+    console process wrote it: console/transport/tempfiles.py."""
+    from console.transport import tempfiles
+    return tempfiles.temp_name(target)
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
