@@ -507,7 +507,7 @@ async def _clean_leftovers(host: Host, trees: Sequence[Tree], remote: Sequence[_
     a truncated one breaks every import). Files removed per tree."""
     out = []
     paths: list[str] = []
-    for tree, rem in zip(trees, remote):
+    for tree, rem in zip(trees, remote, strict=True):
         stale = [rel for rel in rem.temps
                  if tempfiles.is_stale(posixpath.basename(rel))
                  or (tempfiles.is_own_process(posixpath.basename(rel))
