@@ -30,6 +30,7 @@ Errors name the file, the key (and line for TOML syntax errors) and what was exp
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,9 +242,12 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
         host = r.str("host", required=True) or ""
         if host not in hosts:
             r.fail("host", f"a configured host ({', '.join(hosts)})", host)
+        remote = r.str("remote", required=True) or ""
+        why = sync_remote_problem(remote, hosts[host].root)
+        if why is not None:
+            raise ConfigError(f"{file}: [sync.{name}] remote = {remote!r} is refused: {why}")
         syncs[name] = SyncSet(name=name, host=host, local=r.str("local", required=True) or "",
-                              remote=r.str("remote", required=True) or "",
-                              exclude=r.strlist("exclude"))
+                              remote=remote, exclude=r.strlist("exclude"))
     profiles: dict[str, Profile] = {}
     for name, t in _tables(top, "profiles").items():
         r = _Reader(file, f"profiles.{name}", t)
@@ -283,3 +287,42 @@ def _tables(top: _Reader, key: str) -> dict[str, Any]:
     if not isinstance(v, dict):
         top.fail(key, "a table of tables", v)
     return v
+
+
+#: folders under a host's root that belong to the console (a sync set there could overwrite or,
+#: with --delete, remove what the console itself keeps)
+RESERVED_UNDER_ROOT = ("code", "runs", "manifests")
+_HOME = "/\0home"  # stands for `~` while comparing paths lexically
+
+
+def _norm(path: str) -> str:
+    """Lexical normal form; `~` and relative paths (SFTP: relative to home) under _HOME."""
+    if path == "~" or path.startswith("~/"):
+        path = _HOME + path[1:]
+    elif not path.startswith("/"):
+        path = _HOME + "/" + path
+    return posixpath.normpath(path)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def sync_remote_problem(remote: str, root: str) -> str | None:
+    """Why a sync set may not use `remote` on a host whose root is `root`, or None.
+
+    Refused: `/`, the root itself or a folder above it, and the console's own folders below it.
+    Paths are compared as written (after `..` folding); a `~` path cannot be compared with an
+    absolute one here, so console/push.py checks again with both resolved on the host."""
+    p, r = _norm(remote), _norm(root)
+    if p == "/":
+        return ("it is the filesystem root" if remote.startswith("/")
+                else "it climbs out of the home folder")
+    if p.startswith(_HOME) != r.startswith(_HOME):
+        return None  # one is under ~, the other absolute: decided once resolved on the host
+    if _within(r, p):
+        return f"it holds the host's root {root} (runs, code and push records live there)"
+    for sub in RESERVED_UNDER_ROOT:
+        if _within(p, posixpath.join(r, sub)):
+            return f"it is inside {posixpath.join(root, sub)}, which the console manages itself"
+    return None

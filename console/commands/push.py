@@ -1,5 +1,6 @@
-"""`eagle3-console push HOST [SYNC ...] [--delete]`: send the engine and sync sets, only what
-changed."""
+"""`eagle3-console push HOST [SYNC ...] [--delete] [--verify]`: send the engine and sync sets,
+only what changed. Warnings (e.g. a push record entry that is ignored) go to stderr, one line
+each."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("host", help="a configured host name")
     p.add_argument("sync", nargs="*", help="sync sets to push (default: every set for HOST)")
     p.add_argument("--delete", action="store_true",
-                   help="remove remote files that no longer exist locally")
+                   help="remove remote files that an earlier push wrote and that no longer "
+                        "exist locally (files push did not write are never removed)")
     p.add_argument("--verify", action="store_true",
-                   help="scan the remote side too (repairs files edited on the host)")
+                   help="re-read every remote file and repair what differs (files edited or "
+                        "damaged on the host; also clears the pushed code's bytecode caches)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -39,12 +42,17 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     finally:
         await host.close()
     if args.json:
+        for w in report.warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(json.dumps({"host": report.host, "files_sent": report.files_sent,
                           "bytes_sent": report.bytes_sent, **report.record(),
-                          "trees": [vars(t) for t in report.trees]}, indent=2))
+                          "trees": [vars(t) for t in report.trees],
+                          "warnings": report.warnings}, indent=2))
         return 0
     if sys.stderr.isatty() and report.files_sent:
         print(file=sys.stderr)
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     for t in report.trees:
         line = (f"{t.name:<12} {t.sent:>5} of {t.files} files sent, {_size(t.bytes):>9}  "
                 f"-> {t.remote}")
@@ -52,6 +60,10 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             line += f"  ({t.deleted} deleted)"
         if t.extra:
             line += f"  ({t.extra} remote-only kept; --delete removes them)"
+        if t.foreign:
+            line += f"  ({t.foreign} remote-only not pushed by us, left alone)"
+        if t.cleaned:
+            line += f"  ({t.cleaned} stale temp/cache files removed)"
         print(line)
     print(f"{report.files_sent} files, {report.bytes_sent} bytes sent "
           f"(manifest {report.manifest[:12]})")

@@ -5,8 +5,15 @@ runs this same file on the host as `python -c SOURCE scan` to scan the remote si
 anything has been pushed there). On the host, the record of the last push (same format) serves
 as a hash cache: a file whose size and whole-second mtime match its record is not re-read.
 
-    stdin:  {"trees": [{"root": "/abs/dir", "exclude": ["*.pyc", ...], "record": "/abs/x.json"}]}
-    stdout: {"trees": [{"files": {...}, "record_hash": "..." | null}]}
+    stdin:  {"trees": [{"root": "/abs/dir", "exclude": ["*.pyc", ...], "record": "/abs/x.json",
+                        "pyc": false}]}
+    stdout: {"trees": [{"files": {...}, "record_hash": "..." | null, "temps": [rel, ...],
+                        "pyc": [rel, ...]}]}
+
+`temps` are files named like the console's upload temps (`.NAME.tmp-e3-...`), `pyc` (when
+asked) the bytecode caches in the tree's `__pycache__` folders: this script only lists them;
+the console decides what to remove. Without a record path nothing is taken from a cache (every
+file is read: what `push --verify` wants).
 """
 
 from __future__ import annotations
@@ -109,11 +116,28 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def walk(root: str, exclude: List[str]) -> Dict[str, Tuple[int, float]]:
+#: a temp file the console's uploads write (console/transport/tempfiles.py judges it exactly)
+_CONSOLE_TEMP = re.compile(r"\A\..+\.tmp-e3-[0-9a-f]{8}-[0-9]+-[0-9]+-[0-9a-f]{8}\Z", re.DOTALL)
+
+
+def walk(root: str, exclude: List[str],
+         extras: Optional[Dict[str, List[str]]] = None) -> Dict[str, Tuple[int, float]]:
     """{rel: (size, mtime)} of every regular file under root not excluded (symlinks to files
-    count as files; symlinked folders are not entered). A missing root is an empty tree."""
+    count as files; symlinked folders are not entered). A missing root is an empty tree.
+
+    With `extras`, also lists (never as part of the tree) the console's temp files under
+    extras["temps"] and the bytecode caches (`__pycache__/*.pyc`) under extras["pyc"]."""
     ignore = Ignore(DEFAULT_EXCLUDE + list(exclude))
     out: Dict[str, Tuple[int, float]] = {}
+
+    def caches(abs_dir: str, rel_dir: str) -> None:
+        assert extras is not None
+        try:
+            for e in os.scandir(abs_dir):
+                if e.name.endswith(".pyc") and e.is_file(follow_symlinks=False):
+                    extras["pyc"].append(rel_dir + e.name)
+        except OSError:
+            pass
 
     def visit(abs_dir: str, rel_dir: str) -> None:
         try:
@@ -126,23 +150,30 @@ def walk(root: str, exclude: List[str]) -> Dict[str, Tuple[int, float]]:
                 if e.is_dir(follow_symlinks=False):
                     if not ignore.excluded(rel, True):
                         visit(e.path, rel + "/")
+                    elif extras is not None and e.name == "__pycache__":
+                        caches(e.path, rel + "/")
                     continue
                 st = e.stat()  # follows a symlink to a file
             except OSError:
                 continue  # vanished or dangling: not part of the tree
-            if stat.S_ISREG(st.st_mode) and not ignore.excluded(rel, False):
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if not ignore.excluded(rel, False):
                 out[rel] = (st.st_size, st.st_mtime)
+            elif extras is not None and _CONSOLE_TEMP.match(e.name):
+                extras["temps"].append(rel)
 
     visit(root, "")
     return out
 
 
-def scan(root: str, exclude: List[str], cache: Optional[Manifest] = None) -> Manifest:
+def scan(root: str, exclude: List[str], cache: Optional[Manifest] = None,
+         extras: Optional[Dict[str, List[str]]] = None) -> Manifest:
     """walk() plus each file's sha256; a file whose size and whole-second mtime match its
     `cache` entry keeps that entry's hash without being read."""
     out: Manifest = {}
     cache = cache or {}
-    for rel, (size, mtime) in walk(root, exclude).items():
+    for rel, (size, mtime) in walk(root, exclude, extras).items():
         hit = cache.get(rel)
         if hit and hit[0] == size and int(hit[1]) == int(mtime):
             digest = hit[2]
@@ -183,8 +214,10 @@ def main(argv: List[str]) -> int:
     trees = []
     for t in req["trees"]:
         cache, record_hash = _read_record(t.get("record"))
-        files = scan(os.path.expanduser(t["root"]), t.get("exclude") or [], cache)
-        trees.append({"files": files, "record_hash": record_hash})
+        extras = {"temps": [], "pyc": []}  # type: Dict[str, List[str]]
+        files = scan(os.path.expanduser(t["root"]), t.get("exclude") or [], cache, extras)
+        trees.append({"files": files, "record_hash": record_hash, "temps": extras["temps"],
+                      "pyc": extras["pyc"] if t.get("pyc") else []})
     json.dump({"trees": trees}, sys.stdout, separators=(",", ":"))
     return 0
 

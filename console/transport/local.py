@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
-import secrets
 import signal
 import stat as stat_mod
 import threading
@@ -41,9 +41,10 @@ def expand(path: str) -> str:
 
 
 def temp_name(target: str) -> str:
-    """`.<name>.tmp-<random>` beside target: same filesystem, so the rename is atomic."""
-    head, tail = os.path.split(target)
-    return os.path.join(head, f".{tail}.tmp-{secrets.token_hex(4)}")
+    """A temp name beside target (same filesystem, so the rename is atomic) that says which
+    console process wrote it: console/transport/tempfiles.py."""
+    from console.transport import tempfiles
+    return tempfiles.temp_name(target)
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -175,6 +176,12 @@ class LocalTransport(Transport):
     def _fail(self, op: str, e: OSError) -> CommandFailed:
         return CommandFailed(self.name, op, None, f"{e.filename or ''}: {e.strerror or e}")
 
+    def _upload_failed(self, src: str, dst: str, e: OSError) -> CommandFailed:
+        if e.errno == errno.ENOSPC:  # said as the SSH transport says it
+            return CommandFailed(self.name, f"upload {src} -> {dst}", None,
+                                 f"no space left on {self.name}:{os.path.dirname(dst)}")
+        return self._fail(f"upload {src} -> {dst}", e)
+
     async def upload(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> int:
         sem = asyncio.Semaphore(UPLOAD_CONCURRENCY)
 
@@ -190,7 +197,7 @@ class LocalTransport(Transport):
             st = os.stat(src)
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise self._fail(f"upload {src} -> {dst}", e) from e
+            raise self._upload_failed(src, dst, e) from e
         tmp = temp_name(dst)
         try:
             sent = await _copy_in_thread(src, tmp, st.st_mode & 0o7777 if mode is None else mode)
@@ -198,7 +205,7 @@ class LocalTransport(Transport):
             os.replace(tmp, dst)
             return sent
         except OSError as e:
-            raise self._fail(f"upload {src} -> {dst}", e) from e
+            raise self._upload_failed(src, dst, e) from e
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

@@ -192,6 +192,9 @@ class SSHTransport(Transport):
         self._lock = asyncio.Lock()
         self._sftp_lock = asyncio.Lock()
         self._was_connected = False  # a drop after this means: reconnect with backoff
+        #: connections opened so far: an upload retried after a reconnect may have orphaned a
+        #: temp file on the old link, which console/push.py then leaves to its next push to find
+        self.connects = 0
 
     # -- connection -------------------------------------------------------------------------
 
@@ -253,6 +256,7 @@ class SSHTransport(Transport):
             raise
         self._conn, self._client, self._sftp, self._jumps = conn, client, None, jumps
         self._was_connected = True
+        self.connects += 1
 
     async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
                     via: asyncssh.SSHClientConnection | None
@@ -439,7 +443,9 @@ class SSHTransport(Transport):
     async def _get_sftp(self, conn: asyncssh.SSHClientConnection) -> asyncssh.SFTPClient:
         async with self._sftp_lock:
             if self._sftp is None or self._conn is not conn:
-                self._sftp = await conn.start_sftp_client()
+                # paths are bytes on the wire: a name that is not UTF-8 round-trips through
+                # Python's surrogate escapes (as os.fsencode does) instead of raising
+                self._sftp = await conn.start_sftp_client(path_errors="surrogateescape")
             return self._sftp
 
     async def _sftp_call(self, op: str, fn: Callable[[asyncssh.SFTPClient], Awaitable[T]]) -> T:
@@ -520,10 +526,31 @@ class SSHTransport(Transport):
                 await self._atomic(sftp, sftp_path(dst), write, made)
 
             async with sem:
-                await self._sftp_call(f"upload {src} -> {dst}", op)
+                try:
+                    await self._sftp_call(f"upload {src} -> {dst}", op)
+                except CommandFailed as e:
+                    # SFTP v3 reports a full disk as a bare "Failure": ask the filesystem
+                    parent = posixpath.dirname(dst) or "."
+                    free = await self._free_bytes(parent)
+                    if free is not None and free < st.st_size:
+                        raise CommandFailed(self.name, f"upload {src} -> {dst}", None,
+                                            f"no space left on {self.name}:{parent} "
+                                            f"({free} bytes free, file is {st.st_size})") from e
+                    raise
             return st.st_size
 
         return sum(await gather_all_or_none(one(s, d) for s, d in files))
+
+    async def _free_bytes(self, path: str) -> int | None:
+        """Bytes an unprivileged writer may still use on path's filesystem (None: unknown)."""
+        async def op(sftp: asyncssh.SFTPClient) -> int:
+            v = await sftp.statvfs(sftp_path(path))
+            return int(v.bavail) * int(v.frsize or v.bsize)
+
+        try:
+            return await self._sftp_call(f"statvfs {path}", op)
+        except (TransportError, asyncssh.Error):
+            return None
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int | None = None) -> None:
         async def op(sftp: asyncssh.SFTPClient) -> None:
