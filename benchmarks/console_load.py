@@ -10,7 +10,9 @@ the recorded 8x H200 samples at 1 Hz (any other command it passes to the real in
 writer appends the recorded vLLM server log's lines, its stats lines every 10 s as vLLM writes
 them (`--stats-every 0`: a stats-heavy log, a quarter of the lines). The visible
 pane alternates between GPUs and Logs every 10 s so both redraw paths run (`--panes gpu|logs`
-keeps one on screen).
+keeps one on screen). `--metrics` also gives the host a vLLM /metrics URL, served by a stand-in
+in its own process (tests/vllm_metrics_standin.py, counters advancing each second), so the Logs
+pane charts scrapes of it as well.
 """
 
 from __future__ import annotations
@@ -73,8 +75,22 @@ def writer(path: str, rate: int, seconds: float, stats_every: float) -> None:
             time.sleep(0.02)
 
 
+def metrics_server(port_file: str) -> None:
+    """A /metrics stand-in whose counters advance every second, as a busy server's do."""
+    from tests.vllm_metrics_standin import State, VllmMetricsStandin
+    srv = VllmMetricsStandin(State())
+    Path(port_file).write_text(str(srv.port))
+    n = 0
+    while True:
+        n += 1
+        srv.set(drafts=400 * n, draft_tokens=1200 * n, accepted=900 * n,
+                per_position=(380 * n, 300 * n, 220 * n), generation_tokens=1300 * n,
+                prompt_tokens=5000 * n, running=24, waiting=3, kv_cache_usage=0.41)
+        time.sleep(1.0)
+
+
 async def drive(seconds: float, rate: int, panes: str = "both",
-                stats_every: float = 10.0) -> None:
+                stats_every: float = 10.0, metrics: bool = False) -> None:
     from console.app import create_app
     from console.config import Config, HostConfig
 
@@ -88,8 +104,19 @@ async def drive(seconds: float, rate: int, panes: str = "both",
         f'  exec {sys.executable} {Path(__file__).resolve()} --agent\nfi\n'
         f'exec {sys.executable} "$@"\n')
     python.chmod(0o755)
+    url = None
+    if metrics:
+        port_file = tmp / "metrics.port"
+        server = subprocess.Popen([sys.executable, __file__, "--metrics-server", str(port_file)])
+        end = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text():
+            if time.monotonic() > end or server.poll() is not None:
+                raise SystemExit("the /metrics stand-in did not start")
+            await asyncio.sleep(0.1)
+        url = f"http://127.0.0.1:{port_file.read_text()}/metrics"
     config = Config(hosts={"gpu1": HostConfig(name="gpu1", python=str(python),
-                                              root=str(tmp / "root"), logs=[str(log)])})
+                                              root=str(tmp / "root"), logs=[str(log)],
+                                              metrics=url)})
     app = create_app(config, host="gpu1")
     me = psutil.Process()
     async with app.run_test(headless=True, size=(120, 40)) as pilot:
@@ -117,13 +144,16 @@ async def drive(seconds: float, rate: int, panes: str = "both",
                 await pilot.press("4" if pane else "1")
         cpu1, t1 = sum(me.cpu_times()[:2]), time.monotonic()
         proc.wait()
+        if metrics:
+            server.kill()
         logs = app.screen.query_one("#pane-logs")
         lines = logs.model.total  # type: ignore[attr-defined]
         samples = mon.version
     share = 100 * (cpu1 - cpu0) / (t1 - t0)
     print(f"measured {t1 - t0:.0f} s; monitor samples ingested: "
           f"{samples}, log lines followed: {lines:,}")
-    print(f"console CPU: {share:.1f} % of one core (target <= 3 %)")
+    print(f"console CPU: {share:.1f} % of one core (target <= 3 %)"
+          + (f"; /metrics scraped through the host ({url})" if metrics else ""))
     print(f"console RSS: {rss0 / 2**20:.1f} MiB after {warm:.0f} s, "
           f"{rss[-1] / 2**20:.1f} MiB at the "
           f"end, peak {max(rss) / 2**20:.1f} MiB (growth {(rss[-1] - rss0) / 2**20:+.1f} MiB; "
@@ -135,6 +165,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--agent":
         agent()
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--metrics-server":
+        metrics_server(sys.argv[2])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--writer":
         writer(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
         return
@@ -145,9 +178,11 @@ def main() -> None:
                    help="which pane is on screen (both: switch every 10 s)")
     p.add_argument("--stats-every", type=float, default=10.0,
                    help="seconds between vLLM stats lines (0: a quarter of all lines)")
+    p.add_argument("--metrics", action="store_true",
+                   help="the host also has a vLLM /metrics URL (a stand-in), charted from scrapes")
     args = p.parse_args()
     os.environ.setdefault("XDG_CONFIG_HOME", tempfile.mkdtemp(prefix="console-load-cfg-"))
-    asyncio.run(drive(args.seconds, args.rate, args.panes, args.stats_every))
+    asyncio.run(drive(args.seconds, args.rate, args.panes, args.stats_every, args.metrics))
 
 
 if __name__ == "__main__":
