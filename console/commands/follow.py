@@ -135,7 +135,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                         sys.stdout.write(text + "\n")
                 sys.stdout.flush()
 
-        await asyncio.gather(*(pump(f, n == "events.jsonl") for f, n in zip(followers, names, strict=True)))
+        await asyncio.gather(*(pump(f, n == "events.jsonl")
+                               for f, n in zip(followers, names, strict=True)))
         if skipped.count:
             print(f"-- warning: skipped {skipped.count} malformed event line"
                   f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)

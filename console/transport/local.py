@@ -1,7 +1,8 @@
 """LocalTransport: this machine, through asyncio subprocesses (no shell for argv).
 
-Every process starts in a new session, so a timeout, a cancelled task or a closed stream kills
-the whole process group (the command and the children it started), as the SSH transport does.
+Every process starts in a new session, so a timeout, a cancelled task or a closed stream ends
+the whole process group (the command and the children it started), as the SSH transport does:
+SIGTERM first so the command can clean up, SIGKILL after TERM_GRACE seconds.
 File operations are the same atomic ones as over SSH: a temp name beside the target, then
 os.replace. Remote paths accept `~`.
 """
@@ -27,6 +28,8 @@ LINE_LIMIT = 16 * 1024 * 1024
 STDERR_TAIL = 64 * 1024
 CHUNK = 1024 * 1024
 UPLOAD_CONCURRENCY = 4
+#: seconds a cancelled or timed-out command has between SIGTERM and SIGKILL to clean up
+TERM_GRACE = 5.0
 
 
 def expand(path: str) -> str:
@@ -40,10 +43,31 @@ def temp_name(target: str) -> str:
     return os.path.join(head, f".{tail}.tmp-{secrets.token_hex(4)}")
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group proc leads (it was started with a new session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to the process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+async def _terminate_group(proc: asyncio.subprocess.Process, grace: float | None = None) -> None:
+    """End the process group proc leads (it was started with a new session): SIGTERM first, so
+    the command can clean up (an engine removes its temp files), SIGKILL for whatever is still
+    there after `grace` seconds. Returns once proc is reaped."""
+    grace = TERM_GRACE if grace is None else grace
+    pgid = proc.pid  # the group is ours while its leader is unreaped (it cannot be reused)
+    if proc.returncode is None and _signal_group(pgid, signal.SIGTERM):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace)
+        # children of the command may outlive it for a moment (they got the TERM too)
+        while loop.time() < deadline and _signal_group(pgid, 0):
+            await asyncio.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    await proc.wait()
 
 
 def _decode(data: bytes | None) -> str:
@@ -102,13 +126,12 @@ class LocalTransport(Transport):
             try:
                 out, err = await asyncio.wait_for(proc.communicate(data), timeout)
             except asyncio.TimeoutError as e:
-                _kill_group(proc)
-                await proc.wait()
+                await asyncio.shield(_terminate_group(proc))
                 raise CommandFailed(self.name, argv, None, f"timed out after {timeout} s") from e
             except BaseException:
-                _kill_group(proc)  # cancelled: take the process group with us
+                # cancelled: take the process group with us (TERM, then KILL)
                 with contextlib.suppress(BaseException):
-                    await proc.wait()
+                    await asyncio.shield(_terminate_group(proc))
                 raise
             result = CommandResult(proc.returncode if proc.returncode is not None else -1,
                                    _decode(out), _decode(err))
@@ -159,10 +182,9 @@ class LocalTransport(Transport):
                 raise CommandFailed(self.name, argv, rc, _decode(bytes(err_tail)))
         finally:
             if not finished:
-                _kill_group(proc)
-                err_task.cancel()
                 with contextlib.suppress(BaseException):
-                    await proc.wait()
+                    await asyncio.shield(_terminate_group(proc))
+                err_task.cancel()
 
     # -- files ------------------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ files over SFTP on the same connection.
 - Keepalive notices a dead link; the next operation after a drop reconnects with backoff.
   Work in flight when the link drops raises Unreachable (a stream's caller resumes by offset).
 - Every command runs as `printf MARK $$ >&2; <command>`: sshd starts each session in its own
-  process group, so that pid is the group to kill when a run times out, its task is cancelled
-  or a stream is closed -- the command and every child it started go with it.
+  process group, so that pid is the group to end when a run times out, its task is cancelled
+  or a stream is closed -- the command and every child it started go with it: SIGTERM first,
+  so it can clean up, then SIGKILL after TERM_GRACE seconds.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ MAX_JUMPS = 8  # ProxyJump nesting (OpenSSH has no limit; a loop in ssh_config w
 #: reconnect after a drop: first try at once, then wait 0.2 s doubling up to 5 s
 BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_TRIES = 0.2, 5.0, 6
 KILL_TIMEOUT = 5.0
+#: seconds a cancelled or timed-out command has between SIGTERM and SIGKILL to clean up
+TERM_GRACE = 5.0
 #: files up to this size go in one write; larger ones through asyncssh's pipelined put()
 SMALL_FILE = 1 << 20
 #: uploads in flight at once on the one SFTP session (hides round trips; measured 16-32 best)
@@ -149,7 +152,9 @@ class _Remote:
         return rc
 
     async def kill(self) -> None:
-        """Kill the remote process group (best effort) and close the channel."""
+        """End the remote process group (best effort) and close the channel: SIGTERM first so
+        the command can clean up (an engine removes its temp files), SIGKILL for whatever is
+        left after TERM_GRACE seconds (one remote script, one round trip)."""
         try:
             # the marker comes before the command starts, right after the login shell's rc files
             pgid = await asyncio.wait_for(asyncio.shield(self.pgid), KILL_TIMEOUT)
@@ -158,13 +163,25 @@ class _Remote:
         conn = self.t._conn
         if pgid and conn is not None and not self.client.lost and self.t._client is self.client:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    conn.run(f"kill -s KILL -- -{pgid} 2>/dev/null; true", check=False),
-                    KILL_TIMEOUT)
+                await asyncio.wait_for(conn.run(terminate_script(pgid), check=False),
+                                       TERM_GRACE + KILL_TIMEOUT)
         self.process.close()
         self._err_task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self.process.wait_closed(), 2.0)
+
+
+def terminate_script(pgid: int, grace: float | None = None) -> str:
+    """sh: TERM the process group, wait up to grace seconds for it to be gone, then KILL it.
+    The group is ours: the session's own shell reported its pid, sshd made it the group leader,
+    and the command has not finished (its channel is still open)."""
+    ticks = max(1, int((TERM_GRACE if grace is None else grace) * 10))
+    g = int(pgid)
+    return (f"kill -s TERM -- -{g} 2>/dev/null || exit 0; i=0; "
+            f"while [ $i -lt {ticks} ]; do kill -0 -- -{g} 2>/dev/null || exit 0; "
+            # a POSIX-only sleep takes no fractions: then count whole seconds
+            "sleep 0.1 2>/dev/null || { sleep 1; i=$((i+9)); }; i=$((i+1)); done; "
+            f"kill -s KILL -- -{g} 2>/dev/null; true")
 
 
 def _label(label: str | list[str]) -> str:
