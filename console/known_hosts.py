@@ -71,6 +71,12 @@ class Resolved:
     config_known_hosts: tuple[str, ...]  # UserKnownHostsFile/GlobalKnownHostsFile from config
     ciphers_configured: bool = False     # ssh_config sets Ciphers: leave the choice to it
     proxy_jump: str | None = None        # ProxyJump hops, comma-separated (none: direct)
+    key_alias: bool = False              # key_name is a HostKeyAlias (recorded without a port)
+
+    @property
+    def key_port(self) -> int | None:
+        """The port a known_hosts entry names: none for a HostKeyAlias (as OpenSSH writes it)."""
+        return None if self.key_alias else self.port
 
 
 async def resolve(target: Target, ssh_config: str | None) -> Resolved:
@@ -87,7 +93,8 @@ async def resolve(target: Target, ssh_config: str | None) -> Resolved:
     return Resolved(host=opts.host, port=int(opts.port), key_name=opts.host_key_alias or opts.host,
                     config_known_hosts=files,
                     ciphers_configured=opts.config.get("Ciphers") is not None,
-                    proxy_jump=jump if isinstance(jump, str) and jump.lower() != "none" else None)
+                    proxy_jump=jump if isinstance(jump, str) and jump.lower() != "none" else None,
+                    key_alias=bool(opts.host_key_alias))
 
 
 def known_hosts_files(explicit: str | None, resolved: Resolved | None = None) -> list[Path]:

@@ -268,3 +268,74 @@ def test_a_signalled_subcommand_leaves_no_remote_command_behind(sshd: SSHD, tmp_
             proc.kill()
         if remote is not None and remote.is_running():
             remote.kill()                  # never leave a sleeper behind, even when failing
+
+
+# -- 11: trust dials jump hosts exactly as connections do ------------------------------------
+
+def jump_setup(sshd: SSHD, tmp_path: Path, jump_known_hosts: str, known_text: str) -> Path:
+    """ssh_config: `gpu` behind `bastion` (both the test sshd, told apart by HostKeyAlias);
+    the bastion's own UserKnownHostsFile is jump_known_hosts. The console host h1 is `gpu` with
+    its known_hosts file (holding known_text). Returns the console config."""
+    known = tmp_path / "known_hosts"
+    known.write_text(known_text)
+    common = ["  HostName 127.0.0.1", f"  Port {sshd.port}", f"  User {sshd.user}",
+              f"  IdentityFile {sshd.user_key}", "  IdentitiesOnly yes"]
+    ssh_cfg = tmp_path / "ssh_config"
+    ssh_cfg.write_text("\n".join(
+        ["Host bastion", *common, "  HostKeyAlias bastion-key",
+         f"  UserKnownHostsFile {jump_known_hosts}",
+         "Host gpu", *common, "  HostKeyAlias gpu-key", "  ProxyJump bastion", ""]))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.h1]\nssh = "gpu"\nssh_config = "{ssh_cfg}"\nknown_hosts = "{known}"\n'
+                   f'python = "{sys.executable}"\nroot = "{tmp_path / "root"}"\n')
+    return cfg
+
+
+def host_key_line(sshd: SSHD) -> str:
+    return " ".join(Path(str(sshd.host_key) + ".pub").read_text().split()[:2])
+
+
+def test_trust_verifies_the_jump_against_the_hosts_known_hosts(sshd: SSHD,
+                                                               tmp_path: Path) -> None:
+    # the bastion is trusted only in h1's configured file; its ssh_config file knows nothing
+    (tmp_path / "elsewhere").write_text("")
+    bastion = f"bastion-key {host_key_line(sshd)}\n"
+    cfg = jump_setup(sshd, tmp_path, str(tmp_path / "elsewhere"), bastion)
+    r = console(tmp_path, "--config", str(cfg), "trust", "h1", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "known_hosts").read_text() == bastion + f"gpu-key {host_key_line(sshd)}\n"
+    r = console(tmp_path, "--config", str(cfg), "trust", "h1", "--yes")   # found again
+    assert r.returncode == 0 and "already trusted" in r.stdout, r.stderr
+    r = console(tmp_path, "--config", str(cfg), "doctor", "h1", "--json")   # and it connects
+    assert r.returncode == 0, r.stderr
+
+
+def test_trust_never_goes_through_an_unverified_jump(sshd: SSHD, tmp_path: Path) -> None:
+    cfg = jump_setup(sshd, tmp_path, "none", "")
+    r = console(tmp_path, "--config", str(cfg), "trust", "h1", "--yes")
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: h1: jump host bastion: unknown host key ssh-ed25519 "), \
+        r.stderr
+    assert (tmp_path / "known_hosts").read_text() == ""          # nothing recorded
+
+
+# -- 15: a host-key type mismatch is a host-key problem, not a dropped link ------------------
+
+def test_host_key_type_mismatch_is_named(sshd: SSHD, tmp_path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(tmp_path / "old")],
+                   check=True)
+    old = " ".join((tmp_path / "old.pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {old}\n")   # the server serves only ed25519
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.h1]\nssh = "{sshd.target}"\nknown_hosts = "{known}"\n'
+                   f'identity = "{sshd.user_key}"\n')
+    for cmd in (["doctor", "h1"], ["trust", "h1", "--yes"]):
+        r = console(tmp_path, "--config", str(cfg), *cmd)
+        assert r.returncode == 1
+        err = r.stderr.strip()
+        assert err.startswith("error: h1: host key type mismatch: "), err
+        assert "ecdsa-sha2-nistp256" in err and "ssh-ed25519 SHA256:" in err
+        assert "`eagle3-console trust h1`" in err and str(known) in err
+        assert len(err.splitlines()) == 1
+    assert known.read_text() == f"[127.0.0.1]:{sshd.port} {old}\n"

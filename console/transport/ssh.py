@@ -33,6 +33,7 @@ from console.errors import (
     AuthFailed,
     CommandFailed,
     HostKeyChanged,
+    HostKeyTypeMismatch,
     HostKeyUnknown,
     TransportError,
     Unreachable,
@@ -270,13 +271,8 @@ class SSHTransport(Transport):
         self._conn, self._client, self._sftp, self._jumps = conn, client, None, jumps
         self._was_connected = True
 
-    async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
-                    via: asyncssh.SSHClientConnection | None
-                    ) -> tuple[asyncssh.SSHClientConnection, _Client]:
-        """Connect to `spec` (the host itself at depth 0, else a ProxyJump hop), through `via`.
-        Jump hosts are dialled here, not by asyncssh, so that they are verified against the
-        same known_hosts files as any host and an error names the hop that caused it."""
-        who = self.name if depth == 0 else f"{self.name}: jump host {spec}"
+    async def _resolve(self, spec: str, who: str) -> tuple[kh.Target, kh.Resolved]:
+        """spec as ssh_config makes it (HostName, Port, HostKeyAlias, ProxyJump, ...)."""
         try:
             target = kh.parse_target(spec)
         except ValueError as e:
@@ -287,13 +283,50 @@ class SSHTransport(Transport):
             resolved = await kh.resolve(target, self.ssh_config)
         except (OSError, ValueError, asyncssh.Error) as e:
             raise Unreachable(who, f"ssh config for {spec}: {e}") from e
-        if via is None and resolved.proxy_jump:
-            if depth >= MAX_JUMPS:
-                raise Unreachable(self.name, f"ProxyJump from {spec} goes more than {MAX_JUMPS} "
-                                             "hops deep (a loop in ssh_config?)")
-            for hop in resolved.proxy_jump.split(","):
-                via, _ = await self._dial(hop.strip(), jumps, depth + 1, via)
-                jumps.append(via)
+        return target, resolved
+
+    async def _dial_hops(self, spec: str, resolved: kh.Resolved,
+                         jumps: list[asyncssh.SSHClientConnection], depth: int
+                         ) -> asyncssh.SSHClientConnection | None:
+        """Dial spec's ProxyJump hops in order (each through the one before, each verified like
+        a host); the last one, to tunnel through, or None for a direct connection."""
+        if not resolved.proxy_jump:
+            return None
+        if depth >= MAX_JUMPS:
+            raise Unreachable(self.name, f"ProxyJump from {spec} goes more than {MAX_JUMPS} "
+                                         "hops deep (a loop in ssh_config?)")
+        via: asyncssh.SSHClientConnection | None = None
+        for hop in resolved.proxy_jump.split(","):
+            via, _ = await self._dial(hop.strip(), jumps, depth + 1, via)
+            jumps.append(via)
+        return via
+
+    async def open_jumps(self) -> tuple[kh.Target, kh.Resolved,
+                                        asyncssh.SSHClientConnection | None]:
+        """Dial only this host's ProxyJump hops, exactly as connect() does (same known_hosts,
+        errors naming the hop); they stay open until close(). For `trust`, which must reach
+        the host the way connections do: (target, resolved, the hop to tunnel through)."""
+        target, resolved = await self._resolve(self.ssh, self.name)
+        jumps: list[asyncssh.SSHClientConnection] = []
+        try:
+            via = await self._dial_hops(self.ssh, resolved, jumps, 0)
+        except BaseException:
+            for j in reversed(jumps):
+                j.close()
+            raise
+        self._jumps = jumps
+        return target, resolved, via
+
+    async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
+                    via: asyncssh.SSHClientConnection | None
+                    ) -> tuple[asyncssh.SSHClientConnection, _Client]:
+        """Connect to `spec` (the host itself at depth 0, else a ProxyJump hop), through `via`.
+        Jump hosts are dialled here, not by asyncssh, so that they are verified against the
+        same known_hosts files as any host and an error names the hop that caused it."""
+        who = self.name if depth == 0 else f"{self.name}: jump host {spec}"
+        target, resolved = await self._resolve(spec, who)
+        if via is None:
+            via = await self._dial_hops(spec, resolved, jumps, depth)
         files = kh.known_hosts_files(self.known_hosts, resolved)
         try:
             known = kh.load(files)
@@ -333,13 +366,37 @@ class SSHTransport(Transport):
         except asyncio.TimeoutError as e:
             raise Unreachable(who, f"no SSH answer from {where} within "
                                    f"{self.connect_timeout:g} s") from e
-        except asyncssh.DisconnectError as e:
-            raise Unreachable(who, f"{where}: {e.reason}") from e
-        except OSError as e:
+        except (OSError, asyncssh.Error) as e:
+            # asyncssh offers only the recorded key types; a server with none of them hangs
+            # up during key exchange, which looks like a dropped link: tell it apart
+            mismatch = await self._key_type_mismatch(who, spec, known, files, resolved, via)
+            if mismatch is not None:
+                raise mismatch from e
+            if isinstance(e, asyncssh.Error):  # a disconnect, channel failures through a hop
+                raise Unreachable(who, f"{where}: {e.reason}") from e
             raise Unreachable(who, f"cannot reach {where}: {e.strerror or e}") from e
-        except asyncssh.Error as e:  # channel failures through a jump host
-            raise Unreachable(who, f"{where}: {e.reason}") from e
         return conn, client
+
+    async def _key_type_mismatch(self, who: str, spec: str, known: asyncssh.SSHKnownHosts,
+                                 files: Sequence[os.PathLike[str]], resolved: kh.Resolved,
+                                 via: asyncssh.SSHClientConnection | None
+                                 ) -> HostKeyTypeMismatch | None:
+        """When known_hosts records keys for the host and the server presents a key of none of
+        their types, the error that says so (None when that is not what happened)."""
+        keys, has_ca, _ = kh.recorded(known, resolved.key_name, "", resolved.port)
+        if not keys or has_ca:
+            return None
+        try:
+            key = await asyncio.wait_for(asyncssh.get_server_host_key(
+                resolved.host, resolved.port, config=kh.config_arg(self.ssh_config),
+                tunnel=via), self.connect_timeout)
+        except (OSError, asyncio.TimeoutError, asyncssh.Error):
+            return None
+        recorded = sorted({k.get_algorithm() for k in keys})
+        if key is None or key.get_algorithm() in recorded:
+            return None
+        trust_host = self.name if who == self.name else spec
+        return HostKeyTypeMismatch(who, recorded, kh.fingerprint(key), str(files[0]), trust_host)
 
     async def _host_key_error(self, who: str, spec: str, client: _Client,
                               known: asyncssh.SSHKnownHosts, files: Sequence[os.PathLike[str]],
