@@ -57,8 +57,10 @@ async def _terminate_group(proc: asyncio.subprocess.Process, grace: float | None
     the command can clean up (an engine removes its temp files), SIGKILL for whatever is still
     there after `grace` seconds. Returns once proc is reaped."""
     grace = TERM_GRACE if grace is None else grace
-    pgid = proc.pid  # the group is ours while its leader is unreaped (it cannot be reused)
-    if proc.returncode is None and _signal_group(pgid, signal.SIGTERM):
+    # the group id is the leader's pid: it cannot be reused while the leader is unreaped or
+    # any member of the group is left, and only then is it signalled
+    pgid = proc.pid
+    if _signal_group(pgid, signal.SIGTERM):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         with contextlib.suppress(asyncio.TimeoutError):
@@ -66,7 +68,8 @@ async def _terminate_group(proc: asyncio.subprocess.Process, grace: float | None
         # children of the command may outlive it for a moment (they got the TERM too)
         while loop.time() < deadline and _signal_group(pgid, 0):
             await asyncio.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
+        if _signal_group(pgid, 0):
+            _signal_group(pgid, signal.SIGKILL)
     await proc.wait()
 
 
