@@ -21,6 +21,7 @@ import pytest
 from console.config import load_config
 from console.themes import remember_theme
 from console.transport import local as local_transport
+from console.transport import ssh as ssh_transport
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
 from tests.drafters import write_drafter
@@ -212,10 +213,13 @@ async def test_cancelling_a_stream_lets_the_command_clean_up(sshd: SSHD, tmp_pat
         assert marker.read_text() == "cleaned\n"   # TERM reached it (a KILL cannot be trapped)
 
 
+@pytest.mark.parametrize("where", ["local", "ssh"])
 async def test_a_command_that_ignores_term_is_killed_after_the_grace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        sshd: SSHD, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     monkeypatch.setattr(local_transport, "TERM_GRACE", 1.0)
-    t = LocalTransport()
+    monkeypatch.setattr(ssh_transport, "TERM_GRACE", 1.0)
+    t = LocalTransport() if where == "local" else SSHTransport(
+        "h1", sshd.target, known_hosts=str(sshd.known_hosts), identity=str(sshd.user_key))
     script = "trap '' TERM; echo $$; while :; do sleep 0.1; done"
     pid: list[int] = []
 
@@ -223,14 +227,21 @@ async def test_a_command_that_ignores_term_is_killed_after_the_grace(
         async for line in t.stream(["sh", "-c", script]):
             pid.append(int(line))
 
-    task = asyncio.ensure_future(consume())
-    while not pid:
+    async with t:
+        task = asyncio.ensure_future(consume())
+        while not pid:
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    for _ in range(100):
+        if not psutil.pid_exists(pid[0]) or \
+                psutil.Process(pid[0]).status() == psutil.STATUS_ZOMBIE:
+            break
         await asyncio.sleep(0.05)
-    t0 = time.monotonic()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert not psutil.pid_exists(pid[0])
+    else:
+        raise AssertionError("the command survived")
     assert time.monotonic() - t0 >= 0.9           # it had its grace period first
 
 
