@@ -50,13 +50,13 @@ class HostKeyTypeMismatch(TransportError):
     no recorded key can verify it, so the connection is refused (never trusted silently)."""
 
     def __init__(self, host: str, recorded: list[str], fingerprint: str, known_hosts: str,
-                 trust_host: str) -> None:
+                 trust: str) -> None:
+        """trust: how to record the new key, e.g. "run `eagle3-console trust h1`"."""
         super().__init__(host, f"host key type mismatch: {known_hosts} records only "
                                f"{', '.join(recorded)} for it, and the server offers none of "
                                f"those (it presents {fingerprint}); refusing to connect. If the "
                                f"server's keys were replaced, check that fingerprint, remove the "
-                               f"old entry from {known_hosts} and run "
-                               f"`eagle3-console trust {trust_host}`")
+                               f"old entry from {known_hosts} and {trust}")
         self.fingerprint = fingerprint
         self.recorded = recorded
 

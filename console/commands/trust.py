@@ -87,7 +87,7 @@ async def _trust(args: argparse.Namespace, host: HostConfig, target: kh.Target,
                 raise
             raise HostKeyTypeMismatch(
                 host.name, sorted({k.get_algorithm() for k in keys}), kh.fingerprint(other),
-                str(file), host.name) from None
+                str(file), f"run `eagle3-console trust {host.name}`") from None
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
         raise Unreachable(host.name, f"cannot fetch the host key of {where}: "
                                      f"{getattr(e, 'reason', None) or e}") from e

@@ -395,8 +395,10 @@ class SSHTransport(Transport):
         recorded = sorted({k.get_algorithm() for k in keys})
         if key is None or key.get_algorithm() in recorded:
             return None
-        trust_host = self.name if who == self.name else spec
-        return HostKeyTypeMismatch(who, recorded, kh.fingerprint(key), str(files[0]), trust_host)
+        how = (f"run `eagle3-console trust {self.name}`" if who == self.name else
+               f"record the new key with `ssh {spec}` or `eagle3-console trust` on a host entry "
+               f"for {spec}")
+        return HostKeyTypeMismatch(who, recorded, kh.fingerprint(key), str(files[0]), how)
 
     async def _host_key_error(self, who: str, spec: str, client: _Client,
                               known: asyncssh.SSHKnownHosts, files: Sequence[os.PathLike[str]],
