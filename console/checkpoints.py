@@ -131,7 +131,8 @@ async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:
             got["report"] = ev.get("data")
 
     try:
-        return await host.engine(["inspect", path], on_event=grab, timeout=600)
+        # `--`: a folder named like an option (`--help`, `-x`) is still a folder
+        return await host.engine(["inspect", "--", path], on_event=grab, timeout=600)
     except EngineError:
         if "report" in got:   # inspect exits 1 when a check fails, after its report
             return dict(got["report"])
@@ -147,8 +148,9 @@ def convert_args(src: str, dst: str, to: str, dtype: str = "keep", force: bool =
         raise ConsoleError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     if not dst.strip():
         raise ConsoleError("destination: empty path")
-    return ["convert", src, dst, "--to", to, "--dtype", dtype, *(["--force"] if force else []),
-            *(["--verifier", verifier] if verifier else []), *(extra or [])]
+    # options first, then `--` and the two folders, so a path like `-x` is never an option
+    return ["convert", "--to", to, "--dtype", dtype, *(["--force"] if force else []),
+            *([f"--verifier={verifier}"] if verifier else []), *(extra or []), "--", src, dst]
 
 
 async def convert_checkpoint(host: Host, src: str, dst: str, to: str, dtype: str = "keep",

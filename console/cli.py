@@ -4,7 +4,9 @@ Each subcommand lives in console/commands/<name>.py and exposes:
     HELP: str
     configure(parser: argparse.ArgumentParser) -> None
     async run(args, config: console.config.Config) -> int
-A console.errors.ConsoleError prints one line `error: ...` on stderr and exits 1.
+A console.errors.ConsoleError prints one line `error: ...` on stderr and exits 1. Ctrl-C, SIGTERM
+and SIGHUP cancel the subcommand (its remote commands are terminated, never orphaned); a closed
+stdout (`| head`) ends it quietly.
 
     eagle3-console                       open the console (config from --config or the XDG path)
     eagle3-console doctor HOST           what HOST can run (Python, torch, GPUs, disk)
@@ -18,11 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
+import os
+import signal
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from console import __version__
 from console.config import load_config
@@ -49,7 +55,8 @@ COMMANDS: dict[str, str] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-console", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"eagle3-console {__version__}")
-    parser.add_argument("--config", help="config file (default: ~/.config/eagle3-console/config.toml)")
+    parser.add_argument("--config",
+                        help="config file (default: ~/.config/eagle3-console/config.toml)")
     parser.add_argument("--theme", help="colour theme for the TUI (remembered in the config)")
     parser.add_argument("--host", help="host selected when the TUI opens")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on failure")
@@ -64,6 +71,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(Exception):
+    """SIGTERM or SIGHUP arrived while a subcommand ran; its work was cancelled (cleanly)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+async def run_subcommand(coro: Coroutine[Any, Any, int | None]) -> int | None:
+    """Run a subcommand so that SIGTERM and SIGHUP end it the way Ctrl-C does: by cancelling
+    it, so every remote command it started is terminated (the transports kill the remote
+    process group on cancellation) instead of being left running on the host, orphaned."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    got: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if not got:
+            got.append(signum)
+            task.cancel()
+
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig)
+            handled.append(sig)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if got:
+            raise Terminated(got[0]) from None
+        raise
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (`... | head`): exit without a traceback. Python's documented
+    recipe: point stdout at /dev/null so the flush at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE  # what the shell reports for a tool killed by SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -71,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.command:
             from console.app import run_app
             return run_app(config, theme=args.theme, host=args.host)
-        return int(asyncio.run(args._module.run(args, config)) or 0)
+        return int(asyncio.run(run_subcommand(args._module.run(args, config))) or 0)
     except ConsoleError as e:
         if args.debug:
             traceback.print_exc()
@@ -79,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Terminated as e:
+        return 128 + e.signum
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
 
 
 if __name__ == "__main__":

@@ -45,10 +45,27 @@ class HostKeyChanged(TransportError):
         self.fingerprint = fingerprint
 
 
+class HostKeyTypeMismatch(TransportError):
+    """known_hosts records keys for the host, but only of types the server no longer offers:
+    no recorded key can verify it, so the connection is refused (never trusted silently)."""
+
+    def __init__(self, host: str, recorded: list[str], fingerprint: str, known_hosts: str,
+                 trust: str) -> None:
+        """trust: how to record the new key, e.g. "run `eagle3-console trust h1`"."""
+        super().__init__(host, f"host key type mismatch: {known_hosts} records only "
+                               f"{', '.join(recorded)} for it, and the server offers none of "
+                               f"those (it presents {fingerprint}); refusing to connect. If the "
+                               f"server's keys were replaced, check that fingerprint, remove the "
+                               f"old entry from {known_hosts} and {trust}")
+        self.fingerprint = fingerprint
+        self.recorded = recorded
+
+
 class CommandFailed(TransportError):
     """A remote/local command exited non-zero when success was required."""
 
-    def __init__(self, host: str, argv: list[str] | str, returncode: int | None, stderr: str) -> None:
+    def __init__(self, host: str, argv: list[str] | str, returncode: int | None,
+                 stderr: str) -> None:
         cmd = argv if isinstance(argv, str) else " ".join(argv)
         last = (stderr.strip().splitlines() or [""])[-1]
         how = "failed" if returncode is None else f"exited {returncode}"

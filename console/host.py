@@ -109,7 +109,10 @@ class Host:
         command's environment (e.g. OMP_NUM_THREADS)."""
         await self.connect()
         await self.ensure_engine()
-        argv, full_env = await self.engine_argv([*args, "--events"])
+        args = list(args)
+        # options before a `--` (after it every word is a positional, e.g. a path `-x`)
+        cut = args.index("--") if "--" in args else len(args)
+        argv, full_env = await self.engine_argv([*args[:cut], "--events", *args[cut:]])
         full_env.update(env or {})
         result: dict[str, Any] | None = None
         error: str | None = None

@@ -11,16 +11,16 @@ hashed `|1|...` entries), so what `trust` writes is exactly what a later connect
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import asyncssh
+
+from console.safe_write import write_atomic
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_SSH_PORT = 22
@@ -71,6 +71,12 @@ class Resolved:
     config_known_hosts: tuple[str, ...]  # UserKnownHostsFile/GlobalKnownHostsFile from config
     ciphers_configured: bool = False     # ssh_config sets Ciphers: leave the choice to it
     proxy_jump: str | None = None        # ProxyJump hops, comma-separated (none: direct)
+    key_alias: bool = False              # key_name is a HostKeyAlias (recorded without a port)
+
+    @property
+    def key_port(self) -> int | None:
+        """The port a known_hosts entry names: none for a HostKeyAlias (as OpenSSH writes it)."""
+        return None if self.key_alias else self.port
 
 
 async def resolve(target: Target, ssh_config: str | None) -> Resolved:
@@ -87,7 +93,8 @@ async def resolve(target: Target, ssh_config: str | None) -> Resolved:
     return Resolved(host=opts.host, port=int(opts.port), key_name=opts.host_key_alias or opts.host,
                     config_known_hosts=files,
                     ciphers_configured=opts.config.get("Ciphers") is not None,
-                    proxy_jump=jump if isinstance(jump, str) and jump.lower() != "none" else None)
+                    proxy_jump=jump if isinstance(jump, str) and jump.lower() != "none" else None,
+                    key_alias=bool(opts.host_key_alias))
 
 
 def known_hosts_files(explicit: str | None, resolved: Resolved | None = None) -> list[Path]:
@@ -157,23 +164,12 @@ def entry_line(name: str, port: int | None, key: asyncssh.SSHKey) -> str:
 
 def append_entry(path: Path, line: str) -> None:
     """Add line to a known_hosts file without ever leaving it half-written (temp, then rename);
-    creates ~/.ssh-style parents (0700) and the file (0600) when missing."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    creates ~/.ssh-style parents (0700) and the file (0600) when missing. A symlinked file
+    (a dotfile repo) is written through to its target and stays a symlink."""
     try:
         old = path.read_bytes()
-        mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
-        old, mode = b"", 0o600
+        old = b""
     if old and not old.endswith(b"\n"):
         old += b"\n"
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with open(fd, "wb") as f:
-            f.write(old + line.encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    write_atomic(path, old + line.encode() + b"\n", new_mode=0o600, parent_mode=0o700)

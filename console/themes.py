@@ -7,8 +7,6 @@ ones, all offered by the command palette's "Theme" command) restyles the whole c
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from textual.theme import Theme
 
 from console.config import Config, default_config_path, tomllib
 from console.errors import ConfigError
+from console.safe_write import write_atomic
 
 THEMES_DIR = Path(__file__).resolve().parent.parent / "themes"
 PALETTES = THEMES_DIR / "palettes.toml"
@@ -66,8 +65,9 @@ def check_theme(app: App[Any], name: str, where: str) -> str:
 def remember_theme(config: Config, name: str) -> Path:
     """Set `theme = "name"` in the config file, keeping every other line (comments included).
 
-    The file is written to a temp name beside it and renamed, so a crash never leaves a half
-    file; with no config file yet, one is created at the default path holding only the theme."""
+    The file is written to a temp name beside it (beside a symlink's target) and renamed, so a
+    crash never leaves a half file and a symlinked config stays a symlink; with no config file
+    yet, one is created at the default path holding only the theme."""
     path = config.path or default_config_path()
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     line = tomli_w.dumps({"theme": name}).strip()
@@ -89,17 +89,8 @@ def remember_theme(config: Config, name: str) -> Path:
     new = "".join(out)
     if tomllib.loads(new).get("theme") != name:  # never write a file that reads differently
         raise ConfigError(f"{path}: could not set theme = {name!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(new)
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # through a symlinked config (dotfile repos) to its target, atomically, mode kept
+    write_atomic(path, new.encode("utf-8"), new_mode=0o600, parent_mode=0o777)
     config.theme = name
     if config.path is None:
         config.path = path

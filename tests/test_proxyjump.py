@@ -45,6 +45,10 @@ def transport(cfg: Path, known: Path) -> SSHTransport:
 async def test_runs_commands_through_the_jump_host(sshd: SSHD, tmp_path: Path) -> None:
     key = host_pub(sshd)
     cfg, known = setup(sshd, tmp_path, bastion_key=key, gpu_key=key)
+    for _ in range(50):  # an earlier test's connection may still be closing on the server
+        if not sshd.children():
+            break
+        await asyncio.sleep(0.1)
     before = len(sshd.children())
     t = transport(cfg, known)
     async with t:

@@ -45,26 +45,65 @@ class RunWatch:
         return self.status != "running"
 
 
+class MalformedEvent(ValueError):
+    """An event line whose fields are not what its kind promises (the message says which)."""
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise MalformedEvent(what)
+
+
 def render_event(line: Line) -> str | None:
+    """One events.jsonl line as text: None for nothing to show; raises MalformedEvent for an
+    event whose fields are not of the types its kind promises (never an AttributeError)."""
     ev = events.parse(line.text)
     if ev is None:
         return line.display() if line.text.strip() else None
     if ev.kind == "progress":
-        total = ev.get("total")
-        return f"[{ev.get('desc') or ev.cmd}] {ev.get('done')}" + (f"/{total}" if total else "") + \
-            f" {ev.get('unit', '')}"
+        done, total, unit, desc = ev.get("done"), ev.get("total"), ev.get("unit"), ev.get("desc")
+        _check(_number(done), "progress: done is not a number")
+        _check(total is None or _number(total), "progress: total is not a number")
+        _check(unit is None or isinstance(unit, str), "progress: unit is not a string")
+        _check(desc is None or isinstance(desc, str), "progress: desc is not a string")
+        return f"[{desc or ev.cmd}] {done}" + (f"/{total}" if total else "") + f" {unit or ''}"
     if ev.kind == "metric":
+        values, step = ev.get("values"), ev.get("step")
+        _check(isinstance(values, dict), "metric: values is not an object")
+        _check(step is None or _number(step), "metric: step is not a number")
         vals = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in (ev.get("values") or {}).items())
-        return f"step {ev.get('step')}: {vals}"
+                        for k, v in values.items())
+        return f"step {step}: {vals}"
     if ev.kind == "log":
-        level = ev.get("level", "info")
-        return ("" if level == "info" else f"{level}: ") + str(ev.get("msg", ""))
+        level, msg = ev.get("level", "info"), ev.get("msg", "")
+        _check(isinstance(level, str), "log: level is not a string")
+        _check(isinstance(msg, str), "log: msg is not a string")
+        return ("" if level == "info" else f"{level}: ") + msg
     if ev.kind == "result":
         return "result: " + json.dumps(ev.get("data", {}))[:2000]
     if ev.kind == "error":
-        return f"error: {ev.get('msg')}"
+        msg = ev.get("msg")
+        _check(isinstance(msg, str), "error: msg is not a string")
+        return f"error: {msg}"
     return None
+
+
+class Skipped:
+    """Malformed event lines: each of the first few named on stderr, all of them counted."""
+
+    SHOWN = 5
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, line: Line, why: str) -> None:
+        self.count += 1
+        if self.count <= self.SHOWN:
+            print(f"-- skipped a malformed event at byte {line.offset}: {why}", file=sys.stderr)
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
@@ -82,15 +121,25 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                                  on_notice=lambda k, d: print(f"-- {k}: {d}", file=sys.stderr))
                      for n in names]
 
+        skipped = Skipped()
+
         async def pump(f: LogFollower, is_events: bool) -> None:
             async for batch in f.batches():
                 for line in batch:
-                    text = render_event(line) if is_events else line.display()
+                    try:
+                        text = render_event(line) if is_events else line.display()
+                    except MalformedEvent as e:
+                        skipped.add(line, str(e))
+                        continue
                     if text is not None:
                         sys.stdout.write(text + "\n")
                 sys.stdout.flush()
 
-        await asyncio.gather(*(pump(f, n == "events.jsonl") for f, n in zip(followers, names)))
+        await asyncio.gather(*(pump(f, n == "events.jsonl")
+                               for f, n in zip(followers, names, strict=True)))
+        if skipped.count:
+            print(f"-- warning: skipped {skipped.count} malformed event line"
+                  f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
         code = "" if watch.exit_code is None else f", exit {watch.exit_code}"
         print(f"-- run {args.run} {watch.status}{code}", file=sys.stderr)
     finally:

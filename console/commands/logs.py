@@ -31,9 +31,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, config: Config) -> int:
     host = await open_host(config, args.host)
     path = await host.resolve(args.path)
-    if await host.transport.stat(path) is None and not args.follow:
+    st = await host.transport.stat(path)
+    if (st is None and not args.follow) or (st is not None and st.is_dir):
         await host.close()
-        raise ConsoleError(f"{args.host}: {path}: no such file")
+        what = "no such file" if st is None else "is a directory (logs prints a file)"
+        raise ConsoleError(f"{args.host}: {path}: {what}")
     lines = args.lines if args.lines is not None else (None if args.metrics else 10)
     follower = LogFollower(host.transport, path, start="begin", tail_lines=lines,
                            follow=args.follow, on_notice=_notice)

@@ -4,6 +4,8 @@ The console never trusts a host key silently: an unknown host is refused with it
 and a pointer here. This fetches the key the host presents, shows its SHA256 fingerprint and
 appends it to the host's known_hosts file only when the user confirms (or passes --yes). A host
 whose recorded key differs is refused outright: a changed key is fixed by hand, never here.
+ProxyJump hops are dialled by the SSH transport's own code, so they are verified against the
+same known_hosts files as every connection of the host.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 
 import asyncssh
 
 from console import known_hosts as kh
 from console.config import Config, HostConfig
-from console.errors import ConfigError, HostKeyChanged, Unreachable
+from console.errors import ConfigError, HostKeyChanged, HostKeyTypeMismatch, Unreachable
+from console.transport.ssh import SSHTransport
 
 HELP = "show HOST's SSH host key fingerprint and add it to known_hosts once you confirm"
 
@@ -40,12 +44,23 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     host = _host(config, args.host)
     if host.ssh is None:
         raise ConfigError(f"host {host.name!r} is this machine (no ssh): there is no key to trust")
+    # hops are dialled by the transport's own code: verified against the same known_hosts as
+    # any connection of this host, errors naming the hop (never asyncssh's defaults)
+    transport = SSHTransport(host.name, host.ssh, known_hosts=host.known_hosts,
+                             ssh_config=host.ssh_config, identity=host.identity)
     try:
-        target = kh.parse_target(host.ssh)
-        resolved = await kh.resolve(target, host.ssh_config)
+        target, resolved, via = await transport.open_jumps()
+        return await _trust(args, host, target, resolved, via)
+    finally:
+        await transport.close()
+
+
+async def _trust(args: argparse.Namespace, host: HostConfig, target: kh.Target,
+                 resolved: kh.Resolved, via: asyncssh.SSHClientConnection | None) -> int:
+    try:
         files = kh.known_hosts_files(host.known_hosts, resolved)
         known = kh.load(files)
-    except (OSError, ValueError, asyncssh.Error) as e:
+    except (OSError, ValueError) as e:
         raise ConfigError(f"host {host.name!r}: {e}") from e
     file = files[0]
     name, port = resolved.key_name, resolved.port
@@ -53,19 +68,31 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     # ask for the recorded key types first, so a host that also has other key types is not
     # mistaken for one whose key changed (OpenSSH does the same)
     algs = [a.decode() for k in keys for a in k.sig_algorithms] or ()
-    try:
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(
+    where = f"{resolved.host}:{port}"
+
+    async def fetch(algs: Sequence[str] | tuple[()]) -> asyncssh.SSHKey | None:
+        return await asyncio.wait_for(asyncssh.get_server_host_key(
             target.host, target.port if target.port is not None else (),
-            config=kh.config_arg(host.ssh_config), server_host_key_algs=algs), 20)
-    except asyncssh.KeyExchangeFailed as e:
-        # the server no longer offers any recorded key type: that is a changed key too
-        raise HostKeyChanged(host.name, f"(none of the recorded key types: {e.reason})",
-                             str(file)) from e
+            config=kh.config_arg(host.ssh_config), server_host_key_algs=algs, tunnel=via), 20)
+
+    try:
+        try:
+            key = await fetch(algs)
+        except (OSError, asyncssh.Error):
+            if not algs:
+                raise
+            # the server offers none of the recorded key types: say so, with what it offers
+            other = await fetch(())
+            if other is None:
+                raise
+            raise HostKeyTypeMismatch(
+                host.name, sorted({k.get_algorithm() for k in keys}), kh.fingerprint(other),
+                str(file), f"run `eagle3-console trust {host.name}`") from None
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
-        raise Unreachable(host.name, f"cannot fetch the host key of {resolved.host}:{port}: "
+        raise Unreachable(host.name, f"cannot fetch the host key of {where}: "
                                      f"{getattr(e, 'reason', None) or e}") from e
     if key is None:
-        raise Unreachable(host.name, f"{resolved.host}:{port} presented no host key")
+        raise Unreachable(host.name, f"{where} presented no host key")
     fp = kh.fingerprint(key)
     verdict = kh.verdict(known, name, "", port, key)
     if verdict == "changed":
@@ -81,6 +108,6 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not trusted; nothing written")
             return 1
-    kh.append_entry(file, kh.entry_line(name, port, key))
+    kh.append_entry(file, kh.entry_line(name, resolved.key_port, key))
     print(f"added {name} to {file}")
     return 0

@@ -1,7 +1,8 @@
 """LocalTransport: this machine, through asyncio subprocesses (no shell for argv).
 
-Every process starts in a new session, so a timeout, a cancelled task or a closed stream kills
-the whole process group (the command and the children it started), as the SSH transport does.
+Every process starts in a new session, so a timeout, a cancelled task or a closed stream ends
+the whole process group (the command and the children it started), as the SSH transport does:
+SIGTERM first so the command can clean up, SIGKILL after TERM_GRACE seconds.
 File operations are the same atomic ones as over SSH: a temp name beside the target, then
 os.replace. Remote paths accept `~`.
 """
@@ -33,6 +34,8 @@ LINE_LIMIT = 16 * 1024 * 1024
 STDERR_TAIL = 64 * 1024
 CHUNK = 1024 * 1024
 UPLOAD_CONCURRENCY = 4
+#: seconds a cancelled or timed-out command has between SIGTERM and SIGKILL to clean up
+TERM_GRACE = 5.0
 
 
 def expand(path: str) -> str:
@@ -47,10 +50,34 @@ def temp_name(target: str) -> str:
     return tempfiles.temp_name(target)
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the process group proc leads (it was started with a new session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to the process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+async def _terminate_group(proc: asyncio.subprocess.Process, grace: float | None = None) -> None:
+    """End the process group proc leads (it was started with a new session): SIGTERM first, so
+    the command can clean up (an engine removes its temp files), SIGKILL for whatever is still
+    there after `grace` seconds. Returns once proc is reaped."""
+    grace = TERM_GRACE if grace is None else grace
+    # the group id is the leader's pid: it cannot be reused while the leader is unreaped or
+    # any member of the group is left, and only then is it signalled
+    pgid = proc.pid
+    if _signal_group(pgid, signal.SIGTERM):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace)
+        # children of the command may outlive it for a moment (they got the TERM too)
+        while loop.time() < deadline and _signal_group(pgid, 0):
+            await asyncio.sleep(0.05)
+        if _signal_group(pgid, 0):
+            _signal_group(pgid, signal.SIGKILL)
+    await proc.wait()
 
 
 def _decode(data: bytes | None) -> str:
@@ -109,13 +136,12 @@ class LocalTransport(Transport):
             try:
                 out, err = await asyncio.wait_for(proc.communicate(data), timeout)
             except asyncio.TimeoutError as e:
-                _kill_group(proc)
-                await proc.wait()
+                await asyncio.shield(_terminate_group(proc))
                 raise CommandFailed(self.name, argv, None, f"timed out after {timeout} s") from e
             except BaseException:
-                _kill_group(proc)  # cancelled: take the process group with us
+                # cancelled: take the process group with us (TERM, then KILL)
                 with contextlib.suppress(BaseException):
-                    await proc.wait()
+                    await asyncio.shield(_terminate_group(proc))
                 raise
             result = CommandResult(proc.returncode if proc.returncode is not None else -1,
                                    _decode(out), _decode(err))
@@ -166,10 +192,9 @@ class LocalTransport(Transport):
                 raise CommandFailed(self.name, argv, rc, _decode(bytes(err_tail)))
         finally:
             if not finished:
-                _kill_group(proc)
-                err_task.cancel()
                 with contextlib.suppress(BaseException):
-                    await proc.wait()
+                    await asyncio.shield(_terminate_group(proc))
+                err_task.cancel()
 
     # -- files ------------------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ files over SFTP on the same connection.
 - Keepalive notices a dead link; the next operation after a drop reconnects with backoff.
   Work in flight when the link drops raises Unreachable (a stream's caller resumes by offset).
 - Every command runs as `printf MARK $$ >&2; <command>`: sshd starts each session in its own
-  process group, so that pid is the group to kill when a run times out, its task is cancelled
-  or a stream is closed -- the command and every child it started go with it.
+  process group, so that pid is the group to end when a run times out, its task is cancelled
+  or a stream is closed -- the command and every child it started go with it: SIGTERM first,
+  so it can clean up, then SIGKILL after TERM_GRACE seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from console.errors import (
     AuthFailed,
     CommandFailed,
     HostKeyChanged,
+    HostKeyTypeMismatch,
     HostKeyUnknown,
     TransportError,
     Unreachable,
@@ -56,6 +58,8 @@ MAX_JUMPS = 8  # ProxyJump nesting (OpenSSH has no limit; a loop in ssh_config w
 #: reconnect after a drop: first try at once, then wait 0.2 s doubling up to 5 s
 BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_TRIES = 0.2, 5.0, 6
 KILL_TIMEOUT = 5.0
+#: seconds a cancelled or timed-out command has between SIGTERM and SIGKILL to clean up
+TERM_GRACE = 5.0
 #: files up to this size go in one write; larger ones through asyncssh's pipelined put()
 SMALL_FILE = 1 << 20
 #: uploads in flight at once on the one SFTP session (hides round trips; measured 16-32 best)
@@ -150,7 +154,9 @@ class _Remote:
         return rc
 
     async def kill(self) -> None:
-        """Kill the remote process group (best effort) and close the channel."""
+        """End the remote process group (best effort) and close the channel: SIGTERM first so
+        the command can clean up (an engine removes its temp files), SIGKILL for whatever is
+        left after TERM_GRACE seconds (one remote script, one round trip)."""
         try:
             # the marker comes before the command starts, right after the login shell's rc files
             pgid = await asyncio.wait_for(asyncio.shield(self.pgid), KILL_TIMEOUT)
@@ -159,13 +165,25 @@ class _Remote:
         conn = self.t._conn
         if pgid and conn is not None and not self.client.lost and self.t._client is self.client:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    conn.run(f"kill -s KILL -- -{pgid} 2>/dev/null; true", check=False),
-                    KILL_TIMEOUT)
+                await asyncio.wait_for(conn.run(terminate_script(pgid), check=False),
+                                       TERM_GRACE + KILL_TIMEOUT)
         self.process.close()
         self._err_task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self.process.wait_closed(), 2.0)
+
+
+def terminate_script(pgid: int, grace: float | None = None) -> str:
+    """sh: TERM the process group, wait up to grace seconds for it to be gone, then KILL it.
+    The group is ours: the session's own shell reported its pid, sshd made it the group leader,
+    and the command has not finished (its channel is still open)."""
+    ticks = max(1, int((TERM_GRACE if grace is None else grace) * 10))
+    g = int(pgid)
+    return (f"kill -s TERM -- -{g} 2>/dev/null || exit 0; i=0; "
+            f"while [ $i -lt {ticks} ]; do kill -0 -- -{g} 2>/dev/null || exit 0; "
+            # a POSIX-only sleep takes no fractions: then count whole seconds
+            "sleep 0.1 2>/dev/null || { sleep 1; i=$((i+9)); }; i=$((i+1)); done; "
+            f"kill -s KILL -- -{g} 2>/dev/null; true")
 
 
 def _label(label: str | list[str]) -> str:
@@ -258,13 +276,8 @@ class SSHTransport(Transport):
         self._was_connected = True
         self.connects += 1
 
-    async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
-                    via: asyncssh.SSHClientConnection | None
-                    ) -> tuple[asyncssh.SSHClientConnection, _Client]:
-        """Connect to `spec` (the host itself at depth 0, else a ProxyJump hop), through `via`.
-        Jump hosts are dialled here, not by asyncssh, so that they are verified against the
-        same known_hosts files as any host and an error names the hop that caused it."""
-        who = self.name if depth == 0 else f"{self.name}: jump host {spec}"
+    async def _resolve(self, spec: str, who: str) -> tuple[kh.Target, kh.Resolved]:
+        """spec as ssh_config makes it (HostName, Port, HostKeyAlias, ProxyJump, ...)."""
         try:
             target = kh.parse_target(spec)
         except ValueError as e:
@@ -275,13 +288,50 @@ class SSHTransport(Transport):
             resolved = await kh.resolve(target, self.ssh_config)
         except (OSError, ValueError, asyncssh.Error) as e:
             raise Unreachable(who, f"ssh config for {spec}: {e}") from e
-        if via is None and resolved.proxy_jump:
-            if depth >= MAX_JUMPS:
-                raise Unreachable(self.name, f"ProxyJump from {spec} goes more than {MAX_JUMPS} "
-                                             "hops deep (a loop in ssh_config?)")
-            for hop in resolved.proxy_jump.split(","):
-                via, _ = await self._dial(hop.strip(), jumps, depth + 1, via)
-                jumps.append(via)
+        return target, resolved
+
+    async def _dial_hops(self, spec: str, resolved: kh.Resolved,
+                         jumps: list[asyncssh.SSHClientConnection], depth: int
+                         ) -> asyncssh.SSHClientConnection | None:
+        """Dial spec's ProxyJump hops in order (each through the one before, each verified like
+        a host); the last one, to tunnel through, or None for a direct connection."""
+        if not resolved.proxy_jump:
+            return None
+        if depth >= MAX_JUMPS:
+            raise Unreachable(self.name, f"ProxyJump from {spec} goes more than {MAX_JUMPS} "
+                                         "hops deep (a loop in ssh_config?)")
+        via: asyncssh.SSHClientConnection | None = None
+        for hop in resolved.proxy_jump.split(","):
+            via, _ = await self._dial(hop.strip(), jumps, depth + 1, via)
+            jumps.append(via)
+        return via
+
+    async def open_jumps(self) -> tuple[kh.Target, kh.Resolved,
+                                        asyncssh.SSHClientConnection | None]:
+        """Dial only this host's ProxyJump hops, exactly as connect() does (same known_hosts,
+        errors naming the hop); they stay open until close(). For `trust`, which must reach
+        the host the way connections do: (target, resolved, the hop to tunnel through)."""
+        target, resolved = await self._resolve(self.ssh, self.name)
+        jumps: list[asyncssh.SSHClientConnection] = []
+        try:
+            via = await self._dial_hops(self.ssh, resolved, jumps, 0)
+        except BaseException:
+            for j in reversed(jumps):
+                j.close()
+            raise
+        self._jumps = jumps
+        return target, resolved, via
+
+    async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
+                    via: asyncssh.SSHClientConnection | None
+                    ) -> tuple[asyncssh.SSHClientConnection, _Client]:
+        """Connect to `spec` (the host itself at depth 0, else a ProxyJump hop), through `via`.
+        Jump hosts are dialled here, not by asyncssh, so that they are verified against the
+        same known_hosts files as any host and an error names the hop that caused it."""
+        who = self.name if depth == 0 else f"{self.name}: jump host {spec}"
+        target, resolved = await self._resolve(spec, who)
+        if via is None:
+            via = await self._dial_hops(spec, resolved, jumps, depth)
         files = kh.known_hosts_files(self.known_hosts, resolved)
         try:
             known = kh.load(files)
@@ -321,13 +371,39 @@ class SSHTransport(Transport):
         except asyncio.TimeoutError as e:
             raise Unreachable(who, f"no SSH answer from {where} within "
                                    f"{self.connect_timeout:g} s") from e
-        except asyncssh.DisconnectError as e:
-            raise Unreachable(who, f"{where}: {e.reason}") from e
-        except OSError as e:
+        except (OSError, asyncssh.Error) as e:
+            # asyncssh offers only the recorded key types; a server with none of them hangs
+            # up during key exchange, which looks like a dropped link: tell it apart
+            mismatch = await self._key_type_mismatch(who, spec, known, files, resolved, via)
+            if mismatch is not None:
+                raise mismatch from e
+            if isinstance(e, asyncssh.Error):  # a disconnect, channel failures through a hop
+                raise Unreachable(who, f"{where}: {e.reason}") from e
             raise Unreachable(who, f"cannot reach {where}: {e.strerror or e}") from e
-        except asyncssh.Error as e:  # channel failures through a jump host
-            raise Unreachable(who, f"{where}: {e.reason}") from e
         return conn, client
+
+    async def _key_type_mismatch(self, who: str, spec: str, known: asyncssh.SSHKnownHosts,
+                                 files: Sequence[os.PathLike[str]], resolved: kh.Resolved,
+                                 via: asyncssh.SSHClientConnection | None
+                                 ) -> HostKeyTypeMismatch | None:
+        """When known_hosts records keys for the host and the server presents a key of none of
+        their types, the error that says so (None when that is not what happened)."""
+        keys, has_ca, _ = kh.recorded(known, resolved.key_name, "", resolved.port)
+        if not keys or has_ca:
+            return None
+        try:
+            key = await asyncio.wait_for(asyncssh.get_server_host_key(
+                resolved.host, resolved.port, config=kh.config_arg(self.ssh_config),
+                tunnel=via), self.connect_timeout)
+        except (OSError, asyncio.TimeoutError, asyncssh.Error):
+            return None
+        recorded = sorted({k.get_algorithm() for k in keys})
+        if key is None or key.get_algorithm() in recorded:
+            return None
+        how = (f"run `eagle3-console trust {self.name}`" if who == self.name else
+               f"record the new key with `ssh {spec}` or `eagle3-console trust` on a host entry "
+               f"for {spec}")
+        return HostKeyTypeMismatch(who, recorded, kh.fingerprint(key), str(files[0]), how)
 
     async def _host_key_error(self, who: str, spec: str, client: _Client,
                               known: asyncssh.SSHKnownHosts, files: Sequence[os.PathLike[str]],
