@@ -117,8 +117,34 @@ def _quiet_broken_pipe() -> int:
     return 128 + signal.SIGPIPE  # what the shell reports for a tool killed by SIGPIPE
 
 
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(ours, theirs): for a subcommand whose module sets PASSTHROUGH (e.g. `serve`), the words
+    after its first `--` are another program's arguments, kept whole (argparse cannot hand a
+    `--` tail to a subparser that has positionals). Other subcommands keep `--` as argparse
+    reads it: the end of the options."""
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in ("--config", "--theme", "--host"):
+            i += 2
+            continue
+        if w in COMMANDS:
+            mod = importlib.import_module(COMMANDS[w])
+            if getattr(mod, "PASSTHROUGH", False) and "--" in words[i + 1:]:
+                j = words.index("--", i + 1)
+                return words[:j], words[j + 1:]
+            break
+        if not w.startswith("-"):
+            break
+        i += 1
+    return words, []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ours, theirs = split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(ours)
+    args.passthrough = theirs
     try:
         config = load_config(args.config)
         if not args.command:

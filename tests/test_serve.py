@@ -78,14 +78,15 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
     verifier = write_verifier(tmp_path / "target")
     rc = await asyncio.to_thread(cli_main, [
         "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier),
-        "--tp", "2", "--k", "5", "--port", "8123", "--json"])
+        "--tp", "2", "--k", "5", "--port", "8123", "--json", "--", "--max-model-len", "4096",
+        "--served-model-name", "a b"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["status"] == "running"
     argv = json.loads(await wait_file(Path(str(standin_vllm) + ".argv")))
     assert argv[:2] == ["serve", str(verifier)]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--port") + 1] == "8123"
-    # assert argv[-2:] == ["--max-model-len", "4096"]  # TODO after the `--` fix
+    assert argv[-4:] == ["--max-model-len", "4096", "--served-model-name", "a b"]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert set(spec) <= set(SPEC_CONFIG_FIELDS)
     assert spec == {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": 5}

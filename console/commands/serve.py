@@ -12,6 +12,7 @@ from console.host import Host
 from console.runs import close_hosts, host_of
 from console.serve import ServeRequest, serve, vllm_argv
 
+PASSTHROUGH = True  # the words after `--` are `vllm serve`'s (console/cli.py)
 HELP = "serve a drafter checkpoint in vLLM on HOST (speculative decoding), as a detached run"
 
 
@@ -25,13 +26,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="server port on the host (default 8000)")
     p.add_argument("--force", action="store_true", help="start even if it is already served")
     p.add_argument("--json", action="store_true", help="print the run and the command as JSON")
-    p.add_argument("extra", nargs="*", metavar="-- EXTRA",
-                   help="more `vllm serve` arguments, after `--`")
+    p.epilog = "Words after `--` go to `vllm serve` as they are."
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
     req = ServeRequest(ckpt=args.ckpt, verifier=args.verifier, tp=args.tp, k=args.k,
-                       port=args.port, extra=list(args.extra))
+                       port=args.port, extra=list(args.passthrough))
     pool: dict[str, Host] = {}
     try:
         host_of(pool, config, args.host)
