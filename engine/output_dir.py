@@ -73,13 +73,29 @@ def termination_raises() -> Iterator[None]:
 
 
 @contextmanager
-def _signals_blocked() -> Iterator[None]:
-    """Hold SIGTERM/SIGHUP/SIGINT back (delivered afterwards) while DST is being swapped."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGHUP/SIGINT back while DST is swapped: a signal that arrives is recorded
+    and acted on (with the handler that was in place) only after the block. A signal mask would
+    not do: Python runs its handlers in the main thread whichever thread the kernel picked."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s, h in previous.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: arrived.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        if arrived:
+            h = previous[signal.Signals(arrived[0])]
+            if callable(h):
+                h(arrived[0], None)  # raises: Terminated, KeyboardInterrupt
+            else:
+                os.kill(os.getpid(), arrived[0])  # the default action, now that DST is whole
 
 
 def _boot_id() -> str:
@@ -206,7 +222,7 @@ def atomic_output_dir(dst: Path, force: bool = False,
         yield tmp
         owner.unlink()
         old = None
-        with _signals_blocked():  # no signal may land between the two renames
+        with _signals_deferred():  # no signal may land between the two renames
             if os.path.lexists(dst):  # --force: move the old one aside, swap, then delete it
                 old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
                 os.replace(dst, old)

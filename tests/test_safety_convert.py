@@ -403,3 +403,21 @@ def test_stale_temp_rules(tmp_path: Path) -> None:
     for d in kept:
         assert os.path.lexists(d), d
     assert (w / "src" / "model.safetensors").exists() and (w / "out" / "config.json").exists()
+
+
+def test_a_signal_during_the_dst_swap_waits_for_the_swap(tmp_path: Path) -> None:
+    """SIGTERM that lands while DST is being swapped (between the two renames) is acted on only
+    once DST is whole: the new DST is in place, the old one gone, and then it stops."""
+    from engine.output_dir import Terminated, _signals_deferred, termination_raises
+
+    before = signal.getsignal(signal.SIGTERM)
+    reached = []
+    with pytest.raises(Terminated), termination_raises():
+        with _signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # plenty of chances for a pending handler to run
+                (tmp_path / "x").write_text("x")
+            reached.append("end of block")
+        reached.append("after the block")
+    assert reached == ["end of block"]
+    assert signal.getsignal(signal.SIGTERM) == before

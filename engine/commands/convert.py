@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
                 embed_from=Path(args.embed_from) if args.embed_from else None,
                 drop_embed=args.drop_embed, force=args.force, ev=ev)
     except Terminated as e:
-        msg = f"stopped by {e}: {args.dst} not written, temp output removed"
+        msg = f"stopped by {e} (no partial output left beside {args.dst})"
         ev.error(msg, "Terminated")
         print(f"error: {msg}", file=sys.stderr)
         return 128 + e.signum
