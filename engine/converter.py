@@ -170,9 +170,24 @@ def _places(p: Path) -> list[Path]:
     return out
 
 
+def _identity(p: Path) -> tuple[tuple[int, int] | None, set[tuple[int, int]]]:
+    """(device, inode) of `p` (None if absent) and of each of its existing ancestors: the same
+    directory seen through a bind mount or a second path still compares equal."""
+    def ident(q: Path) -> tuple[int, int] | None:
+        try:
+            st = os.stat(q)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    ancestors = {i for q in p.parents if (i := ident(q)) is not None}
+    return ident(p), ancestors
+
+
 def check_destination(src: Path, dst: Path, embed_from: Path | None = None) -> Path:
     """Refuse a DST that is, lies inside or contains SRC (or is or contains the --embed-from
-    target) after resolving symlinks; returns DST with a usable name (`.` and `..` resolved)."""
+    target), by resolved path and by (device, inode), so no symlink, `..` or bind mount hides
+    the relation; returns DST with a usable name (`.` and `..` resolved)."""
     require_dir(src)  # one line for a missing source or a symlink loop
     if dst.name in ("", ".", ".."):
         dst = Path(os.path.realpath(dst))
@@ -184,13 +199,15 @@ def check_destination(src: Path, dst: Path, embed_from: Path | None = None) -> P
         inputs.append((Path(os.path.realpath(embed_from)), f"the --embed-from target {embed_from}",
                        False))
     for place in _places(dst):
+        pid, pup = _identity(place)
         for real, what, no_inside in inputs:
-            if place == real:
+            rid, rup = _identity(real)
+            if place == real or (pid is not None and pid == rid):
                 raise EngineError(f"{dst}: is {what} (choose another DST)")
-            if place in real.parents:
+            if place in real.parents or (pid is not None and pid in rup):
                 raise EngineError(f"{dst}: contains {what} (--force would delete it; choose "
                                   "another DST)")
-            if no_inside and real in place.parents:
+            if no_inside and (real in place.parents or (rid is not None and rid in pup)):
                 raise EngineError(f"{dst}: is inside {what} (choose a DST outside it)")
     return dst
 

@@ -421,3 +421,24 @@ def test_a_signal_during_the_dst_swap_waits_for_the_swap(tmp_path: Path) -> None
         reached.append("after the block")
     assert reached == ["end of block"]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_dst_reaching_src_through_a_bind_mount_is_refused(tmp_path: Path) -> None:
+    """No path comparison sees `view/src` is `nest/src` when `view` is a bind mount of `nest`;
+    (device, inode) does. Needs a private mount namespace (root or user namespaces)."""
+    w = tmp_path / "w"
+    write_drafter(w / "nest" / "src")
+    (w / "view").mkdir()
+    before = snapshot(w / "nest")
+    mount = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(w / "nest"),
+             str(w / "view")]
+    if shutil.which("unshare") is None or subprocess.run(
+            [*mount, "true"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("no private mount namespace here (needs root or user namespaces)")
+    r = subprocess.run([*mount, sys.executable, "-m", "engine", "convert", str(w / "nest" / "src"),
+                        str(w / "view" / "src"), "--to", "eagle", "--force"], cwd=REPO,
+                       env=engine_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "is the source" in one_line(r.stderr)
+    assert snapshot(w / "nest") == before
