@@ -328,15 +328,19 @@ def start_and_stop_midway(src: Path, w: Path) -> subprocess.Popen[str]:
     return p
 
 
-def test_sigterm_midway_leaves_nothing(tmp_path: Path, big_src: Path) -> None:
+@pytest.mark.parametrize("sig, last_line", [(signal.SIGTERM, "stopped by SIGTERM"),
+                                             (signal.SIGHUP, "stopped by SIGHUP"),
+                                             (signal.SIGINT, "error: interrupted")])
+def test_a_stop_signal_midway_leaves_nothing(tmp_path: Path, big_src: Path, sig: int,
+                                             last_line: str) -> None:
     w = tmp_path / "w"
     w.mkdir()
     p = start_and_stop_midway(big_src, w)
-    os.kill(p.pid, signal.SIGTERM)
+    os.kill(p.pid, sig)
     os.kill(p.pid, signal.SIGCONT)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by SIGTERM" in err.strip().splitlines()[-1]
+    assert p.returncode == 128 + sig, err
+    assert last_line in err.strip().splitlines()[-1]
     assert os.listdir(w) == []
 
 
