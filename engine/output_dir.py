@@ -110,10 +110,10 @@ def process_start(pid: int) -> str | None:
     names one process for the whole uptime of the machine, where a PID alone gets reused."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
+        fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces, ')'
+        return f"{_boot_id()}:{fields[19]}"  # field 22 of proc(5): starttime
+    except (OSError, ValueError, IndexError):
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
-    return f"{_boot_id()}:{fields[19]}"  # field 22 of proc(5): starttime
 
 
 def _pid_exists(pid: int) -> bool:
@@ -132,15 +132,15 @@ def _temp_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"\.{re.escape(name)}\.tmp-(\d{{1,10}})-[0-9a-f]{{8}}")
 
 
-def _owner_record(path: Path, pid: int) -> str | None | bool:
-    """The recorded start of a temp dir's owner; None when there is no usable owner file;
-    False when the dir is not in our shape (anything but regular files with our names)."""
+def _owner_record(path: Path, pid: int) -> tuple[bool, str | None]:
+    """(whether the dir is in our shape: only regular files with our names, and an owner file,
+    if readable, naming the same PID; the owner's recorded start, None if unknown)."""
     recorded: str | None = None
     try:
         with os.scandir(path) as it:
             for ent in it:
                 if ent.name not in OUR_FILES or not ent.is_file(follow_symlinks=False):
-                    return False
+                    return False, None
                 if ent.name == OWNER_FILE:
                     try:
                         data = json.loads(Path(ent.path).read_text(encoding="utf-8"))
@@ -149,12 +149,12 @@ def _owner_record(path: Path, pid: int) -> str | None | bool:
                     if not isinstance(data, dict):
                         continue
                     if data.get("pid") != pid:
-                        return False  # someone else's file under our name: leave it alone
+                        return False, None  # someone else's file under our name
                     if isinstance(data.get("start"), str):
                         recorded = data["start"]
     except OSError:
-        return False
-    return recorded
+        return False, None
+    return True, recorded
 
 
 def _owner_alive(pid: int, recorded: str | None) -> bool:
@@ -183,8 +183,8 @@ def remove_stale_temps(dst: Path) -> list[Path]:
         if pid == os.getpid():
             continue
         path = Path(ent.path)
-        recorded = _owner_record(path, pid)
-        if recorded is False or _owner_alive(pid, recorded):  # type: ignore[arg-type]
+        ours, recorded = _owner_record(path, pid)
+        if not ours or _owner_alive(pid, recorded):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.lexists(path):
