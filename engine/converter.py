@@ -7,7 +7,9 @@ mapped by torch.load) goes tensor by tensor (peak memory ~ the largest tensor). 
 source weight files is computed on a thread while the copy runs (or taken from
 engine/hash_cache.py when this exact file was hashed before). Everything goes into a temp dir
 beside DST that is renamed into place at the end; any failure removes it, so DST is complete or
-absent.
+absent (engine/output_dir.py: also on SIGTERM, and stale temp dirs of killed runs are removed).
+DST may not be SRC, lie inside it or contain it (nor contain or be the --embed-from target),
+whatever symlinks lead there: with --force that would delete the source.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from engine.hash_cache import HashInBackground
 from engine.safetensors_io import (
     SafetensorsWriter,
     WeightSet,
+    require_dir,
     tensor_bytes,
     torch_dtype,
 )
@@ -70,10 +73,9 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
     """Convert SRC (any style) into DST in the style `to`; returns a summary."""
     src, dst = Path(src), Path(dst)
     t0 = time.monotonic()
-    if dst.exists() and not force:
+    dst = check_destination(src, dst, Path(embed_from) if embed_from else None)
+    if os.path.lexists(dst) and not force:
         raise EngineError(f"{dst}: already exists (use --force to replace it)")
-    if dst.resolve() == src.resolve():
-        raise EngineError(f"{dst}: is the source directory")
     if dtype not in ("keep", *DTYPE_NAMES):
         raise EngineError(f"--dtype {dtype!r}: one of keep, bf16, fp16, fp32")
     ck = open_checkpoint(src)
@@ -119,7 +121,8 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
 
     if ev:
         ev.progress(0, total_mib, unit="MiB", desc="convert", force=True)
-    with atomic_output_dir(dst, force=force) as tmp:
+    log = (lambda m: ev.log(m, level="warning")) if ev else None
+    with atomic_output_dir(dst, force=force, log=log) as tmp:
         specs = [(i.out, i.out_code, i.shape) for i in items]
         writer = SafetensorsWriter(tmp / "model.safetensors", specs)
         try:
@@ -153,6 +156,60 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
     return {"src": str(src), "dst": str(dst), "to": to, "source_format": ck.detected.format,
             "tensors": len(items), "bytes": total, "seconds": round(time.monotonic() - t0, 3),
             "embed": embed_action, "warnings": warnings}
+
+
+def _places(p: Path) -> list[Path]:
+    """Where a path really is: its name in its resolved parent (what a rename or delete of `p`
+    acts on) and, when it is a symlink that resolves, what it points at."""
+    out = [Path(os.path.realpath(p.parent)) / p.name]
+    if os.path.islink(p):
+        try:
+            out.append(Path(os.path.realpath(p, strict=True)))
+        except (OSError, RuntimeError):
+            pass  # dangling or a loop: only the link itself can be replaced
+    return out
+
+
+def _identity(p: Path) -> tuple[tuple[int, int] | None, set[tuple[int, int]]]:
+    """(device, inode) of `p` (None if absent) and of each of its existing ancestors: the same
+    directory seen through a bind mount or a second path still compares equal."""
+    def ident(q: Path) -> tuple[int, int] | None:
+        try:
+            st = os.stat(q)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    ancestors = {i for q in p.parents if (i := ident(q)) is not None}
+    return ident(p), ancestors
+
+
+def check_destination(src: Path, dst: Path, embed_from: Path | None = None) -> Path:
+    """Refuse a DST that is, lies inside or contains SRC (or is or contains the --embed-from
+    target), by resolved path and by (device, inode), so no symlink, `..` or bind mount hides
+    the relation; returns DST with a usable name (`.` and `..` resolved)."""
+    require_dir(src)  # one line for a missing source or a symlink loop
+    if dst.name in ("", ".", ".."):
+        dst = Path(os.path.realpath(dst))
+        if not dst.name:
+            raise EngineError(f"{dst}: not a usable output directory")
+    inputs = [(Path(os.path.realpath(src)), f"the source {src}", True)]
+    if embed_from is not None:
+        require_dir(embed_from)
+        inputs.append((Path(os.path.realpath(embed_from)), f"the --embed-from target {embed_from}",
+                       False))
+    for place in _places(dst):
+        pid, pup = _identity(place)
+        for real, what, no_inside in inputs:
+            rid, rup = _identity(real)
+            if place == real or (pid is not None and pid == rid):
+                raise EngineError(f"{dst}: is {what} (choose another DST)")
+            if place in real.parents or (pid is not None and pid in rup):
+                raise EngineError(f"{dst}: contains {what} (--force would delete it; choose "
+                                  "another DST)")
+            if no_inside and (real in place.parents or (rid is not None and rid in pup)):
+                raise EngineError(f"{dst}: is inside {what} (choose a DST outside it)")
+    return dst
 
 
 def _nbytes(it: _Item) -> int:

@@ -18,17 +18,14 @@ Library entry points (used by convert, inspect, vocab remap and the trainer):
                                          Eagle3Draft.set_embedding)
     save_drafter(dst, cfg, state_dict, style, ...)   whole-dict save, atomic (temp dir + rename)
     atomic_output_dir(dst, force)        the temp-dir-then-rename context manager itself
+                                         (engine/output_dir.py: what an output may delete)
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
-import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,11 +35,14 @@ import torch
 from engine import __version__
 from engine.draft_config import Eagle3Config, config_style
 from engine.errors import EngineError
+from engine.output_dir import atomic_output_dir
 from engine.safetensors_io import (
     FLOAT_CODES,
     Entry,
     WeightSet,
     open_weights,
+    read_regular_text,
+    reason,
     save_tensors,
     torch_dtype,
 )
@@ -166,10 +166,12 @@ def read_config(d: Path) -> tuple[dict[str, Any], Eagle3Config]:
     """config.json as a dict and as a validated Eagle3Config (errors name the file and field)."""
     path = d / "config.json"
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = read_regular_text(path)  # never blocks on a FIFO
     except FileNotFoundError:
         raise EngineError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise EngineError(f"{path}: cannot read ({reason(e)})") from e
+    except UnicodeDecodeError as e:
         raise EngineError(f"{path}: cannot read ({e})") from e
     try:
         data = json.loads(raw)
@@ -407,29 +409,6 @@ def config_for(cfg: Eagle3Config, to: str, verifier: str | None = None,
     if output_style(to) == "speculators":
         return cfg.to_speculators_dict(verifier=verifier, speculative_tokens=speculative_tokens)
     return cfg.to_eagle_dict()
-
-
-@contextmanager
-def atomic_output_dir(dst: Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temp dir beside `dst`; rename it to `dst` only if the block succeeds."""
-    dst = Path(dst)
-    if dst.exists() and not force:
-        raise EngineError(f"{dst}: already exists (use --force to replace it)")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        if dst.exists():  # --force: move the old one aside, swap, then delete it
-            old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(dst, old)
-            os.replace(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

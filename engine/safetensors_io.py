@@ -2,11 +2,14 @@
 
 Readers
     open_weights(dir) -> WeightSet over `model.safetensors.index.json` (sharded),
-    `model.safetensors` (or a single other *.safetensors), `pytorch_model.bin.index.json` or `pytorch_model.bin`.
+    `model.safetensors` (or a single other *.safetensors), `pytorch_model.bin.index.json` or
+    `pytorch_model.bin`.
     A safetensors header is checked in full before any tensor is used (JSON, known dtypes, shapes
     that match their byte ranges, ranges that tile the data section, file size that matches), so a
     truncated or corrupt file fails with one line naming the file and the tensor. `.bin` files
     load only with `torch.load(weights_only=True)` (memory-mapped): arbitrary pickles never run.
+    Only regular files are opened (a FIFO or device is refused without blocking: open_regular),
+    and an index's weight_map may only name files inside the checkpoint (safe_shard_path).
 Writers
     SafetensorsWriter(path, [(name, dtype_code, shape)], metadata): writes the header first, then
     each tensor's bytes in order, so a converter streams tensor by tensor (or chunk by chunk).
@@ -17,13 +20,16 @@ Helpers
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import mmap
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -58,6 +64,65 @@ def itemsize(code: str) -> int:
     return ST_DTYPES[code][1]
 
 
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def reason(e: OSError) -> str:
+    """An OSError as the end of a one-line message ("too many levels of symbolic links")."""
+    if e.errno == errno.ENOENT:
+        return "does not exist"
+    text = e.strerror or str(e)
+    return text[:1].lower() + text[1:]
+
+
+def open_regular(path: Path, buffering: int = -1) -> io.BufferedReader | io.FileIO:
+    """Open `path` for reading only if it is a regular file. The open never blocks (O_NONBLOCK:
+    opening a FIFO for reading would wait forever for a writer) and the check is on the opened
+    file, so nothing can be swapped in between. OSError passes through for the caller to word."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise EngineError(f"{path}: not a regular file ({_kind(mode)})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)  # type: ignore[return-value]
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_text(path: Path) -> str:
+    """A small text file (config, index), through open_regular."""
+    with open_regular(path) as f:
+        return f.read().decode("utf-8")
+
+
+def require_regular(path: Path) -> None:
+    """For readers that take a path (torch.load): refuse anything but a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise EngineError(f"{path}: {reason(e)}") from None
+    if not stat.S_ISREG(mode):
+        raise EngineError(f"{path}: not a regular file ({_kind(mode)})")
+
+
+def require_dir(d: Path) -> None:
+    """A checkpoint directory: one line for a missing path, a symlink loop or a non-directory."""
+    try:
+        mode = os.stat(d).st_mode
+    except OSError as e:
+        raise EngineError(f"{d}: {reason(e)}") from None
+    if not stat.S_ISDIR(mode):
+        raise EngineError(f"{d}: not a directory")
+
+
 @dataclass(frozen=True)
 class Entry:
     """One stored tensor: where it lives and what it is, without its data."""
@@ -80,8 +145,8 @@ class Entry:
 def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
     """Parse and fully validate a safetensors header; returns entries (file order) and metadata."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise EngineError(f"{path}: truncated safetensors file ({size} bytes, no header)")
@@ -98,7 +163,12 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
         raise EngineError(f"{path}: corrupt safetensors header (not JSON: {e})") from e
     if not isinstance(header, dict):
         raise EngineError(f"{path}: corrupt safetensors header (not a JSON object)")
-    meta = header.pop("__metadata__", None) or {}
+    meta = header.pop("__metadata__", None)
+    if meta is None:
+        meta = {}
+    elif not isinstance(meta, dict):
+        raise EngineError(f"{path}: corrupt safetensors header ('__metadata__' is a JSON "
+                          f"{_json_type(meta)}, not an object)")
     data_start = 8 + n
     entries: list[Entry] = []
     for name, info in header.items():
@@ -132,6 +202,11 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
     return {e.name: e for e in entries}, {str(k): str(v) for k, v in meta.items()}
 
 
+def _json_type(v: Any) -> str:
+    return {str: "string", list: "array", bool: "boolean", int: "number",
+            float: "number"}.get(type(v), type(v).__name__)
+
+
 class WeightSet:
     """All tensors of a checkpoint directory, by stored name, read lazily one at a time."""
 
@@ -151,7 +226,7 @@ class WeightSet:
         if self.kind == "bin":
             return self._bin[str(e.file)][name].clone()
         buf = bytearray(e.nbytes)
-        with open(e.file, "rb") as f:
+        with open_regular(e.file) as f:
             f.seek(e.offset)
             if f.readinto(buf) != e.nbytes:
                 raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
@@ -169,7 +244,7 @@ class WeightSet:
         row_bytes = e.shape[1] * itemsize(e.dtype)
         buf = bytearray(row_bytes * len(rows))
         view = memoryview(buf)
-        with open(e.file, "rb") as f:
+        with open_regular(e.file) as f:
             for i, r in enumerate(rows.tolist()):
                 f.seek(e.offset + r * row_bytes)
                 if f.readinto(view[i * row_bytes:(i + 1) * row_bytes]) != row_bytes:
@@ -189,7 +264,7 @@ class WeightSet:
         buf = bytearray(min(chunk, max(e.nbytes, 1)))
         view = memoryview(buf)
         left = e.nbytes
-        with open(e.file, "rb", buffering=0) as f:
+        with open_regular(e.file, buffering=0) as f:
             f.seek(e.offset)
             while left:
                 want, got = min(left, len(buf)), 0
@@ -204,8 +279,7 @@ class WeightSet:
 
 def open_weights(d: Path) -> WeightSet:
     """Find and validate the weight files of a checkpoint directory."""
-    if not d.is_dir():
-        raise EngineError(f"{d}: not a directory")
+    require_dir(d)
     idx = d / "model.safetensors.index.json"
     if idx.exists():
         return _sharded(d, idx, "safetensors")
@@ -226,20 +300,59 @@ def open_weights(d: Path) -> WeightSet:
                       "pytorch_model.bin)")
 
 
+def shard_roots(d: Path) -> list[Path]:
+    """Where the files of checkpoint `d` may really live: the directory itself, and for a
+    Hugging Face hub cache snapshot (`.../snapshots/REV`) the repository's `blobs/`, which the
+    snapshot's files are symlinks into."""
+    root = Path(os.path.realpath(d))
+    roots = [root]
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    return roots
+
+
+def safe_shard_path(d: Path, idx: Path, name: str, fname: Any) -> Path:
+    """The shard a weight_map entry names, refused unless it is a relative name that stays
+    inside the checkpoint once `..` and symlinks are resolved (an index is data from whoever
+    published the checkpoint: it must not make us read, hash or copy files elsewhere)."""
+    where = f"{idx}: weight_map entry {name!r}"
+    if not isinstance(fname, str) or not fname or "\0" in fname:
+        raise EngineError(f"{where}: {fname!r} is not a file name")
+    if PurePosixPath(fname).is_absolute():
+        raise EngineError(f"{where}: absolute path {fname!r} (shards must lie inside {d})")
+    if os.path.normpath(fname).split(os.sep)[0] == "..":
+        raise EngineError(f"{where}: {fname!r} leads outside the checkpoint {d}")
+    p = d / fname
+    real = Path(os.path.realpath(p))
+    if not any(real == r or r in real.parents for r in shard_roots(d)):
+        raise EngineError(f"{where}: {fname!r} leads outside the checkpoint {d} (a symlink to "
+                          f"{real})")
+    return p
+
+
 def _sharded(d: Path, idx: Path, kind: str) -> WeightSet:
     try:
-        index = json.loads(idx.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise EngineError(f"{idx}: not valid JSON ({e})") from e
+        index = json.loads(read_regular_text(idx))
+    except OSError as err:
+        raise EngineError(f"{idx}: cannot read ({reason(err)})") from err
+    except ValueError as err:
+        raise EngineError(f"{idx}: not valid JSON ({err})") from err
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise EngineError(f"{idx}: field 'weight_map' missing or empty")
+    paths = [safe_shard_path(d, idx, name, fname) for name, fname in wmap.items()]
     files: list[Path] = []
-    for fname in wmap.values():
-        p = d / str(fname)
+    for fname, p in zip(wmap.values(), paths, strict=True):
         if p not in files:
-            if not p.is_file():
-                raise EngineError(f"{idx}: shard {fname!r} listed in weight_map does not exist")
+            try:
+                mode = os.stat(p).st_mode
+            except FileNotFoundError:
+                raise EngineError(f"{idx}: shard {fname!r} listed in weight_map does not "
+                                  "exist") from None
+            except OSError as err:
+                raise EngineError(f"{p}: {reason(err)}") from None
+            if not stat.S_ISREG(mode):
+                raise EngineError(f"{p}: not a regular file ({_kind(mode)})")
             files.append(p)
     if kind == "bin":
         ws = _bin_set(files)
@@ -262,6 +375,7 @@ def _bin_set(files: list[Path]) -> WeightSet:
     state: dict[str, dict[str, torch.Tensor]] = {}
     entries: dict[str, Entry] = {}
     for p in files:
+        require_regular(p)  # torch.load would block on a FIFO
         try:
             try:
                 sd = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
@@ -343,7 +457,7 @@ class SafetensorsWriter:
         (sendfile: the bytes never enter Python). Yields the bytes done after each chunk."""
         self._take(name, nbytes)
         done = 0
-        with open(src, "rb", buffering=0) as f:
+        with open_regular(src, buffering=0) as f:
             while done < nbytes:
                 want = min(chunk, nbytes - done)
                 try:
@@ -396,8 +510,8 @@ def sha256_file(path: Path, window: int = 2 * CHUNK) -> str:
     """sha256 of a file, hashing page-cache pages in place (mmap windows: no copy into Python,
     and resident memory stays at one window)."""
     h = hashlib.sha256()
-    size = path.stat().st_size
-    with open(path, "rb", buffering=0) as f:
+    with open_regular(path, buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
         for off in range(0, size, window):
             n = min(window, size - off)
             with mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ, offset=off) as m:

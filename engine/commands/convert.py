@@ -35,18 +35,29 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
+    import sys
     from pathlib import Path
 
     from engine.converter import convert_checkpoint
     from engine.errors import UsageError
+    from engine.output_dir import Terminated, termination_raises
 
     if args.speculative_tokens < 1:
         raise UsageError("--speculative-tokens must be >= 1")
-    summary = convert_checkpoint(
-        Path(args.src), Path(args.dst), args.to, verifier=args.verifier, dtype=args.dtype,
-        speculative_tokens=args.speculative_tokens,
-        embed_from=Path(args.embed_from) if args.embed_from else None,
-        drop_embed=args.drop_embed, force=args.force, ev=ev)
+    try:
+        # SIGTERM/SIGHUP (the console stopping a remote convert) unwind like Ctrl-C, so the
+        # temp output beside DST is removed before the process exits.
+        with termination_raises():
+            summary = convert_checkpoint(
+                Path(args.src), Path(args.dst), args.to, verifier=args.verifier,
+                dtype=args.dtype, speculative_tokens=args.speculative_tokens,
+                embed_from=Path(args.embed_from) if args.embed_from else None,
+                drop_embed=args.drop_embed, force=args.force, ev=ev)
+    except Terminated as e:
+        msg = f"stopped by {e} (no partial output left beside {args.dst})"
+        ev.error(msg, "Terminated")
+        print(f"error: {msg}", file=sys.stderr)
+        return 128 + e.signum
     ev.answer(summary, args.json, lambda s: (
         f"wrote {s['dst']} ({args.to} style from {s['source_format']}, {s['tensors']} tensors, "
         f"{s['bytes'] / 2**20:.1f} MiB, {s['seconds']:.2f} s)"))
