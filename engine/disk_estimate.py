@@ -27,10 +27,10 @@ def estimate_bytes(tokens: int, layers: int, hidden: int, dtype_bytes: int,
 def human(n: float) -> str:
     """1234567 -> '1.2 MB' (decimal units, as df -H and disk vendors print them)."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover (loop always returns)
+    return f"{n:.1f} PB"
 
 
 def free_bytes(path: str) -> int:
