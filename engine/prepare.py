@@ -292,7 +292,8 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
             shards = [{"file": shard_name(k), "samples": sum(len(b) for b in chunk),
                        "tokens": int(sum(lengths[i] for b in chunk for i in b))}
                       for k, chunk in enumerate(plan)]
-            missing = [s["file"] for s in shards if not os.path.isfile(os.path.join(tmp, s["file"]))]
+            missing = [s["file"] for s in shards
+                       if not os.path.isfile(os.path.join(tmp, s["file"]))]
             if missing:  # e.g. ranks on other nodes writing to a disk rank 0 does not see
                 raise EngineError(f"{tmp}: shard {missing[0]} was not written (do all ranks "
                                   "share the output filesystem?)")

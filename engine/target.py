@@ -10,7 +10,7 @@ Two ways in:
   one GPU over the process's GPUs (accelerate); the captured states are gathered on the last one.
 - `load_heads(dir)` reads only the embedding and lm_head tensors from the safetensors files (offline
   training never needs the decoder layers of a 1T-parameter target); `FinalNorm.load(dir)` reads
-  only the final norm, to turn a captured last-layer output (vLLM layer id N) into the lm_head input.
+  only the final norm: it turns a captured last-layer output (vLLM id N) into the lm_head input.
 """
 
 from __future__ import annotations
