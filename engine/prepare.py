@@ -25,9 +25,18 @@ manifest.json:
     target {path, config_sha256, num_hidden_layers, hidden_size, vocab_size},
     source {path, sha256}, shards [{file, samples, tokens}], created, engine.
 
-The directory is written under a temporary name and renamed when complete: a killed prepare leaves
-no DATA_DIR behind. Samples are grouped by length for the target's batches, so shard order is not
-the input order (training shuffles anyway).
+The directory is written as DATA_DIR.partial and renamed when complete: a killed prepare leaves no
+DATA_DIR behind, and the same command run again keeps the shards already there (`.plan.json` holds a
+hash of everything they depend on; any change starts afresh). Samples are grouped by length for the
+target's batches, so shard order is not the input order (training shuffles anyway).
+
+Scale: the shard plan (which samples, in which batches, in which shard) is fixed from the token
+counts before any forward pass. Under torchrun each rank loads its own target and writes shards
+rank, rank + world, ...; rank 0 checks they are all there, writes the manifest and renames. The
+directory is the same whatever the number of ranks, and a run killed at one world size resumes at
+another. `--device-map auto` spreads a target too big for one GPU over the GPUs (per rank: its
+share of the node's GPUs). Before writing, the estimated size (tokens x 4 states x hidden x dtype,
+engine/disk_estimate.py) is checked against the free space.
 """
 
 from __future__ import annotations
@@ -264,12 +273,29 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
     token_bytes = 4 * target.hidden_size * torch.tensor([], dtype=store).element_size() + 5
     plan = plan_shards(lengths, length_batches(lengths, batch_tokens), token_bytes,
                        max(1, int(shard_mb * (1 << 20))))
-    _agree(dist, lambda: check_disk(out_dir, sum(lengths), target.hidden_size, store,
-                                    keep_free_gb))
+    key = plan_key(data_path, target_dir, target, store, max_len,
+                   [[[samples[i][0] for i in b] for b in chunk] for chunk in plan])
+
+    def shard_tokens(k: int) -> int:
+        return sum(lengths[i] for b in plan[k] for i in b)
+
+    def open_partial() -> tuple[str, list[int]]:
+        tmp, have = _open_partial(out_dir, key, len(plan))
+        try:  # only what is still to be written must fit
+            check_disk(out_dir, sum(shard_tokens(k) for k in range(len(plan)) if k not in have),
+                       target.hidden_size, store, keep_free_gb)
+        except EngineError:
+            if not have:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tmp, have
+
     start = time.monotonic()
-    tmp = _agree(dist, lambda: _make_tmp(out_dir))
+    tmp, have = _agree(dist, open_partial)
+    if have and ev is not None:
+        ev.log(f"{out_dir}: resuming, {len(have)} of {len(plan)} shards already written")
     try:
-        mine = list(range(dist.rank, len(plan), dist.world))
+        mine = [k for k in range(dist.rank, len(plan), dist.world) if k not in have]
         total = sum(len(b) for k in mine for b in plan[k])
         writer = ShardWriter(tmp, store, 1 << 62)  # boundaries come from the plan
         done = 0
@@ -300,20 +326,51 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
             manifest = _manifest(target_dir, data_path, target, samples, skipped, max_len,
                                  store, shards, time.monotonic() - start)
             write_manifest(tmp, manifest)
+            os.remove(os.path.join(tmp, PLAN_FILE))
             publish(tmp, out_dir)
         dist.barrier()
-    except BaseException:
-        if dist.main:
+    except EngineError:
+        if dist.main:  # bad input: nothing worth resuming
             shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except BaseException:
+        if dist.main and ev is not None:  # killed, interrupted, out of memory: keep the shards
+            kept = sum(n.startswith("shard_") for n in os.listdir(tmp))
+            ev.log(f"{tmp}: {kept} shard(s) kept; the same command resumes", level="warning")
         raise
     return _agree(dist, lambda: _read_manifest(out_dir))
 
 
-def _make_tmp(out_dir: str) -> str:
-    tmp = f"{out_dir.rstrip('/')}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    return tmp
+PLAN_FILE = ".plan.json"
+
+
+def plan_key(data_path: str, target_dir: str, target: Target, store: torch.dtype, max_len: int,
+             plan_ids: list[list[list[str]]]) -> str:
+    """What a partial directory's shards depend on: source bytes, target config, dtype, device
+    kind, aux ids and the shard plan (which covers --max-len, --batch-tokens and --shard-mb)."""
+    what = [FORMAT, VERSION, file_sha256(data_path), config_hash(target_dir), str(store),
+            target.device.type, target.aux_layer_ids, max_len, plan_ids]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+def _open_partial(out_dir: str, key: str, n_shards: int) -> tuple[str, list[int]]:
+    """OUT.partial: kept (with the shards it already holds) when an earlier run with the same
+    plan left it, otherwise started afresh. Shards appear there only complete (temp + rename)."""
+    tmp = f"{out_dir.rstrip('/')}.partial"
+    plan_path = os.path.join(tmp, PLAN_FILE)
+    try:
+        with open(plan_path, encoding="utf-8") as f:
+            same = json.load(f).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if not same:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with open(plan_path + ".part", "w", encoding="utf-8") as f:
+            json.dump({"key": key, "shards": n_shards}, f)
+        os.replace(plan_path + ".part", plan_path)
+    have = [k for k in range(n_shards) if os.path.isfile(os.path.join(tmp, shard_name(k)))]
+    return tmp, have
 
 
 def _read_manifest(out_dir: str) -> dict[str, Any]:
