@@ -233,13 +233,16 @@ def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
     """Write DATA_DIR (module docstring) and return its manifest. Under torchrun every rank loads
     its own replica (or, with device_map="auto", its share of the node's GPUs) and writes its
     round-robin share of the planned shards; rank 0 writes the manifest and publishes."""
+    import torch.distributed as torch_dist
+    owned = not torch_dist.is_initialized()  # a caller's process group is the caller's to end
     dist = maybe_init_dist(_dist_device(device, device_map))
     try:
         return _prepare(dist, target_dir, data_path, out_dir, max_len, batch_tokens, dtype,
                         shard_mb, device, ev if dist.main else None, overwrite, target,
                         device_map, keep_free_gb)
     finally:
-        shutdown(dist)
+        if owned:
+            shutdown(dist)
 
 
 def _dist_device(device: str | None, device_map: str | None) -> str | None:

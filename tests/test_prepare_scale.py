@@ -78,6 +78,7 @@ def assert_same_dir(a: Path, b: Path) -> None:
             assert torch.equal(sa[name][key], sb[name][key]), (name, key)
 
 
+@pytest.mark.slow
 def test_two_torchrun_ranks_write_the_same_directory_as_one_process(
         tiny_target: Path, source: Path, single: Path, tmp_path: Path) -> None:  # noqa: F811
     manifest = json.loads((single / "manifest.json").read_text())
@@ -92,6 +93,7 @@ def test_two_torchrun_ranks_write_the_same_directory_as_one_process(
     assert p.stdout.count('"format": "eagle3-console-data"') == 1
 
 
+@pytest.mark.slow
 def test_killed_prepare_resumes_under_torchrun(tiny_target: Path, source: Path,  # noqa: F811
                                                single: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
