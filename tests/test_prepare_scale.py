@@ -147,3 +147,17 @@ def test_prepare_refuses_when_the_disk_cannot_hold_it(tiny_target: Path, source:
     assert last.startswith(f"error: {tmp_path}: not enough disk space: the output needs about ")
     assert f"({tokens} tokens x 4 states x 32 hidden x 4 bytes)" in last and " is free" in last
     assert list(tmp_path.iterdir()) == []  # refused before writing anything
+
+
+def test_device_map_ranks_split_the_nodes_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.errors import EngineError
+    from engine.target import local_gpus
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # a node this machine is not
+    assert local_gpus() == list(range(8))  # no torchrun: every GPU
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for rank, want in (("0", [0, 1, 2, 3]), ("1", [4, 5, 6, 7])):
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        assert local_gpus() == want
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    with pytest.raises(EngineError, match="16 processes per node share 8 GPU"):
+        local_gpus()
