@@ -269,6 +269,9 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
         target = Target.load(target_dir, device=device, device_map=device_map,
                              dtype=getattr(torch, dtype) if dtype else None)
     store = getattr(torch, dtype) if dtype else target.dtype
+    if device_map and ev is not None:
+        devices = sorted(set(target.device_map.values()))
+        ev.log(f"--device-map {device_map}: target on {', '.join(devices)}")
     samples, skipped = tokenize_all(target.tokenizer, convs, max_len, ev)
     if not samples:
         raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
