@@ -4,7 +4,9 @@
 - a directory with manifest.json: our safetensors shards (format in engine/prepare.py);
 - a directory of SpecForge `data_<i>.ckpt` files (one torch.save'd dict per sample, read with
   `weights_only=True` and mmap: `input_ids` [T], `loss_mask` [T], `hidden_state` [1,T,Ht] after the
-  target's final norm, `aux_hidden_state` [1,T,3Ht]); leading batch dims of 1 are accepted.
+  target's final norm, `aux_hidden_state` [1,T,3Ht]); leading batch dims of 1 are accepted;
+- a speculators offline directory: its preprocessed Arrow rows (input_ids, loss_mask) beside
+  `hidden_states/hs_<i>.safetensors` (engine/data_speculators.py documents the layout).
 
 Every sample comes back as a Sample (CPU tensors, token axis first). Per-sample token counts and
 supervised counts are known up front, so batch plans need no tensor reads.
@@ -192,17 +194,22 @@ class SpecForgeData(FeatureData):
         return counts
 
 
-def open_data(path: str) -> FeatureData:
-    """Our shard directory or a SpecForge offline directory (module docstring)."""
+def open_data(path: str, target_dir: str | None = None) -> FeatureData:
+    """Our shard directory, a SpecForge or a speculators offline directory (module docstring).
+    `target_dir` is needed to read speculators data (its last layer is before the final norm)."""
     if not os.path.isdir(path):
         raise EngineError(f"{path}: not a directory (expected a prepared data directory)")
     if os.path.isfile(os.path.join(path, "manifest.json")):
         data: FeatureData = ShardData(path)
-    else:
-        files = glob.glob(os.path.join(path, "data_*.ckpt"))
-        if not files:
-            raise EngineError(f"{path}: neither manifest.json nor SpecForge data_*.ckpt files")
+    elif files := glob.glob(os.path.join(path, "data_*.ckpt")):
         data = SpecForgeData(path, files)
+    else:
+        from engine.data_speculators import SpeculatorsData, find_layout
+        layout = find_layout(path)
+        if layout is None:
+            raise EngineError(f"{path}: neither manifest.json, SpecForge data_*.ckpt files nor a "
+                              "speculators directory (Arrow rows + hidden_states/hs_*.safetensors)")
+        data = SpeculatorsData(path, *layout, target_dir=target_dir)
     if len(data) == 0:
         raise EngineError(f"{path}: no samples")
     return data

@@ -25,9 +25,18 @@ manifest.json:
     target {path, config_sha256, num_hidden_layers, hidden_size, vocab_size},
     source {path, sha256}, shards [{file, samples, tokens}], created, engine.
 
-The directory is written under a temporary name and renamed when complete: a killed prepare leaves
-no DATA_DIR behind. Samples are grouped by length for the target's batches, so shard order is not
-the input order (training shuffles anyway).
+The directory is written as DATA_DIR.partial and renamed when complete: a killed prepare leaves no
+DATA_DIR behind, and the same command run again keeps the shards already there (`.plan.json` holds a
+hash of everything they depend on; any change starts afresh). Samples are grouped by length for the
+target's batches, so shard order is not the input order (training shuffles anyway).
+
+Scale: the shard plan (which samples, in which batches, in which shard) is fixed from the token
+counts before any forward pass. Under torchrun each rank loads its own target and writes shards
+rank, rank + world, ...; rank 0 checks they are all there, writes the manifest and renames. The
+directory is the same whatever the number of ranks, and a run killed at one world size resumes at
+another. `--device-map auto` spreads a target too big for one GPU over the GPUs (per rank: its
+share of the node's GPUs). Before writing, the estimated size (tokens x 4 states x hidden x dtype,
+engine/disk_estimate.py) is checked against the free space.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from torch import Tensor
 from engine import __version__
 from engine.chat import Tokenized, tokenize_conversation
 from engine.conversations import Conversation, read_conversations
+from engine.disk_estimate import check_free_space, estimate_bytes
+from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.target import Target, config_hash
@@ -112,7 +123,8 @@ def pad_batch(seqs: list[list[int]], pad: int = 0) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class ShardWriter:
-    """Buffers samples and writes shard_NNNNN.safetensors files of about `shard_bytes` each."""
+    """Buffers samples and writes shard_NNNNN.safetensors files of about `shard_bytes` each
+    (or exactly the files named by `flush(name)`, when a shard plan decides the boundaries)."""
 
     out_dir: str
     dtype: torch.dtype
@@ -128,7 +140,7 @@ class ShardWriter:
         if self._bytes >= self.shard_bytes:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, name: str | None = None) -> None:
         if not self._buf:
             return
         from safetensors.torch import save_file
@@ -142,72 +154,254 @@ class ShardWriter:
             "aux_hidden_states": torch.cat([b[3] for b in self._buf]).contiguous(),
             "hidden_states": torch.cat([b[4] for b in self._buf]).contiguous(),
         }
-        name = f"shard_{len(self.shards):05d}.safetensors"
-        save_file(tensors, os.path.join(self.out_dir, name),
+        name = name or shard_name(len(self.shards))
+        part = os.path.join(self.out_dir, f".{name}.part")  # a killed writer leaves no shard
+        save_file(tensors, part,
                   metadata={"format": FORMAT, "ids": json.dumps([b[0] for b in self._buf])})
+        os.replace(part, os.path.join(self.out_dir, name))
         self.shards.append({"file": name, "samples": len(lens), "tokens": int(sum(lens))})
         self._buf, self._bytes = [], 0
 
 
+def shard_name(n: int) -> str:
+    return f"shard_{n:05d}.safetensors"
+
+
+def plan_shards(lengths: list[int], batches: list[list[int]], token_bytes: int,
+                shard_bytes: int) -> list[list[list[int]]]:
+    """Consecutive target batches grouped into shards of about `shard_bytes` (known from the
+    token counts before any forward pass). Shard k is written whole by one process, so the
+    directory comes out the same whatever the number of processes (torchrun ranks)."""
+    shards: list[list[list[int]]] = []
+    cur: list[list[int]] = []
+    size = 0
+    for b in batches:
+        cur.append(b)
+        size += sum(lengths[i] for i in b) * token_bytes
+        if size >= shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def _agree(dist: Dist, fn: Any) -> Any:
+    """Run `fn` on rank 0 and hand its result (or its EngineError, raised on every rank) to all
+    ranks, so a refusal is one clean error everywhere instead of ranks hanging in a barrier."""
+    res: Any = None
+    err: str | None = None
+    if dist.main:
+        try:
+            res = fn()
+        except EngineError as e:
+            err = str(e)
+    res, err = dist.broadcast_object((res, err))  # type: ignore[misc]
+    if err is not None:
+        raise EngineError(err)
+    return res
+
+
+def check_disk(out_dir: str, tokens: int, hidden: int, store: torch.dtype,
+               keep_free_gb: float = 0.0) -> int:
+    """Refuse before writing when the shards (tokens x 4 states x hidden x dtype) won't fit."""
+    width = torch.tensor([], dtype=store).element_size()
+    need = estimate_bytes(tokens, 4, hidden, width)
+    check_free_space(os.path.dirname(os.path.abspath(out_dir)) or ".", need,
+                     int(keep_free_gb * 1e9),
+                     what=f"{tokens} tokens x 4 states x {hidden} hidden x {width} bytes")
+    return need
+
+
+def write_manifest(tmp: str, manifest: dict[str, Any]) -> None:
+    with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def publish(tmp: str, out_dir: str) -> None:
+    """The finished temporary directory becomes DATA_DIR in one rename."""
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+
+
 def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
-            batch_tokens: int = 16384, dtype: str | None = None, shard_mb: int = 1024,
+            batch_tokens: int = 16384, dtype: str | None = None, shard_mb: float = 1024,
             device: str | None = None, ev: Emitter | None = None, overwrite: bool = False,
-            target: Target | None = None) -> dict[str, Any]:
-    """Write DATA_DIR (module docstring) and return its manifest."""
+            target: Target | None = None, device_map: str | None = None,
+            keep_free_gb: float = 0.0) -> dict[str, Any]:
+    """Write DATA_DIR (module docstring) and return its manifest. Under torchrun every rank loads
+    its own replica (or, with device_map="auto", its share of the node's GPUs) and writes its
+    round-robin share of the planned shards; rank 0 writes the manifest and publishes."""
+    import torch.distributed as torch_dist
+    owned = not torch_dist.is_initialized()  # a caller's process group is the caller's to end
+    dist = maybe_init_dist(_dist_device(device, device_map))
+    try:
+        return _prepare(dist, target_dir, data_path, out_dir, max_len, batch_tokens, dtype,
+                        shard_mb, device, ev if dist.main else None, overwrite, target,
+                        device_map, keep_free_gb)
+    finally:
+        if owned:
+            shutdown(dist)
+
+
+def _dist_device(device: str | None, device_map: str | None) -> str | None:
+    """The device for the process group: with a device map, the first GPU of this rank's share
+    (cuda:LOCAL_RANK may belong to another rank's share)."""
+    if device_map == "auto" and torch.cuda.is_available():
+        from engine.target import local_gpus
+        return f"cuda:{local_gpus()[0]}"
+    return device
+
+
+def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len: int,
+             batch_tokens: int, dtype: str | None, shard_mb: float, device: str | None,
+             ev: Emitter | None, overwrite: bool, target: Target | None,
+             device_map: str | None, keep_free_gb: float) -> dict[str, Any]:
     if os.path.exists(out_dir) and not overwrite:
         raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
     if max_len < 4:
         raise EngineError(f"--max-len {max_len}: must be at least 4")
+    if shard_mb <= 0:
+        raise EngineError(f"--shard-mb {shard_mb}: must be positive")
     convs = read_conversations(data_path)
     if target is None:
-        target = Target.load(target_dir, device=device,
+        target = Target.load(target_dir, device=device, device_map=device_map,
                              dtype=getattr(torch, dtype) if dtype else None)
     store = getattr(torch, dtype) if dtype else target.dtype
+    if device_map and ev is not None:
+        devices = sorted(set(target.device_map.values()))
+        ev.log(f"--device-map {device_map}: target on {', '.join(devices)}")
     samples, skipped = tokenize_all(target.tokenizer, convs, max_len, ev)
     if not samples:
         raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
+    lengths = [len(t.input_ids) for _, t in samples]
+    token_bytes = 4 * target.hidden_size * torch.tensor([], dtype=store).element_size() + 5
+    plan = plan_shards(lengths, length_batches(lengths, batch_tokens), token_bytes,
+                       max(1, int(shard_mb * (1 << 20))))
+    key = plan_key(data_path, target_dir, target, store, max_len,
+                   [[[samples[i][0] for i in b] for b in chunk] for chunk in plan])
+
+    def shard_tokens(k: int) -> int:
+        return sum(lengths[i] for b in plan[k] for i in b)
+
+    def open_partial() -> tuple[str, list[int]]:
+        tmp, have = _open_partial(out_dir, key, len(plan))
+        try:  # only what is still to be written must fit
+            check_disk(out_dir, sum(shard_tokens(k) for k in range(len(plan)) if k not in have),
+                       target.hidden_size, store, keep_free_gb)
+        except EngineError:
+            if not have:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return tmp, have
+
     start = time.monotonic()
-    tmp = f"{out_dir.rstrip('/')}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp, have = _agree(dist, open_partial)
+    if have and ev is not None:
+        ev.log(f"{out_dir}: resuming, {len(have)} of {len(plan)} shards already written")
     try:
-        writer = ShardWriter(tmp, store, shard_mb << 20)
-        lengths = [len(t.input_ids) for _, t in samples]
+        mine = [k for k in range(dist.rank, len(plan), dist.world) if k not in have]
+        total = sum(len(b) for k in mine for b in plan[k])
+        writer = ShardWriter(tmp, store, 1 << 62)  # boundaries come from the plan
         done = 0
-        for batch in length_batches(lengths, batch_tokens):
-            ids, att = pad_batch([samples[i][1].input_ids for i in batch])
-            aux, hidden = target.features(ids, att)
-            for r, i in enumerate(batch):
-                n = lengths[i]
-                sid, t = samples[i]
-                writer.add(sid, ids[r, :n], torch.tensor(t.loss_mask), aux[r, :n], hidden[r, :n])
-            done += len(batch)
-            if ev is not None:
-                ev.progress(done, len(samples), unit="sample", desc="prepare")
-        writer.flush()
-        manifest = {
-            "format": FORMAT, "version": VERSION,
-            "samples": len(samples), "tokens": int(sum(lengths)),
-            "loss_tokens": int(sum(sum(t.loss_mask) for _, t in samples)),
-            "skipped": skipped, "max_len": max_len, "dtype": str(store).replace("torch.", ""),
-            "aux_layer_ids": target.aux_layer_ids,
-            "aux_layer_convention": "vllm: id k is the input of decoder layer k",
-            "hidden_state": "final_norm",
-            "target": {"path": os.path.abspath(target_dir),
-                       "config_sha256": config_hash(target_dir),
-                       "num_hidden_layers": target.num_layers, "hidden_size": target.hidden_size,
-                       "vocab_size": int(target.model.config.vocab_size)},
-            "source": {"path": os.path.abspath(data_path), "sha256": file_sha256(data_path)},
-            "shards": writer.shards,
-            "seconds": round(time.monotonic() - start, 3),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "engine": __version__,
-        }
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for k in mine:
+            for batch in plan[k]:
+                ids, att = pad_batch([samples[i][1].input_ids for i in batch])
+                aux, hidden = target.features(ids, att)
+                for r, i in enumerate(batch):
+                    n = lengths[i]
+                    sid, t = samples[i]
+                    writer.add(sid, ids[r, :n], torch.tensor(t.loss_mask), aux[r, :n],
+                               hidden[r, :n])
+                done += len(batch)
+                if ev is not None:
+                    desc = "prepare" if dist.world == 1 else f"prepare (rank 0 of {dist.world})"
+                    ev.progress(done, total, unit="sample", desc=desc)
+            writer.flush(shard_name(k))
+        dist.barrier()  # every rank's shards are in place
+        if dist.main:
+            shards = [{"file": shard_name(k), "samples": sum(len(b) for b in chunk),
+                       "tokens": int(sum(lengths[i] for b in chunk for i in b))}
+                      for k, chunk in enumerate(plan)]
+            missing = [s["file"] for s in shards
+                       if not os.path.isfile(os.path.join(tmp, s["file"]))]
+            if missing:  # e.g. ranks on other nodes writing to a disk rank 0 does not see
+                raise EngineError(f"{tmp}: shard {missing[0]} was not written (do all ranks "
+                                  "share the output filesystem?)")
+            manifest = _manifest(target_dir, data_path, target, samples, skipped, max_len,
+                                 store, shards, time.monotonic() - start)
+            write_manifest(tmp, manifest)
+            os.remove(os.path.join(tmp, PLAN_FILE))
+            publish(tmp, out_dir)
+        dist.barrier()
+    except EngineError:
+        if dist.main:  # bad input: nothing worth resuming
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return manifest
+    except BaseException:
+        if dist.main and ev is not None:  # killed, interrupted, out of memory: keep the shards
+            kept = sum(n.startswith("shard_") for n in os.listdir(tmp))
+            ev.log(f"{tmp}: {kept} shard(s) kept; the same command resumes", level="warning")
+        raise
+    return _agree(dist, lambda: _read_manifest(out_dir))
+
+
+PLAN_FILE = ".plan.json"
+
+
+def plan_key(data_path: str, target_dir: str, target: Target, store: torch.dtype, max_len: int,
+             plan_ids: list[list[list[str]]]) -> str:
+    """What a partial directory's shards depend on: source bytes, target config, dtype, device
+    kind, aux ids and the shard plan (which covers --max-len, --batch-tokens and --shard-mb)."""
+    what = [FORMAT, VERSION, file_sha256(data_path), config_hash(target_dir), str(store),
+            target.device.type, target.aux_layer_ids, max_len, plan_ids]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+def _open_partial(out_dir: str, key: str, n_shards: int) -> tuple[str, list[int]]:
+    """OUT.partial: kept (with the shards it already holds) when an earlier run with the same
+    plan left it, otherwise started afresh. Shards appear there only complete (temp + rename)."""
+    tmp = f"{out_dir.rstrip('/')}.partial"
+    plan_path = os.path.join(tmp, PLAN_FILE)
+    try:
+        with open(plan_path, encoding="utf-8") as f:
+            same = json.load(f).get("key") == key
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if not same:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with open(plan_path + ".part", "w", encoding="utf-8") as f:
+            json.dump({"key": key, "shards": n_shards}, f)
+        os.replace(plan_path + ".part", plan_path)
+    have = [k for k in range(n_shards) if os.path.isfile(os.path.join(tmp, shard_name(k)))]
+    return tmp, have
+
+
+def _read_manifest(out_dir: str) -> dict[str, Any]:
+    with open(os.path.join(out_dir, "manifest.json"), encoding="utf-8") as f:
+        return dict(json.load(f))
+
+
+def _manifest(target_dir: str, data_path: str, target: Target,
+              samples: list[tuple[str, Tokenized]], skipped: dict[str, int], max_len: int,
+              store: torch.dtype, shards: list[dict[str, Any]], seconds: float
+              ) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": VERSION,
+        "samples": len(samples), "tokens": int(sum(len(t.input_ids) for _, t in samples)),
+        "loss_tokens": int(sum(sum(t.loss_mask) for _, t in samples)),
+        "skipped": skipped, "max_len": max_len, "dtype": str(store).replace("torch.", ""),
+        "aux_layer_ids": target.aux_layer_ids,
+        "aux_layer_convention": "vllm: id k is the input of decoder layer k",
+        "hidden_state": "final_norm",
+        "target": {"path": os.path.abspath(target_dir),
+                   "config_sha256": config_hash(target_dir),
+                   "num_hidden_layers": target.num_layers, "hidden_size": target.hidden_size,
+                   "vocab_size": int(target.model.config.vocab_size)},
+        "source": {"path": os.path.abspath(data_path), "sha256": file_sha256(data_path)},
+        "shards": shards,
+        "seconds": round(seconds, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "engine": __version__,
+    }

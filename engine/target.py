@@ -6,9 +6,11 @@ Two ways in:
   decoder layers 2, N//2, N-3 by default -- spec section 2, vLLM convention, captured with forward
   pre-hooks, so no full `output_hidden_states` tuple is kept) and the final-norm hidden state (the
   lm_head input). The vocabulary logits are not computed here: the trainer recomputes them from the
-  final hidden state with the target's lm_head.
+  final hidden state with the target's lm_head. `device_map="auto"` spreads a target too big for
+  one GPU over the process's GPUs (accelerate); the captured states are gathered on the last one.
 - `load_heads(dir)` reads only the embedding and lm_head tensors from the safetensors files (offline
-  training never needs the decoder layers of a 1T-parameter target).
+  training never needs the decoder layers of a 1T-parameter target); `FinalNorm.load(dir)` reads
+  only the final norm: it turns a captured last-layer output (vLLM id N) into the lm_head input.
 """
 
 from __future__ import annotations
@@ -72,6 +74,47 @@ def load_tokenizer(target_dir: str) -> Any:
                           ) from None
 
 
+def accelerate_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("accelerate") is not None
+
+
+def local_gpus() -> list[int]:
+    """The GPU indices this process may use: all visible ones, or under torchrun with several
+    local ranks, this rank's equal share (8 GPUs, 2 ranks: rank 0 gets 0-3, rank 1 gets 4-7)."""
+    n = torch.cuda.device_count()
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if ranks <= 1:
+        return list(range(n))
+    per = n // ranks
+    if per == 0:
+        raise EngineError(f"--device-map auto: {ranks} processes per node share {n} GPU(s); "
+                          "start at most one process per GPU")
+    return list(range(local * per, (local + 1) * per))
+
+
+def load_placement(dev: torch.device, device_map: str | None) -> dict[str, Any]:
+    """from_pretrained keyword arguments that put the weights where they belong while loading
+    (no full CPU copy of a large target first). transformers needs accelerate for any
+    device_map; without it a single-device load goes through the CPU."""
+    if device_map == "auto" and dev.type == "cuda":
+        if not accelerate_available():
+            raise EngineError("--device-map auto needs the accelerate package "
+                              "(pip install accelerate)")
+        gpus = local_gpus()
+        if len(gpus) == torch.cuda.device_count():
+            return {"device_map": "auto"}
+        # this rank's GPUs only; 10% of the free memory left for activations
+        return {"device_map": "auto",
+                "max_memory": {i: int(torch.cuda.mem_get_info(i)[0] * 0.9) for i in gpus}}
+    if device_map == "auto" and accelerate_available():
+        return {"device_map": "auto"}  # no GPU: accelerate maps every module to the CPU
+    if dev.type == "cuda" and accelerate_available():
+        return {"device_map": str(dev)}
+    return {}
+
+
 @dataclass
 class Target:
     """A loaded target: tokenizer, transformers causal LM (eval mode), capture settings."""
@@ -84,29 +127,45 @@ class Target:
 
     @classmethod
     def load(cls, target_dir: str, device: str | None = None, dtype: torch.dtype | None = None,
-             aux_layer_ids: list[int] | None = None, tokenizer: bool = True) -> Target:
+             aux_layer_ids: list[int] | None = None, tokenizer: bool = True,
+             device_map: str | None = None) -> Target:
+        """Load the target on one device, or with `device_map="auto"` spread over this process's
+        GPUs (all visible ones; under torchrun, this local rank's share of them)."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()  # our own progress events only
         cfg = read_config(target_dir)
         dev = pick_device(device)
+        if device_map not in (None, "auto"):
+            raise EngineError(f"--device-map {device_map!r}: only 'auto' is supported")
+        if device_map == "auto" and not torch.cuda.is_available():
+            dev = torch.device("cpu")  # nothing to shard over: everything on the CPU
         if dtype is None:  # CPU: float32 (bf16 matmuls are slow there); GPU: the stored dtype
             stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
             dtype = torch.float32 if dev.type == "cpu" else getattr(torch, stored, torch.bfloat16)
-        try:  # straight onto the GPU: no full CPU copy of a large target first
-            model = AutoModelForCausalLM.from_pretrained(
-                target_dir, dtype=dtype, device_map=str(dev) if dev.type == "cuda" else None)
+        kwargs = load_placement(dev, device_map)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, **kwargs)
         except (OSError, ValueError) as e:
             raise EngineError(f"{target_dir}: cannot load the target model "
                               f"({str(e).splitlines()[0]})") from None
-        model.to(dev).eval().requires_grad_(False)
+        if "device_map" not in kwargs:  # dispatched models must not be moved as a whole
+            model.to(dev)
+        model.eval().requires_grad_(False)
         n = cfg["num_hidden_layers"]
         ids = list(aux_layer_ids) if aux_layer_ids is not None else default_aux_ids(n)
         if len(ids) != 3 or not all(0 <= k <= n for k in ids):
             raise EngineError(f"aux layer ids {ids} must be 3 ids in 0..{n} "
                               f"(the target has {n} layers)")
         tok = load_tokenizer(target_dir) if tokenizer else None
-        return cls(path=target_dir, tokenizer=tok, model=model, aux_layer_ids=ids, device=dev)
+        first = model.get_input_embeddings().weight.device  # where input ids must go
+        return cls(path=target_dir, tokenizer=tok, model=model, aux_layer_ids=ids, device=first)
+
+    @property
+    def device_map(self) -> dict[str, str]:
+        """module -> device as loaded ({"": device} when the whole model sits on one)."""
+        hf = getattr(self.model, "hf_device_map", None)
+        return {k: str(v) for k, v in hf.items()} if hf else {"": str(self.device)}
 
     @property
     def num_layers(self) -> int:
@@ -150,8 +209,10 @@ class Target:
         finally:
             for h in handles:
                 h.remove()
-        aux = torch.cat([captured[k] for k in self.aux_layer_ids], dim=-1)  # [B,T,3Ht]
-        return aux, out.last_hidden_state  # [B,T,Ht]
+        last = out.last_hidden_state
+        # with a device map the layers (and so the captured inputs) sit on several GPUs
+        aux = torch.cat([captured[k].to(last.device) for k in self.aux_layer_ids], dim=-1)
+        return aux, last  # [B,T,3Ht], [B,T,Ht]
 
     def lm_head_weight(self) -> Tensor:
         return self.model.get_output_embeddings().weight  # [V,Ht]
@@ -200,6 +261,38 @@ def load_heads(target_dir: str) -> tuple[Tensor, Tensor]:
     emb = read(emb_key)
     head = read(head_key) if head_key is not None else emb
     return emb, head
+
+
+@dataclass
+class FinalNorm:
+    """The target's final RMSNorm, read alone from its safetensors (Llama/Qwen/DeepSeek style:
+    weight * x / rms(x), computed in float32 and rounded once, as transformers does)."""
+
+    weight: Tensor
+    eps: float
+
+    @classmethod
+    def load(cls, target_dir: str) -> FinalNorm:
+        from safetensors import safe_open
+        cfg = read_config(target_dir)
+        files = _weight_files(target_dir)
+        names = [k for k in files if k.endswith("norm.weight") and ".layers." not in k
+                 and k.split(".")[-2] == "norm"]
+        key = "model.norm.weight" if "model.norm.weight" in names else (
+            names[0] if len(names) == 1 else None)
+        if key is None:
+            raise EngineError(f"{target_dir}: cannot tell the final norm among the weights "
+                              f"({names or 'no *.norm.weight tensor'})")
+        with safe_open(files[key], "pt") as f:
+            w = f.get_tensor(key)
+        if str(cfg.get("model_type", "")).startswith("gemma"):
+            w = w.float() + 1  # Gemma stores the norm scale as an offset from 1
+        return cls(weight=w, eps=float(cfg.get("rms_norm_eps", 1e-6)))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h.to(x.dtype).float()).to(x.dtype)
 
 
 # -- greedy chat replies (demo data, the regen test server) ---------------------------------------

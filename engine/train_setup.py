@@ -146,7 +146,7 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         emb, head = target.embed_weight().detach().float().cpu(), \
             target.lm_head_weight().detach().float().cpu()
     else:
-        data = open_data(cfg.data)
+        data = open_data(cfg.data, target_dir=cfg.target)
         emb, head = (t.float() for t in load_heads(cfg.target))
         want = data.meta.get("target", {}).get("config_sha256")
         if want and want != config_hash(cfg.target):

@@ -186,7 +186,7 @@ def test_prepare_bad_line_names_file_and_field(tiny_target: Path, tmp_path: Path
                    check=False)
     assert p.returncode == 1
     assert p.stderr.strip() == f"error: {src}:2: field 'conversations': missing"
-    assert not out.exists() and not list(tmp_path.glob("data.tmp*"))
+    assert not out.exists() and not list(tmp_path.glob("data.*"))
 
 
 def specforge_dir(data_dir: str, dst: Path, n: int) -> None:

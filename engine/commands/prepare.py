@@ -1,8 +1,13 @@
-"""`python -m engine prepare`: conversations -> target features in safetensors shards."""
+"""`python -m engine prepare`: conversations -> target features in safetensors shards.
+
+    python -m engine prepare --target T --data conv.jsonl --out DATA [--device-map auto]
+    torchrun --nproc-per-node 8 -m engine prepare --target T --data conv.jsonl --out DATA
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from engine.events import Emitter
 
@@ -18,8 +23,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="padded tokens per target forward (default 16384)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="stored dtype (default: float32 on CPU, the target's dtype on GPU)")
-    p.add_argument("--shard-mb", type=int, default=1024, help="approximate shard size")
-    p.add_argument("--device", help="torch device (default: cuda if present, else cpu)")
+    p.add_argument("--shard-mb", type=float, default=1024, help="approximate shard size")
+    p.add_argument("--device", help="torch device (default: cuda:LOCAL_RANK if present, else cpu)")
+    p.add_argument("--device-map", choices=("auto",),
+                   help="auto: spread a target too big for one GPU over all visible GPUs "
+                        "(under torchrun: over this rank's share of them); on CPU: no-op")
+    p.add_argument("--keep-free-gb", type=float, default=0.0,
+                   help="refuse unless this much disk stays free after the estimated output")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
@@ -28,7 +38,10 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     from engine.prepare import prepare
     manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
                        batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
-                       device=args.device, ev=ev, overwrite=args.overwrite)
+                       device=args.device, ev=ev, overwrite=args.overwrite,
+                       device_map=args.device_map, keep_free_gb=args.keep_free_gb)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # under torchrun, rank 0 alone reports
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out}; skipped {m['skipped']}"))
