@@ -214,8 +214,8 @@ def atomic_output_dir(dst: Path, force: bool = False,
             log(f"removed {p}: temp output of a run that was killed")
     pid = os.getpid()
     tmp = dst.parent / f".{dst.name}.tmp-{pid}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    try:  # mkdir inside: a stop signal right after it must still remove the temp dir
+        tmp.mkdir()
         owner = tmp / OWNER_FILE
         owner.write_text(json.dumps({"pid": pid, "start": process_start(pid)}) + "\n",
                          encoding="utf-8")
