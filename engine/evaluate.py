@@ -13,9 +13,9 @@ text are replayed.
     per_position[j]   = drafts whose first j+1 tokens were all accepted / drafts
 
 How it is computed fast: samples go through the target in batches (`--batch-size`): one
-left-padded greedy `generate` with a KV cache per batch, then one right-padded teacher-forced
-forward over prompt + generated text for the features (causal: padding never reaches earlier
-positions). The drafter then drafts from EVERY position of every sample at once
+left-padded prefill, then one batched greedy decode step per token over the KV cache, with the
+aux features captured on the way (no second forward over the text). The drafter then drafts
+from EVERY position of every sample at once
 (`Eagle3Draft.draft_greedy_all`: k batched passes, TTT-style masks), and the replay only walks
 those drafts. `--reference` keeps the one-sample, one-window-at-a-time path (a forward per draft
 window) that the fast path is checked against.
@@ -128,42 +128,87 @@ def replay(draft: Eagle3Draft, aux: Tensor, seq: Tensor, start: int, k: int, acc
 
 
 @torch.no_grad()
-def greedy_batch(target: Target, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    """`greedy_continue` of several prompts in one left-padded `generate` call (KV cache).
-    A sequence that ends (EOS) early is cut after its EOS, as the one-prompt call stops there."""
+def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
+                         ) -> tuple[list[list[int]], list[Tensor]]:
+    """`greedy_continue` of several prompts at once, and the target's aux features of every
+    token fed on the way: one left-padded prefill, then one batched decode step per new token
+    over the KV cache, until every row has produced EOS or `max_new` tokens (what `generate`
+    does, without its per-step machinery). The aux states are captured by the same pre-hooks
+    as `Target.features`, so row r's features [len(seq) - 1, 3Ht] are those of a teacher-forced
+    forward over seq[:-1] (the last token is never fed, and never needed: a draft starts
+    after the token the target has just produced). A row that ends early is cut after its
+    EOS, as the one-prompt call stops there."""
     tok = target.tokenizer
     eos = tok.convert_tokens_to_ids(tok.eos_token) if tok is not None and tok.eos_token else None
     pad = eos if eos is not None else 0
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
+    dev = target.device
+    b, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((b, width), pad, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
     for r, p in enumerate(prompts):  # left padding: every prompt ends at the same column
         ids[r, width - len(p):] = torch.tensor(p)
         mask[r, width - len(p):] = 1
-    gen = target.model.generate(input_ids=ids.to(target.device),
-                                attention_mask=mask.to(target.device), max_new_tokens=max_new,
-                                do_sample=False, eos_token_id=eos, pad_token_id=pad)
-    out: list[list[int]] = []
+    ids, mask = ids.to(dev), mask.to(dev)
+    base = target._decoder()
+    n_layers = target.num_layers
+    captured: dict[int, list[Tensor]] = {k: [] for k in set(target.aux_layer_ids)}
+
+    def grab(k: int) -> Any:
+        def hook(_mod: Any, args: tuple, kwargs: dict) -> None:
+            captured[k].append(args[0] if args else kwargs["hidden_states"])
+        return hook
+
+    handles = [(base.layers[k] if k < n_layers else base.norm).register_forward_pre_hook(
+        grab(k), with_kwargs=True) for k in captured]
+    try:
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # real positions; padding sits at 0
+        out = target.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                           logits_to_keep=1)
+        nxt = out.logits[:, -1].argmax(-1)  # [B]
+        new = [nxt]
+        done = nxt == eos if eos is not None else torch.zeros_like(nxt, dtype=torch.bool)
+        last = pos[:, -1]
+        while len(new) < max_new and not bool(done.all()):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            last = last + 1
+            out = target.model(input_ids=nxt[:, None], attention_mask=mask,
+                               position_ids=last[:, None], cache=out.cache, use_cache=True,
+                               logits_to_keep=1)
+            nxt = torch.where(done, pad, out.logits[:, -1].argmax(-1))
+            new.append(nxt)
+            if eos is not None:
+                done = done | (nxt == eos)
+    finally:
+        for h in handles:
+            h.remove()
+    gen = torch.stack(new, dim=1).tolist()  # [B, steps]
+    aux = torch.cat([torch.cat(captured[k], dim=1) for k in target.aux_layer_ids], dim=-1)
+    seqs: list[list[int]] = []
+    feats: list[Tensor] = []
     for r, p in enumerate(prompts):
-        new = gen[r, width:].tolist()
-        if eos is not None and eos in new:
-            new = new[:new.index(eos) + 1]
-        out.append(p + new)
-    return out
+        cont = gen[r]
+        if eos is not None and eos in cont:
+            cont = cont[:cont.index(eos) + 1]
+        seqs.append(p + cont)
+        start = width - len(p)
+        feats.append(aux[r, start:start + len(p) + len(cont) - 1])  # seq[:-1]'s features
+    return seqs, feats
 
 
 @torch.no_grad()
-def replay_batch(target: Target, draft: Eagle3Draft, seqs: list[list[int]], starts: list[int],
-                 k: int, acc: Acceptance) -> None:
-    """`replay` for several sequences: one features forward, one `draft_greedy_all`, then the
-    acceptance walk over the precomputed drafts (no forward per window)."""
+def replay_batch(draft: Eagle3Draft, seqs: list[list[int]], feats: list[Tensor],
+                 starts: list[int], k: int, acc: Acceptance) -> None:
+    """`replay` for several sequences: one `draft_greedy_all` over them all (right-padded:
+    causal attention keeps padding out of real rows), then the acceptance walk over the
+    precomputed drafts (no forward per window)."""
     width = max(len(s) for s in seqs)
-    ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):  # right padding: causal attention keeps it out of real rows
-        ids[r, :len(s)] = torch.tensor(s)
-    ids = ids.to(target.device)
-    aux, _ = target.features(ids)  # [B,W,3Ht]
-    drafts = draft.draft_greedy_all(aux[:, :width - 1].float(), ids, k).tolist()  # [B,W-1,k]
+    dev = feats[0].device
+    ids = torch.zeros((len(seqs), width), dtype=torch.long, device=dev)
+    aux = torch.zeros((len(seqs), width - 1, feats[0].shape[-1]), device=dev)
+    for r, (s, f) in enumerate(zip(seqs, feats, strict=True)):
+        ids[r, :len(s)] = torch.tensor(s, device=dev)
+        aux[r, :len(f)] = f.float()
+    drafts = draft.draft_greedy_all(aux, ids, k).tolist()  # [B,W-1,k]
     for r, (s, p) in enumerate(zip(seqs, starts, strict=True)):
         n = len(s)
         while p + 1 + k < n:  # the same walk as `replay`
@@ -192,6 +237,7 @@ def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_sample
     prompts = prompts_from(data, max_samples)
     acc = Acceptance(k)
     generated = 0
+    t1 = time.monotonic()  # loading done: what follows is the evaluation itself
     if reference:
         for i, prompt in enumerate(prompts):
             full = greedy_continue(target, prompt, max_new_tokens)
@@ -206,12 +252,13 @@ def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_sample
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         for lo in range(0, len(order), batch_size):
             chunk = [prompts[i] for i in order[lo:lo + batch_size]]
-            full = greedy_batch(target, chunk, max_new_tokens)
+            full, feats = greedy_with_features(target, chunk, max_new_tokens)
             generated += sum(len(f) - len(p) for f, p in zip(full, chunk, strict=True))
-            replay_batch(target, draft, full, [len(p) - 1 for p in chunk], k, acc)
+            replay_batch(draft, full, feats, [len(p) - 1 for p in chunk], k, acc)
             if ev is not None:
                 ev.progress(lo + len(chunk), len(prompts), unit="sample", desc="eval")
     out = acc.report()
     out.update(samples=len(prompts), generated_tokens=generated, draft=str(draft_path),
-               target=str(target_dir), seconds=round(time.monotonic() - t0, 2))
+               target=str(target_dir), seconds=round(time.monotonic() - t0, 2),
+               eval_seconds=round(time.monotonic() - t1, 3))
     return out
