@@ -45,6 +45,28 @@ def slots(aux_ids: list[int], num_layers: int) -> tuple[list[int], int]:
     return [ids.index(k) for k in aux_ids], ids.index(num_layers)
 
 
+def target_config(target_dir: str) -> dict[str, Any]:
+    """config.json (text_config unwrapped), read without torch: printing a command stays fast."""
+    path = os.path.join(target_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise EngineError(f"{path}: no such file (is --target a model directory?)") from None
+    except ValueError as e:
+        raise EngineError(f"{path}: invalid JSON ({e})") from None
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    if not isinstance(cfg.get("num_hidden_layers"), int):
+        raise EngineError(f"{path}: field 'num_hidden_layers': missing or not an integer")
+    return dict(cfg)
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """Spec section 2's aux ids (2, N//2, N-3; engine.target.default_aux_ids) plus N."""
+    return capture_layer_ids([2, num_layers // 2, num_layers - 3], num_layers)
+
+
 def refuse_mla(cfg: dict[str, Any], target_dir: str) -> None:
     if cfg.get("kv_lora_rank") is not None:
         raise EngineError(

@@ -29,15 +29,13 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     import shlex
     import shutil
 
-    from engine.capture_server import capture_layer_ids, refuse_mla, serve_argv
+    from engine.capture_server import default_layer_ids, refuse_mla, serve_argv, target_config
     from engine.errors import EngineError
-    from engine.target import default_aux_ids, read_config
     if args.tp < 1:
         raise EngineError(f"--tp {args.tp}: must be >= 1")
-    cfg = read_config(args.target)
+    cfg = target_config(args.target)
     refuse_mla(cfg, args.target)
-    n = int(cfg["num_hidden_layers"])
-    ids = capture_layer_ids(default_aux_ids(n), n)
+    ids = default_layer_ids(int(cfg["num_hidden_layers"]))
     argv = serve_argv(args.target, ids, tp=args.tp, port=args.port, host=args.host,
                       storage=args.storage, vllm=args.vllm, served_name=args.served_model_name,
                       extra=shlex.split(args.extra))
