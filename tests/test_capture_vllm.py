@@ -1,5 +1,5 @@
-"""Features through vLLM's hidden-state extraction: `prepare --from-vllm`, `capture-server`, and
-streamed training, against a stand-in vLLM server (tests/vllm_standin.py) running the demo target."""
+"""Features through vLLM's hidden-state extraction: `prepare --from-vllm`, `capture-server` and
+streamed training, against a stand-in vLLM server (tests/vllm_standin.py) on the demo target."""
 
 from __future__ import annotations
 
@@ -346,3 +346,49 @@ def test_capture_server_execs_that_command_and_refuses_mla(demo_dir: Path, tmp_p
     line = p.stderr.strip()
     assert line.startswith(f"error: {mla}: an MLA target (kv_lora_rank 512 in config.json")
     assert "does not support MLA" in line and "engine prepare --target" in line
+
+
+# -- streamed training --------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_streamed_training_matches_offline_and_resumes(standin: Any, demo_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """`train --online --from-vllm`: the offline run's losses step for step, killed and resumed."""
+    from safetensors.torch import load_file
+
+    from tests.engine_helpers import step_metrics, train_args
+    common = ("--max-steps", "6", "--holdout", "0", "--save-every", "2")
+    run_engine(*train_args(demo_dir, tmp_path / "off", *common))
+    s = standin()
+    args = train_args(demo_dir, tmp_path / "on", *common, "--online", "--max-len", MAX_LEN,
+                      "--from-vllm", s.url, "--concurrency", "4", "--prefetch", "2")
+    args[args.index("--data") + 1] = str(demo_dir / "conversations" / "train.jsonl")
+    run = tmp_path / "on"
+    proc = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=REPO, env=engine_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 240
+        while time.monotonic() < end and proc.poll() is None:
+            if (run / "events.jsonl").is_file() and any(
+                    e["kind"] == "metric" and e["step"] >= 3 for e in events(run / "events.jsonl")):
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    run_engine(*args, "--resume")
+    off, on = step_metrics(tmp_path / "off" / "events.jsonl"), step_metrics(run / "events.jsonl")
+    assert sorted(on) == sorted(off) == list(range(1, 7))
+    for step, logged in on.items():
+        for values in logged:  # before the kill and after the resume
+            assert values["tokens"] == off[step][0]["tokens"]
+            assert values["loss"] == pytest.approx(off[step][0]["loss"], rel=1e-4)
+    a, b = (load_file(str(d / "final" / "model.safetensors")) for d in (tmp_path / "off", run))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-3, rtol=1e-3)
+    assert json.loads((run / "run.json").read_text())["status"] == "done"
+    # every file read was deleted; only requests in flight at the kill may have left theirs
+    assert len(s.files()) <= 2 * 4 and len(s.answered) >= 6 * 10
