@@ -15,7 +15,7 @@ The protocol (vLLM's ExampleHiddenStatesConnector; spec sheet section 8):
 Connection errors, timeouts and HTTP 408/409/425/429/5xx are retried with exponential backoff
 and jitter; `max_failures` failures in a row (across all threads; any success resets the count)
 abort with one message naming the server and the last failure. Anything else (HTTP 400, a wrong
-file) is an EngineError naming the sample. Standard library HTTP only (urllib).
+file) is an EngineError naming the sample. Standard library HTTP only (http.client).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import queue
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -160,6 +159,9 @@ class DaemonPool:
         return fut
 
     def _work(self) -> None:
+        # Per-thread OpenMP setting: a worker's small tensor ops (check, norm) run on this thread
+        # alone instead of waking a team that fights the caller's (or the server's) threads.
+        torch.set_num_threads(1)
         while True:
             item = self._q.get()
             if item is None:
@@ -193,25 +195,40 @@ class VllmClient:
         self._lock = threading.Lock()
         self._failures = 0
         self.stopped = threading.Event()  # set on abort: other threads stop retrying
+        self._prefix = urllib.parse.urlsplit(self.root).path
+        self._local = threading.local()
+
+    def _conn(self) -> http.client.HTTPConnection:
+        """This thread's keep-alive connection (a new TCP connection per request costs more
+        than a small sample's features on a fast server)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            u = urllib.parse.urlsplit(self.root)
+            cls = http.client.HTTPSConnection if u.scheme == "https" else \
+                http.client.HTTPConnection
+            conn = self._local.conn = cls(u.hostname or "", u.port, timeout=self.timeout)
+        return conn
 
     def _call(self, path: str, body: dict[str, Any] | None, what: str) -> Any:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.root + path, data=data, headers=headers,
-                                     method="GET" if body is None else "POST")
+        conn = self._conn()
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode("utf-8", "replace").strip()
-            if e.code in RETRY_STATUS:
-                raise _Transient(f"HTTP {e.code}") from None
-            raise EngineError(f"{what}: HTTP {e.code} from {self.root}{path}: {detail}") from None
-        except (urllib.error.URLError, ConnectionError, http.client.HTTPException,
-                TimeoutError) as e:
-            raise _Transient(str(getattr(e, "reason", e)) or type(e).__name__) from None
+            conn.request("GET" if body is None else "POST", self._prefix + path, body=data,
+                         headers=headers)
+            resp = conn.getresponse()
+            raw, status = resp.read(), resp.status
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, torn
+            conn.close()
+            self._local.conn = None
+            raise _Transient(str(e) or type(e).__name__) from None
+        if status >= 400:
+            if status in RETRY_STATUS:
+                raise _Transient(f"HTTP {status}")
+            detail = raw[:300].decode("utf-8", "replace").strip()
+            raise EngineError(f"{what}: HTTP {status} from {self.root}{path}: {detail}")
         try:
             return json.loads(raw)
         except ValueError:
@@ -230,8 +247,7 @@ class VllmClient:
                 if n >= self.max_failures or self.stopped.is_set():
                     self.stopped.set()
                     raise GiveUp(f"{self.root}: {n} requests failed in a row (last: {what}: {e}); "
-                                 "is the vLLM server up? Rerun the same command to resume"
-                                 ) from None
+                                 "is the vLLM server up?") from None
                 time.sleep(min(self.max_backoff, self.backoff * 2 ** attempt)
                            * (0.5 + random.random()))
                 attempt += 1

@@ -392,3 +392,29 @@ def test_streamed_training_matches_offline_and_resumes(standin: Any, demo_dir: P
     assert json.loads((run / "run.json").read_text())["status"] == "done"
     # every file read was deleted; only requests in flight at the kill may have left theirs
     assert len(s.files()) <= 2 * 4 and len(s.answered) >= 6 * 10
+
+
+@pytest.mark.slow
+def test_training_on_captured_data_learns(demo_dir: Path, demo_info: dict[str, Any],
+                                          full_capture: Any, tmp_path: Path) -> None:
+    """A drafter trained on the --from-vllm directory beats the untrained one at acceptance."""
+    from engine.formats import save_drafter
+    from engine.train_config import TrainConfig
+    from engine.train_setup import build
+    from tests.engine_helpers import train_args
+    args = train_args(demo_dir, tmp_path / "run", "--max-steps", "40", "--save-every", "0")
+    args[args.index("--data") + 1] = str(full_capture[0])
+    run_engine(*args, timeout=600)
+    cfg = TrainConfig(target=str(demo_dir / "target"), data=str(full_capture[0]),
+                      out=str(tmp_path / "x"), draft_vocab_size=demo_info["draft_vocab_size"])
+    draft = build(cfg, quiet(), torch.device("cpu")).draft  # the run's starting point (seed 0)
+    save_drafter(tmp_path / "untrained", draft.config, draft.trainable_state_dict(), "eagle")
+
+    def tau(d: Path) -> float:
+        p = run_engine("eval", "--draft", str(d), "--target", str(demo_dir / "target"), "--data",
+                       str(demo_dir / "eval"), "--steps", "3", "--max-samples", "16", "--json")
+        return float(json.loads(p.stdout)["acceptance_length"])
+
+    before, after = tau(tmp_path / "untrained"), tau(tmp_path / "run" / "final")
+    print(f"acceptance length: untrained {before:.3f}, 40 steps on --from-vllm data {after:.3f}")
+    assert after > before + 0.3, (before, after)

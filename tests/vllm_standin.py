@@ -35,6 +35,11 @@ from typing import Any
 import torch
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 1024  # the listen backlog: vLLM's (uvicorn) is 2048, http.server's 5
+    daemon_threads = True
+
+
 class _Job:
     def __init__(self, ids: list[int]) -> None:
         self.ids = ids
@@ -72,8 +77,7 @@ class VllmStandin:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._writes: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer(("127.0.0.1", port), self._handler())
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._threads = [threading.Thread(target=self._batcher, daemon=True),
