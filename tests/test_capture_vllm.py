@@ -331,14 +331,16 @@ def test_capture_server_execs_that_command_and_refuses_mla(demo_dir: Path, tmp_p
                                                            ) -> None:
     fake = tmp_path / "vllm"  # records the argv it was exec'd with
     fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                    f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv))\n")
+                    f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv))\n"
+                    "print('INFO vllm says hello')\n")
     fake.chmod(0o755)
     common = ("capture-server", "--target", str(demo_dir / "target"), "--storage",
               str(tmp_path / "hs"))
     printed = run_engine(*common, "--print", "--json")
-    run_engine(*common, "--vllm", str(fake))
+    p = run_engine(*common, "--vllm", str(fake), "--events")
     got = json.loads((tmp_path / "argv.json").read_text())
     assert got[1:] == json.loads(printed.stdout)["argv"][1:] and (tmp_path / "hs").is_dir()
+    assert [json.loads(x)["kind"] for x in p.stdout.splitlines()] == ["log"]  # events only
     mla = config_target(tmp_path / "kimi", model_type="kimi_k2", hidden_size=7168,
                         num_hidden_layers=61, kv_lora_rank=512)
     p = run_engine("capture-server", "--target", str(mla), "--print", check=False)

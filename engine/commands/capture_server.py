@@ -51,5 +51,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     os.makedirs(args.storage, exist_ok=True)
     ev.log(f"starting: {line}")
     ev.close()  # flush our events: exec replaces this process
+    if args.events:  # stdout is the event stream: vLLM's own output goes to stderr (the run log)
+        os.dup2(2, 1)
     os.execv(exe, argv)
     return 0  # not reached
