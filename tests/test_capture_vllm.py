@@ -189,6 +189,7 @@ def test_server_death_aborts_then_resume_requests_only_what_is_missing(
     assert second.files() == [] and not (tmp_path / "data.partial").exists()
 
 
+@pytest.mark.slow
 def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Path,
                                                       tmp_path: Path) -> None:
     s = standin(slow_write_s=0.02)
