@@ -133,7 +133,7 @@ class VllmStreamData(FeatureData):
             for f in futs:
                 f.cancel()
         self._ahead.clear()
-        self._pool.close()
+        self._pool.close(wait=True)
 
 
 def open_stream(cfg: Any, ev: Emitter) -> VllmStreamData:

@@ -166,9 +166,6 @@ def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
     samples, skipped = tokenize_all(target.tokenizer, convs, max_len, ev)
     if not samples:
         raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
-    from engine.disk_space import check_space  # refuse before computing what cannot be stored
-    check_space(out_dir, sum(len(t.input_ids) for _, t in samples), target.hidden_size,
-                store.itemsize)
     start = time.monotonic()
     tmp = f"{out_dir.rstrip('/')}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

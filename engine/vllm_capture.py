@@ -10,9 +10,11 @@ same (engine/vllm_client.py applies the final norm), plus a `capture` entry in t
 Only the target's config, tokenizer and final-norm weight are read here; the server (started by
 `python -m engine capture-server`) holds the model, e.g. with tensor parallelism.
 
-Requests go out in the canonical order with at most `concurrency` in flight and at most
-2 x concurrency samples ahead of the oldest unwritten one (memory stays bounded); results are
-written strictly in order, so the directory does not depend on timing.
+Shard boundaries follow the transformers path's plan (`shard_plan`: its --batch-tokens target
+batches grouped up to --shard-mb, known from the token counts). Requests go out in that order with
+at most `concurrency` in flight and at most 2 x concurrency samples ahead of the oldest unwritten
+one (memory stays bounded); results are written strictly in order, so the directory does not
+depend on timing.
 
 Resume: the work happens in OUT.partial/. `progress.json` (rewritten atomically after every
 shard) records the arguments and the shards written; `pending.jsonl` records each server file
@@ -23,11 +25,12 @@ Other arguments on a partial directory are refused, naming the one that differs.
 
 Server files (and their .lock) are deleted once a written shard holds their sample, unless
 --keep-server-files. Before anything is requested, the output size is estimated and the run
-refused when OUT's filesystem cannot hold it (engine/disk_space.py).
+refused when OUT's filesystem cannot hold it (engine/disk_estimate.py, also --keep-free-gb).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -44,10 +47,10 @@ from torch import Tensor
 from engine import __version__
 from engine.chat import Tokenized
 from engine.conversations import read_conversations
-from engine.disk_space import check_space, human
+from engine.disk_estimate import check_free_space, estimate_bytes, human
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.prepare import FORMAT, VERSION, ShardWriter, file_sha256, tokenize_all
+from engine.prepare import FORMAT, VERSION, ShardWriter, file_sha256, length_batches, tokenize_all
 from engine.target import config_hash, default_aux_ids, load_tokenizer, read_config
 from engine.vllm_client import (
     DaemonPool,
@@ -72,15 +75,33 @@ def canonical_order(samples: list[tuple[str, Tokenized]]) -> list[int]:
     return sorted(range(len(samples)), key=lambda i: len(samples[i][1].input_ids))
 
 
+def shard_plan(lengths: list[int], batch_tokens: int, token_bytes: int, shard_bytes: int
+               ) -> list[int]:
+    """Samples per shard, in the canonical order: the transformers path's plan (prepare.py
+    `plan_shards`): its target batches (`length_batches`) grouped in order until a group holds
+    `shard_bytes` (tokens x token_bytes), so both paths cut the same shards."""
+    counts: list[int] = []
+    n = size = 0
+    for b in length_batches(lengths, batch_tokens):
+        n += len(b)
+        size += sum(lengths[i] for i in b) * token_bytes
+        if size >= shard_bytes:
+            counts.append(n)
+            n = size = 0
+    if n:
+        counts.append(n)
+    return counts
+
+
 @dataclass
 class _Writer(ShardWriter):
     """ShardWriter that reports each flushed shard (progress journal, server-file cleanup)."""
 
     on_flush: Callable[[], None] | None = None
 
-    def flush(self) -> None:
+    def flush(self, *name: str | None) -> None:
         had = bool(self._buf)
-        super().flush()
+        super().flush(*name)
         if had and self.on_flush is not None:
             self.on_flush()
 
@@ -108,29 +129,38 @@ def _read_pending(path: str) -> dict[int, tuple[str, str]]:
 
 
 class _Journal:
-    """pending.jsonl: server files received but not yet in a written shard (thread-safe)."""
+    """pending.jsonl: server files received but not yet in a written shard (thread-safe). It
+    holds its own entries: a worker records a file before the main thread sees the result."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, entries: dict[int, tuple[str, str]]) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self._entries = dict(entries)
+        self._f = self._rewrite()
+
+    def _rewrite(self) -> Any:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for p in sorted(self._entries):
+                sid, path = self._entries[p]
+                f.write(json.dumps({"pos": p, "id": sid, "path": path}) + "\n")
+        os.replace(tmp, self.path)
+        return open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def add(self, pos: int, sid: str, server_file: str) -> None:
         with self._lock:
+            if self._f.closed:
+                return
+            self._entries[pos] = (sid, server_file)
             self._f.write(json.dumps({"pos": pos, "id": sid, "path": server_file}) + "\n")
             self._f.flush()
 
-    def rewrite(self, entries: dict[int, tuple[str, str]]) -> None:
-        """Keep only `entries` (pos -> (id, file)): the written shards hold the rest."""
+    def drop_below(self, pos: int) -> None:
+        """Forget the samples before `pos`: written shards hold them."""
         with self._lock:
+            self._entries = {p: v for p, v in self._entries.items() if p >= pos}
             self._f.close()
-            tmp = self.path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                for p in sorted(entries):
-                    f.write(json.dumps({"pos": p, "id": entries[p][0], "path": entries[p][1]})
-                            + "\n")
-            os.replace(tmp, self.path)
-            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+            self._f = self._rewrite()
 
     def close(self) -> None:
         with self._lock:
@@ -169,7 +199,8 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
                       dtype: str | None = None, shard_mb: float = 1024,
                       keep_server_files: bool = False, max_failures: int = 10,
                       ev: Emitter | None = None, overwrite: bool = False,
-                      backoff: float = 0.2) -> dict[str, Any]:
+                      backoff: float = 0.2, batch_tokens: int = 16384,
+                      keep_free_gb: float = 0.0) -> dict[str, Any]:
     """Write DATA_DIR from the server at `url` (module docstring); returns the manifest."""
     if os.path.exists(out_dir) and not overwrite:
         raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
@@ -177,6 +208,8 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
         raise EngineError(f"--max-len {max_len}: must be at least 4")
     if concurrency < 1:
         raise EngineError(f"--concurrency {concurrency}: must be >= 1")
+    if shard_mb <= 0:
+        raise EngineError(f"--shard-mb {shard_mb}: must be positive")
     client = VllmClient(url, model, max_failures=max_failures, backoff=backoff)
     cfg = read_config(target_dir)
     convs = read_conversations(data_path)
@@ -188,15 +221,23 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     aux_ids = default_aux_ids(n_layers)
     order = canonical_order(samples)
     lengths = [len(samples[i][1].input_ids) for i in order]
-    shard_bytes = int(shard_mb * (1 << 20))
+    width = torch.tensor([], dtype=store).element_size()
+    plan = shard_plan(lengths, batch_tokens, 4 * hidden * width + 5,
+                      max(1, int(shard_mb * (1 << 20))))
     partial = out_dir.rstrip("/") + ".partial"
     fp = {"target_config_sha256": config_hash(target_dir), "source_sha256": file_sha256(data_path),
           "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
-          "shard_bytes": shard_bytes, "aux_layer_ids": aux_ids}
+          "shard_plan": plan, "aux_layer_ids": aux_ids}
     shards = _resume_state(partial, fp)
     committed = sum(int(s["samples"]) for s in shards)
     total = len(samples)
-    need = check_space(partial, sum(lengths[committed:]), hidden, store.itemsize)
+    if shards != [] and [int(s["samples"]) for s in shards] != plan[:len(shards)]:
+        raise EngineError(f"{partial}: its shards do not follow the plan; delete it to start over")
+    left = sum(lengths[committed:])  # only what is still to be written must fit
+    need = estimate_bytes(left, 4, hidden, width)
+    check_free_space(os.path.dirname(os.path.abspath(out_dir)) or ".", need,
+                     int(keep_free_gb * 1e9),
+                     what=f"{left} tokens x 4 states x {hidden} hidden x {width} bytes")
     spec = FeatureSpec.for_target(target_dir, cfg, aux_ids)
     model_name = client.served_model()
     fp_layer = {**fp, "layer_ids": spec.layer_ids}
@@ -212,7 +253,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     known = {p: v for p, v in _read_pending(jpath).items()
              if p >= committed and v[0] == samples[order[p]][0] and os.path.exists(v[1])}
     paths: dict[int, str] = {}  # pos -> server file, until a written shard holds the sample
-    journal = _Journal(jpath)
+    journal = _Journal(jpath, known)
 
     def fetch(pos: int) -> tuple[int, str, Tensor, Tensor]:
         sid, t = samples[order[pos]]
@@ -223,8 +264,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
             except EngineError:
                 remove_server_file(old[1])
         path = client.request(sid, t.input_ids)
-        if not client.stopped.is_set():
-            journal.add(pos, sid, path)
+        journal.add(pos, sid, path)  # before reading: a kill now still leaves it reusable
         return (pos, path, *read_features(path, sid, t.input_ids, spec))
 
     added = committed
@@ -233,14 +273,13 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     def on_flush() -> None:  # a shard is on disk: journal it, then free the server's files
         nonlocal cleaned
         save_progress(writer.shards)
-        later = {p: q for p, q in paths.items() if p >= added}
-        later.update({p: v[1] for p, v in list(known.items())})
-        journal.rewrite({p: (samples[order[p]][0], q) for p, q in later.items()})
+        journal.drop_below(added)
         for p in range(cleaned, added):
             remove_server_file(paths.pop(p), keep_server_files)
         cleaned = added
 
-    writer = _Writer(partial, store, shard_bytes, shards=list(shards), on_flush=on_flush)
+    writer = _Writer(partial, store, 1 << 62, shards=list(shards), on_flush=on_flush)
+    ends = set(itertools.accumulate(plan))  # shard boundaries come from the plan
     pool = DaemonPool(concurrency, "capture")
     start = time.monotonic()
     tokens_now = sum(lengths[committed:])
@@ -266,11 +305,13 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
             while added in ready:
                 aux, hid = ready.pop(added)
                 sid, t = samples[order[added]]
-                added += 1  # before add(): a flush inside it covers this sample
+                added += 1  # before the flush: on_flush frees the files up to `added`
                 writer.add(sid, torch.tensor(t.input_ids), torch.tensor(t.loss_mask), aux, hid)
+                if added in ends:
+                    writer.flush()
                 if ev is not None:
                     ev.progress(added, total, unit="sample", desc="capture")
-        writer.flush()
+        writer.flush()  # no-op: the last planned shard is written
     except BaseException as e:
         client.stopped.set()
         for fut in inflight:
@@ -278,10 +319,11 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
         pool.close()
         journal.close()
         if isinstance(e, EngineError):
-            raise EngineError(f"{e} ({added} of {total} samples kept in {partial}; rerun the "
+            kept = sum(int(x["samples"]) for x in writer.shards)
+            raise EngineError(f"{e} ({kept} of {total} samples kept in {partial}; rerun the "
                               "same command to resume)") from None
         raise
-    pool.close()
+    pool.close(wait=True)
     journal.close()
     seconds = time.monotonic() - start
     manifest = {

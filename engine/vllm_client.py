@@ -174,9 +174,15 @@ class DaemonPool:
             except BaseException as e:  # handed to whoever waits on the future
                 fut.set_exception(e)
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Stop the workers; with `wait`, join them (idle ones exit at once), so no thread is
+        still inside native code while the interpreter shuts down."""
         for _ in self._threads:
             self._q.put(None)
+        if wait:
+            end = time.monotonic() + 10  # a request still in flight is not waited for longer
+            for t in self._threads:
+                t.join(timeout=max(0.0, end - time.monotonic()))
 
 
 class VllmClient:

@@ -33,6 +33,7 @@ pytest_plugins = ("tests.demo_workspace",)
 MAX_LEN = "512"  # the demo's data/ was prepared with max_len 512
 SMALL = 24  # conversations in the fault tests
 SHARD_MB = 0.2  # small shards: a resumed run has several to keep
+BATCH = 256  # target batch tokens: shards are whole batches (the transformers path's plan)
 
 
 def quiet() -> Emitter:
@@ -71,12 +72,18 @@ def small_ref(demo_dir: Path, small_convs: Path, tmp_path_factory: pytest.TempPa
     d = tmp_path_factory.mktemp("ref")
     s = VllmStandin(str(demo_dir / "target"), str(d / "hs"))
     try:
-        prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(d / "data"), s.url,
-                          max_len=int(MAX_LEN), shard_mb=SHARD_MB, concurrency=4, ev=quiet())
+        capture(demo_dir, small_convs, str(d / "data"), s.url, concurrency=4)
     finally:
         s.close()
     assert len(json.loads((d / "data" / "manifest.json").read_text())["shards"]) >= 4
     return d / "data"
+
+
+def capture(demo_dir: Path, convs: Path, out: str, url: str, **kw: Any) -> dict[str, Any]:
+    """prepare_from_vllm on the small set with the fault tests' sizes."""
+    kw = {"max_len": int(MAX_LEN), "shard_mb": SHARD_MB, "batch_tokens": BATCH, "ev": quiet(),
+          **kw}
+    return prepare_from_vllm(str(demo_dir / "target"), str(convs), out, url, **kw)
 
 
 def same_directory(got: Path, want: Path) -> None:
@@ -149,9 +156,7 @@ def test_from_vllm_equals_the_transformers_path(demo_dir: Path, full_capture: An
 def test_transient_failures_are_retried(standin: Any, demo_dir: Path, small_convs: Path,
                                         small_ref: Path, tmp_path: Path) -> None:
     s = standin(fail_first=3, drop_next=2)
-    prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(tmp_path / "data"), s.url,
-                      max_len=int(MAX_LEN), shard_mb=SHARD_MB, concurrency=3, backoff=0.01,
-                      ev=quiet())
+    capture(demo_dir, small_convs, str(tmp_path / "data"), s.url, concurrency=3, backoff=0.01)
     same_directory(tmp_path / "data", small_ref)
     assert s.attempts >= SMALL + 5 and len(s.answered) == SMALL and s.files() == []
 
@@ -163,9 +168,7 @@ def test_server_death_aborts_then_resume_requests_only_what_is_missing(
             "--out", str(out), "--max-len", MAX_LEN, "--concurrency", "2")
     first = standin(die_after=11)
     with pytest.raises(EngineError) as e:
-        prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(out), first.url,
-                          max_len=int(MAX_LEN), shard_mb=SHARD_MB, concurrency=2,
-                          max_failures=3, ev=quiet())
+        capture(demo_dir, small_convs, str(out), first.url, concurrency=2, max_failures=3)
     assert f"{first.url}: 3 requests failed in a row" in str(e.value)
     assert "rerun the same command to resume" in str(e.value)
     assert not out.exists()
@@ -178,8 +181,7 @@ def test_server_death_aborts_then_resume_requests_only_what_is_missing(
     assert p.stderr.strip().splitlines()[-1].startswith(
         f"error: {first.url}: 2 requests failed in a row (last: ")
     second = standin(port=0)
-    prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(out), second.url,
-                      max_len=int(MAX_LEN), shard_mb=SHARD_MB, concurrency=2, ev=quiet())
+    capture(demo_dir, small_convs, str(out), second.url, concurrency=2)
     same_directory(out, small_ref)
     before = {tuple(x) for x in first.answered}
     after = {tuple(x) for x in second.answered}
@@ -197,7 +199,7 @@ def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Pa
     conv = demo_dir / "conversations" / "train.jsonl"
     args = [sys.executable, "-m", "engine", "prepare", "--target", str(demo_dir / "target"),
             "--data", str(conv), "--out", str(out), "--max-len", MAX_LEN, "--from-vllm", s.url,
-            "--concurrency", "4", "--shard-mb", "1"]
+            "--concurrency", "4", "--shard-mb", "1", "--batch-tokens", "1024"]
     proc = subprocess.Popen(args, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     progress = tmp_path / "data.partial" / "progress.json"
@@ -224,7 +226,7 @@ def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Pa
     run_engine(*args[3:])
     ref = tmp_path / "ref"
     prepare_from_vllm(str(demo_dir / "target"), str(conv), str(ref), s.url,
-                      max_len=int(MAX_LEN), shard_mb=1, ev=quiet())
+                      max_len=int(MAX_LEN), shard_mb=1, batch_tokens=1024, ev=quiet())
     same_directory(out, ref)
     again = [tok_of[tuple(x)] for x in s.answered[first:len(s.answered) - 320]]
     assert not in_shards & set(again)  # the kept shards' samples were not requested again
@@ -258,8 +260,7 @@ def test_slow_writes_are_read_after_the_servers_lock(standin: Any, demo_dir: Pat
                                                      small_convs: Path, small_ref: Path,
                                                      tmp_path: Path) -> None:
     s = standin(slow_write_s=0.05)  # half a file on disk for 50 ms: only the flock protects
-    prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(tmp_path / "data"), s.url,
-                      max_len=int(MAX_LEN), shard_mb=SHARD_MB, concurrency=4, ev=quiet())
+    capture(demo_dir, small_convs, str(tmp_path / "data"), s.url, concurrency=4)
     same_directory(tmp_path / "data", small_ref)
 
 
@@ -280,9 +281,9 @@ def test_refused_when_the_disk_cannot_hold_the_estimate(demo_dir: Path, small_co
     assert p.returncode == 1
     tokens = sum(len(k) for k in sample_ids(small_convs, demo_dir))
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: {out}.partial: the features need about ")
-    assert f"({tokens} tokens x 4 hidden states x {10 ** 12} x 2 bytes)" in last
-    assert f"but {tmp_path} has " in last and " free" in last
+    assert last.startswith(f"error: {tmp_path}: not enough disk space: the output needs about ")
+    assert f"({tokens} tokens x 4 states x {10 ** 12} hidden x 2 bytes)" in last
+    assert last.endswith(" is free")
     assert not out.exists() and not (tmp_path / "data.partial").exists()
 
 

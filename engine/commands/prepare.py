@@ -53,7 +53,8 @@ def _run_from_vllm(args: argparse.Namespace, ev: Emitter) -> int:
         args.target, args.data, args.out, args.from_vllm, model=args.model,
         concurrency=args.concurrency, max_len=args.max_len, dtype=args.dtype,
         shard_mb=args.shard_mb, keep_server_files=args.keep_server_files,
-        max_failures=args.max_failures, ev=ev, overwrite=args.overwrite)
+        max_failures=args.max_failures, ev=ev, overwrite=args.overwrite,
+        batch_tokens=args.batch_tokens, keep_free_gb=getattr(args, "keep_free_gb", 0.0))
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out} from {args.from_vllm}; "
