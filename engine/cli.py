@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "vocab": "engine.commands.vocab",
     "regen": "engine.commands.regen",
     "prepare": "engine.commands.prepare",
+    "capture-server": "engine.commands.capture_server",
     "train": "engine.commands.train",
     "eval": "engine.commands.eval",
     "demo": "engine.commands.demo",

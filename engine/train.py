@@ -353,6 +353,7 @@ class Trainer:
             epoch, start = self.pos
             while self.step < self.total and epoch < self.cfg.epochs:
                 steps = self.epoch(epoch)
+                self._schedule(steps[start:start + self.total - self.step])
                 for s in steps[start:]:
                     if self.step >= self.total:
                         break
@@ -385,6 +386,16 @@ class Trainer:
                 self.write_run_json(status, started, last or None,
                                     f"{type(e).__name__}: {e}".splitlines()[0])
             raise
+        finally:
+            close = getattr(getattr(self, "setup_", None) and self.setup_.data, "close", None)
+            if close is not None:
+                close()
+
+    def _schedule(self, steps: list[Step]) -> None:
+        """Tell a streamed data source (engine/online_data.py) which batches come next."""
+        schedule = getattr(self.setup_.data, "schedule", None)
+        if schedule is not None:
+            schedule([idx for s in steps for idx in s.for_rank(self.dist.rank, self.dist.world)])
 
 
 def train(cfg: TrainConfig, ev: Emitter, argv: list[str] | None = None) -> dict[str, Any]:

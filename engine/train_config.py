@@ -64,6 +64,15 @@ class TrainConfig:
     """Compute the target features inside the loop from conversations (`data` is a JSONL file)."""
     max_len: int = 2048
     """Token limit per conversation in online mode."""
+    from_vllm: str | None = None
+    """With `online`: fetch the features from this vLLM server (engine/online_data.py) instead
+    of loading the target here."""
+    vllm_model: str | None = None
+    """The served model name at `from_vllm` (default: the server's first)."""
+    concurrency: int = 16
+    """Requests in flight to the `from_vllm` server."""
+    prefetch: int = 4
+    """Micro-batches requested ahead of the trainer from the `from_vllm` server."""
     fsdp: bool = False
     """Shard the drafter with FSDP instead of replicating it with DDP (multi-process only)."""
     device: str | None = None
@@ -77,13 +86,17 @@ class TrainConfig:
             raise EngineError(f"--data {self.data}: --online needs a conversations JSONL file")
         if not os.path.isdir(self.target):
             raise EngineError(f"--target {self.target}: not a directory")
+        if self.from_vllm and not self.online:
+            raise EngineError("--from-vllm: streams features for --online training (pass "
+                              "--online), or capture first: engine prepare --from-vllm")
         if self.vocab and self.rebuild_vocab:
             raise EngineError("--vocab and --rebuild-vocab: choose one")
         if self.vocab and not os.path.isfile(self.vocab):
             raise EngineError(f"--vocab {self.vocab}: no such file")
         if self.finetune_from and not os.path.isdir(self.finetune_from):
             raise EngineError(f"--finetune-from {self.finetune_from}: not a directory")
-        for name in ("ttt_steps", "epochs", "batch_tokens", "grad_accum", "keep", "max_len"):
+        for name in ("ttt_steps", "epochs", "batch_tokens", "grad_accum", "keep", "max_len",
+                     "concurrency", "prefetch"):
             if getattr(self, name) < 1:
                 raise EngineError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.max_steps is not None and self.max_steps < 1:

@@ -32,9 +32,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="refuse unless this much disk stays free after the estimated output")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    v = p.add_argument_group("capture through a vLLM server (engine/vllm_capture.py)")
+    v.add_argument("--from-vllm", metavar="URL",
+                   help="features from this vLLM server (started by `engine capture-server`) "
+                   "instead of loading the target here")
+    v.add_argument("--model", help="served model name (default: the server's first)")
+    v.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    v.add_argument("--keep-server-files", action="store_true",
+                   help="keep the server's hidden-state files once a shard holds them")
+    v.add_argument("--max-failures", type=int, default=10,
+                   help="failed requests in a row before giving up (default 10)")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
+    if args.from_vllm:
+        return _run_from_vllm(args, ev)
     from engine.prepare import prepare
     manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
                        batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
@@ -45,4 +57,19 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out}; skipped {m['skipped']}"))
+    return 0
+
+
+def _run_from_vllm(args: argparse.Namespace, ev: Emitter) -> int:
+    from engine.vllm_capture import prepare_from_vllm
+    manifest = prepare_from_vllm(
+        args.target, args.data, args.out, args.from_vllm, model=args.model,
+        concurrency=args.concurrency, max_len=args.max_len, dtype=args.dtype,
+        shard_mb=args.shard_mb, keep_server_files=args.keep_server_files,
+        max_failures=args.max_failures, ev=ev, overwrite=args.overwrite,
+        batch_tokens=args.batch_tokens, keep_free_gb=getattr(args, "keep_free_gb", 0.0))
+    ev.answer(manifest, args.json, lambda m: (
+        f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
+        f"{len(m['shards'])} shard(s) at {args.out} from {args.from_vllm}; "
+        f"skipped {m['skipped']}"))
     return 0

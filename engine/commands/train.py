@@ -43,6 +43,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="compute target features in the loop (--data is a conversations JSONL)")
     p.add_argument("--max-len", type=int, default=2048, help="token limit per conversation "
                    "(--online)")
+    p.add_argument("--from-vllm", metavar="URL",
+                   help="with --online: stream features from this vLLM server (engine "
+                   "capture-server) instead of loading the target")
+    p.add_argument("--model", dest="vllm_model", help="served model name (--from-vllm)")
+    p.add_argument("--concurrency", type=int, default=16,
+                   help="requests in flight (--from-vllm, default 16)")
+    p.add_argument("--prefetch", type=int, default=4,
+                   help="micro-batches fetched ahead (--from-vllm, default 4)")
     p.add_argument("--fsdp", action="store_true", help="shard the drafter (FSDP) under torchrun")
     p.add_argument("--device", help="torch device (default: cuda:LOCAL_RANK if present, else cpu)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -62,7 +70,9 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
                       batch_tokens=args.batch_tokens, grad_accum=args.grad_accum,
                       warmup_ratio=args.warmup_ratio, save_every=args.save_every,
                       keep=args.keep, seed=args.seed, holdout=args.holdout, online=args.online,
-                      max_len=args.max_len, fsdp=args.fsdp, device=args.device)
+                      max_len=args.max_len, fsdp=args.fsdp, device=args.device,
+                      from_vllm=args.from_vllm, vllm_model=args.vllm_model,
+                      concurrency=args.concurrency, prefetch=args.prefetch)
     result = train(cfg, ev, argv=sys.argv)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 alone reports

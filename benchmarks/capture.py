@@ -1,0 +1,195 @@
+"""Benchmark: features through a vLLM-style server vs the transformers path, on the demo target.
+
+    python benchmarks/capture.py [--demo DIR] [--repeat 3] [--merge 6] [--steps 40] [--json]
+
+(a) capture throughput (tokens/s) of `prepare` (the target loaded here, batched forwards, shards
+    written) against `prepare --from-vllm` through the stand-in vLLM server
+    (tests/vllm_standin.py, a separate process running the same target with continuous batching:
+    HTTP requests, the connector's files under flock, final norm, shards written, server files
+    deleted). Tokenisation and model loading are excluded from both (the manifests' `seconds`).
+    Goal: from-vllm >= 0.9 x transformers, i.e. the client adds < 10% over computing features.
+(b) trainer tokens/s on the demo preset, offline (features read from the shards) against
+    streamed (`train --online --from-vllm`: features fetched from the stand-in with prefetch).
+    Goal: streamed >= 0.9 x offline while the server keeps up.
+Capture runs on the demo's train.jsonl chats joined `--merge` at a time into multi-turn
+conversations (~370 tokens; real samples are long) and repeated `--repeat` times; training on the
+demo's own data. Without --demo, a demo workspace is built in a temporary directory first (~20 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from engine.events import Emitter  # noqa: E402
+
+
+def quiet() -> Emitter:
+    return Emitter("bench", out=io.StringIO(), err=io.StringIO())
+
+
+class Server:
+    """The stand-in vLLM server in its own process (own interpreter: no GIL shared with us)."""
+
+    def __init__(self, target: Path, storage: Path, threads: int) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.vllm_standin", "--target", str(target), "--storage",
+             str(storage), "--threads", str(threads)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://"):
+            raise RuntimeError("the stand-in server did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def long_conversations(src: Path, dst: Path, times: int, merge: int) -> Path:
+    """The demo chats, `merge` at a time joined into one multi-turn conversation (real samples are
+    long: per-request costs spread over more tokens), the whole set `times` over with new ids."""
+    lines = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    with open(dst, "w", encoding="utf-8") as f:
+        for r in range(times):
+            for k in range(0, len(lines), merge):
+                group = lines[k:k + merge]
+                turns = [t for obj in group for t in obj["conversations"]]
+                f.write(json.dumps({"id": f"{group[0]['id']}-x{merge}-r{r}",
+                                    "conversations": turns}) + "\n")
+    return dst
+
+
+def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
+                  ) -> dict[str, Any]:
+    from engine.prepare import prepare
+    from engine.target import Target
+    from engine.vllm_capture import prepare_from_vllm
+    target = Target.load(str(demo / "target"), device="cpu")
+    hf, vl = [], []
+    tokens = 0
+    for r in range(rounds):  # alternate, so load changes on a shared machine hit both
+        out = work / f"hf{r}"
+        m = prepare(str(demo / "target"), str(conv), str(out), max_len=512, target=target)
+        hf.append(float(m["seconds"]))
+        tokens = int(m["tokens"])
+        shutil.rmtree(out)
+        out = work / f"vllm{r}"
+        m = prepare_from_vllm(str(demo / "target"), str(conv), str(out), url, max_len=512,
+                              concurrency=16, ev=quiet())
+        vl.append(float(m["seconds"]))
+        shutil.rmtree(out)
+    h, v = min(hf), min(vl)
+    return {"tokens": tokens, "transformers_s": round(h, 3), "from_vllm_s": round(v, 3),
+            "transformers_tok_s": round(tokens / h), "from_vllm_tok_s": round(tokens / v),
+            "ratio": round(h / v, 3)}
+
+
+def bench_train(demo: Path, conv: Path, work: Path, steps: int, url: str | None
+                ) -> dict[str, Any]:
+    from engine.demo import DRAFT_VOCAB, TRAIN_ARGS
+    from engine.train import train
+    from engine.train_config import TrainConfig
+    args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=True))
+    out = work / ("streamed" if url else "offline")
+    cfg = TrainConfig(target=str(demo / "target"), data=str(conv if url else demo / "data"),
+                      out=str(out), draft_vocab_size=DRAFT_VOCAB, max_steps=steps,
+                      lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
+                      ttt_steps=int(args["--ttt-steps"]), epochs=40, save_every=0, holdout=0,
+                      online=url is not None, from_vllm=url, max_len=512)
+    ev = quiet()
+    try:
+        train(cfg, ev)
+    finally:
+        ev.close()
+    lines = (out / "events.jsonl").read_text().splitlines()
+    metrics = [json.loads(line)["values"] for line in lines if '"kind":"metric"' in line]
+    metrics = metrics[min(5, len(metrics) // 4):]  # skip warm-up steps
+    step_s = sum(m["step_time_s"] for m in metrics)
+    wait = sum(m.get("t_target_s", 0.0) + m.get("t_data_s", 0.0) for m in metrics)
+    shutil.rmtree(out)
+    return {"steps": len(metrics), "tokens_per_s": round(sum(m["tokens"] for m in metrics)
+                                                         / step_s),
+            "step_ms": round(1000 * step_s / len(metrics), 1),
+            "data_share": round(wait / step_s, 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--demo", help="existing demo workspace (default: build one)")
+    ap.add_argument("--repeat", type=int, default=3, help="copies of the demo conversations")
+    ap.add_argument("--merge", type=int, default=6,
+                    help="demo chats joined per captured conversation (default 6)")
+    ap.add_argument("--steps", type=int, default=40, help="training steps per mode")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    work = Path(tempfile.mkdtemp(prefix="eagle3-bench-capture-"))
+    server = None
+    try:
+        if args.demo:
+            demo = Path(args.demo)
+        else:
+            from engine.demo import init_demo
+            demo = work / "demo"
+            init_demo(str(demo), quiet())
+        conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
+                                  args.repeat, args.merge)
+        threads = torch.get_num_threads()
+        # Same compute on both sides of each ratio: the features are computed with `st` threads
+        # here or in the server, and the trainer keeps the other core(s) in both modes (on a GPU
+        # host the server has GPUs of its own). Two processes whose OpenMP teams both want every
+        # core spin against each other.
+        st = max(1, threads - 1)
+        server = Server(demo / "target", work / "hs", st)
+        torch.set_num_threads(st)
+        res: dict[str, Any] = {"threads": threads, "server_threads": st,
+                               "capture": bench_capture(demo, conv, work, server.url)}
+        torch.set_num_threads(max(1, threads - st))
+        res["trainer_threads"] = torch.get_num_threads()
+        res["train_offline"] = bench_train(demo, conv, work, args.steps, None)
+        res["train_streamed"] = bench_train(demo, demo / "conversations" / "train.jsonl", work,
+                                            args.steps, server.url)
+    finally:
+        if server is not None:
+            server.close()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    c = res["capture"]
+    print(f"(a) capture, {c['tokens']} tokens, demo target; features computed with "
+          f"{res['server_threads']} thread(s) on both paths, {res['threads']} core(s)")
+    print(f"    transformers path  {c['transformers_tok_s']:>9} tok/s   "
+          f"({c['transformers_s']:.3f}s)")
+    print(f"    --from-vllm        {c['from_vllm_tok_s']:>9} tok/s   ({c['from_vllm_s']:.3f}s)   "
+          f"ratio {c['ratio']:.2f}x (goal >= 0.9x)")
+    off, on = res["train_offline"], res["train_streamed"]
+    print(f"(b) training, demo preset, trainer {res['trainer_threads']} thread(s)  offline"
+          "    streamed")
+    print(f"    tokens/s                   {off['tokens_per_s']:>10} {on['tokens_per_s']:>11}   "
+          f"ratio {on['tokens_per_s'] / off['tokens_per_s']:.2f}x (goal >= 0.9x)")
+    print(f"    step (ms)                  {off['step_ms']:>10} {on['step_ms']:>11}")
+    print(f"    share waiting for features {off['data_share'] * 100:>9.1f}% "
+          f"{on['data_share'] * 100:>10.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
