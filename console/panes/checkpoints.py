@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
@@ -32,6 +32,7 @@ from console.checkpoints import (
     inspect_checkpoint,
 )
 from console.errors import ConsoleError
+from console.keymap import bindings
 from console.panes.timers import ShownTimers
 from console.run_watch import describe_error
 from console.screens.compare import CompareScreen
@@ -64,7 +65,7 @@ def ckpt_row(ck: Checkpoint, root: str) -> tuple[str, str, str]:
 class CheckpointTable(DataTable[Any]):
     """Checkpoints of the selected host; enter inspects the one under the cursor."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Inspect")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("checkpoints", on="CheckpointTable"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
@@ -99,14 +100,7 @@ class CheckpointTable(DataTable[Any]):
 class CheckpointsPane(ShownTimers, Vertical):
     """Checkpoints of the selected host (module docstring)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("i", "inspect", "Inspect"),
-        Binding("c", "convert", "Convert"),
-        Binding("v", "serve", "Serve"),
-        Binding("m", "compare", "Compare"),
-        Binding("r", "refresh", "Rescan"),
-    ]
-    HELP_WIDGETS: ClassVar[list[type]] = [CheckpointTable]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("checkpoints"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)

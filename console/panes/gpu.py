@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 
+from console.keymap import bindings
 from console.monitor_service import HostMonitor, MonitorState
 from console.panes.timers import ShownTimers
 from console.widgets.gpu_detail import GpuDetail
@@ -64,9 +65,7 @@ def status_parts(mon: HostMonitor, now: float) -> list[tuple[str, str]]:
 class GpuPane(ShownTimers, Vertical):
     """GPUs, processes and host of the selected host; `d` toggles the GPU detail view."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("d", "toggle_detail", "GPU detail"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("gpu"))
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]

@@ -21,12 +21,13 @@ from typing import ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.widgets import Input
 
 from console.errors import ConsoleError
 from console.follow import LogFollower
+from console.keymap import bindings
 from console.log_model import LogModel
 from console.metrics_service import MetricsError, scrape
 from console.panes.timers import ShownTimers
@@ -47,13 +48,7 @@ METRICS_TIMEOUT_S = 5.0
 class LogsPane(ShownTimers, Vertical):
     """One followed log of the selected host, with its vLLM charts."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f", "toggle_follow", "Follow/pause"),
-        Binding("slash", "filter", "Filter"),
-        Binding("e", "error(1)", "Next error"),
-        Binding("E", "error(-1)", "Prev error"),
-        Binding("l", "next_log", "Next log"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("logs"))
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from console.errors import ConsoleError
+from console.keymap import bindings
 from engine.commands.doctor import render
 
 
 class OverviewPane(VerticalScroll):
     """Doctor report of the selected host; `r` refreshes it."""
 
-    BINDINGS = [("r", "refresh_report", "Refresh")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("overview"))
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Static
 
@@ -30,6 +30,8 @@ from console.config import LOCAL, Config
 from console.demo_default import demo_ready, ensure_demo, refresh_demo_profiles
 from console.errors import ConsoleError
 from console.host import Host
+from console.keymap import bindings
+from console.messages import OpenRun
 from console.panes.timers import ShownTimers
 from console.push import PushReport, host_trees, push
 from console.run_watch import RunFeed, RunFeeds, describe_error
@@ -56,13 +58,7 @@ def push_summary(report: PushReport) -> str:
 class RunsPane(ShownTimers, Vertical):
     """Profiles and runs of the selected host (module docstring)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("p", "push", "Push"),
-        Binding("t", "launch", "Launch"),
-        Binding("x", "stop", "Stop run"),
-        Binding("enter", "open", "Open run"),
-        Binding("r", "refresh", "Refresh"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -350,10 +346,9 @@ class RunsPane(ShownTimers, Vertical):
         if rec.status == "corrupt":  # nothing in its record can be followed
             self.notify(f"{rec.id}: corrupt record ({rec.error})", severity="warning")
             return
-        from console.screens.run_detail import RunDetailScreen
         feed = self.feeds.get(self._host(self.host), rec)
         self.start_feed(feed)
-        self.app.push_screen(RunDetailScreen(feed))
+        self.post_message(OpenRun(feed))  # the main screen shows it (screens/run_detail.py)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if isinstance(event.data_table, RunTable):

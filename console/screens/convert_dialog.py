@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from console.checkpoints import DTYPES, STYLES
+from console.keymap import bindings
 
 STYLE_HELP = {
     "eagle": "EAGLE / SpecForge style (midlayer.* keys)",
@@ -47,10 +48,8 @@ def default_destination(src: str, to: str, converted_dir: str) -> str:
 class ConvertDialog(ModalScreen["ConvertRequest | None"]):
     """Dismisses with a ConvertRequest, or None when cancelled."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "convert", "Convert"),
-    ]
+    KEY_SECTION: ClassVar[str] = "convert"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("convert"))
 
     def __init__(self, src: str, converted_dir: str, to: str = "vllm") -> None:
         super().__init__()

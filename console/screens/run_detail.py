@@ -13,13 +13,13 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
-from console.commands_palette import ConsoleCommands
 from console.errors import ConsoleError
+from console.keymap import bindings
 from console.run_watch import RunFeed, describe_error
 from console.runs import stop_run
 from console.widgets.footer import Footer
@@ -51,13 +51,8 @@ def progress_text(feed: RunFeed) -> str:
 class RunDetailScreen(Screen[None]):
     """One run, live (module docstring)."""
 
-    COMMANDS = {ConsoleCommands}
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "Back"),
-        Binding("x", "stop", "Stop run"),
-        Binding("question_mark", "help", "Help"),
-    ]
+    KEY_SECTION: ClassVar[str] = "run_detail"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("run_detail"))
 
     def __init__(self, feed: RunFeed) -> None:
         super().__init__()
@@ -138,10 +133,6 @@ class RunDetailScreen(Screen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
-
-    def action_help(self) -> None:
-        from console.screens.help import HelpScreen
-        self.app.push_screen(HelpScreen())
 
     def action_stop(self) -> None:
         if self.feed.status != "running":
