@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Footer, TabbedContent
+from textual.widgets import Footer, Static, TabbedContent
 
 from console.host import Host
 from console.keymap import KEYS
@@ -29,6 +30,7 @@ from console.widgets.run_tables import RunTable
 from engine import events
 from tests.replay import FrozenClock
 from tests.runs_registry import (
+    FIXTURES,
     event_time,
     fresh_snap_root,
     local_app,
@@ -159,10 +161,21 @@ async def test_pane_rows_and_detail_state() -> None:
         assert [name for name, _ in plots["plot-acc"].series] == [f"acc_{i}" for i in range(4)]
         assert plots["plot-tau"].point_count == 60
         prov = dict(screen.feed.provenance())
-        assert prov["finetune from"].startswith("/data/demo/public-drafter (eagle, sha256 ")
+        assert prov["finetune"].startswith("/data/demo/public-drafter (eagle, sha256 ")
         assert prov["data"].startswith("/data/demo/data (sha256 5610ec719eb3")
         assert prov["vocab"].startswith("rebuilt from data (sha256 fcd6e9655d2a")
-        assert prov["code"] == "manifest 5b4def2dcfb1"
+        assert prov["code"] == "manifest 5b4def2dcfb1 · engine 0.1.0"
+        # at 120x40 every row shows (with room for `final`), each within the box's width,
+        # and the hashes are not the part that is cut
+        box = screen.query_one("#detail-prov", Static)
+        await wait_for(pilot, lambda: box.content_size.width > 0)
+        screen.refresh_view(force=True)
+        shown = box.render().plain.splitlines()  # type: ignore[union-attr]
+        assert len(shown) == len(prov) and box.content_size.height >= len(prov) + 1
+        assert all(len(line) <= box.content_size.width for line in shown), shown
+        assert [line.split()[0] for line in shown] == list(prov)
+        for sha in ("6bed35ef9908", "5610ec719eb3", "fcd6e9655d2a"):
+            assert sha in box.render().plain  # type: ignore[union-attr]
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
 
@@ -213,6 +226,34 @@ async def test_feed_catches_up_without_gap_or_repeat_across_a_cancel(tmp_path: P
     assert feed.finished and feed.status == "succeeded"
     assert feed.progress.result is not None and feed.progress.done == 150
     await host.close()
+
+
+async def test_feed_shows_provenance_when_the_run_writes_it(tmp_path: Path) -> None:
+    """Watched from launch: the training run's run.json appears after following started; the
+    feed reads it then, while the run is still running (not only when it ends)."""
+    lines = recorded_events()
+    run_dir = write_run(tmp_path, RUNNING, upto_step(lines, 5), status="running",
+                        start=time.time(), train_json=False)
+    host = Host(local_config(tmp_path).hosts["local"])
+    rec = (await list_runs(host, RUNNING))[0]
+    feed = RunFeed(host, rec, poll=0.05, status_every=0.1)
+    task = asyncio.ensure_future(feed.follow())
+    try:
+        deadline = time.monotonic() + 30
+        while feed.progress.done != 5:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert feed.train_run is None and "finetune" not in dict(feed.provenance())
+        shutil.copy(FIXTURES / "finetune.run.json", run_dir / "out" / "run.json")
+        while feed.train_run is None:
+            assert time.monotonic() < deadline, "run.json never read while following"
+            await asyncio.sleep(0.05)
+        assert feed.following and feed.status == "running"
+        prov = dict(feed.provenance())
+        assert {"finetune", "remap", "target", "data", "vocab"} <= set(prov)
+    finally:
+        task.cancel()
+        await host.close()
 
 
 def test_series_stay_bounded_and_keep_the_whole_run_in_view() -> None:
