@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Footer, Static, TabbedContent
 
+from console.cli import main as cli_main
+from console.config import Profile
 from console.host import Host
 from console.keymap import KEYS
 from console.panes.runs import RunsPane
@@ -26,7 +29,7 @@ from console.runs import list_runs
 from console.screens.main import PANES, MainScreen
 from console.screens.run_detail import RunDetailScreen
 from console.widgets.line_plot import LinePlot, braille_grid
-from console.widgets.run_tables import RunTable
+from console.widgets.run_tables import ProfileTable, RunTable
 from engine import events
 from tests.replay import FrozenClock
 from tests.runs_registry import (
@@ -151,6 +154,8 @@ async def test_pane_rows_and_detail_state() -> None:
         running, finished = table.rows_shown
         assert running[1] == "▶ running" and running[2].startswith("60/150 ")
         assert finished[1] == "✔ succeeded" and finished[3] == "2:21"
+        # a new console (fresh feeds): the finished run's progress is read once, not `-`
+        await wait_for(pilot, lambda: table.rows_shown[1][2] == "150/150")
         assert running[4].startswith("5b4def2d 6d60b61")           # manifest, then git
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
@@ -330,3 +335,74 @@ async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
         assert app.screen.query_one(RunsPane) is pane
+
+
+async def test_t_keeps_the_profile_cursor_and_says_what_it_launches(tmp_path: Path) -> None:
+    """After t the profile cursor and focus stay where the user put them (a second t or Up
+    means that profile), and the status line names the profile t starts."""
+    root = tmp_path / "root"
+    config = local_config(root)
+    config.profiles = {n: Profile(n, ["local"], "true") for n in ("first", "second")}
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        profiles = pane.query_one(ProfileTable)
+        profiles.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        status = pane.query_one("#runs-status", Static)
+        assert "t launches second" in str(status.render())
+        await pilot.press("t")
+        await wait_for(pilot, lambda: pane.busy is None and len(pane.records.get("local", []))
+                       == 1)
+        await pilot.pause()
+        assert app.focused is profiles and profiles.selected == "second"
+        assert pane.records["local"][0].profile == "second"
+        assert pane.query_one(RunTable).selected == pane.records["local"][0].id
+        assert "t launches second" in str(status.render())
+
+
+def order_runs(root: Path) -> list[str]:
+    """Three runs whose ids sort by profile, not by time; the ids newest first."""
+    lines = recorded_events()
+    t0 = event_time(lines[0])
+    starts = {"alpha-20261130-100000-aaaa": t0 + 300, "beta-20261130-100000-bbbb": t0 + 100,
+              "gamma-20261130-100000-cccc": t0 + 200}
+    for rid, start in starts.items():
+        write_run(root, rid, lines, status="succeeded", start=start, end=start + 60,
+                  exit_code=0)
+    return sorted(starts, key=lambda r: -starts[r])
+
+
+def test_runs_host_lists_newest_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    newest = order_runs(tmp_path)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.box]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "runs", "box"]) == 0
+    out = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[0] for line in out] == newest
+
+
+async def test_the_runs_pane_lists_newest_first(tmp_path: Path) -> None:
+    newest = order_runs(tmp_path)
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        await pilot.pause()
+        assert pane.query_one(RunTable).ids == newest
+
+
+async def test_no_profiles_with_a_config_file_says_the_demo_is_hidden(tmp_path: Path) -> None:
+    config = local_config(tmp_path)
+    config.profiles, config.path = {}, tmp_path / "config.toml"
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        text = str(pane.query_one("#runs-activity", Static).render())
+        assert "demo profiles hidden: your config defines hosts" in text
