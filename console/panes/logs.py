@@ -86,9 +86,21 @@ class LogsPane(ShownTimers, Vertical):
         self._open()
 
     def action_next_log(self) -> None:
-        if len(self.paths) > 1:
-            self.path_index = (self.path_index + 1) % len(self.paths)
-            self._open()
+        if self._no_log():
+            return
+        if len(self.paths) == 1:
+            self.notify("only one log configured for this host", timeout=2)
+            return
+        self.path_index = (self.path_index + 1) % len(self.paths)
+        self._open()
+
+    def _no_log(self) -> bool:
+        """Keys that act on a log say so when there is none (instead of doing nothing)."""
+        if self.path is None:
+            self.notify("no log open: add logs = [\"/path/vllm.log\"] to the host in the "
+                        "config", severity="warning", timeout=3)
+            return True
+        return False
 
     @property
     def path(self) -> str | None:
@@ -232,12 +244,16 @@ class LogsPane(ShownTimers, Vertical):
 
     # -- keys -----------------------------------------------------------------------------------
     def action_toggle_follow(self) -> None:
+        if self._no_log():
+            return
         view = self.query_one(LogView)
         if not view.following and view.cursor < 0:
             view.cursor = self.model.visible() - 1
         view.set_following(not view.following)
 
     def action_error(self, direction: int) -> None:
+        if self._no_log():
+            return
         view = self.query_one(LogView)
         start = self.model.visible() if view.following else view.cursor
         row = self.model.find_error(start, -1 if view.following else direction)
@@ -248,6 +264,8 @@ class LogsPane(ShownTimers, Vertical):
         view.go_to(row)
 
     def action_filter(self) -> None:
+        if self._no_log():
+            return
         box = self.query_one("#logs-filter", Input)
         box.display = True
         box.value = self.model.query
