@@ -13,8 +13,8 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical
 
-from console.keymap import bindings
 from console.host import HostState
+from console.keymap import bindings
 from console.monitor_service import HostMonitor, MonitorState
 from console.panes.timers import ShownTimers
 from console.widgets.gpu_detail import GpuDetail
