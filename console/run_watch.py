@@ -243,3 +243,8 @@ def describe_error(e: BaseException) -> str:
     if isinstance(e, ConsoleError):
         return str(e)
     return f"{type(e).__name__}: {e}"
+
+
+def on_host(host: str, what: str) -> str:
+    """`host: what`, naming the host once (errors from a transport already start with it)."""
+    return what if what.startswith(f"{host}: ") else f"{host}: {what}"

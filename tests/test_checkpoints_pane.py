@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Checkbox, Input, Label, Select
+from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from console.cli import main as cli_main
+from console.config import HostConfig
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
 from console.screens.convert_dialog import ConvertDialog, default_destination
 from console.screens.main import MainScreen
 from console.widgets.inspect_view import InspectView
+from console.widgets.meters import count
 from tests.drafters import write_drafter
 from tests.replay import FrozenClock
 from tests.runs_registry import fresh_snap_root, local_app, local_config
@@ -232,3 +234,19 @@ async def test_convert_dialog_fits_100x30(tmp_path: Path) -> None:
             assert r.height > 0 and box.contains_region(r) and r.bottom <= 30, wid
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
+
+
+async def test_an_unreachable_host_is_named_once(tmp_path: Path) -> None:
+    """`bad: cannot reach …`, not `bad: bad: cannot reach …`; and `1 checkpoint`."""
+    config = local_config(tmp_path / "host")
+    config.hosts["bad"] = HostConfig(name="bad", ssh="nobody@127.0.0.1:1",
+                                     known_hosts=str(tmp_path / "known_hosts"))
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)   # local: nothing found yet
+        pane.show_host("bad")
+        await wait_for(pilot, lambda: pane.scan_error is not None)
+        assert pane.scan_error.startswith("bad: cannot reach"), pane.scan_error
+        assert "bad: bad:" not in str(pane.query_one("#ckpt-status", Static).render())
+    assert count(1, "checkpoint") == "1 checkpoint" and count(0, "run") == "0 runs"
+    assert count(1204, "line") == "1,204 lines"

@@ -359,6 +359,7 @@ async def test_t_keeps_the_profile_cursor_and_says_what_it_launches(tmp_path: Pa
                        == 1)
         await pilot.pause()
         assert app.focused is profiles and profiles.selected == "second"
+        assert "2 profiles · 1 run · " in str(status.render())   # not "1 runs"
         assert pane.records["local"][0].profile == "second"
         assert pane.query_one(RunTable).selected == pane.records["local"][0].id
         assert "t launches second" in str(status.render())

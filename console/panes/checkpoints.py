@@ -35,13 +35,13 @@ from console.checkpoints import (
 from console.errors import ConsoleError
 from console.keymap import bindings
 from console.panes.timers import ShownTimers
-from console.run_watch import describe_error
+from console.run_watch import describe_error, on_host
 from console.screens.compare import CompareScreen
 from console.screens.convert_dialog import ConvertDialog, ConvertRequest, exists_message
 from console.screens.serve_dialog import ServeDialog
 from console.serve import ServeRequest, serve
 from console.widgets.inspect_view import InspectView
-from console.widgets.meters import fmt_bytes
+from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from engine import events
 
@@ -170,7 +170,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             found = await find_checkpoints(h)
             self.roots[host] = await h.root()
         except ConsoleError as e:
-            self.scan_error = f"{host}: {describe_error(e)}"
+            self.scan_error = on_host(host, describe_error(e))
             self._draw()
             return
         finally:
@@ -191,7 +191,7 @@ class CheckpointsPane(ShownTimers, Vertical):
                                              [ckpt_row(c, root) for c in found])
         config = self.app.config  # type: ignore[attr-defined]
         folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
-        text = f"[b]{host}[/b] · {len(found)} checkpoints · folders: {folders}"
+        text = f"[b]{host}[/b] · {count(len(found), 'checkpoint')} · folders: {folders}"
         if root:
             text += f" · runs and conversions under {root}"
         if self.scan_error:

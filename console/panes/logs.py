@@ -35,6 +35,7 @@ from console.vllm_metrics import MetricsHistory, split_url
 from console.widgets.host_strip import short_path
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
+from console.widgets.meters import count
 from console.widgets.status_line import StatusLine
 
 TAIL_LINES = 5000      # history loaded when a log is opened (charts get its stats lines)
@@ -222,12 +223,12 @@ class LogsPane(ShownTimers, Vertical):
         parts.append(("  ● following" if following else "  ‖ paused", "low" if following
                       else "mid"))
         m = self.model
-        parts.append((f"  {m.total:,} lines", "label"))
+        parts.append((f"  {count(m.total, 'line')}", "label"))
         parts.append((source, style))
         if m.errors:
-            parts.append((f"  {m.errors} errors (e/E)", "alert"))
+            parts.append((f"  {count(m.errors, 'error')} (e/E)", "alert"))
         if m.query:
-            parts.append((f"  filter “{m.query}”: {len(m.matches):,} lines", "mid"))
+            parts.append((f"  filter “{m.query}”: {count(len(m.matches), 'line')}", "mid"))
         if self.notice:
             parts.append((f"  {self.notice}", "alert" if self.notice.startswith(
                 ("error", "reconnecting")) else "mid"))

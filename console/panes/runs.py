@@ -36,7 +36,7 @@ from console.panes.timers import ShownTimers
 from console.push import PushReport, host_trees, push
 from console.run_watch import RunFeed, RunFeeds, describe_error
 from console.runs import RunRecord, launch, list_runs, newest_first, running_for, stop_run
-from console.widgets.meters import fmt_bytes
+from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
 from engine import events
@@ -141,7 +141,7 @@ class RunsPane(ShownTimers, Vertical):
             h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
             recs = await list_runs(h)
         except ConsoleError as e:
-            self.list_error = f"{host}: cannot read the run registry: {e}"
+            self.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
             self.refresh_view(force=True)
             return
         finally:
@@ -210,7 +210,8 @@ class RunsPane(ShownTimers, Vertical):
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds)])
         running = sum(r.status == "running" for r in recs)
         where = self.config.hosts[host].ssh or "this machine"
-        status = f"[b]{host}[/b] ({where}) · {len(profiles)} profiles · {len(recs)} runs" + \
+        status = f"[b]{host}[/b] ({where}) · {count(len(profiles), 'profile')} · " \
+            f"{count(len(recs), 'run')}" + \
             (f", {running} running" if running else "")
         selected = self.query_one(ProfileTable).selected
         if selected:   # what t starts: the cursor in the profiles table, wherever focus is
