@@ -8,11 +8,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import VerticalScroll
+from textual.markup import escape
 from textual.widgets import Static
 
+from console.commands.doctor import render
 from console.errors import ConsoleError
 from console.keymap import bindings
-from engine.commands.doctor import render
 
 
 class OverviewPane(VerticalScroll):
@@ -47,4 +48,4 @@ class OverviewPane(VerticalScroll):
             report_widget.update(f"[b]{host}[/b]\n\n[red]{e}[/]")
             return
         if self.host == host:
-            report_widget.update(render(report))
+            report_widget.update(escape(render(report)))
