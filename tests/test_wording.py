@@ -1,5 +1,5 @@
 """What a new user reads: the doctor report (CLI and Host pane) lists each package once in one
-column."""
+column; `follow` prints one line per training step."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from console.commands.doctor import render
 
@@ -26,3 +28,21 @@ def test_doctor_report_lists_torch_once_in_one_column() -> None:
     for ln in lines:
         assert ln[width - 2:width] == "  " and ln[width] != " ", ln
     assert any("[0] NVIDIA H200  150 GiB" in ln for ln in lines)
+
+
+def test_follow_prints_one_line_per_training_step(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from console.cli import main as cli_main
+    from tests.runs_registry import recorded_events, write_run
+
+    lines = recorded_events()
+    write_run(tmp_path, "finetune-1", lines, status="succeeded", start=1.0, end=2.0,
+              exit_code=0, train_json=False)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "follow", "finetune-1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    steps = [ln for ln in out if ln.startswith("step ")]
+    assert len(steps) == 150 and not any(ln.startswith("[train]") for ln in out)
+    assert steps[36].startswith("step 37/150 ETA ") and "loss_0=" in steps[36]
+    assert steps[-1].startswith("step 150/150")
