@@ -107,12 +107,14 @@ KEYS: list[Key] = [
         help="stop the selected run (SIGTERM to its process group, SIGKILL later)"),
     Key("enter", "open", "Open run", "runs",
         help="open the run (on a profile: its newest run)"),
-    Key("enter", "select_cursor", "Open run", "runs", on="ProfileTable", footer=False,
-        palette=False, help="open the profile's newest run"),
-    Key("enter", "select_cursor", "Open run", "runs", on="RunTable", footer=False,
-        palette=False, help="open the run under the cursor"),
+    # the focused table's enter is the one the footer shows (once: one key, one label)
+    Key("enter", "select_cursor", "Open run", "runs", on="ProfileTable", palette=False,
+        help="open the profile's newest run"),
+    Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
+        help="open the run under the cursor"),
     Key("r", "refresh", "Refresh", "runs", help="re-read the host's run registry"),
     # -- Checkpoints -------------------------------------------------------------------------
+    # not in the footer: `i Inspect` is, and one label is shown once
     Key("enter", "select_cursor", "Inspect", "checkpoints", on="CheckpointTable",
         footer=False, palette=False,
         help="inspect the selected checkpoint (moving the cursor inspects it too)"),

@@ -306,7 +306,7 @@ async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
         # the footer shows the focused pane's keys
         footer_keys = {b.key for _n, b, _e, _d in app.screen.active_bindings.values()
                        if b.show} if hasattr(app.screen, "active_bindings") else set()
-        assert {"p", "t", "x", "r"} <= footer_keys
+        assert {"p", "t", "x", "r", "enter"} <= footer_keys
         assert app.screen.query_one(Footer).display
         # every pane action is a palette command, and running one acts like the key
         from console.commands_palette import ConsoleCommands
