@@ -31,7 +31,8 @@ class Key:
 
     @property
     def text(self) -> str:
-        return self.help or self.label
+        """What help says the key does: its help, else its label in lower case."""
+        return self.help or self.label[0].lower() + self.label[1:]
 
 
 # (tab id, title) of the main screen's panes, in tab order: keys 1..6 select them
@@ -97,7 +98,7 @@ KEYS: list[Key] = [
         palette=False),
     Key("home", "home", "Top", "logs", on="LogView", footer=False, palette=False),
     Key("end", "end", "Follow", "logs", on="LogView", footer=False, palette=False,
-        help="end: back to following"),
+        help="back to following"),
     # -- Runs --------------------------------------------------------------------------------
     Key("p", "push", "Push", "runs",
         help="push the engine and the host's sync sets (files and bytes sent)"),
