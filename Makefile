@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # A pinned torch installs as a CPU build on machines like ours; an open range pulls CUDA (GBs).
 TORCH_PIN ?= torch==2.13.0
+# setuptools reports every editable install in a boxed "Editable installation" warning, which
+# pip (26) shows even with -q; it is information only, so the installs below filter it out
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: run test setup setup-test check lint clean
 
@@ -12,11 +15,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q "$(TORCH_PIN)" -e ".[engine]"
+	$(QUIET_EDITABLE) $(BIN)/pip install -q "$(TORCH_PIN)" -e ".[engine]"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[engine,test]"
+	$(QUIET_EDITABLE) $(BIN)/pip install -q -e ".[engine,test]"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from textual.app import App
 from textual.theme import Theme
 
+from console.commands_palette import ConsoleCommands
 from console.config import Config
 from console.host import HostPool, HostState
 from console.messages import HostStateChanged
 from console.monitor_service import MonitorHub
+from console.screens.help import HelpScreen
 from console.screens.main import MainScreen
 from console.themes import DEFAULT_THEME, check_theme, css_paths, register_themes, remember_theme
 
@@ -23,6 +25,7 @@ class Eagle3App(App):
 
     TITLE = "eagle3-console"
     CSS_PATH = css_paths()
+    COMMANDS = App.COMMANDS | {ConsoleCommands}   # every pane action by name (ctrl+p)
 
     def __init__(self, config: Config, host: str | None = None, *,
                  clock: Callable[[], float] = time.time,
@@ -45,8 +48,14 @@ class Eagle3App(App):
         self.theme_changed_signal.subscribe(self, self._on_theme_changed)
         if self.theme_flag:
             self._on_theme_changed(self.current_theme)
-        self.push_screen(MainScreen(list(self.config.hosts), self.initial_host))
+        notes = {n: "(this machine)" for n, h in self.config.hosts.items() if h.is_local}
+        self.push_screen(MainScreen(list(self.config.hosts), self.initial_host, notes))
         self.call_after_refresh(self._freeze_startup_objects)
+
+    def action_help(self) -> None:
+        """`?` on any screen: every key, by pane (console/keymap.py)."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
 
     def _freeze_startup_objects(self) -> None:
         """The widget tree, styles and modules live as long as the app: keep them out of the

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
 from console.host import HostState
+
+if TYPE_CHECKING:
+    from console.run_watch import RunFeed
 
 
 class HostSelected(Message):
@@ -21,3 +26,12 @@ class HostStateChanged(Message):
     def __init__(self, host: str, state: HostState, detail: str) -> None:
         super().__init__()
         self.host, self.state, self.detail = host, state, detail
+
+
+class OpenRun(Message):
+    """Show a run's detail screen (the runs pane asks; the main screen pushes the screen, so
+    the pane need not import the screen)."""
+
+    def __init__(self, feed: RunFeed) -> None:
+        super().__init__()
+        self.feed = feed

@@ -11,7 +11,8 @@ reconnects with backoff and reads on from its offset.
 `follow()` ends once the host's registry says the run is no longer running and both files are
 read to their end. Provenance comes from the run record (what ran, with which pushed code) and,
 for `engine train`, from the training run's own run.json (finetune source and sha256, data and
-vocab hashes).
+vocab hashes): read when following starts, looked for again with each registry check until it
+appears (the engine writes it after loading its inputs), and read once more at the end.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class RunFeed:
         if time.monotonic() - self._asked >= self.status_every:
             self._asked = time.monotonic()
             await self.refresh_record()
+            if self.train_run is None:   # engine train writes it after its setup: show it then
+                await self.load_provenance()
         return self.status != "running"
 
     async def refresh_record(self) -> RunRecord:
@@ -161,10 +164,16 @@ class RunFeed:
     def provenance(self) -> list[tuple[str, str]]:
         """(label, value) rows: what ran, the code it ran, and what it trained from."""
         raw = self.record.raw
-        rows: list[tuple[str, str]] = [("run", self.run_id), ("host", self.record.host)]
+        # few rows: the run detail box has ~10 rows of ~45 columns at 120x40; a value is
+        # "PATH (what, sha256 PREFIX)" so the screen can shorten the path and keep the hash
+        rows: list[tuple[str, str]] = [("run", f"{self.run_id} on {self.record.host}")]
         push = raw.get("push") or {}
-        if push.get("manifest"):
-            rows.append(("code", f"manifest {str(push['manifest'])[:12]}"))
+        tr = self.train_run
+        code = [f"manifest {str(push['manifest'])[:12]}"] if push.get("manifest") else []
+        if tr and tr.get("engine"):
+            code.append(f"engine {tr['engine']}")
+        if code:
+            rows.append(("code", " · ".join(code)))
         by_commit: dict[str, list[str]] = {}
         for tree, commit in (push.get("git") or {}).items():
             if commit:
@@ -173,21 +182,19 @@ class RunFeed:
             dirty = " (local changes)" if commit.endswith("-dirty") else ""
             rows.append(("git", f"{commit.removesuffix('-dirty')[:12]}{dirty} "
                                 f"({', '.join(trees)})"))
-        tr = self.train_run
         if tr:
             settings = tr.get("settings") or {}
             ft = tr.get("finetune")
             if isinstance(ft, dict):
                 shas = ft.get("sha256") or {}
                 sha = next(iter(shas.values()), "") if isinstance(shas, dict) else str(shas)
-                rows.append(("finetune from", f"{ft.get('path', '?')} ({ft.get('format', '?')}"
+                rows.append(("finetune", f"{ft.get('path', '?')} ({ft.get('format', '?')}"
                              + (f", sha256 {sha[:12]}" if sha else "") + ")"))
                 remap = ft.get("vocab_remap")
                 if isinstance(remap, dict):
-                    rows.append(("vocab remap", ", ".join(f"{k} {v}" for k, v in remap.items()
-                                                          if isinstance(v, (int, float)))))
+                    rows.append(("remap", _remap_text(remap)))
             else:
-                rows.append(("finetune from", "— (from scratch)"))
+                rows.append(("finetune", "— (from scratch)"))
             if settings.get("target"):
                 rows.append(("target", str(settings["target"])))
             if settings.get("data"):
@@ -196,12 +203,19 @@ class RunFeed:
             vocab = settings.get("vocab") or ("rebuilt from data" if settings.get("rebuild_vocab")
                                               else "the checkpoint's / built from data")
             rows.append(("vocab", f"{vocab} (sha256 {str(tr.get('vocab_sha256') or '?')[:12]})"))
-            if tr.get("engine"):
-                rows.append(("engine", str(tr["engine"])))
         argv = raw.get("argv") or []
         if argv:  # last: the longest, and what wraps
             rows.append(("command", " ".join(str(a) for a in argv)))
         return rows
+
+
+def _remap_text(remap: dict[str, Any]) -> str:
+    """`kept 160, new 32, dropped 0 (160 -> 192 ids)`, or every number it has."""
+    if all(isinstance(remap.get(k), int) for k in ("kept", "new", "dropped", "old_size",
+                                                    "new_size")):
+        return (f"kept {remap['kept']}, new {remap['new']}, dropped {remap['dropped']} "
+                f"({remap['old_size']} -> {remap['new_size']} ids)")
+    return ", ".join(f"{k} {v}" for k, v in remap.items() if isinstance(v, (int, float)))
 
 
 class RunFeeds:
@@ -229,3 +243,8 @@ def describe_error(e: BaseException) -> str:
     if isinstance(e, ConsoleError):
         return str(e)
     return f"{type(e).__name__}: {e}"
+
+
+def on_host(host: str, what: str) -> str:
+    """`host: what`, naming the host once (errors from a transport already start with it)."""
+    return what if what.startswith(f"{host}: ") else f"{host}: {what}"

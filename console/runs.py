@@ -167,6 +167,11 @@ async def list_runs(host: Host, run_id: str | None = None) -> list[RunRecord]:
     return [RunRecord.from_dict(d, host.name) for d in data or []]
 
 
+def newest_first(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """The one order runs are shown in (the runs pane, `runs HOST`): latest start first."""
+    return sorted(records, key=lambda r: (r.start or 0.0, r.id), reverse=True)
+
+
 # -- launch ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

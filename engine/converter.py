@@ -14,6 +14,7 @@ whatever symlinks lead there: with --force that would delete the source.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -66,6 +67,19 @@ class _Item:
     shape: tuple[int, ...]
 
 
+def _local_architectures(verifier: str) -> list[str] | None:
+    """A verifier given as a local folder: the `architectures` of its config.json (what the
+    speculators style records); None for a hub name or a folder without one."""
+    path = Path(verifier).expanduser() / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        archs = json.loads(path.read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError) as e:
+        raise EngineError(f"{path}: cannot read the verifier's config: {e}") from e
+    return [str(a) for a in archs] if isinstance(archs, list) else None
+
+
 def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = None,
                        dtype: str = "keep", speculative_tokens: int = 3,
                        embed_from: Path | None = None, drop_embed: bool = False,
@@ -83,6 +97,7 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
     cfg = ck.config.with_(speculative_tokens=speculative_tokens)
     if verifier:
         cfg.verifier = verifier
+        cfg.verifier_architectures = _local_architectures(verifier) or cfg.verifier_architectures
     if dtype != "keep":
         cfg.torch_dtype = DTYPE_NAMES[dtype]
 

@@ -108,9 +108,10 @@ def drop_torn_tail(path: str) -> None:
 class Emitter:
     """Where an engine command reports to: JSON lines with --events, a human view without.
 
-    Human mode: progress is a one-line bar on stderr (redrawn at most every 0.1 s), logs go to
-    stderr, results are printed by the command itself. Extra sinks (e.g. RUN_DIR/events.jsonl)
-    always receive JSON lines, whichever mode stdout is in.
+    Human mode: progress is a one-line bar on stderr (redrawn at most every 0.1 s) when stderr
+    is a terminal, and whole lines (one per tenth done, or per 10 s) when it is a file or a pipe,
+    never `\r`; logs go to stderr, results are printed by the command itself. Extra sinks (e.g.
+    RUN_DIR/events.jsonl) always receive JSON lines, whichever mode stdout is in.
     """
 
     def __init__(self, cmd: str, json_mode: bool = False, out: IO[str] | None = None,
@@ -122,6 +123,8 @@ class Emitter:
         self.sinks: list[IO[str]] = []
         self._last_bar = 0.0
         self._bar_open = False
+        self._tty = _isatty(self.err)
+        self._plain_last: dict[str, tuple[int | None, float]] = {}  # desc -> (tenth, time)
         self._progress_start: dict[str, tuple[float, int]] = {}
 
     # -- sinks ---------------------------------------------------------------------------------
@@ -219,6 +222,15 @@ class Emitter:
             text += f" {rate:.1f} {unit}/s"
         if eta is not None:
             text += f" eta {_fmt_secs(eta)}"
+        if not self._tty:   # a log file or a pipe: a few whole lines, no carriage returns
+            tenth = int(min(1.0, done / total) * 10) if total else None
+            last = self._plain_last.get(desc)
+            now = time.monotonic()
+            if last is None or (tenth is not None and tenth != last[0]) or now - last[1] >= 10:
+                self._plain_last[desc] = (tenth, now)
+                self.err.write(text[:150] + "\n")
+                self.err.flush()
+            return
         self.err.write("\r" + text[:150].ljust(60))
         self.err.flush()
         self._bar_open = True
@@ -228,6 +240,13 @@ class Emitter:
             self.err.write("\n")
             self.err.flush()
             self._bar_open = False
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):   # no isatty, or closed
+        return False
 
 
 def _fmt_secs(s: float) -> str:

@@ -45,6 +45,10 @@ async def test_host_list_selects_the_host_for_every_pane(tmp_path: Path) -> None
     app = fleet_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         hosts = app.screen.query_one(HostList)
+        # a [hosts.X] without ssh is this machine, and the list says so
+        item = hosts.query_one("#host-gpu2")
+        assert "gpu2" in str(item.label.render()) and \
+            "(this machine)" in str(item.label.render())  # type: ignore[attr-defined]
         hosts.focus()
         await pilot.press("down")
         await pilot.pause()
@@ -74,6 +78,8 @@ async def test_footer_shows_each_panes_keys_after_every_switch(tmp_path: Path) -
                     want.append((b.key, b.action))
             assert [k for k, _d in shown] == [k for k, _a in want], n
             assert all(d for _k, d in shown)
+            labels = [d for _k, d in shown]    # never "enter Inspect  i Inspect"
+            assert len(labels) == len(set(labels)), (n, labels)
 
 
 async def test_hidden_progress_bars_keep_no_timers_running(tmp_path: Path) -> None:

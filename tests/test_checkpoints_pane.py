@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Checkbox, Input, Select
+from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from console.cli import main as cli_main
+from console.config import HostConfig
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
 from console.screens.convert_dialog import ConvertDialog, default_destination
 from console.screens.main import MainScreen
 from console.widgets.inspect_view import InspectView
+from console.widgets.meters import count
 from tests.drafters import write_drafter
 from tests.replay import FrozenClock
 from tests.runs_registry import fresh_snap_root, local_app, local_config
@@ -129,7 +131,7 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         assert json.loads((Path(dst) / "provenance.json").read_text())["source"]
         await wait_for(pilot, lambda: dst in table.paths)
         assert table.selected == dst
-        # the same again without "replace": the engine refuses, the pane says so in full
+        # the same again without "replace": refused before the engine runs
         table.select(str(shelf / "aq-medai-eagle3"))
         await pilot.pause()
         await pilot.press("c")
@@ -140,8 +142,39 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         assert not app.screen.query_one("#convert-force", Checkbox).value
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: view.error is not None)
-        assert view.error.startswith("convert failed: local: ") and dst in view.error
-        assert "exists" in view.error and "--force" in view.error
+        assert view.error.startswith("convert not started: ") and dst in view.error
+        # in the dialog's words (its checkbox), not the CLI's --force; nothing was run
+        assert "already exists" in view.error and "“replace if it exists”" in view.error
+        assert "--force" not in view.error
+        assert pane.converting is None
+
+
+async def test_convert_dialog_requires_and_prefills_the_verifier_for_speculators(
+        tmp_path: Path) -> None:
+    shelf = checkpoints_tree(tmp_path)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        dialog = app.screen
+        label = dialog.query_one("#convert-verifier-label", Label)
+        assert "optional" in str(label.render())
+        # the demo profiles on this host train against /data/demo/target: proposed
+        verifier = dialog.query_one("#convert-verifier", Input)
+        assert verifier.value == "/data/demo/target"
+        dialog.query_one("#convert-to", Select).value = "speculators"
+        await pilot.pause()
+        assert "required" in str(label.render()) and "*" in str(label.render())
+        verifier.value = ""
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is dialog and pane.converting is None   # refused, still open
+        assert dialog.focused is verifier
+        verifier.value = "/data/demo/target"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: app.screen is not dialog)
 
 
 async def test_a_corrupt_checkpoint_shows_the_engine_error(tmp_path: Path) -> None:
@@ -201,3 +234,19 @@ async def test_convert_dialog_fits_100x30(tmp_path: Path) -> None:
             assert r.height > 0 and box.contains_region(r) and r.bottom <= 30, wid
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
+
+
+async def test_an_unreachable_host_is_named_once(tmp_path: Path) -> None:
+    """`bad: cannot reach …`, not `bad: bad: cannot reach …`; and `1 checkpoint`."""
+    config = local_config(tmp_path / "host")
+    config.hosts["bad"] = HostConfig(name="bad", ssh="nobody@127.0.0.1:1",
+                                     known_hosts=str(tmp_path / "known_hosts"))
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)   # local: nothing found yet
+        pane.show_host("bad")
+        await wait_for(pilot, lambda: pane.scan_error is not None)
+        assert pane.scan_error.startswith("bad: cannot reach"), pane.scan_error
+        assert "bad: bad:" not in str(pane.query_one("#ckpt-status", Static).render())
+    assert count(1, "checkpoint") == "1 checkpoint" and count(0, "run") == "0 runs"
+    assert count(1204, "line") == "1,204 lines"

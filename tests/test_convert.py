@@ -218,6 +218,18 @@ def test_norm_before_residual_true_cannot_become_eagle(tmp_path: Path,
     assert not (tmp_path / "dst").exists()
 
 
+def test_speculators_export_reads_a_local_verifiers_architectures(tmp_path: Path) -> None:
+    write_drafter(tmp_path / "src")
+    verifier = tmp_path / "target"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert convert(tmp_path / "src", tmp_path / "dst", "--to", "speculators",
+                   "--verifier", verifier) == 0
+    conf = json.loads((tmp_path / "dst" / "config.json").read_text())
+    assert conf["speculators_config"]["verifier"] == {
+        "name_or_path": str(verifier), "architectures": ["LlamaForCausalLM"]}
+
+
 def test_speculators_output_needs_a_verifier(tmp_path: Path,
                                             capsys: pytest.CaptureFixture) -> None:
     write_drafter(tmp_path / "src")

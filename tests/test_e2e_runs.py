@@ -123,7 +123,7 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
         assert plots["plot-tau"].point_count == STEPS
         assert len(plots["plot-acc"].series) == 4      # acc_0..acc_3 (--ttt-steps 4)
         prov = dict(feed.provenance())
-        assert prov["finetune from"].startswith(str(demo_dir / "public-drafter"))
+        assert prov["finetune"].startswith(str(demo_dir / "public-drafter"))
         assert "manifest" in prov["code"]
 
         # its final checkpoint, in the checkpoints pane, inspects clean

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine import events
 from engine.events import Emitter, encode, parse
+from tests.drafters import write_drafter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,6 +68,38 @@ def test_appending_sink_cuts_a_line_torn_by_a_kill(tmp_path: Path) -> None:
     assert path.read_text(encoding="utf-8").splitlines() == lines
     events.drop_torn_tail(str(tmp_path / "absent.jsonl"))  # and a missing one is not created
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_to_a_file_or_pipe_is_whole_lines_without_carriage_returns() -> None:
+    err = io.StringIO()                       # not a terminal: what `2> log` or a pipe is
+    ev = Emitter("eval", err=err)
+    for i in range(101):
+        ev.progress(i, 100, unit="sample", desc="eval", force=True)
+    text = err.getvalue()
+    assert "\r" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert 10 <= len(lines) <= 12 and "100/100 sample" in lines[-1]
+    tty = Tty()                              # a terminal still gets the redrawn bar
+    ev = Emitter("eval", err=tty)
+    for i in range(101):
+        ev.progress(i, 100, unit="sample", desc="eval", force=True)
+    assert tty.getvalue().count("\r") == 101
+
+
+def test_an_engine_commands_progress_through_a_pipe_has_no_carriage_returns(
+        tmp_path: Path) -> None:
+    """`engine convert` here (`engine eval` and the others share the Emitter): stderr a pipe."""
+    write_drafter(tmp_path / "src")
+    r = subprocess.run([sys.executable, "-m", "engine", "convert", str(tmp_path / "src"),
+                        str(tmp_path / "dst"), "--to", "sglang"], cwd=REPO,
+                       capture_output=True, timeout=120)   # bytes: text mode would hide \r
+    assert r.returncode == 0, r.stderr
+    assert b"\r" not in r.stderr and b"convert [" in r.stderr
 
 
 def test_human_mode_draws_bar_on_stderr() -> None:

@@ -116,3 +116,22 @@ async def test_screen_stays_responsive_while_a_host_hangs(tmp_path: Path) -> Non
         await asyncio.sleep(0.5)
         assert app.monitors["stuck"].state is MonitorState.STARTING
         assert "starting the monitor agent" in app.screen.query_one(StatusLine).plain
+
+
+async def test_a_failed_host_reads_failed_in_the_pane_and_the_hosts_list(tmp_path: Path) -> None:
+    """The hosts list and the GPU pane use one word for one host: `failed` when the last
+    connect failed (the monitor retrying is said after it), not `reconnecting` beside it."""
+    from console.host import HostState
+    from console.widgets.host_list import HostList
+
+    app = fleet_app(tmp_path, host="gpu2")
+    async with app.run_test(size=SIZE) as pilot:
+        app.pool.set_state("gpu2", HostState.FAILED, "gpu2: cannot connect: refused")
+        await pilot.pause()
+        pane = app.screen.query_one(GpuPane)
+        pane.refresh_view(force=True)
+        status = app.screen.query_one(StatusLine).plain
+        item = app.screen.query_one(HostList).query_one("#host-gpu2")
+        assert "failed" in str(item.label.render())  # type: ignore[attr-defined]
+        assert "failed" in status and "reconnecting" not in status
+        assert "gpu2: cannot connect: refused" in status

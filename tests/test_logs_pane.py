@@ -166,6 +166,14 @@ async def test_host_without_logs_says_how_to_add_one(tmp_path: Path) -> None:
         pane.redraw(force=True)
         assert "no logs configured: add logs = [" in pane.query_one(StatusLine).plain
         assert "[hosts.gpu1]" in pane.query_one(StatusLine).plain
+        # keys that act on a log say there is none (not "no errors in this log", not nothing)
+        for key in ("e", "slash", "l", "f"):
+            app.clear_notifications()
+            await pilot.press(key)
+            await pilot.pause()
+            said = [n.message for n in app._notifications]  # noqa: SLF001
+            assert len(said) == 1 and said[0].startswith("no log open"), (key, said)
+        assert not pane.query_one("#logs-filter").display
 
 
 # -- the model alone ------------------------------------------------------------------------------

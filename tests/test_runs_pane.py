@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,21 +16,24 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Footer, TabbedContent
+from textual.widgets import Footer, Static, TabbedContent
 
+from console.cli import main as cli_main
+from console.config import Profile
 from console.host import Host
+from console.keymap import KEYS
 from console.panes.runs import RunsPane
 from console.run_progress import MAX_POINTS, RunProgress, Series
 from console.run_watch import RunFeed
 from console.runs import list_runs
-from console.screens.help import flat, own_bindings, sections
 from console.screens.main import PANES, MainScreen
 from console.screens.run_detail import RunDetailScreen
 from console.widgets.line_plot import LinePlot, braille_grid
-from console.widgets.run_tables import RunTable
+from console.widgets.run_tables import ProfileTable, RunTable
 from engine import events
 from tests.replay import FrozenClock
 from tests.runs_registry import (
+    FIXTURES,
     event_time,
     fresh_snap_root,
     local_app,
@@ -149,6 +154,8 @@ async def test_pane_rows_and_detail_state() -> None:
         running, finished = table.rows_shown
         assert running[1] == "▶ running" and running[2].startswith("60/150 ")
         assert finished[1] == "✔ succeeded" and finished[3] == "2:21"
+        # a new console (fresh feeds): the finished run's progress is read once, not `-`
+        await wait_for(pilot, lambda: table.rows_shown[1][2] == "150/150")
         assert running[4].startswith("5b4def2d 6d60b61")           # manifest, then git
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
@@ -159,10 +166,21 @@ async def test_pane_rows_and_detail_state() -> None:
         assert [name for name, _ in plots["plot-acc"].series] == [f"acc_{i}" for i in range(4)]
         assert plots["plot-tau"].point_count == 60
         prov = dict(screen.feed.provenance())
-        assert prov["finetune from"].startswith("/data/demo/public-drafter (eagle, sha256 ")
+        assert prov["finetune"].startswith("/data/demo/public-drafter (eagle, sha256 ")
         assert prov["data"].startswith("/data/demo/data (sha256 5610ec719eb3")
         assert prov["vocab"].startswith("rebuilt from data (sha256 fcd6e9655d2a")
-        assert prov["code"] == "manifest 5b4def2dcfb1"
+        assert prov["code"] == "manifest 5b4def2dcfb1 · engine 0.1.0"
+        # at 120x40 every row shows (with room for `final`), each within the box's width,
+        # and the hashes are not the part that is cut
+        box = screen.query_one("#detail-prov", Static)
+        await wait_for(pilot, lambda: box.content_size.width > 0)
+        screen.refresh_view(force=True)
+        shown = box.render().plain.splitlines()  # type: ignore[union-attr]
+        assert len(shown) == len(prov) and box.content_size.height >= len(prov) + 1
+        assert all(len(line) <= box.content_size.width for line in shown), shown
+        assert [line.split()[0] for line in shown] == list(prov)
+        for sha in ("6bed35ef9908", "5610ec719eb3", "fcd6e9655d2a"):
+            assert sha in box.render().plain  # type: ignore[union-attr]
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
 
@@ -215,6 +233,34 @@ async def test_feed_catches_up_without_gap_or_repeat_across_a_cancel(tmp_path: P
     await host.close()
 
 
+async def test_feed_shows_provenance_when_the_run_writes_it(tmp_path: Path) -> None:
+    """Watched from launch: the training run's run.json appears after following started; the
+    feed reads it then, while the run is still running (not only when it ends)."""
+    lines = recorded_events()
+    run_dir = write_run(tmp_path, RUNNING, upto_step(lines, 5), status="running",
+                        start=time.time(), train_json=False)
+    host = Host(local_config(tmp_path).hosts["local"])
+    rec = (await list_runs(host, RUNNING))[0]
+    feed = RunFeed(host, rec, poll=0.05, status_every=0.1)
+    task = asyncio.ensure_future(feed.follow())
+    try:
+        deadline = time.monotonic() + 30
+        while feed.progress.done != 5:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        assert feed.train_run is None and "finetune" not in dict(feed.provenance())
+        shutil.copy(FIXTURES / "finetune.run.json", run_dir / "out" / "run.json")
+        while feed.train_run is None:
+            assert time.monotonic() < deadline, "run.json never read while following"
+            await asyncio.sleep(0.05)
+        assert feed.following and feed.status == "running"
+        prov = dict(feed.provenance())
+        assert {"finetune", "remap", "target", "data", "vocab"} <= set(prov)
+    finally:
+        task.cancel()
+        await host.close()
+
+
 def test_series_stay_bounded_and_keep_the_whole_run_in_view() -> None:
     s = Series()
     n = MAX_POINTS * 10 + 7
@@ -250,18 +296,6 @@ def test_braille_grid_draws_a_joined_line() -> None:
     assert {k for row in grid for bits, k in row if bits} == {0}
 
 
-def test_help_lists_every_pane_binding_and_the_palette_has_them() -> None:
-    rows = flat(sections())
-    for _id, title, cls in PANES:
-        for b in own_bindings(cls):
-            desc = b.description if hasattr(b, "description") else b[2]  # type: ignore[union-attr]
-            if desc:
-                assert any(t == f"{title} pane" and d == desc for t, _k, d in rows), (title, desc)
-    for b in own_bindings(RunDetailScreen):
-        assert any(t.startswith("Run detail") and d == b.description  # type: ignore[union-attr]
-                   for t, _k, d in rows)
-
-
 async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
     root, clock = tmp_path / "root", FrozenClock()
     app = local_app(local_config(root), clock)
@@ -272,16 +306,18 @@ async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
         # the footer shows the focused pane's keys
         footer_keys = {b.key for _n, b, _e, _d in app.screen.active_bindings.values()
                        if b.show} if hasattr(app.screen, "active_bindings") else set()
-        assert {"p", "t", "x", "r"} <= footer_keys
+        assert {"p", "t", "x", "r", "enter"} <= footer_keys
         assert app.screen.query_one(Footer).display
         # every pane action is a palette command, and running one acts like the key
         from console.commands_palette import ConsoleCommands
+        assert ConsoleCommands in app.COMMANDS   # set once, on the app
         provider = ConsoleCommands(app.screen)
         names = [name for name, _h, _cb in provider.commands()]
-        for _id, title, cls in PANES:
-            for b in own_bindings(cls):
-                if getattr(b, "description", ""):
-                    assert f"{title}: {b.description}" in names  # type: ignore[union-attr]
+        for tab_id, title, _cls in PANES:
+            for k in KEYS:
+                if k.section == tab_id and k.bound and k.palette:
+                    assert f"{title}: {k.label}" in names
+        assert "GPUs: Sort" in names and "Checkpoints: Serve" in names
         assert "Help: all keys" in names
         show_ckpt = next(cb for name, _h, cb in provider.commands() if name == "Show Checkpoints")
         show_ckpt()
@@ -299,3 +335,75 @@ async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
         assert app.screen.query_one(RunsPane) is pane
+
+
+async def test_t_keeps_the_profile_cursor_and_says_what_it_launches(tmp_path: Path) -> None:
+    """After t the profile cursor and focus stay where the user put them (a second t or Up
+    means that profile), and the status line names the profile t starts."""
+    root = tmp_path / "root"
+    config = local_config(root)
+    config.profiles = {n: Profile(n, ["local"], "true") for n in ("first", "second")}
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        profiles = pane.query_one(ProfileTable)
+        profiles.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        status = pane.query_one("#runs-status", Static)
+        assert "t launches second" in str(status.render())
+        await pilot.press("t")
+        await wait_for(pilot, lambda: pane.busy is None and len(pane.records.get("local", []))
+                       == 1)
+        await pilot.pause()
+        assert app.focused is profiles and profiles.selected == "second"
+        assert "2 profiles · 1 run · " in str(status.render())   # not "1 runs"
+        assert pane.records["local"][0].profile == "second"
+        assert pane.query_one(RunTable).selected == pane.records["local"][0].id
+        assert "t launches second" in str(status.render())
+
+
+def order_runs(root: Path) -> list[str]:
+    """Three runs whose ids sort by profile, not by time; the ids newest first."""
+    lines = recorded_events()
+    t0 = event_time(lines[0])
+    starts = {"alpha-20261130-100000-aaaa": t0 + 300, "beta-20261130-100000-bbbb": t0 + 100,
+              "gamma-20261130-100000-cccc": t0 + 200}
+    for rid, start in starts.items():
+        write_run(root, rid, lines, status="succeeded", start=start, end=start + 60,
+                  exit_code=0)
+    return sorted(starts, key=lambda r: -starts[r])
+
+
+def test_runs_host_lists_newest_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    newest = order_runs(tmp_path)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.box]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "runs", "box"]) == 0
+    out = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[0] for line in out] == newest
+
+
+async def test_the_runs_pane_lists_newest_first(tmp_path: Path) -> None:
+    newest = order_runs(tmp_path)
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        await pilot.pause()
+        assert pane.query_one(RunTable).ids == newest
+
+
+async def test_no_profiles_with_a_config_file_says_the_demo_is_hidden(tmp_path: Path) -> None:
+    config = local_config(tmp_path)
+    config.profiles, config.path = {}, tmp_path / "config.toml"
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.listed > 0)
+        text = str(pane.query_one("#runs-activity", Static).render())
+        assert "demo profiles hidden: your config defines hosts" in text

@@ -92,6 +92,49 @@ def render_event(line: Line) -> str | None:
     return None
 
 
+class StepLines:
+    """One line per training step: the engine writes a step's metric, then its progress; the
+    two are printed together (`step 37/150 ETA 1:12: loss=…`). A metric whose progress has not
+    arrived by the end of a batch is printed alone, and that progress is then dropped."""
+
+    def __init__(self) -> None:
+        self.pending: tuple[object, str] | None = None   # (step, "k=v …") held for its progress
+        self.printed_step: object = None                 # the step of the last metric printed
+
+    def add(self, line: Line) -> list[str]:
+        """Lines to print for one event line (raises MalformedEvent like render_event)."""
+        text = render_event(line)
+        ev = events.parse(line.text)
+        if ev is not None and ev.kind == "metric":
+            out = self.flush()
+            self.pending = (ev.get("step"), text.split(": ", 1)[1] if text else "")
+            return out
+        if ev is not None and ev.kind == "progress" and ev.get("unit") == "step":
+            done, total, eta = ev.get("done"), ev.get("total"), ev.get("eta_s")
+            if self.pending is not None and self.pending[0] == done:
+                vals = self.pending[1]
+                self.pending, self.printed_step = None, done
+                head = f"step {done}" + (f"/{total}" if total else "") + \
+                    (f" ETA {_clock(eta)}" if _number(eta) else "")
+                return [f"{head}: {vals}"]
+            if done == self.printed_step:
+                return []
+        return [*self.flush(), *([text] if text is not None else [])]
+
+    def flush(self) -> list[str]:
+        if self.pending is None:
+            return []
+        step, vals = self.pending
+        self.pending, self.printed_step = None, step
+        return [f"step {step}: {vals}"]
+
+
+def _clock(seconds: object) -> str:
+    s = int(seconds) if _number(seconds) else 0  # type: ignore[call-overload]
+    h, rem = divmod(s, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
 class Skipped:
     """Malformed event lines: each of the first few named on stderr, all of them counted."""
 
@@ -124,15 +167,16 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         skipped = Skipped()
 
         async def pump(f: LogFollower, is_events: bool) -> None:
+            steps = StepLines()
             async for batch in f.batches():
                 for line in batch:
                     try:
-                        text = render_event(line) if is_events else line.display()
+                        texts = steps.add(line) if is_events else [line.display()]
                     except MalformedEvent as e:
                         skipped.add(line, str(e))
                         continue
-                    if text is not None:
-                        sys.stdout.write(text + "\n")
+                    sys.stdout.writelines(t + "\n" for t in texts)
+                sys.stdout.writelines(t + "\n" for t in steps.flush())
                 sys.stdout.flush()
 
         await asyncio.gather(*(pump(f, n == "events.jsonl")

@@ -8,7 +8,7 @@ import time
 
 from console.config import Config
 from console.host import open_host
-from console.runs import RunRecord, list_runs
+from console.runs import RunRecord, list_runs, newest_first
 
 HELP = "list the runs recorded on HOST (running, succeeded, failed, stopped, lost, corrupt)"
 
@@ -21,7 +21,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, config: Config) -> int:
     host = await open_host(config, args.host)
     try:
-        records = await list_runs(host)
+        records = newest_first(await list_runs(host))   # the runs pane's order
     finally:
         await host.close()
     if args.json:

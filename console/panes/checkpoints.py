@@ -15,12 +15,13 @@ back to a checkpoint shows its report at once. Engine errors are shown whole in 
 from __future__ import annotations
 
 import posixpath
+import shlex
 import time
 from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
@@ -32,20 +33,35 @@ from console.checkpoints import (
     inspect_checkpoint,
 )
 from console.errors import ConsoleError
+from console.keymap import bindings
 from console.panes.timers import ShownTimers
-from console.run_watch import describe_error
+from console.run_watch import describe_error, on_host
 from console.screens.compare import CompareScreen
-from console.screens.convert_dialog import ConvertDialog, ConvertRequest
+from console.screens.convert_dialog import ConvertDialog, ConvertRequest, exists_message
 from console.screens.serve_dialog import ServeDialog
 from console.serve import ServeRequest, serve
 from console.widgets.inspect_view import InspectView
-from console.widgets.meters import fmt_bytes
+from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from engine import events
 
 SCAN_EVERY_S = 10.0
 INSPECT_DELAY_S = 0.3   # the cursor rests this long before a report is asked for
 COLUMNS = ("CHECKPOINT", "SIZE", "MODIFIED")
+
+
+def flag_value(command: str, flag: str) -> str | None:
+    """The value of `flag` in a shell command line (`--target X` or `--target=X`)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for i, w in enumerate(words):
+        if w == flag and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith(flag + "="):
+            return w.split("=", 1)[1]
+    return None
 
 
 def display_path(ck: Checkpoint, root: str) -> str:
@@ -64,7 +80,7 @@ def ckpt_row(ck: Checkpoint, root: str) -> tuple[str, str, str]:
 class CheckpointTable(DataTable[Any]):
     """Checkpoints of the selected host; enter inspects the one under the cursor."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Inspect")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("checkpoints", on="CheckpointTable"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
@@ -99,14 +115,7 @@ class CheckpointTable(DataTable[Any]):
 class CheckpointsPane(ShownTimers, Vertical):
     """Checkpoints of the selected host (module docstring)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("i", "inspect", "Inspect"),
-        Binding("c", "convert", "Convert"),
-        Binding("v", "serve", "Serve"),
-        Binding("m", "compare", "Compare"),
-        Binding("r", "refresh", "Rescan"),
-    ]
-    HELP_WIDGETS: ClassVar[list[type]] = [CheckpointTable]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("checkpoints"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -161,7 +170,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             found = await find_checkpoints(h)
             self.roots[host] = await h.root()
         except ConsoleError as e:
-            self.scan_error = f"{host}: {describe_error(e)}"
+            self.scan_error = on_host(host, describe_error(e))
             self._draw()
             return
         finally:
@@ -182,7 +191,7 @@ class CheckpointsPane(ShownTimers, Vertical):
                                              [ckpt_row(c, root) for c in found])
         config = self.app.config  # type: ignore[attr-defined]
         folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
-        text = f"[b]{host}[/b] · {len(found)} checkpoints · folders: {folders}"
+        text = f"[b]{host}[/b] · {count(len(found), 'checkpoint')} · folders: {folders}"
         if root:
             text += f" · runs and conversions under {root}"
         if self.scan_error:
@@ -254,9 +263,27 @@ class CheckpointsPane(ShownTimers, Vertical):
     @work(group="ckpt-convert", exit_on_error=False)
     async def ask_convert(self, host: str, ck: Checkpoint) -> None:
         h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
-        req = await self.app.push_screen_wait(ConvertDialog(ck.path, await converted_dir(h)))
+        req = await self.app.push_screen_wait(ConvertDialog(
+            ck.path, await converted_dir(h), verifier=self.known_verifier(host, ck)))
         if req is not None:
             await self.run_convert(host, req)
+
+    def known_verifier(self, host: str, ck: Checkpoint) -> str:
+        """The verifier to propose: the checkpoint's config names it, else the one last served
+        on the host, else the target the host's profiles train against."""
+        report = self.reports.get((ck.path, ck.mtime)) or {}
+        named = (report.get("config") or {}).get("verifier")
+        if named:
+            return str(named)
+        if self.last_verifier.get(host):
+            return self.last_verifier[host]
+        config = self.app.config  # type: ignore[attr-defined]
+        for profile in config.profiles.values():
+            if host in profile.hosts:
+                target = flag_value(profile.run, "--target")
+                if target:
+                    return target
+        return ""
 
     async def run_convert(self, host: str, req: ConvertRequest) -> None:
         view = self.query_one(InspectView)
@@ -276,6 +303,9 @@ class CheckpointsPane(ShownTimers, Vertical):
 
         try:
             h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            if not req.force and await h.transport.stat(req.dst) is not None:
+                view.show_error(f"convert not started: {exists_message(req.dst)}", heading)
+                return
             summary = await convert_checkpoint(h, req.src, req.dst, req.to, req.dtype,
                                                req.force, verifier=req.verifier,
                                                on_event=on_event)

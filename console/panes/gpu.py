@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 
+from console.host import HostState
+from console.keymap import bindings
 from console.monitor_service import HostMonitor, MonitorState
 from console.panes.timers import ShownTimers
 from console.widgets.gpu_detail import GpuDetail
@@ -32,14 +34,17 @@ def gpu_rows(mon: HostMonitor, now: float) -> list[GpuRow]:
                    history=list(mon.history.get(g.index, ()))) for g in mon.gpu_list()]
 
 
-def status_parts(mon: HostMonitor, now: float) -> list[tuple[str, str]]:
-    """The status line: host, state, source, GPUs, driver, sample age."""
+def status_parts(mon: HostMonitor, now: float,
+                 failed: str | None = None) -> list[tuple[str, str]]:
+    """The status line: host, state, source, GPUs, driver, sample age. `failed`: the hosts
+    list shows the host as failed (why): the pane says the same word, not "reconnecting"."""
     s = mon.sample
     parts: list[tuple[str, str]] = [(f"{mon.name} ", "header")]
     age = fmt_age(mon.age(now))
-    if mon.state is MonitorState.RECONNECTING:
-        parts += [("◌ reconnecting", "alert"), (f"  · last data {age}" if s else "", "stale"),
-                  (f" · {mon.detail}", "label")]
+    if mon.state is MonitorState.RECONNECTING or failed is not None:
+        state = "✖ failed (retrying)" if failed is not None else "◌ reconnecting"
+        parts += [(state, "alert"), (f"  · last data {age}" if s else "", "stale"),
+                  (f" · {failed or mon.detail}", "label")]
         return parts
     if s is None:
         return parts + [("◌ starting the monitor agent…", "label")]
@@ -64,9 +69,7 @@ def status_parts(mon: HostMonitor, now: float) -> list[tuple[str, str]]:
 class GpuPane(ShownTimers, Vertical):
     """GPUs, processes and host of the selected host; `d` toggles the GPU detail view."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("d", "toggle_detail", "GPU detail"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("gpu"))
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -106,13 +109,16 @@ class GpuPane(ShownTimers, Vertical):
             return
         mon: HostMonitor = self.app.monitors[self.host]  # type: ignore[attr-defined]
         now: float = self.app.clock()  # type: ignore[attr-defined]
-        key = (self.host, mon.version, int(now), mon.state)
+        pool = self.app.pool  # type: ignore[attr-defined]
+        failed = pool.detail.get(self.host, "") \
+            if pool.state.get(self.host) is HostState.FAILED else None
+        key = (self.host, mon.version, int(now), mon.state, failed)
         if key == self._drawn and not force:
             return
         self._drawn = key
         down = mon.state is MonitorState.RECONNECTING or mon.stale(now)
         self.set_class(down, "-down")
-        self.query_one(StatusLine).show(status_parts(mon, now))
+        self.query_one(StatusLine).show(status_parts(mon, now, failed))
         s = mon.sample
         self.query_one(HostStrip).show(s.host if s else None,
                                        s.host_reason if s else None, down)

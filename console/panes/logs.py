@@ -21,12 +21,13 @@ from typing import ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.widgets import Input
 
 from console.errors import ConsoleError
 from console.follow import LogFollower
+from console.keymap import bindings
 from console.log_model import LogModel
 from console.metrics_service import MetricsError, scrape
 from console.panes.timers import ShownTimers
@@ -34,6 +35,7 @@ from console.vllm_metrics import MetricsHistory, split_url
 from console.widgets.host_strip import short_path
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
+from console.widgets.meters import count
 from console.widgets.status_line import StatusLine
 
 TAIL_LINES = 5000      # history loaded when a log is opened (charts get its stats lines)
@@ -47,13 +49,7 @@ METRICS_TIMEOUT_S = 5.0
 class LogsPane(ShownTimers, Vertical):
     """One followed log of the selected host, with its vLLM charts."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f", "toggle_follow", "Follow/pause"),
-        Binding("slash", "filter", "Filter"),
-        Binding("e", "error(1)", "Next error"),
-        Binding("E", "error(-1)", "Prev error"),
-        Binding("l", "next_log", "Next log"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("logs"))
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -91,9 +87,21 @@ class LogsPane(ShownTimers, Vertical):
         self._open()
 
     def action_next_log(self) -> None:
-        if len(self.paths) > 1:
-            self.path_index = (self.path_index + 1) % len(self.paths)
-            self._open()
+        if self._no_log():
+            return
+        if len(self.paths) == 1:
+            self.notify("only one log configured for this host", timeout=2)
+            return
+        self.path_index = (self.path_index + 1) % len(self.paths)
+        self._open()
+
+    def _no_log(self) -> bool:
+        """Keys that act on a log say so when there is none (instead of doing nothing)."""
+        if self.path is None:
+            self.notify("no log open: add logs = [\"/path/vllm.log\"] to the host in the "
+                        "config", severity="warning", timeout=3)
+            return True
+        return False
 
     @property
     def path(self) -> str | None:
@@ -215,12 +223,12 @@ class LogsPane(ShownTimers, Vertical):
         parts.append(("  ● following" if following else "  ‖ paused", "low" if following
                       else "mid"))
         m = self.model
-        parts.append((f"  {m.total:,} lines", "label"))
+        parts.append((f"  {count(m.total, 'line')}", "label"))
         parts.append((source, style))
         if m.errors:
-            parts.append((f"  {m.errors} errors (e/E)", "alert"))
+            parts.append((f"  {count(m.errors, 'error')} (e/E)", "alert"))
         if m.query:
-            parts.append((f"  filter “{m.query}”: {len(m.matches):,} lines", "mid"))
+            parts.append((f"  filter “{m.query}”: {count(len(m.matches), 'line')}", "mid"))
         if self.notice:
             parts.append((f"  {self.notice}", "alert" if self.notice.startswith(
                 ("error", "reconnecting")) else "mid"))
@@ -237,12 +245,16 @@ class LogsPane(ShownTimers, Vertical):
 
     # -- keys -----------------------------------------------------------------------------------
     def action_toggle_follow(self) -> None:
+        if self._no_log():
+            return
         view = self.query_one(LogView)
         if not view.following and view.cursor < 0:
             view.cursor = self.model.visible() - 1
         view.set_following(not view.following)
 
     def action_error(self, direction: int) -> None:
+        if self._no_log():
+            return
         view = self.query_one(LogView)
         start = self.model.visible() if view.following else view.cursor
         row = self.model.find_error(start, -1 if view.following else direction)
@@ -253,6 +265,8 @@ class LogsPane(ShownTimers, Vertical):
         view.go_to(row)
 
     def action_filter(self) -> None:
+        if self._no_log():
+            return
         box = self.query_one("#logs-filter", Input)
         box.display = True
         box.value = self.model.query

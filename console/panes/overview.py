@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import VerticalScroll
+from textual.markup import escape
 from textual.widgets import Static
 
+from console.commands.doctor import render
 from console.errors import ConsoleError
-from engine.commands.doctor import render
+from console.keymap import bindings
 
 
 class OverviewPane(VerticalScroll):
     """Doctor report of the selected host; `r` refreshes it."""
 
-    BINDINGS = [("r", "refresh_report", "Refresh")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("overview"))
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -43,4 +48,4 @@ class OverviewPane(VerticalScroll):
             report_widget.update(f"[b]{host}[/b]\n\n[red]{e}[/]")
             return
         if self.host == host:
-            report_widget.update(render(report))
+            report_widget.update(escape(render(report)))

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Static
 
@@ -30,16 +30,19 @@ from console.config import LOCAL, Config
 from console.demo_default import demo_ready, ensure_demo, refresh_demo_profiles
 from console.errors import ConsoleError
 from console.host import Host
+from console.keymap import bindings
+from console.messages import OpenRun
 from console.panes.timers import ShownTimers
 from console.push import PushReport, host_trees, push
 from console.run_watch import RunFeed, RunFeeds, describe_error
-from console.runs import RunRecord, launch, list_runs, running_for, stop_run
-from console.widgets.meters import fmt_bytes
+from console.runs import RunRecord, launch, list_runs, newest_first, running_for, stop_run
+from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
 from engine import events
 
 LIST_EVERY_S = 5.0
+CATCH_UP = 20   # finished engine runs read once per session (their PROGRESS after a restart)
 STOP_GRACE_S = 10.0
 
 
@@ -56,13 +59,7 @@ def push_summary(report: PushReport) -> str:
 class RunsPane(ShownTimers, Vertical):
     """Profiles and runs of the selected host (module docstring)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("p", "push", "Push"),
-        Binding("t", "launch", "Launch"),
-        Binding("x", "stop", "Stop run"),
-        Binding("enter", "open", "Open run"),
-        Binding("r", "refresh", "Refresh"),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -74,6 +71,7 @@ class RunsPane(ShownTimers, Vertical):
         self.list_error: str | None = None
         self.listed = 0                          # how many registry reads have completed
         self._listing = False
+        self._caught_up: set[tuple[str, str]] = set()   # finished runs read once already
         self._drawn: tuple[object, ...] = ()
 
     # -- layout --------------------------------------------------------------------------------
@@ -143,7 +141,7 @@ class RunsPane(ShownTimers, Vertical):
             h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
             recs = await list_runs(h)
         except ConsoleError as e:
-            self.list_error = f"{host}: cannot read the run registry: {e}"
+            self.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
             self.refresh_view(force=True)
             return
         finally:
@@ -151,11 +149,23 @@ class RunsPane(ShownTimers, Vertical):
         self.list_error = None
         self.records[host] = recs
         self.listed += 1
-        for rec in recs:
-            feed = self.feeds.get(h, rec)
-            if rec.status == "running" and not feed.following:
-                self.start_feed(feed)
+        self._start_feeds(h, recs)
         self.refresh_view(force=True)
+
+    def _start_feeds(self, h: Host, recs: list[RunRecord]) -> None:
+        """Follow the running runs; read the newest finished engine runs once, so a new
+        console shows their PROGRESS too (150/150, not -)."""
+        finished = 0
+        for rec in newest_first(recs):
+            feed = self.feeds.get(h, rec)
+            if rec.status == "running":
+                if not feed.following:
+                    self.start_feed(feed)
+            elif rec.raw.get("engine") and rec.status != "corrupt" and finished < CATCH_UP:
+                finished += 1
+                if (h.name, rec.id) not in self._caught_up:
+                    self._caught_up.add((h.name, rec.id))
+                    self.start_feed(feed)
 
     def start_feed(self, feed: RunFeed) -> None:
         """Follow a run in the background (idempotent while it follows)."""
@@ -184,7 +194,7 @@ class RunsPane(ShownTimers, Vertical):
             return
         host = self.host
         now: float = self.app.clock()  # type: ignore[attr-defined]
-        recs = list(reversed(self.records.get(host, [])))   # newest first
+        recs = newest_first(self.records.get(host, []))
         feeds = [self.feeds.find(host, r.id) for r in recs]
         key = (host, int(now), tuple((r.id, r.status, r.end) for r in recs),
                tuple(f.progress.version if f else -1 for f in feeds), self.list_error,
@@ -200,13 +210,19 @@ class RunsPane(ShownTimers, Vertical):
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds)])
         running = sum(r.status == "running" for r in recs)
         where = self.config.hosts[host].ssh or "this machine"
-        status = f"[b]{host}[/b] ({where}) · {len(profiles)} profiles · {len(recs)} runs" + \
+        status = f"[b]{host}[/b] ({where}) · {count(len(profiles), 'profile')} · " \
+            f"{count(len(recs), 'run')}" + \
             (f", {running} running" if running else "")
+        selected = self.query_one(ProfileTable).selected
+        if selected:   # what t starts: the cursor in the profiles table, wherever focus is
+            status += f" · [b]t[/b] launches [b]{selected}[/b]"
         if self.list_error:
             status += f"\n[$error]{self.list_error}[/]"
         self.query_one("#runs-status", Static).update(status)
         if self.busy is None and self.demo_state != "building" and not profiles:
-            self.activity("No profile runs on this host: add [profiles.NAME] with "
+            hidden = " (demo profiles hidden: your config defines hosts)" \
+                if self.config.path is not None and self.config.demo is None else ""
+            self.activity(f"No profile runs on this host{hidden}: add [profiles.NAME] with "
                           f"host = \"{host}\" to the config.")
 
     # -- actions -------------------------------------------------------------------------------
@@ -293,9 +309,9 @@ class RunsPane(ShownTimers, Vertical):
         self.activity(f"started [b]{run.id}[/b] · " + " · ".join(summaries))
         if self.host is not None:
             await self._reload(self.host)
-            table = self.query_one(RunTable)
-            table.select(run.id)
-            table.focus()   # enter opens the new run, x stops it
+            # the new run is selected below; focus and the profile cursor stay where the user
+            # put them, so t again means the same profile and Up moves among profiles
+            self.query_one(RunTable).select(run.id)
 
     async def _reload(self, host: str) -> None:
         try:
@@ -303,10 +319,7 @@ class RunsPane(ShownTimers, Vertical):
             self.records[host] = await list_runs(h)
         except ConsoleError:
             return
-        for rec in self.records[host]:
-            feed = self.feeds.get(h, rec)
-            if rec.status == "running":
-                self.start_feed(feed)
+        self._start_feeds(h, self.records[host])
         self.refresh_view(force=True)
 
     def action_stop(self) -> None:
@@ -350,10 +363,13 @@ class RunsPane(ShownTimers, Vertical):
         if rec.status == "corrupt":  # nothing in its record can be followed
             self.notify(f"{rec.id}: corrupt record ({rec.error})", severity="warning")
             return
-        from console.screens.run_detail import RunDetailScreen
         feed = self.feeds.get(self._host(self.host), rec)
         self.start_feed(feed)
-        self.app.push_screen(RunDetailScreen(feed))
+        self.post_message(OpenRun(feed))  # the main screen shows it (screens/run_detail.py)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if isinstance(event.data_table, ProfileTable):
+            self.refresh_view(force=True)   # the status says which profile t launches
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if isinstance(event.data_table, RunTable):
@@ -367,7 +383,7 @@ class RunsPane(ShownTimers, Vertical):
             if not mine:
                 self.notify(f"{name} has no run yet: press t to launch it", severity="warning")
                 return
-            self.query_one(RunTable).select(mine[-1].id)
+            self.query_one(RunTable).select(newest_first(mine)[0].id)
             self.action_open()
 
     # -- the embedded demo ---------------------------------------------------------------------
@@ -379,7 +395,7 @@ class RunsPane(ShownTimers, Vertical):
             if await demo_ready(h, workspace):
                 self.demo_state = "ready"
                 self.activity("Demo workspace: select a profile and press [b]t[/b] "
-                              "(the finetune takes a few minutes on a CPU)")
+                              "(the finetune takes about 30 s on a CPU)")
                 return
             self.activity("Building the demo workspace (first start only): a tiny target, "
                           "data and a public drafter…")

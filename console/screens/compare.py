@@ -13,13 +13,14 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from console.compare import Measurer, Row, table
 from console.errors import ConsoleError
+from console.keymap import bindings
 from console.runs import list_runs
 from console.serve import read_sessions
 
@@ -42,10 +43,8 @@ def cells(r: Row) -> tuple[str, ...]:
 class CompareScreen(ModalScreen[None]):
     """The comparison table (module docstring)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "Close"),
-        Binding("r", "refresh", "Measure now"),
-    ]
+    KEY_SECTION: ClassVar[str] = "compare"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("compare"))
 
     def __init__(self, measure: bool = True) -> None:
         super().__init__()

@@ -5,20 +5,19 @@ from __future__ import annotations
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from console.keymap import bindings
 
 
 class ConfirmScreen(ModalScreen[bool]):
     """Dismisses with True (y / the Yes button) or False (n / escape / No)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n", "answer(False)", "No"),
-        Binding("escape", "answer(False)", "Cancel"),
-    ]
+    KEY_SECTION: ClassVar[str] = "confirm"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("confirm"))
 
     def __init__(self, question: str, yes: str = "Yes", no: str = "No") -> None:
         super().__init__()

@@ -1,4 +1,8 @@
-"""The convert dialog: target style, destination folder, dtype, replace-if-present."""
+"""The convert dialog: target style, destination folder, verifier, dtype, replace-if-it-exists.
+
+The verifier (the target model) is required by the speculators style, which records it, and
+optional for the others; the pane prefills it from the checkpoint's own config or the targets
+the host's profiles train against."""
 
 from __future__ import annotations
 
@@ -7,12 +11,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from console.checkpoints import DTYPES, STYLES
+from console.keymap import bindings
 
 STYLE_HELP = {
     "eagle": "EAGLE / SpecForge style (midlayer.* keys)",
@@ -20,6 +25,21 @@ STYLE_HELP = {
     "vllm": "the EAGLE style vLLM loads (LlamaForCausalLMEagle3)",
     "sglang": "the EAGLE style SGLang loads (midlayer.* only)",
 }
+
+
+VERIFIER_REQUIRED = ("speculators",)   # styles whose config records the verifier
+REPLACE = "replace if it exists"
+
+
+def verifier_label(style: str) -> str:
+    if style in VERIFIER_REQUIRED:
+        return f"Verifier [b]*[/b] (required for {style}: the target model, recorded in config)"
+    return f"Verifier (optional for {style}: the target model)"
+
+
+def exists_message(dst: str) -> str:
+    """What the pane says when the destination is there and replacing was not asked for."""
+    return f"{dst} already exists: tick “{REPLACE}” in the dialog to replace it"
 
 
 @dataclass(frozen=True)
@@ -47,16 +67,16 @@ def default_destination(src: str, to: str, converted_dir: str) -> str:
 class ConvertDialog(ModalScreen["ConvertRequest | None"]):
     """Dismisses with a ConvertRequest, or None when cancelled."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "convert", "Convert"),
-    ]
+    KEY_SECTION: ClassVar[str] = "convert"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("convert"))
 
-    def __init__(self, src: str, converted_dir: str, to: str = "vllm") -> None:
+    def __init__(self, src: str, converted_dir: str, to: str = "vllm",
+                 verifier: str = "") -> None:
         super().__init__()
         self.src = src
         self.converted_dir = converted_dir
         self.to = to
+        self.verifier = verifier
         self._edited = False
 
     def compose(self) -> ComposeResult:
@@ -68,14 +88,14 @@ class ConvertDialog(ModalScreen["ConvertRequest | None"]):
             yield Label("Destination")
             yield Input(default_destination(self.src, self.to, self.converted_dir),
                         id="convert-dst")
-            yield Label("Verifier (the target; recorded by --to speculators)")
-            yield Input("", placeholder="name or path of the target model (optional)",
-                        id="convert-verifier")
+            yield Label(verifier_label(self.to), id="convert-verifier-label")
+            yield Input(self.verifier, placeholder="hub name or folder on the host, e.g. "
+                        "/models/Llama-3.1-8B-Instruct", id="convert-verifier")
             with Horizontal(id="convert-options"):
                 yield Label("dtype ")
                 yield Select([(d, d) for d in DTYPES], value="keep", allow_blank=False,
                              id="convert-dtype")
-                yield Checkbox("replace if present", id="convert-force")
+                yield Checkbox(REPLACE, id="convert-force")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Convert (ctrl+s)", id="convert-ok", variant="primary")
                 yield Button("Cancel (esc)", id="convert-cancel")
@@ -88,6 +108,7 @@ class ConvertDialog(ModalScreen["ConvertRequest | None"]):
     def on_select_changed(self, event: Select.Changed) -> None:
         if event.select.id == "convert-to" and isinstance(event.value, str):
             self.to = event.value
+            self.query_one("#convert-verifier-label", Label).update(verifier_label(self.to))
             if not self._edited:  # follow the style until the user typed a path of their own
                 self.query_one("#convert-dst", Input).value = default_destination(
                     self.src, self.to, self.converted_dir)
@@ -106,6 +127,11 @@ class ConvertDialog(ModalScreen["ConvertRequest | None"]):
             return
         dtype = self.query_one("#convert-dtype", Select).value
         verifier = self.query_one("#convert-verifier", Input).value.strip() or None
+        if verifier is None and self.to in VERIFIER_REQUIRED:
+            self.notify(f"Verifier: required for the {self.to} style (the target model, a hub "
+                        "name or a folder on the host)", severity="error")
+            self.query_one("#convert-verifier", Input).focus()
+            return
         self.dismiss(ConvertRequest(self.src, dst, self.to, str(dtype),
                                     self.query_one("#convert-force", Checkbox).value, verifier))
 

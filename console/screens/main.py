@@ -2,57 +2,58 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import BindingType
 from textual.containers import Horizontal
 from textual.reactive import Reactive
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
-from console.commands_palette import ConsoleCommands
-from console.messages import HostSelected, HostStateChanged
+from console.keymap import PANES as PANE_TITLES
+from console.keymap import bindings
+from console.messages import HostSelected, HostStateChanged, OpenRun
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
 from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
 from console.panes.runs import RunsPane
+from console.screens.run_detail import RunDetailScreen
 from console.widgets.footer import Footer
 from console.widgets.host_list import HostList
 
-# (tab id, title, pane class). Each pane has show_host(name). Keys 1-9 select them in this order.
-PANES: list[tuple[str, str, type]] = [
-    ("gpu", "GPUs", GpuPane),
-    ("overview", "Host", OverviewPane),
-    ("fleet", "Fleet", FleetPane),
-    ("logs", "Logs", LogsPane),
-    ("runs", "Runs", RunsPane),
-    ("checkpoints", "Checkpoints", CheckpointsPane),
-]
+_CLASSES: dict[str, type] = {
+    "gpu": GpuPane, "overview": OverviewPane, "fleet": FleetPane, "logs": LogsPane,
+    "runs": RunsPane, "checkpoints": CheckpointsPane,
+}
+# (tab id, title, pane class) in tab order (console/keymap.py's PANES): keys 1-6 select them
+PANES: list[tuple[str, str, type]] = [(i, title, _CLASSES[i]) for i, title in PANE_TITLES]
 
 
 class MainScreen(Screen):
     """Hosts list + tabbed panes."""
 
-    COMMANDS = {ConsoleCommands}   # every pane action in the command palette (ctrl+p)
     # Screen repaints all of itself whenever focus moves; what focus changes (:focus styles,
     # the footer's keys, the widgets' own cursors) repaints itself, so a pane switch need not
     # draw the whole screen twice
     focused: Reactive[Widget | None] = Reactive(None, repaint=False)
-    BINDINGS = [("q", "app.quit", "Quit"), Binding("question_mark", "help", "Help"),
-                *[Binding(str(n), f"show_pane('{tab_id}')", title, show=False)
-                  for n, (tab_id, title, _cls) in enumerate(PANES, start=1)]]
+    KEY_SECTION: ClassVar[str] = "main"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("main"))
 
-    def __init__(self, hosts: list[str], selected: str) -> None:
+    def __init__(self, hosts: list[str], selected: str,
+                 notes: dict[str, str] | None = None) -> None:
         super().__init__()
         self.host_names = hosts
         self.selected = selected
+        self.notes = notes or {}   # host -> "(this machine)" where it has no ssh
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="body"):
-            yield HostList(self.host_names, id="hosts")
+            yield HostList(self.host_names, self.notes, id="hosts")
             with TabbedContent(id="panes"):
                 for tab_id, title, cls in PANES:
                     with TabPane(title, id=f"tab-{tab_id}"):
@@ -73,9 +74,8 @@ class MainScreen(Screen):
     def on_host_state_changed(self, message: HostStateChanged) -> None:
         self.query_one(HostList).show_state(message.host, message.state)
 
-    def action_help(self) -> None:
-        from console.screens.help import HelpScreen
-        self.app.push_screen(HelpScreen())
+    def on_open_run(self, message: OpenRun) -> None:
+        self.app.push_screen(RunDetailScreen(message.feed))
 
     def action_show_pane(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = f"tab-{tab_id}"

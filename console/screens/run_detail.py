@@ -8,21 +8,24 @@ keeps following), `x` stops the run.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, ClassVar
 
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
-from console.commands_palette import ConsoleCommands
 from console.errors import ConsoleError
+from console.keymap import bindings
 from console.run_watch import RunFeed, describe_error
 from console.runs import stop_run
 from console.widgets.footer import Footer
+from console.widgets.host_strip import short_path
 from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import STATUS_MARK, fmt_duration
@@ -48,16 +51,30 @@ def progress_text(feed: RunFeed) -> str:
     return " · ".join(parts)
 
 
+def fit_value(value: str, room: int) -> str:
+    """A value in `room` columns: `PATH (format, sha256 PREFIX)` loses the start of its path
+    (…/public-drafter), never the parenthesis with the hash; anything else ends in …"""
+    if room <= 0 or len(value) <= room:
+        return value
+    m = re.fullmatch(r"(\S+) (\(.*\))", value)
+    if m and len(m.group(2)) + 8 <= room:
+        path, tail = m.groups()
+        return f"{short_path(path, room - len(tail) - 1)} {tail}"
+    return value[:room - 1] + "…"
+
+
+def provenance_text(rows: list[tuple[str, str]], width: int) -> str:
+    """The provenance box: one row per line, each fitted to `width` columns (0: unknown)."""
+    label = max((len(k) for k, _ in rows), default=0)
+    room = width - label - 2 if width else 0
+    return "\n".join(f"[b]{k.ljust(label)}[/b]  {escape(fit_value(v, room))}" for k, v in rows)
+
+
 class RunDetailScreen(Screen[None]):
     """One run, live (module docstring)."""
 
-    COMMANDS = {ConsoleCommands}
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "Back"),
-        Binding("x", "stop", "Stop run"),
-        Binding("question_mark", "help", "Help"),
-    ]
+    KEY_SECTION: ClassVar[str] = "run_detail"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("run_detail"))
 
     def __init__(self, feed: RunFeed) -> None:
         super().__init__()
@@ -84,6 +101,7 @@ class RunDetailScreen(Screen[None]):
         self.sub_title = self.feed.run_id
         self.set_interval(0.5, self.refresh_view)
         self.refresh_view(force=True)
+        self.call_after_refresh(self.refresh_view, True)   # again, at the laid-out width
 
     def refresh_view(self, force: bool = False) -> None:
         feed = self.feed
@@ -111,13 +129,15 @@ class RunDetailScreen(Screen[None]):
             [(n, p.points(n)) for n in p.acc_names()], x_range, y_min=0.0, y_max=1.0)
         self.query_one(LogTail).show(list(p.lines))
         rows = feed.provenance()
-        if p.result:
-            final = p.result.get("final")
-            if final:
-                rows.append(("final", str(final)))
-        width = max(len(k) for k, _ in rows) if rows else 0
-        self.query_one("#detail-prov", Static).update(
-            "\n".join(f"[b]{k.ljust(width)}[/b]  {v}" for k, v in rows))
+        final = p.result.get("final") if p.result else None
+        if final:   # before the command, which is last: the longest, and what gets cut
+            at = next((i for i, (k, _v) in enumerate(rows) if k == "command"), len(rows))
+            rows.insert(at, ("final", str(final)))
+        prov = self.query_one("#detail-prov", Static)
+        prov.update(provenance_text(rows, prov.content_size.width))
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.refresh_view, True)   # the provenance fits the new width
 
     def _title(self, now: float) -> None:
         feed, rec = self.feed, self.feed.record
@@ -138,10 +158,6 @@ class RunDetailScreen(Screen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
-
-    def action_help(self) -> None:
-        from console.screens.help import HelpScreen
-        self.app.push_screen(HelpScreen())
 
     def action_stop(self) -> None:
         if self.feed.status != "running":

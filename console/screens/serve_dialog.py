@@ -6,21 +6,20 @@ import shlex
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from console.keymap import bindings
 from console.serve import ServeRequest
 
 
 class ServeDialog(ModalScreen["ServeRequest | None"]):
     """Dismisses with a ServeRequest, or None when cancelled."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "serve", "Serve"),
-    ]
+    KEY_SECTION: ClassVar[str] = "serve"   # its keys in console/keymap.py
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("serve"))
 
     def __init__(self, ckpt: str, verifier: str = "") -> None:
         super().__init__()

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import ClassVar
 
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.message import Message
 from textual.reactive import reactive
 
+from console.keymap import bindings
 from console.monitor_record import GpuStat
 from console.monitor_service import GpuPoint
 from console.widgets.meter_base import MeterLine, MeterWidget
@@ -37,10 +38,7 @@ _TEMP_MAX = 100.0
 class GpuTable(MeterWidget, can_focus=True):
     """Rows of GPUs; posts CursorMoved when the selection changes."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up,k", "move(-1)", "GPU up", show=False),
-        Binding("down,j", "move(1)", "GPU down", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("gpu", on="GpuTable"))
 
     cursor: reactive[int] = reactive(0)
 

@@ -20,16 +20,18 @@ _MARK = {
 class HostItem(ListItem):
     """One host row."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, note: str = "") -> None:
         super().__init__(id=f"host-{host}")
         self.host = host
+        self.note = note    # a second line: "(this machine)" for a host without ssh
         self.label = Label(self._text(HostState.IDLE))
 
     def compose(self) -> ComposeResult:
         yield self.label
 
     def _text(self, state: HostState) -> str:
-        return f"{_MARK[state]} {self.host}  [dim]{state.value}[/]"
+        text = f"{_MARK[state]} {self.host}  [dim]{state.value}[/]"
+        return text + (f"\n  [dim]{self.note}[/]" if self.note else "")
 
     def show(self, state: HostState) -> None:
         self.label.update(self._text(state))
@@ -43,8 +45,11 @@ class HostList(ListView):
 
     BORDER_TITLE = "Hosts"
 
-    def __init__(self, hosts: list[str], **kw: object) -> None:
-        super().__init__(*(HostItem(h) for h in hosts), **kw)  # type: ignore[arg-type]
+    def __init__(self, hosts: list[str], notes: dict[str, str] | None = None,
+                 **kw: object) -> None:
+        notes = notes or {}
+        super().__init__(*(HostItem(h, notes.get(h, "")) for h in hosts),
+                         **kw)  # type: ignore[arg-type]
 
     def show_state(self, host: str, state: HostState) -> None:
         for item in self.query(HostItem):

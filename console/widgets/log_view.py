@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
@@ -20,6 +20,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from console.keymap import bindings
 from console.log_model import LogModel
 
 
@@ -30,14 +31,7 @@ class LogView(ScrollView, can_focus=True):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "log-view--error", "log-view--warning", "log-view--match", "log-view--cursor",
     }
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up,k", "move(-1)", "Up", show=False),
-        Binding("down,j", "move(1)", "Down", show=False),
-        Binding("pageup", "move(-20)", "Page up", show=False),
-        Binding("pagedown", "move(20)", "Page down", show=False),
-        Binding("home", "home", "Top", show=False),
-        Binding("end", "end", "Follow", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("logs", on="LogView"))
 
     following: reactive[bool] = reactive(True)
     cursor: reactive[int] = reactive(-1)   # view row of the highlighted line (-1: none)

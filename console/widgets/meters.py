@@ -129,3 +129,8 @@ def shade(values: list[float | None], width: int) -> str:
     vals = [None] * (width - len(vals)) + vals
     return "".join(" " if v is None else " ░▒▓█"[min(4, max(0, round(v * 4)))]
                    for v in vals)
+
+
+def count(n: int, noun: str) -> str:
+    """`1 run`, `2 runs`, `1,204 lines` (the nouns used with it take an s)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

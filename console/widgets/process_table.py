@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
+from console.keymap import bindings
 from console.monitor_record import GpuProcess
 from console.widgets.meters import fmt_bytes
 
@@ -27,7 +28,7 @@ COLUMNS: list[tuple[str, Callable[[GpuProcess], Any], bool]] = [
 class ProcessTable(DataTable[str]):
     """GPU processes; the sort survives refreshes."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("s", "cycle_sort", "Sort")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("gpu", on="ProcessTable"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)

@@ -8,10 +8,11 @@ from typing import Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from console.config import Profile
+from console.keymap import bindings
 from console.run_progress import RunProgress
 from console.runs import RunRecord
 
@@ -84,7 +85,7 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
 class ProfileTable(DataTable[Any]):
     """Profiles runnable on the selected host; enter opens the profile's newest run."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Open run")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs", on="ProfileTable"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
@@ -114,7 +115,7 @@ class ProfileTable(DataTable[Any]):
 class RunTable(DataTable[Any]):
     """Runs of the selected host, newest first; enter opens the one under the cursor."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Open run")]
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs", on="RunTable"))
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         *DataTable.COMPONENT_CLASSES, *(f"runs--{s}" for s in STATUS_MARK)}
 

@@ -1,0 +1,162 @@
+"""Every key of the console, declared once: which key, which action, its label, where it shows.
+
+The panes' and screens' BINDINGS, the key footer (via those bindings), `?` help
+(screens/help.py) and the command palette (commands_palette.py) are all built from KEYS; no
+module finds keys by looking into screen classes. A key is bound on a class in a section: the
+section is where help lists it and where the palette runs it (a pane's tab, or a screen); `on`
+names the widget class that holds the binding (empty: the pane or screen itself), so a key a
+widget handles (the GPU process table's `s`) is still listed under its pane.
+
+Data only: this module imports nothing of the console, so anything may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class Key:
+    keys: str              # Textual key names, comma separated ("up,k")
+    action: str            # the action the binding runs on its class
+    label: str             # footer and palette label
+    section: str           # a SECTIONS id: where help lists it and the palette runs it
+    on: str = ""           # class name that binds it inside the section ("" = the section's)
+    footer: bool = True    # shown in the key footer
+    palette: bool = True   # a palette command ("Runs: Launch")
+    help: str = ""         # the longer help text (the label when empty)
+    bound: bool = True     # False: Textual's own key (tab, ctrl+p), listed in help only
+
+    @property
+    def text(self) -> str:
+        """What help says the key does: its help, else its label in lower case."""
+        return self.help or self.label[0].lower() + self.label[1:]
+
+
+# (tab id, title) of the main screen's panes, in tab order: keys 1..6 select them
+PANES: list[tuple[str, str]] = [
+    ("gpu", "GPUs"),
+    ("overview", "Host"),
+    ("fleet", "Fleet"),
+    ("logs", "Logs"),
+    ("runs", "Runs"),
+    ("checkpoints", "Checkpoints"),
+]
+
+# section id -> help heading, in help order
+SECTIONS: dict[str, str] = {
+    "main": "Everywhere",
+    **{tab_id: f"{title} pane" for tab_id, title in PANES},
+    "run_detail": "Run detail (enter on a run)",
+    "convert": "Convert dialog (c on a checkpoint)",
+    "serve": "Serve dialog (v on a checkpoint)",
+    "compare": "Compare (m on the Checkpoints pane)",
+    "confirm": "Questions",
+    "help": "This help",
+}
+
+KEYS: list[Key] = [
+    # -- the main screen --------------------------------------------------------------------
+    Key("q", "app.quit", "Quit", "main", palette=False,
+        help="quit (runs keep running on their hosts)"),
+    Key("question_mark", "app.help", "Help", "main", palette=False,
+        help="every key, by pane (this screen)"),
+    *[Key(str(n), f"show_pane('{tab_id}')", title, "main", footer=False, palette=False,
+          help=f"show the {title} pane") for n, (tab_id, title) in enumerate(PANES, start=1)],
+    Key("ctrl+p", "command_palette", "Palette", "main", bound=False,
+        help="command palette: every action by name, and the themes"),
+    Key("shift+tab", "", "Hosts", "main", bound=False,
+        help="switch host: focus the Hosts list (shift+tab or click), then up/down"),
+    Key("tab", "", "Next", "main", bound=False, help="next widget"),
+    Key("ctrl+q", "", "Quit", "main", bound=False, help="quit"),
+    # -- GPUs --------------------------------------------------------------------------------
+    Key("d", "toggle_detail", "GPU detail", "gpu",
+        help="detail view of the selected GPU (clocks, PCIe, ECC)"),
+    Key("s", "cycle_sort", "Sort", "gpu", on="ProcessTable",
+        help="sort the process table by its next column"),
+    Key("up,k", "move(-1)", "GPU up", "gpu", on="GpuTable", footer=False, palette=False,
+        help="previous GPU"),
+    Key("down,j", "move(1)", "GPU down", "gpu", on="GpuTable", footer=False, palette=False,
+        help="next GPU"),
+    # -- Host --------------------------------------------------------------------------------
+    Key("r", "refresh_report", "Refresh", "overview", help="run doctor on the host again"),
+    # -- Logs --------------------------------------------------------------------------------
+    Key("f", "toggle_follow", "Follow/pause", "logs", help="follow / pause the log"),
+    Key("slash", "filter", "Filter", "logs",
+        help="filter: lines containing… (enter keeps it, esc clears)"),
+    Key("e", "error(1)", "Next error", "logs"),
+    Key("E", "error(-1)", "Prev error", "logs"),
+    Key("l", "next_log", "Next log", "logs", help="next configured log file"),
+    Key("up,k", "move(-1)", "Up", "logs", on="LogView", footer=False, palette=False,
+        help="line up (pauses following)"),
+    Key("down,j", "move(1)", "Down", "logs", on="LogView", footer=False, palette=False,
+        help="line down"),
+    Key("pageup", "move(-20)", "Page up", "logs", on="LogView", footer=False, palette=False),
+    Key("pagedown", "move(20)", "Page down", "logs", on="LogView", footer=False,
+        palette=False),
+    Key("home", "home", "Top", "logs", on="LogView", footer=False, palette=False),
+    Key("end", "end", "Follow", "logs", on="LogView", footer=False, palette=False,
+        help="back to following"),
+    # -- Runs --------------------------------------------------------------------------------
+    Key("p", "push", "Push", "runs",
+        help="push the engine and the host's sync sets (files and bytes sent)"),
+    Key("t", "launch", "Launch", "runs",
+        help="launch the selected profile (pushes first; asks before a second copy)"),
+    Key("x", "stop", "Stop run", "runs",
+        help="stop the selected run (SIGTERM to its process group, SIGKILL later)"),
+    Key("enter", "open", "Open run", "runs",
+        help="open the run (on a profile: its newest run)"),
+    # the focused table's enter is the one the footer shows (once: one key, one label)
+    Key("enter", "select_cursor", "Open run", "runs", on="ProfileTable", palette=False,
+        help="open the profile's newest run"),
+    Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
+        help="open the run under the cursor"),
+    Key("r", "refresh", "Refresh", "runs", help="re-read the host's run registry"),
+    # -- Checkpoints -------------------------------------------------------------------------
+    # not in the footer: `i Inspect` is, and one label is shown once
+    Key("enter", "select_cursor", "Inspect", "checkpoints", on="CheckpointTable",
+        footer=False, palette=False,
+        help="inspect the selected checkpoint (moving the cursor inspects it too)"),
+    Key("i", "inspect", "Inspect", "checkpoints", help="inspect the selected checkpoint"),
+    Key("c", "convert", "Convert", "checkpoints",
+        help="convert (style, destination, verifier, dtype)"),
+    Key("v", "serve", "Serve", "checkpoints",
+        help="serve it in vLLM (verifier, TP, k, port, extra args)"),
+    Key("m", "compare", "Compare", "checkpoints",
+        help="compare the served drafters by vLLM's measured acceptance"),
+    Key("r", "refresh", "Rescan", "checkpoints", help="scan the host for checkpoints again"),
+    # -- screens on top ----------------------------------------------------------------------
+    Key("escape", "close", "Back", "run_detail",
+        help="back to the runs (the run keeps being followed)"),
+    Key("x", "stop", "Stop run", "run_detail"),
+    Key("question_mark", "app.help", "Help", "run_detail", palette=False),
+    Key("escape", "cancel", "Cancel", "convert"),
+    Key("ctrl+s", "convert", "Convert", "convert"),
+    Key("escape", "cancel", "Cancel", "serve"),
+    Key("ctrl+s", "serve", "Serve", "serve"),
+    Key("escape", "close", "Close", "compare"),
+    Key("r", "refresh", "Measure now", "compare"),
+    Key("y", "answer(True)", "Yes", "confirm"),
+    Key("n", "answer(False)", "No", "confirm"),
+    Key("escape", "answer(False)", "Cancel", "confirm"),
+    Key("escape,q,question_mark", "close", "Close", "help"),
+]
+
+
+def keys_of(section: str, on: str = "") -> list[Key]:
+    """The keys bound on one class: a section's own (on="") or a widget's inside it."""
+    return [k for k in KEYS if k.section == section and k.on == on and k.bound]
+
+
+def bindings(section: str, on: str = "") -> list[Binding]:
+    """Textual bindings of one class, from KEYS (what the class puts in BINDINGS)."""
+    return [Binding(k.keys, k.action, k.label, show=k.footer) for k in keys_of(section, on)]
+
+
+def key_display(keys: str) -> str:
+    """`question_mark` -> `?`, `up,k` -> `up k`: keys as help shows them."""
+    names = {"question_mark": "?", "escape": "esc", "slash": "/", "pageup": "pgup",
+             "pagedown": "pgdn"}
+    return " ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))
