@@ -22,6 +22,7 @@ from console.runs import RunRecord, close_hosts, launch, list_runs, runner, stop
 from console.scheduler import scheduler_for
 from console.scheduler.options import SlurmOptions, time_problem
 from console.scheduler.slurm import Job, judge
+from console.widgets.run_tables import run_row
 from tests.slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
 from tests.sshd import SSHD
 
@@ -130,6 +131,41 @@ conf = "{cluster.conf}"
     assert started.id in text and f"job {rec.job_id}" in text and "succeeded" in text
 
 
+async def test_follow_from_pending_to_the_end(sshd: SSHD, cluster: SlurmCluster, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`follow` reads the shared run directory like any other: it waits through pending."""
+    cfg_file = tmp_path / "config.toml"
+    cfg_file.write_text(f"""
+[hosts.cluster]
+ssh = "{sshd.target}"
+known_hosts = "{sshd.known_hosts}"
+identity = "{sshd.user_key}"
+python = "{sys.executable}"
+root = "{tmp_path / 'shared root'}"
+scheduler = "slurm"
+[hosts.cluster.slurm]
+partition = "debug"
+account = "eagle3"
+extra = ["--begin=now+4"]
+conf = "{cluster.conf}"
+[profiles.hi]
+host = "cluster"
+run = "python -c 'print(\\"hello from the cluster\\")'"
+""")
+    cfg = load_config(cfg_file)
+    pool: dict[str, Host] = {}
+    try:
+        started = await launch(cfg, "hi", pool)
+    finally:
+        await close_hosts(pool)
+    assert started.status == "pending"
+    assert await asyncio.to_thread(cli_main, ["--config", str(cfg_file), "follow",
+                                              started.id]) == 0
+    out, err = capsys.readouterr()
+    assert out == "hello from the cluster\n"
+    assert f"-- run {started.id} succeeded, exit 0" in err
+
+
 async def test_stop_running_job_terms_first(sshd: SSHD, cluster: SlurmCluster,
                                             tmp_path: Path) -> None:
     cfg = cluster_config(sshd, cluster, tmp_path, {"spin": Profile(
@@ -179,6 +215,9 @@ async def test_cancelled_while_pending(sshd: SSHD, cluster: SlurmCluster,
         ours = await launch(cfg, "ours", pool)
         theirs = await launch(cfg, "theirs", pool)
         assert [ours.status, theirs.status] == ["pending", "pending"]
+        row = run_row(ours.records[0], None, time.time())  # the runs pane's cells
+        assert f"job {ours.records[0].job_id} debug" in row[0]
+        assert row[1].startswith("… pending (") and "BeginTime" in row[1]
         stopped = await stop_run(cfg, ours.id, pool, grace=5)
         # cancelled behind the console's back: the scheduler's word is taken and recorded
         cluster.run("scancel", theirs.records[0].job_id)

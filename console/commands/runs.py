@@ -10,7 +10,7 @@ from console.config import Config
 from console.host import open_host
 from console.runs import RunRecord, list_runs
 
-HELP = "list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, corrupt)"
+HELP = "list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, ...)"
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -912,8 +912,11 @@ def settle(run_dir: str, changes: Dict[str, Any]) -> Dict[str, Any]:
         rec = read_json(os.path.join(run_dir, RECORD)) or rec
         new = {k: changes[k] for k in SETTLE_KEYS if k in changes}
         if rec.get("status") not in ("pending", "running"):
-            new = {k: v for k, v in new.items() if k in ("slurm_state", "reason")
-                   and not rec.get(k)}
+            # it recorded its own end meanwhile: keep that, learn only why the job ended
+            # (end_reason: e.g. a time limit; none for a job that simply finished)
+            new = {"slurm_state": changes.get("slurm_state")}
+            if changes.get("end_reason") and not rec.get("reason"):
+                new["reason"] = changes["end_reason"]
         elif "end" not in new:
             new["end"] = time.time()
         rec.update(new)

@@ -186,7 +186,7 @@ class RunsPane(ShownTimers, Vertical):
         now: float = self.app.clock()  # type: ignore[attr-defined]
         recs = list(reversed(self.records.get(host, [])))   # newest first
         feeds = [self.feeds.find(host, r.id) for r in recs]
-        key = (host, int(now), tuple((r.id, r.status, r.end) for r in recs),
+        key = (host, int(now), tuple((r.id, r.status, r.end, r.reason) for r in recs),
                tuple(f.progress.version if f else -1 for f in feeds), self.list_error,
                self.demo_state, len(self.config.profiles))
         if key == self._drawn and not force:
@@ -199,9 +199,10 @@ class RunsPane(ShownTimers, Vertical):
             [r.id for r in recs],
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds)])
         running = sum(r.status == "running" for r in recs)
+        queued = sum(r.status == "pending" for r in recs)  # Slurm jobs waiting for nodes
         where = self.config.hosts[host].ssh or "this machine"
         status = f"[b]{host}[/b] ({where}) · {len(profiles)} profiles · {len(recs)} runs" + \
-            (f", {running} running" if running else "")
+            (f", {running} running" if running else "") + (f", {queued} queued" if queued else "")
         if self.list_error:
             status += f"\n[$error]{self.list_error}[/]"
         self.query_one("#runs-status", Static).update(status)
@@ -314,7 +315,7 @@ class RunsPane(ShownTimers, Vertical):
         if rec is None:
             self.notify("No run selected", severity="warning")
             return
-        if rec.status != "running":
+        if rec.status not in ("running", "pending"):  # pending: a queued Slurm job (scancel)
             self.notify(f"{rec.id} is not running ({rec.status})", severity="warning")
             return
         if self._start(f"stop {rec.id}"):

@@ -151,6 +151,14 @@ def judge(rec: RunRecord, job: Job | None) -> tuple[str, str, bool]:
     return status, reason, True
 
 
+def end_reason(job: Job) -> str:
+    """Why a job ended, when that is worth saying beside the run's own exit (a time limit, a
+    node failure); "" for one that finished, failed or was cancelled."""
+    if job.state in ("COMPLETED", "FAILED", "CANCELLED"):
+        return ""
+    return ENDED.get(job.state, ("failed", job.state.lower()))[1]
+
+
 class SlurmScheduler(Scheduler):
     name = "slurm"
 
@@ -224,21 +232,23 @@ class SlurmScheduler(Scheduler):
                 if r.status in ACTIVE:
                     r.raw["reason"] = str(e)
             return [self._combined(r) for r in recs]
+        out = {r.id: r for r in recs}
         for r in ask:
             job = jobs.get(r.job_id)
             status, reason, settle = judge(r, job)
-            if job is not None:
-                r.raw.update({"partition": job.partition or r.raw.get("partition"),
-                              "nodelist": job.nodes or r.raw.get("nodelist")})
             if settle and job is not None:
-                change = {"status": status, "reason": reason, "slurm_state": job.state}
+                change = {"status": status, "reason": reason, "slurm_state": job.state,
+                          "end_reason": end_reason(job)}
                 data = await runner(host, ["settle", r.run_dir], input=json.dumps(change))
-                r.raw.update(data if isinstance(data, dict) else change)
-                r.status, r.end = r.raw["status"], r.raw.get("end")
+                if isinstance(data, dict):  # the record as it now stands on disk
+                    r = out[r.id] = RunRecord.from_dict(data, host.name)
             else:
                 r.status = status
                 r.raw["reason"] = reason
-        return [self._combined(r) for r in recs]
+            if job is not None:
+                r.raw.update({"partition": job.partition or r.raw.get("partition"),
+                              "nodelist": job.nodes or r.raw.get("nodelist")})
+        return [self._combined(r) for r in out.values()]
 
     @staticmethod
     def _combined(rec: RunRecord) -> RunRecord:
