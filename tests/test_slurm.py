@@ -191,9 +191,11 @@ async def test_stop_running_job_terms_first(sshd: SSHD, cluster: SlurmCluster,
 
 
 async def test_failing_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Path) -> None:
+    secret = "s3cret-token-value"
     cfg = cluster_config(sshd, cluster, tmp_path, {"bad": Profile(
-        name="bad", hosts=["cluster"],
-        run="python -c 'import sys; print(\"oops\"); sys.exit(3)'")})
+        name="bad", hosts=["cluster"], env={"HF_TOKEN": secret},
+        run="python -c 'import os, sys; print(\"oops\", len(os.environ[\"HF_TOKEN\"])); "
+            "sys.exit(3)'")})
     pool: dict[str, Host] = {}
     try:
         started = await launch(cfg, "bad", pool)
@@ -201,7 +203,12 @@ async def test_failing_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Path) ->
     finally:
         await close_hosts(pool)
     assert rec.status == "failed" and rec.exit_code == 3
-    assert (Path(rec.run_dir) / "output.log").read_text() == "oops\n"
+    # the command got the secret (through sbatch's environment), no file of ours holds it
+    assert (Path(rec.run_dir) / "output.log").read_text() == f"oops {len(secret)}\n"
+    for f in Path(rec.run_dir).iterdir():
+        assert secret not in f.read_text(), f
+    assert rec.raw["env"]["HF_TOKEN"] == "***"
+    assert oct(Path(rec.run_dir).stat().st_mode & 0o777) == "0o700"
 
 
 async def test_cancelled_while_pending(sshd: SSHD, cluster: SlurmCluster,
