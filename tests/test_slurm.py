@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from console.app import create_app
 from console.cli import main as cli_main
 from console.config import Config, HostConfig, Profile, load_config
 from console.errors import ConfigError, ConsoleError
 from console.host import Host
-from console.runs import RunRecord, close_hosts, launch, list_runs, runner, stop_run
+from console.runs import RunRecord, close_hosts, host_of, launch, list_runs, runner, stop_run
 from console.scheduler import scheduler_for
 from console.scheduler.options import SlurmOptions, time_problem
-from console.scheduler.slurm import Job, judge
+from console.scheduler.slurm import Job, gres_gpus, judge, parse_sinfo, partitions
+from console.widgets.fleet_table import FleetTable
 from console.widgets.run_tables import run_row
 from tests.slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
 from tests.sshd import SSHD
@@ -93,6 +95,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
         rec = started.records[0]
         assert rec.status == "pending" and rec.job_id.isdigit(), rec.raw
         assert "BeginTime" in rec.reason
+        seen.append(rec.status)
         with pytest.raises(ConsoleError, match="already running or queued"):
             await launch(cfg, "hello", pool)
         box = pool["cluster"]
@@ -393,3 +396,58 @@ def test_scheduler_truth_for_jobs_the_run_never_finished() -> None:
     ]
     for r, job, want in cases:
         assert judge(r, job) == want, (r.status, job)
+
+
+async def test_partitions_from_sinfo(sshd: SSHD, cluster: SlurmCluster, tmp_path: Path) -> None:
+    """sinfo through the login node: one line per partition; a running job takes a node's
+    idleness (one CPU of two: the node is `mix`)."""
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_FLAG)
+    flag = tmp_path / "go"
+    cfg = cluster_config(sshd, cluster, tmp_path, {"w": Profile(
+        name="w", hosts=["cluster"], run=f"python {script} {flag}")})
+    pool: dict[str, Host] = {}
+    try:
+        box = host_of(pool, cfg, "cluster")
+        assert [p.text() for p in await partitions(box)] == ["debug: 2 nodes, 2 idle · no GPUs"]
+        started = await launch(cfg, "w", pool)
+        await wait_for(box, started.id, {"running"})
+        parts = await partitions(box)
+        flag.write_text("")
+        await wait_for(box, started.id, {"succeeded"})
+    finally:
+        await close_hosts(pool)
+    assert [(p.name, p.nodes, p.idle, p.down) for p in parts] == [("debug", 2, 1, 0)]
+
+
+def test_gres_gpu_counts_and_free_gpus() -> None:
+    """Gres strings as sinfo prints them (Slurm's gres.conf docs), and free GPUs counted only
+    on nodes that can take work."""
+    assert gres_gpus("(null)") == 0
+    assert gres_gpus("gpu:8") == 8
+    assert gres_gpus("gpu:h100:4(S:0-1)") == 4
+    assert gres_gpus("gpu:a100:2(IDX:0,2),shard:a100:4") == 2
+    assert gres_gpus("gpu:a100:2,gpu:v100:1") == 3
+    text = ("gpu|idle|gpu:h100:8(S:0-1)|gpu:h100:0(IDX:N/A)|n1|\n"
+            "gpu|mix|gpu:h100:8(S:0-1)|gpu:h100:3(IDX:0-2)|n2|\n"
+            "gpu|down*|gpu:h100:8(S:0-1)|gpu:h100:0(IDX:N/A)|n3|\n"
+            "cpu|alloc|(null)|gpu:0|c1|\n")
+    assert [p.text() for p in parse_sinfo(text)] == [
+        "gpu: 3 nodes, 1 idle, 1 down · GPUs 13 free of 24", "cpu: 1 node, 0 idle · no GPUs"]
+
+
+async def test_fleet_view_shows_partitions(sshd: SSHD, cluster: SlurmCluster,
+                                           tmp_path: Path) -> None:
+    cfg = cluster_config(sshd, cluster, tmp_path, {})
+    app = create_app(cfg, host="cluster")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("3")
+        table = app.screen.query_one(FleetTable)
+        end = time.monotonic() + 30
+        while not any(h.partitions for h in table.hosts):
+            assert time.monotonic() < end, "no partitions shown"
+            await pilot.pause(0.1)
+        host = next(h for h in table.hosts if h.name == "cluster")
+        assert host.partitions == ["debug: 2 nodes, 2 idle · no GPUs"]
+        assert any("debug: 2 nodes" in "".join(t for t, _ in line.runs)
+                   for line in table.lines())

@@ -333,6 +333,82 @@ class SlurmScheduler(Scheduler):
                 "nodes": str(nodes), "reason": rec.reason}
 
 
+@dataclass
+class Partition:
+    """One partition as sinfo sees it: nodes, idle nodes, GPUs and free GPUs (on nodes that
+    can take work)."""
+
+    name: str
+    nodes: int = 0
+    idle: int = 0
+    down: int = 0
+    gpus: int = 0
+    free_gpus: int = 0
+
+    def text(self) -> str:
+        """One line for the fleet view."""
+        nodes = f"{self.nodes} node{'s' * (self.nodes != 1)}, {self.idle} idle" + \
+            (f", {self.down} down" if self.down else "")
+        gpus = f"GPUs {self.free_gpus} free of {self.gpus}" if self.gpus else "no GPUs"
+        return f"{self.name}: {nodes} · {gpus}"
+
+
+SINFO_FORMAT = "PartitionName:|,StateCompact:|,Gres:|,GresUsed:|,NodeList:|"
+#: node states (sinfo's compact names, flags stripped) whose free GPUs can be allocated
+USABLE = ("idle", "mix", "alloc", "comp", "plnd", "resv")
+
+
+def gres_gpus(text: str) -> int:
+    """The GPU count in a Gres/GresUsed string: `gpu:8`, `gpu:h100:4(S:0-1)`,
+    `gpu:a100:2(IDX:0-1),shard:4`; 0 for `(null)` or no gpu entry."""
+    total = 0
+    depth, item, items = 0, "", []
+    for ch in text:  # split on commas outside parentheses (IDX:0,2 lists)
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            items.append(item)
+            item = ""
+        else:
+            item += ch
+    items.append(item)
+    for it in items:
+        parts = it.split("(", 1)[0].split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """`sinfo -h -N -O SINFO_FORMAT` lines (one per node and partition), per partition."""
+    out: dict[str, Partition] = {}
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 5 or not f[0]:
+            continue
+        p = out.setdefault(f[0], Partition(f[0]))
+        state = f[1].strip().rstrip("*~#!%$@^-+").lower()
+        total, used = gres_gpus(f[2]), gres_gpus(f[3])
+        p.nodes += 1
+        p.idle += state == "idle"
+        p.down += state not in USABLE
+        p.gpus += total
+        if state in USABLE:
+            p.free_gpus += max(0, total - used)
+    return list(out.values())
+
+
+async def partitions(host: Host) -> list[Partition]:
+    """The cluster's partitions, from sinfo on the login node."""
+    await host.connect()
+    env = slurm_env(host.cfg.slurm or SlurmOptions())
+    res = await host.transport.run(["sinfo", "-h", "-N", "-O", SINFO_FORMAT], env=env,
+                                   timeout=60)
+    if not res.ok:
+        raise ConsoleError(f"{host.name}: sinfo failed: {_last_line(res.stderr)}")
+    return parse_sinfo(res.stdout)
+
+
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else "no message"
