@@ -325,9 +325,12 @@ class RunsPane(ShownTimers, Vertical):
     async def do_stop(self, run_id: str) -> None:
         from console.screens.confirm import ConfirmScreen
         try:
+            rec = self._selected_run()
+            how = (f"scancel --signal=TERM, scancel after {STOP_GRACE_S:.0f} s"
+                   if rec is not None and rec.id == run_id and rec.job_id else
+                   f"SIGTERM to its process group, SIGKILL after {STOP_GRACE_S:.0f} s")
             ok = await self.app.push_screen_wait(ConfirmScreen(
-                f"Stop [b]{run_id}[/b]?\n\nSIGTERM to its process group, SIGKILL after "
-                f"{STOP_GRACE_S:.0f} s.", yes="Stop it"))
+                f"Stop [b]{run_id}[/b]?\n\n{how}.", yes="Stop it"))
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")
