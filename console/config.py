@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from console.errors import ConfigError
+from console.scheduler.options import SlurmOptions, missing, parse_scheduler, parse_slurm
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,6 +74,8 @@ class HostConfig:
     ssh_config: str | None = None
     identity: str | None = None
     metrics: str | None = None      # vLLM's /metrics URL as seen from the host (http://...)
+    scheduler: str = "ssh"          # "slurm": a cluster's login node (console/scheduler/)
+    slurm: SlurmOptions | None = None  # [hosts.X.slurm] sbatch defaults
 
     @property
     def is_local(self) -> bool:
@@ -101,6 +104,8 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     sync: list[str] = field(default_factory=list)
+    nodes: int = 1                  # Slurm nodes (a host with scheduler = "slurm" only)
+    slurm: SlurmOptions | None = None  # [profiles.P.slurm]: overrides the host's
 
 
 @dataclass
@@ -225,14 +230,19 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     for name, t in _tables(top, "hosts").items():
         r = _Reader(file, f"hosts.{name}", t)
         r.check_keys({"ssh", "python", "root", "logs", "checkpoints", "known_hosts", "ssh_config",
-                      "identity", "metrics"})
+                      "identity", "metrics", "scheduler", "slurm"})
         base = local_host() if r.str("ssh") is None else HostConfig(name=name)
         hosts[name] = HostConfig(
             name=name, ssh=r.str("ssh"), python=r.str("python", base.python) or base.python,
             root=r.str("root", base.root) or base.root, logs=r.strlist("logs"),
             checkpoints=r.strlist("checkpoints"), known_hosts=r.str("known_hosts"),
             ssh_config=r.str("ssh_config"), identity=r.str("identity"),
-            metrics=_metrics_url(r))
+            metrics=_metrics_url(r),
+            scheduler=parse_scheduler(r.table.get("scheduler"), file, f"hosts.{name}"),
+            slurm=(parse_slurm(r.table["slurm"], file, f"hosts.{name}.slurm")
+                   if "slurm" in r.table else None))
+        if hosts[name].slurm is not None and hosts[name].scheduler != "slurm":
+            r.fail("slurm", 'scheduler = "slurm" with a [slurm] table')
     if LOCAL not in hosts:
         hosts[LOCAL] = local_host()
     syncs: dict[str, SyncSet] = {}
@@ -251,7 +261,8 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     profiles: dict[str, Profile] = {}
     for name, t in _tables(top, "profiles").items():
         r = _Reader(file, f"profiles.{name}", t)
-        r.check_keys({"host", "hosts", "run", "nproc_per_node", "env", "cwd", "sync"})
+        r.check_keys({"host", "hosts", "run", "nproc_per_node", "env", "cwd", "sync", "nodes",
+                      "slurm"})
         if "host" in r.table and "hosts" in r.table:
             r.fail("hosts", "either host or hosts, not both")
         phosts = r.strlist("hosts") if "hosts" in r.table else [r.str("host", required=True) or ""]
@@ -267,7 +278,28 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
         profiles[name] = Profile(name=name, hosts=phosts, run=r.str("run", required=True) or "",
                                  nproc_per_node=r.int("nproc_per_node", 1), env=r.strdict("env"),
                                  cwd=r.str("cwd"), sync=sync)
+        _slurm_profile(r, profiles[name], hosts)
     return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.str("theme"), path=file)
+
+
+def _slurm_profile(r: _Reader, p: Profile, hosts: dict[str, HostConfig]) -> None:
+    """A profile's `nodes` and `[profiles.P.slurm]`; on a Slurm host, partition and account
+    must be set (the host's defaults or the profile's)."""
+    p.nodes = r.int("nodes", 1)
+    if "slurm" in r.table:
+        p.slurm = parse_slurm(r.table["slurm"], r.file, f"profiles.{p.name}.slurm")
+    cluster = [h for h in p.hosts if hosts[h].scheduler == "slurm"]
+    if not cluster:
+        if "nodes" in r.table or p.slurm is not None:
+            r.fail("nodes" if "nodes" in r.table else "slurm",
+                   'a host with scheduler = "slurm" (use hosts = [...] for plain SSH nodes)')
+        return
+    if len(p.hosts) != 1:
+        r.fail("hosts", "one Slurm host (the scheduler picks the nodes: set nodes = N)")
+    h = hosts[cluster[0]]
+    for key in missing((h.slurm or SlurmOptions()).merged(p.slurm)):
+        raise ConfigError(f"{r.file}: [profiles.{p.name}] no Slurm {key}: set {key} in "
+                          f"[hosts.{h.name}.slurm] or [profiles.{p.name}.slurm]")
 
 
 def _metrics_url(r: _Reader) -> str | None:

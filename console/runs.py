@@ -55,8 +55,9 @@ from console.errors import CommandFailed, ConfigError, ConsoleError, TransportEr
 from console.host import Host
 from console.hostside.runner import record_problem
 from console.push import HOSTSIDE_PACKAGE, PushReport, engine_trees, push, sync_tree
+from console.scheduler import scheduler_for
 
-STATUSES = ("running", "succeeded", "failed", "stopped", "lost", "corrupt")
+STATUSES = ("pending", "running", "succeeded", "failed", "stopped", "lost", "corrupt")
 RUNNER = "runner.py"   # in ROOT/code/eagle3_hostside, run as a script (see runner())
 
 
@@ -106,6 +107,16 @@ class RunRecord:
         return str(self.raw.get("error") or "") if self.status == "corrupt" else ""
 
     @property
+    def job_id(self) -> str:
+        """The Slurm job id of a run on a cluster host ("" elsewhere)."""
+        return str(self.raw.get("job_id") or "")
+
+    @property
+    def reason(self) -> str:
+        """What the scheduler says: why a job is pending, or how it ended ("" if nothing)."""
+        return str(self.raw.get("reason") or "")
+
+    @property
     def refused(self) -> str:
         """Why `stop` signalled nothing (a `lost` run), "" otherwise."""
         return str(self.raw.get("refused") or "")
@@ -125,7 +136,7 @@ class Run:
 
 def combined_status(statuses: Sequence[str]) -> str:
     """One status for a multi-node run: running while any node runs, then the worst outcome."""
-    for s in ("running", "corrupt", "lost", "stopped", "failed"):
+    for s in ("running", "pending", "corrupt", "lost", "stopped", "failed"):
         if s in statuses:
             return s
     return "succeeded" if statuses else "lost"
@@ -162,7 +173,13 @@ async def runner(host: Host, args: Sequence[str], input: str | None = None,
 
 
 async def list_runs(host: Host, run_id: str | None = None) -> list[RunRecord]:
-    """The host's run records, oldest first (`lost` ones marked as such)."""
+    """The host's run records, oldest first, as its scheduler sees them (console/scheduler:
+    `lost` processes on an SSH host; squeue/sacct's word on a Slurm job)."""
+    return await scheduler_for(host.cfg).status(host, run_id)
+
+
+async def host_records(host: Host, run_id: str | None = None) -> list[RunRecord]:
+    """The host's run records as the host-side runner lists them (`lost` ones marked)."""
     data = await runner(host, ["list", await runs_dir(host), *([run_id] if run_id else [])])
     return [RunRecord.from_dict(d, host.name) for d in data or []]
 
@@ -193,9 +210,12 @@ def substitute(text: str, run_id: str, run_dir: str) -> str:
     return text.replace("{run_dir}", run_dir).replace("{run_id}", run_id)
 
 
-def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int = 0,
-               rdzv: Rendezvous | None = None, run_dir: str = "") -> tuple[list[str], bool]:
-    """argv for one node, and whether it is an engine command (see the module docstring)."""
+def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int | str = 0,
+               rdzv: Rendezvous | str | None = None, run_dir: str = "",
+               nnodes: int | None = None) -> tuple[list[str], bool]:
+    """argv for one node, and whether it is an engine command (see the module docstring).
+    nnodes: the node count when it is not len(profile.hosts) (a Slurm job's `nodes`); rdzv
+    may be the endpoint as text (a placeholder the node fills in)."""
     try:
         words = [substitute(w, run_id, run_dir) for w in shlex.split(profile.run)]
     except ValueError as e:
@@ -213,7 +233,8 @@ def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int
         python_tail = words[1:]
     else:
         python_tail = None
-    nnodes = len(profile.hosts)
+    if nnodes is None:
+        nnodes = len(profile.hosts)
     if profile.nproc_per_node <= 1 and nnodes == 1 or words[0] in ("torchrun",):
         if python_tail is None:
             return words, False
@@ -224,8 +245,9 @@ def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int
         dist.append("--standalone")
     else:
         assert rdzv is not None
+        endpoint = rdzv if isinstance(rdzv, str) else f"{rdzv.host}:{rdzv.port}"
         dist += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
-                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{rdzv.host}:{rdzv.port}",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                  "--rdzv-id", run_id]
     if python_tail is None:
         return [*dist, "--no-python", *words], False
@@ -238,8 +260,17 @@ async def running_for(hosts: Sequence[Host], profile: str) -> list[RunRecord]:
 
 
 async def launch(config: Config, name: str, pool: dict[str, Host], *, force: bool = False) -> Run:
-    """Push what changed, then start the profile detached on every one of its hosts."""
+    """Push what changed, then start the profile: detached on every one of its hosts, or
+    queued with the cluster's scheduler (console/scheduler)."""
     profile = config.profile(name)
+    cfg = config.host(profile.hosts[0])
+    return await scheduler_for(cfg).submit(config, profile, pool, force=force)
+
+
+async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host], *,
+                          force: bool = False) -> Run:
+    """The plain-SSH launch: detached on every one of the profile's hosts, node 0 first."""
+    name = profile.name
     nodes = [host_of(pool, config, h) for h in profile.hosts]
     if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
         raise ConfigError(f"[profiles.{name}] hosts: two nodes share one host and root")
@@ -250,7 +281,7 @@ async def launch(config: Config, name: str, pool: dict[str, Host], *, force: boo
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
             raise ConsoleError(f"profile {name!r} is already running ({where}); "
                                f"stop it or launch with --force")
-    pushes = await asyncio.gather(*(_push_for(config, profile, n) for n in nodes))
+    pushes = await asyncio.gather(*(push_for(config, profile, n) for n in nodes))
     run_id = new_run_id(name)
     rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
     # node 0 first: of two launches racing for one profile, the one that starts there wins and
@@ -263,13 +294,13 @@ async def launch(config: Config, name: str, pool: dict[str, Host], *, force: boo
     if failed:
         # one node could not start: take the others down rather than leave them waiting
         started = [n for n, r in zip(nodes, results) if not isinstance(r, BaseException)]
-        await asyncio.gather(*(_stop_on(n, run_id, 5.0) for n in started), return_exceptions=True)
+        await asyncio.gather(*(stop_on(n, run_id, 5.0) for n in started), return_exceptions=True)
         raise failed[0]
-    records = await asyncio.gather(*(list_runs(n, run_id) for n in nodes))
+    records = await asyncio.gather(*(host_records(n, run_id) for n in nodes))
     return Run(run_id, [r for recs in records for r in recs])
 
 
-async def _push_for(config: Config, profile: Profile, host: Host) -> PushReport:
+async def push_for(config: Config, profile: Profile, host: Host) -> PushReport:
     trees = await engine_trees(host)
     for s in profile.sync:
         trees.append(await sync_tree(host, config.syncs[s]))
@@ -368,14 +399,19 @@ async def _records_on(host: Host, run_id: str) -> list[tuple[Host, RunRecord]]:
         return []  # an unreachable host cannot hold the run we can act on
 
 
-async def _stop_on(host: Host, run_id: str, grace: float) -> RunRecord:
+async def stop_on(host: Host, run_id: str, grace: float) -> RunRecord:
     run_dir = posixpath.join(await runs_dir(host), run_id)
     data = await runner(host, ["stop", run_dir, str(grace)], timeout=grace + 60)
     return RunRecord.from_dict(data, host.name)
 
 
 async def stop_run(config: Config, run_id: str, pool: dict[str, Host], grace: float = 10.0) -> Run:
-    """SIGTERM every node's process group, SIGKILL after grace; records say `stopped`."""
+    """Stop every node: SIGTERM its process group, SIGKILL after grace (an SSH host), or
+    scancel (a Slurm job); records say `stopped`."""
     nodes = await find_run(config, run_id, pool)
-    records = await asyncio.gather(*(_stop_on(h, run_id, grace) for h, _ in nodes))
-    return Run(run_id, list(records))
+    by_host: dict[str, tuple[Host, list[RunRecord]]] = {}
+    for h, rec in nodes:
+        by_host.setdefault(h.name, (h, []))[1].append(rec)
+    done = await asyncio.gather(*(scheduler_for(h.cfg).stop(h, recs, grace)
+                                  for h, recs in by_host.values()))
+    return Run(run_id, sorted((r for recs in done for r in recs), key=lambda r: r.node_rank))

@@ -42,7 +42,7 @@ class RunWatch:
             recs = await list_runs(self.host, self.run_id)
             if recs:
                 self.status, self.exit_code = recs[0].status, recs[0].exit_code
-        return self.status != "running"
+        return self.status not in ("running", "pending")  # pending: a queued Slurm job
 
 
 class MalformedEvent(ValueError):

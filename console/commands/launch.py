@@ -32,5 +32,9 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     print(started.id)
     for r in started.records:
         node = f" node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else ""
+        if r.job_id:  # a Slurm job: queued (or already started) on the cluster
+            why = f" ({r.reason})" if r.reason else ""
+            print(f"  {r.host}: job {r.job_id} {r.status}{why}  {r.run_dir}")
+            continue
         print(f"  {r.host}{node}: pid {r.raw.get('pid')} {r.status}  {r.run_dir}")
     return 0

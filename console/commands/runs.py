@@ -10,7 +10,7 @@ from console.config import Config
 from console.host import open_host
 from console.runs import RunRecord, list_runs, newest_first
 
-HELP = "list the runs recorded on HOST (running, succeeded, failed, stopped, lost, corrupt)"
+HELP = "list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, ...)"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -36,8 +36,20 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {r.error}")
             continue
         print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
-              f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else ""))
+              f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
+              + _job(r))
     return 0
+
+
+def _job(r: RunRecord) -> str:
+    """A Slurm run's job id, partition, nodes and the scheduler's reason ("" elsewhere)."""
+    if not r.job_id:
+        return ""
+    slurm = r.raw.get("slurm") if isinstance(r.raw.get("slurm"), dict) else {}
+    part = r.raw.get("partition") or slurm.get("partition") or ""
+    where = r.raw.get("nodelist") or ""
+    return (f"  job {r.job_id}" + (f" {part}" if part else "") + (f" {where}" if where else "")
+            + (f" ({r.reason})" if r.reason else ""))
 
 
 def _exit(r: RunRecord) -> str:

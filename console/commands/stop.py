@@ -1,7 +1,9 @@
 """`eagle3-console stop RUN [--grace S]`: SIGTERM the run's process group, SIGKILL after S s.
 
 Only a group whose leader is still the run's command (pid and start time as recorded) is
-signalled; a run whose processes are gone is reported `lost` (exit status 1), untouched."""
+signalled; a run whose processes are gone is reported `lost` (exit status 1), untouched.
+A Slurm run (a host with scheduler = "slurm") is stopped with `scancel --signal=TERM`, then
+`scancel` after S s (a queued job: `scancel` at once); no login-node process is signalled."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from console.config import Config
 from console.host import Host
 from console.runs import close_hosts, stop_run
 
-HELP = "stop RUN on every node: SIGTERM its process group, SIGKILL after --grace seconds"
+HELP = ("stop RUN on every node: SIGTERM its process group, SIGKILL after --grace seconds "
+        "(a Slurm job: scancel --signal=TERM, then scancel)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,10 @@
     python -B runner.py list RUNS_DIR [RUN_ID]                         prints [record, ...]
     python -B runner.py stop RUN_DIR GRACE_S                           prints the final record
     python -B runner.py freeport                                       prints a free TCP port
+    python -B runner.py submit RUN_DIR [--unless-running] < spec.json  sbatch; prints {"job_id"}
+    python -B runner.py node RUN_DIR           (under srun, on every node of a Slurm job)
+    python -B runner.py settle RUN_DIR < {"status", "reason", "slurm_state"}  prints the record
+    python -B runner.py mark-stop RUN_DIR      (a stop was asked for: the exit reads `stopped`)
 
 (run as a script, not `-m`: a script is compiled from source, so a bytecode cache that a full
 disk left truncated cannot break it; errors print {"error": ...} and exit 1)
@@ -25,6 +29,19 @@ or process group reused by another process is never signalled. Run directories a
 every file in them 0600; env values whose names look secret are written as `***` (the command
 gets the real ones). Starts of one profile are serialised by a lock file in ROOT, held from the
 "already running" check until the new run is recorded.
+
+Slurm (a record with "scheduler": "slurm"): `submit` (on the login node, under the same profile
+lock) writes the batch script job.sh and a `pending` run.json, then runs `sbatch --parsable`
+(the profile's env, secrets included, reaches the job through sbatch's environment, never our
+files) and records the job id. The script runs `srun ... runner.py node RUN_DIR`: one `node` per
+allocated node, in the foreground (srun tracks it), starts the command like the monitor does
+(own session and group, recorded before it runs) with SLURM_NODEID as the node rank and the
+first node of the allocation as the rendezvous, forwards SIGTERM (scancel --signal, time
+limit) to the command's group and records the exit: node 0 in run.json, node R in
+node-R.json, its output in output.node-R.log. The pids of a Slurm record are on a compute
+node: `list` never judges them (the console asks squeue/sacct and `settle`s the record), and
+`stop` refuses them (the console uses scancel). run.json is read-modified-written under the
+lock file .record.lock in the run directory (the login node and node 0 both write it).
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -43,7 +61,10 @@ RECORD = "run.json"
 SPEC = "spec.json"
 STOP_MARKER = "stop"
 RUNNER_LOG = "runner.log"
-STATUSES = ("running", "succeeded", "failed", "stopped", "lost")
+STATUSES = ("pending", "running", "succeeded", "failed", "stopped", "lost")
+JOB_SCRIPT = "job.sh"
+RECORD_LOCK = ".record.lock"
+SBATCH_TIMEOUT = 120
 PID_MAX = 4194304            # PID_MAX_LIMIT on 64-bit Linux: no pid is larger
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 MASK = "***"
@@ -144,6 +165,9 @@ def record_problem(rec: Any, name: Optional[str] = None) -> Optional[str]:
         v = rec.get(key)
         if v is not None and not isinstance(v, str):
             return "%s: expected a string, got %.40r" % (key, v)
+    job = rec.get("job_id")
+    if job is not None and not (isinstance(job, str) and job.isdigit() and len(job) < 20):
+        return "job_id: %.40r is not a Slurm job id" % (job,)
     for key, kind, what in (("argv", list, "a list"), ("env", dict, "an object"),
                             ("push", dict, "an object")):
         v = rec.get(key)
@@ -241,11 +265,15 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def is_slurm(rec: Dict[str, Any]) -> bool:
+    return rec.get("scheduler") == "slurm"
+
+
 def effective(rec: Dict[str, Any]) -> Dict[str, Any]:
     """The record as it stands now: a `running` one whose command and monitor are both gone
     (or whose pids now belong to other processes) is `lost`."""
-    if rec.get("status") != "running":
-        return rec
+    if rec.get("status") != "running" or is_slurm(rec):
+        return rec  # a Slurm job's pids are on a compute node: the console asks the scheduler
     if ours(rec.get("pid"), rec.get("pid_start")) or ours(rec.get("monitor_pid"),
                                                           rec.get("monitor_start")):
         return rec
@@ -536,6 +564,8 @@ def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any
             rec, problem = load_record(run_dir)
         except FileNotFoundError:
             continue  # no record yet: a start in progress (or one that never happened)
+        if rec is not None and is_slurm(rec):
+            rec = _with_nodes(run_dir, rec)
         out.append(effective(rec) if rec is not None else corrupt(run_dir, problem or "?"))
     return out
 
@@ -561,6 +591,9 @@ def stop(run_dir: str, grace: float) -> Dict[str, Any]:
     if rec is None:
         raise RunnerError("the record of run %s is corrupt (%s); nothing was signalled"
                           % (os.path.basename(os.path.normpath(run_dir)), problem))
+    if is_slurm(rec):
+        raise RunnerError("run %s is Slurm job %s: it is stopped with scancel, not signalled "
+                          "from the login node" % (rec["id"], rec.get("job_id")))
     if rec["status"] != "running":
         return effective(rec)
     pgid = rec["pgid"]
@@ -618,6 +651,288 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+# -- Slurm ---------------------------------------------------------------------------------------
+
+class _RecordLock(object):
+    """flock on RUN_DIR/.record.lock around a read-modify-write of run.json."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(run_dir, RECORD_LOCK)
+        self.fd = -1
+
+    def __enter__(self) -> "_RecordLock":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.close(self.fd)
+
+
+def _update_record(run_dir: str, changes: Dict[str, Any],
+                   base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """run.json (or base, when it cannot be read) with changes on top, written atomically."""
+    path = os.path.join(run_dir, RECORD)
+    with _RecordLock(run_dir):
+        rec = read_json(path) or dict(base or {})
+        rec.update(changes)
+        write_json(path, rec)
+    return rec
+
+
+def submit(run_dir: str, spec: Dict[str, Any], unless_running: bool = False) -> int:
+    """sbatch the batch script in spec["script"] (see the module docstring); prints
+    {"job_id": ...}, or {"error": ...} with exit status 1 and nothing left behind."""
+    try:
+        report = _submit(os.path.normpath(run_dir), spec, unless_running)
+    except OSError as e:
+        report = {"error": "cannot submit a run in %s: %s" % (run_dir, e.strerror or e)}
+    print(json.dumps(report))
+    return 1 if "error" in report else 0
+
+
+def _submit(run_dir: str, spec: Dict[str, Any], unless_running: bool) -> Dict[str, Any]:
+    runs_dir = os.path.dirname(run_dir)
+    if not os.path.isdir(runs_dir):
+        os.makedirs(runs_dir, 0o700)
+    profile = str(spec.get("profile") or "")
+    lock = _lock_profile(os.path.dirname(runs_dir), profile)
+    try:
+        if unless_running:
+            busy = [r["id"] for r in list_runs(runs_dir) if r.get("profile") == profile
+                    and r.get("status") in ("running", "pending")]
+            if busy:
+                return {"error": "profile %r is already running or queued (%s); stop it or "
+                                 "launch with --force" % (profile, ", ".join(busy))}
+        os.mkdir(run_dir, 0o700)
+        os.chmod(run_dir, 0o700)
+        try:
+            report = _sbatch(run_dir, spec)
+        except BaseException:
+            _remove_submitted(run_dir)
+            raise
+        if "error" in report:
+            _remove_submitted(run_dir)
+        return report
+    finally:
+        os.close(lock)
+
+
+def _sbatch(run_dir: str, spec: Dict[str, Any]) -> Dict[str, Any]:
+    rec = {k: v for k, v in spec.items() if k not in ("script", "sbatch", "slurm_env")}
+    rec["env"] = masked(spec.get("env"))
+    write_json(os.path.join(run_dir, SPEC), rec)
+    job_path = os.path.join(run_dir, JOB_SCRIPT)
+    fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(str(spec.get("script") or ""))
+    rec.update({"status": "pending", "job_id": None, "submitted": time.time(), "start": None,
+                "end": None, "exit_code": None})
+    write_json(os.path.join(run_dir, RECORD), rec)
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+    env.update({str(k): str(v) for k, v in (spec.get("slurm_env") or {}).items()})
+    argv = ["sbatch"] + [str(a) for a in spec.get("sbatch") or []] + [job_path]
+    try:
+        proc = subprocess.Popen(argv, cwd=run_dir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as e:
+        if e.errno == 2:
+            return {"error": "sbatch is not on PATH on this host (PATH=%s)"
+                             % env.get("PATH", "")}
+        return {"error": "cannot run sbatch: %s" % (e.strerror or e)}
+    try:
+        out, err = proc.communicate(timeout=SBATCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"error": "sbatch did not answer within %d s" % SBATCH_TIMEOUT}
+    text = err.decode("utf-8", "replace").strip()
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return {"error": "sbatch rejected the job: %s" % ("; ".join(lines[-3:]) or
+                                                          "exit status %d" % proc.returncode)}
+    job_id = out.decode("utf-8", "replace").strip().split(";")[0]
+    if not job_id.isdigit():
+        return {"error": "sbatch --parsable printed %.80r, not a job id" % job_id}
+    _update_record(run_dir, {"job_id": job_id}, rec)
+    return {"job_id": job_id, "status": "pending"}
+
+
+def _remove_submitted(run_dir: str) -> None:
+    """A submission that failed leaves nothing: the files we wrote, then the directory."""
+    for name in (SPEC, JOB_SCRIPT, RECORD, RECORD_LOCK):
+        try:
+            os.unlink(os.path.join(run_dir, name))
+        except OSError:
+            pass
+    _remove_unrecorded(run_dir)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+
+
+def _first_node() -> str:
+    """The first host name of the allocation (scontrol expands SLURM_JOB_NODELIST)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        out = subprocess.check_output(["scontrol", "show", "hostnames", nodelist])
+        names = out.decode("utf-8", "replace").split()
+    except (OSError, subprocess.CalledProcessError):
+        names = []
+    return names[0] if names else socket.gethostname()
+
+
+def node(run_dir: str) -> int:
+    """One node of a Slurm job (under srun): run the command in the foreground, record it.
+    Exits with the command's status, so srun (--kill-on-bad-exit) and the job's state see it."""
+    run_dir = os.path.normpath(run_dir)
+    spec = read_json(os.path.join(run_dir, SPEC))
+    if spec is None or not isinstance(spec.get("argv"), list):
+        sys.stderr.write("runner node: no readable %s in %s\n" % (SPEC, run_dir))
+        return 2
+    rank = _env_int("SLURM_NODEID", 0)
+    nnodes = _env_int("SLURM_NNODES", 1)
+    job_id = os.environ.get("SLURM_JOB_ID") or None
+    port = spec.get("rdzv_port") or 20000 + _env_int("SLURM_JOB_ID", 0) % 20000
+    # srun was started by the batch script, which runs on the allocation's first node
+    addr = (spec.get("rdzv_host") or os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
+            or _first_node())
+    endpoint = "%s:%s" % (addr, port)
+    words = {"{node_rank}": str(rank), "{rdzv_endpoint}": endpoint}
+    argv = [words.get(a, a) for a in spec["argv"]]
+    if rank == 0:
+        out_name = spec.get("stdout") or "output.log"
+        err_name = spec.get("stderr") or "output.log"
+        record = os.path.join(run_dir, RECORD)
+    else:
+        err_name = "output.node-%d.log" % rank
+        out_name = "events.node-%d.jsonl" % rank if spec.get("engine") else err_name
+        record = os.path.join(run_dir, "node-%d.json" % rank)
+    # the job's environment holds the profile's env (sbatch exported it); spec.json has the
+    # secrets masked, so only the PYTHONPATH prepend is taken from it
+    cmd_spec = dict(spec, argv=argv, env={})
+    go_r, go_w = os.pipe()
+    exec_r, exec_w = os.pipe()
+    os.set_inheritable(exec_w, False)
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        os.close(exec_r)
+        _command(cmd_spec, os.path.join(run_dir, out_name), os.path.join(run_dir, err_name),
+                 go_r, exec_w)
+    os.close(go_r)
+    os.close(exec_w)
+
+    def forward(sig: int, frame: Any) -> None:  # scancel --signal, time limit: to the group
+        _signal_group(pid, sig)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    changes = {
+        "status": "running", "pid": pid, "pgid": pid, "pid_start": proc_start(pid),
+        "monitor_pid": os.getpid(), "monitor_start": proc_start(os.getpid()),
+        "start": time.time(), "end": None, "exit_code": None, "node_rank": rank,
+        "nnodes": nnodes, "job_id": job_id, "argv": argv, "rendezvous": endpoint,
+        "node_host": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "stdout": out_name, "stderr": err_name,
+    }
+    base = {k: spec.get(k) for k in ("id", "profile", "host", "run_dir", "scheduler",
+                                     "engine", "cwd")}
+    try:
+        if rank == 0:
+            rec = _update_record(run_dir, changes, dict(spec))
+        else:
+            rec = dict(base, **changes)
+            write_json(record, rec)
+    except OSError as e:  # unrecorded, it must not run: it dies before exec
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        sys.stderr.write("runner node: cannot record the run: %s\n" % (e.strerror or e))
+        return 1
+    os.write(go_w, b"g")
+    os.close(go_w)
+    with os.fdopen(exec_r, "rb") as f:
+        exec_error = f.read().decode("utf-8", "replace")
+    status = _reap_until(pid)
+    code = exit_code(status)
+    end = {"exit_code": code, "end": time.time()}
+    if exec_error:
+        end.update({"status": "failed", "error": exec_error})
+        sys.stderr.write("runner node: %s\n" % exec_error)
+    elif os.path.exists(os.path.join(run_dir, STOP_MARKER)):
+        end["status"] = "stopped"
+    else:
+        end["status"] = "succeeded" if code == 0 else "failed"
+    if rank == 0:
+        _update_record(run_dir, end, rec)
+    else:
+        rec.update(end)
+        write_json(record, rec)
+    return code if code >= 0 else 128 - code
+
+
+def _with_nodes(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
+    """A Slurm record with what its other nodes recorded (node-R.json), as "nodes"."""
+    n = rec.get("nnodes")
+    if not _is_int(n) or n <= 1:
+        return rec
+    nodes = []
+    for rank in range(1, min(n, 4096)):
+        other = read_json(os.path.join(run_dir, "node-%d.json" % rank))
+        if other is None or record_problem(other) is not None:
+            continue
+        nodes.append({k: other.get(k) for k in ("node_rank", "status", "exit_code",
+                                                "node_host", "start", "end")})
+    return dict(rec, nodes=nodes)
+
+
+SETTLE_KEYS = ("status", "reason", "slurm_state", "end")
+
+
+def settle(run_dir: str, changes: Dict[str, Any]) -> Dict[str, Any]:
+    """What the scheduler says of a Slurm job whose record did not say it (a job cancelled
+    while pending, a node failure, a time limit): a `pending`/`running` record takes the new
+    status; a finished one keeps its own and only gains the scheduler's state and reason."""
+    run_dir = os.path.normpath(run_dir)
+    try:
+        rec, problem = load_record(run_dir)
+    except FileNotFoundError:
+        raise RunnerError("no run record at %s" % os.path.join(run_dir, RECORD)) from None
+    if rec is None or not is_slurm(rec):
+        raise RunnerError("run %s: not a Slurm record (%s)"
+                          % (os.path.basename(run_dir), problem or "no job"))
+    status = changes.get("status")
+    if status is not None and status not in STATUSES:
+        raise RunnerError("settle: %.40r is not a status" % (status,))
+    with _RecordLock(run_dir):
+        rec = read_json(os.path.join(run_dir, RECORD)) or rec
+        new = {k: changes[k] for k in SETTLE_KEYS if k in changes}
+        if rec.get("status") not in ("pending", "running"):
+            # it recorded its own end meanwhile: keep that, learn only why the job ended
+            # (end_reason: e.g. a time limit; none for a job that simply finished)
+            new = {"slurm_state": changes.get("slurm_state")}
+            if changes.get("end_reason") and not rec.get("reason"):
+                new["reason"] = changes["end_reason"]
+        elif "end" not in new:
+            new["end"] = time.time()
+        rec.update(new)
+        if problem is None and record_problem(rec) is None:
+            write_json(os.path.join(run_dir, RECORD), rec)
+    return _with_nodes(run_dir, rec)
+
+
+def mark_stop(run_dir: str) -> None:
+    """The stop marker (before scancel): the nodes then record `stopped`, not `failed`."""
+    fd = os.open(os.path.join(os.path.normpath(run_dir), STOP_MARKER),
+                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("%f\n" % time.time())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -634,6 +949,17 @@ def main(argv: List[str]) -> int:
             return 0
         if cmd == "stop" and len(argv) == 4:
             print(json.dumps(stop(argv[2], float(argv[3]))))
+            return 0
+        if cmd == "submit" and len(argv) in (3, 4) and argv[3:] in ([], ["--unless-running"]):
+            return submit(argv[2], json.load(sys.stdin), unless_running=len(argv) == 4)
+        if cmd == "node" and len(argv) == 3:
+            return node(argv[2])
+        if cmd == "settle" and len(argv) == 3:
+            print(json.dumps(settle(argv[2], json.load(sys.stdin))))
+            return 0
+        if cmd == "mark-stop" and len(argv) == 3:
+            mark_stop(argv[2])
+            print("{}")
             return 0
         if cmd == "freeport":
             print(free_port())

@@ -196,7 +196,7 @@ class RunsPane(ShownTimers, Vertical):
         now: float = self.app.clock()  # type: ignore[attr-defined]
         recs = newest_first(self.records.get(host, []))
         feeds = [self.feeds.find(host, r.id) for r in recs]
-        key = (host, int(now), tuple((r.id, r.status, r.end) for r in recs),
+        key = (host, int(now), tuple((r.id, r.status, r.end, r.reason) for r in recs),
                tuple(f.progress.version if f else -1 for f in feeds), self.list_error,
                self.demo_state, len(self.config.profiles))
         if key == self._drawn and not force:
@@ -209,10 +209,12 @@ class RunsPane(ShownTimers, Vertical):
             [r.id for r in recs],
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds)])
         running = sum(r.status == "running" for r in recs)
+        queued = sum(r.status == "pending" for r in recs)  # Slurm jobs waiting for nodes
         where = self.config.hosts[host].ssh or "this machine"
         status = f"[b]{host}[/b] ({where}) · {count(len(profiles), 'profile')} · " \
             f"{count(len(recs), 'run')}" + \
-            (f", {running} running" if running else "")
+            (f", {running} running" if running else "") + \
+            (f", {queued} queued" if queued else "")
         selected = self.query_one(ProfileTable).selected
         if selected:   # what t starts: the cursor in the profiles table, wherever focus is
             status += f" · [b]t[/b] launches [b]{selected}[/b]"
@@ -327,7 +329,7 @@ class RunsPane(ShownTimers, Vertical):
         if rec is None:
             self.notify("No run selected", severity="warning")
             return
-        if rec.status != "running":
+        if rec.status not in ("running", "pending"):  # pending: a queued Slurm job (scancel)
             self.notify(f"{rec.id} is not running ({rec.status})", severity="warning")
             return
         if self._start(f"stop {rec.id}"):
@@ -337,9 +339,12 @@ class RunsPane(ShownTimers, Vertical):
     async def do_stop(self, run_id: str) -> None:
         from console.screens.confirm import ConfirmScreen
         try:
+            rec = self._selected_run()
+            how = (f"scancel --signal=TERM, scancel after {STOP_GRACE_S:.0f} s"
+                   if rec is not None and rec.id == run_id and rec.job_id else
+                   f"SIGTERM to its process group, SIGKILL after {STOP_GRACE_S:.0f} s")
             ok = await self.app.push_screen_wait(ConfirmScreen(
-                f"Stop [b]{run_id}[/b]?\n\nSIGTERM to its process group, SIGKILL after "
-                f"{STOP_GRACE_S:.0f} s.", yes="Stop it"))
+                f"Stop [b]{run_id}[/b]?\n\n{how}.", yes="Stop it"))
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")

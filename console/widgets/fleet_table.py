@@ -1,5 +1,6 @@
 """The fleet table: every configured host's GPUs at a glance, one line per GPU under a line per
-host (state, GPU model, sample age). A host without GPUs gets one line saying why."""
+host (state, GPU model, sample age). A host without GPUs gets one line saying why. A Slurm
+cluster's login node gets one line per partition (nodes, idle, free GPUs: sinfo) instead."""
 
 from __future__ import annotations
 
@@ -25,15 +26,22 @@ class FleetHost:
     reason: str | None
     source: str | None
     rows: list[GpuRow] = field(default_factory=list)
+    partitions: list[str] = field(default_factory=list)  # a Slurm host: sinfo, one a line
+
+    @property
+    def height(self) -> int:
+        return 1 + len(self.partitions) + (max(1, len(self.rows)) if not self.partitions
+                                           else len(self.rows))
 
 
-def fleet_host(mon: HostMonitor, now: float) -> FleetHost:
+def fleet_host(mon: HostMonitor, now: float, partitions: list[str] | None = None) -> FleetHost:
     down = mon.state is MonitorState.RECONNECTING or mon.stale(now)
     rows = [GpuRow(g, stale=down or mon.gpu_stale(g.index, now), error=mon.gpu_error.get(g.index),
                    history=list(mon.history.get(g.index, ()))) for g in mon.gpu_list()]
     s = mon.sample
     return FleetHost(mon.name, mon.state, mon.detail, mon.age(now), mon.stale(now),
-                     s.reason if s else None, s.source if s else None, rows)
+                     s.reason if s else None, s.source if s else None, rows,
+                     list(partitions or []))
 
 
 class FleetTable(MeterWidget):
@@ -45,19 +53,21 @@ class FleetTable(MeterWidget):
         self.window: tuple[float, float] = (0.0, 1.0)
 
     def show(self, hosts: list[FleetHost], window: tuple[float, float]) -> None:
-        resized = [len(h.rows) for h in hosts] != [len(h.rows) for h in self.hosts]
+        resized = [h.height for h in hosts] != [h.height for h in self.hosts]
         self.hosts, self.window = hosts, window
         self.redraw(layout=resized)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
-        return sum(1 + max(1, len(h.rows)) for h in self.hosts) or 1
+        return sum(h.height for h in self.hosts) or 1
 
     def lines(self) -> list[MeterLine]:
         width = max(60, self.size.width)
         out: list[MeterLine] = []
         for h in self.hosts:
             out.append(self._host_line(h))
-            if not h.rows:
+            for text in h.partitions:  # a cluster: its login node has no GPUs of its own
+                out.append(MeterLine(f"   {text}", self.mstyle("label")))
+            if not h.rows and not h.partitions:
                 why = h.reason or ("waiting for the first sample" if h.state is not
                                    MonitorState.RECONNECTING else "no data")
                 out.append(MeterLine(f"   no GPUs: {why}", self.mstyle("stale")))

@@ -19,8 +19,8 @@ from console.runs import RunRecord
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
 RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")
 COMMAND_WIDTH = 60
-STATUS_MARK = {"running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■", "lost": "?",
-               "corrupt": "!"}
+STATUS_MARK = {"pending": "…", "running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■",
+               "lost": "?", "corrupt": "!"}
 REASON_WIDTH = 48
 
 
@@ -68,7 +68,25 @@ def progress_of(rec: RunRecord, prog: RunProgress | None) -> str:
     return text
 
 
+def slurm_of(rec: RunRecord) -> str:
+    """A Slurm run's job id, partition and nodes for the RUN cell ("" for other runs)."""
+    if not rec.job_id:
+        return ""
+    slurm = rec.raw.get("slurm") if isinstance(rec.raw.get("slurm"), dict) else {}
+    part = rec.raw.get("partition") or slurm.get("partition") or ""
+    nodes = rec.raw.get("nodelist") or (f"{rec.nnodes} nodes" if rec.nnodes > 1 else "")
+    return " · job " + " ".join(str(x) for x in (rec.job_id, part, nodes) if x)
+
+
 def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, ...]:
+    if rec.job_id:  # a Slurm job: one record for all its nodes, the scheduler's facts
+        why = f" ({rec.reason})" if rec.reason and rec.status != "running" else ""
+        status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
+                               else f" ({rec.exit_code})") + why
+        end = rec.end if rec.end else (now if rec.status == "running" else None)
+        dur = fmt_duration(end - rec.start) if rec.start and end else "-"
+        return (rec.id + slurm_of(rec), f"{STATUS_MARK.get(rec.status, ' ')} {status}",
+                progress_of(rec, prog), dur, code_of(rec))
     node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
     status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
                            else f" ({rec.exit_code})")
