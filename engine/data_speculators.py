@@ -18,7 +18,7 @@ vLLM layer id k < N is the INPUT of decoder layer k (spec section 2); id N is th
 output BEFORE the final norm (speculators applies its own `verifier_norm` to it). Slots 0..L-2 are
 therefore our aux states, concatenated low|mid|high, and the final-norm hidden state our trainer
 wants is the target's final norm applied to slot L-1: this reader does that with the norm's
-weight alone (engine/target.py FinalNorm), so `train --data DIR` needs `--target`, as it always
+weight alone (engine/final_norm.py), so `train --data DIR` needs `--target`, as it always
 does. Rows without an hs file (a partial generation run) are left out and counted in meta. The
 layer ids are not recorded in the directory; like SpecForge's, they are taken to be the defaults.
 `--data` may name DIR or DIR/hidden_states. Reading Arrow needs pyarrow.
@@ -174,8 +174,9 @@ class SpeculatorsData(FeatureData):
             if self.target_dir is None:
                 raise EngineError(f"{self.path}: speculators data holds the last layer before "
                                   "the final norm; reading it needs the target (--target)")
-            from engine.target import FinalNorm
-            self._norm = FinalNorm.load(self.target_dir)
+            from engine.final_norm import load_final_norm
+            from engine.target import read_config
+            self._norm = load_final_norm(self.target_dir, read_config(self.target_dir))
         return self._norm
 
     def __getitem__(self, i: int) -> Sample:

@@ -9,7 +9,7 @@ Two ways in:
   final hidden state with the target's lm_head. `device_map="auto"` spreads a target too big for
   one GPU over the process's GPUs (accelerate); the captured states are gathered on the last one.
 - `load_heads(dir)` reads only the embedding and lm_head tensors from the safetensors files (offline
-  training never needs the decoder layers of a 1T-parameter target); `FinalNorm.load(dir)` reads
+  training never needs the decoder layers of a 1T-parameter target); `engine/final_norm.py` reads
   only the final norm: it turns a captured last-layer output (vLLM id N) into the lm_head input.
 """
 
@@ -261,38 +261,6 @@ def load_heads(target_dir: str) -> tuple[Tensor, Tensor]:
     emb = read(emb_key)
     head = read(head_key) if head_key is not None else emb
     return emb, head
-
-
-@dataclass
-class FinalNorm:
-    """The target's final RMSNorm, read alone from its safetensors (Llama/Qwen/DeepSeek style:
-    weight * x / rms(x), computed in float32 and rounded once, as transformers does)."""
-
-    weight: Tensor
-    eps: float
-
-    @classmethod
-    def load(cls, target_dir: str) -> FinalNorm:
-        from safetensors import safe_open
-        cfg = read_config(target_dir)
-        files = _weight_files(target_dir)
-        names = [k for k in files if k.endswith("norm.weight") and ".layers." not in k
-                 and k.split(".")[-2] == "norm"]
-        key = "model.norm.weight" if "model.norm.weight" in names else (
-            names[0] if len(names) == 1 else None)
-        if key is None:
-            raise EngineError(f"{target_dir}: cannot tell the final norm among the weights "
-                              f"({names or 'no *.norm.weight tensor'})")
-        with safe_open(files[key], "pt") as f:
-            w = f.get_tensor(key)
-        if str(cfg.get("model_type", "")).startswith("gemma"):
-            w = w.float() + 1  # Gemma stores the norm scale as an offset from 1
-        return cls(weight=w, eps=float(cfg.get("rms_norm_eps", 1e-6)))
-
-    def __call__(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h.to(x.dtype).float()).to(x.dtype)
 
 
 # -- greedy chat replies (demo data, the regen test server) ---------------------------------------
