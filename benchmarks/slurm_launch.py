@@ -1,6 +1,6 @@
 """Launch-to-first-event on the test Slurm cluster against the plain-SSH host, same machine.
 
-    PYTHONPATH=. python tests/bench_slurm_launch.py DEMO_WORKSPACE [REPEATS]
+    python benchmarks/slurm_launch.py DEMO_WORKSPACE [REPEATS]
 
 DEMO_WORKSPACE: `python -m engine demo init DIR` (a tiny target and data). Each repeat launches
 the demo's `scratch` training profile (a few steps) through the test sshd once on a plain host
@@ -19,13 +19,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from console.config import Config, HostConfig
-from console.demo_default import demo_profiles
-from console.host import Host
-from console.runs import close_hosts, launch, list_runs
-from console.scheduler.options import SlurmOptions
-from tests.slurm import start_cluster
-from tests.sshd import start_sshd
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from console.config import Config, HostConfig  # noqa: E402
+from console.demo_default import demo_profiles  # noqa: E402
+from console.host import Host  # noqa: E402
+from console.runs import close_hosts, launch, list_runs  # noqa: E402
+from console.scheduler.options import SlurmOptions  # noqa: E402
+from tests.slurm import start_cluster  # noqa: E402
+from tests.sshd import start_sshd  # noqa: E402
 
 
 async def one(cfg: Config, profile: str) -> tuple[float, float, float]:
