@@ -29,6 +29,7 @@ import os
 from typing import Any
 
 from engine.errors import EngineError
+from engine.target_config import read_config
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 METHOD = "extract_hidden_states"
@@ -47,19 +48,7 @@ def slots(aux_ids: list[int], num_layers: int) -> tuple[list[int], int]:
 
 def target_config(target_dir: str) -> dict[str, Any]:
     """config.json (text_config unwrapped), read without torch: printing a command stays fast."""
-    path = os.path.join(target_dir, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise EngineError(f"{path}: no such file (is --target a model directory?)") from None
-    except ValueError as e:
-        raise EngineError(f"{path}: invalid JSON ({e})") from None
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg, **cfg["text_config"]}
-    if not isinstance(cfg.get("num_hidden_layers"), int):
-        raise EngineError(f"{path}: field 'num_hidden_layers': missing or not an integer")
-    return dict(cfg)
+    return read_config(target_dir, required=("num_hidden_layers",))
 
 
 def default_layer_ids(num_layers: int) -> list[int]:

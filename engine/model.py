@@ -309,21 +309,30 @@ class Eagle3Draft(nn.Module):
         return out_logits
 
     # -- greedy chain for evaluation -------------------------------------------------------------
-    @torch.no_grad()
-    def draft_greedy(self, aux_hidden: Tensor, input_ids: Tensor, k: int,
-                     attention_mask: Tensor | None = None) -> Tensor:
-        """k greedy drafts [B,k] in TARGET ids after the prefix (module docstring)."""
+    def _step0(self, aux_hidden: Tensor, input_ids: Tensor, past: list[KV],
+               attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The causal step-0 pass of a greedy chain: (out [B,T,H], positions [B,T]); fills
+        `past` with the step-0 keys. Token p+1 sits at position p."""
         b, t, _ = aux_hidden.shape
         if input_ids.shape[1] != t + 1:
             raise ValueError(f"input_ids must have T+1={t + 1} tokens (got {input_ids.shape[1]})")
         dev = aux_hidden.device
         h = self.fuse(aux_hidden)  # [B,T,H]
-        past: list[KV] = []
         pos = torch.arange(t, device=dev).expand(b, t)  # [B,T]
-        emb = self.embed_tokens(input_ids[:, 1:]).to(h.dtype)  # token t+1 at position t
+        emb = self.embed_tokens(input_ids[:, 1:]).to(h.dtype)
         cos, sin = self._cos_sin(pos, h.dtype)
-        out = self.midlayer(emb, h, cos, sin, past, ttt_mask(t, 0, attention_mask, dev))
+        return self.midlayer(emb, h, cos, sin, past, ttt_mask(t, 0, attention_mask, dev)), pos
+
+    @torch.no_grad()
+    def draft_greedy(self, aux_hidden: Tensor, input_ids: Tensor, k: int,
+                     attention_mask: Tensor | None = None) -> Tensor:
+        """k greedy drafts [B,k] in TARGET ids after the prefix (module docstring)."""
+        b, t, _ = aux_hidden.shape
+        dev = aux_hidden.device
+        past: list[KV] = []
+        out, _ = self._step0(aux_hidden, input_ids, past, attention_mask)
         last = out[:, -1:]  # [B,1,H]
+        dtype = out.dtype
         drafts: list[Tensor] = []
         for i in range(k):
             tok = self.to_target_ids(self.logits(last).argmax(-1))  # [B,1] target ids
@@ -331,8 +340,8 @@ class Eagle3Draft(nn.Module):
             if i == k - 1:
                 break
             # Step i+1 at position T-1: sees all step-0 keys and its own earlier steps' keys.
-            emb = self.embed_tokens(tok).to(h.dtype)  # [B,1,H]
-            cos, sin = self._cos_sin(torch.full((b, 1), t - 1 + i + 1, device=dev), h.dtype)
+            emb = self.embed_tokens(tok).to(dtype)  # [B,1,H]
+            cos, sin = self._cos_sin(torch.full((b, 1), t - 1 + i + 1, device=dev), dtype)
             keep = torch.ones(1, 1, 1, t + i + 1, dtype=torch.bool, device=dev)
             if attention_mask is not None:
                 keep = torch.cat([attention_mask.bool()[:, None, None, :],
@@ -350,24 +359,19 @@ class Eagle3Draft(nn.Module):
         (`ttt_mask`), with the draft's own argmax tokens as inputs instead of the text's. Causal
         attention makes every row equal to its prefix's `draft_greedy`; right padding only adds
         rows nobody reads."""
-        b, t, _ = aux_hidden.shape
-        if input_ids.shape[1] != t + 1:
-            raise ValueError(f"input_ids must have T+1={t + 1} tokens (got {input_ids.shape[1]})")
+        t = aux_hidden.shape[1]
         dev = aux_hidden.device
-        h = self.fuse(aux_hidden)  # [B,T,H]
         past: list[KV] = []
-        pos = torch.arange(t, device=dev).expand(b, t)  # [B,T]
-        emb = self.embed_tokens(input_ids[:, 1:]).to(h.dtype)  # token p+1 at position p
-        cos, sin = self._cos_sin(pos, h.dtype)
-        last = self.midlayer(emb, h, cos, sin, past, ttt_mask(t, 0, None, dev))  # [B,T,H]
+        last, pos = self._step0(aux_hidden, input_ids, past, None)  # [B,T,H]
+        dtype = last.dtype
         drafts: list[Tensor] = []
         for i in range(k):
             tok = self.to_target_ids(self.logits(last).argmax(-1))  # [B,T] target ids
             drafts.append(tok)
             if i == k - 1:
                 break
-            emb = self.embed_tokens(tok).to(h.dtype)  # [B,T,H]: row p's draft i at p+i+1
-            cos, sin = self._cos_sin(pos + i + 1, h.dtype)
+            emb = self.embed_tokens(tok).to(dtype)  # [B,T,H]: row p's draft i at p+i+1
+            cos, sin = self._cos_sin(pos + i + 1, dtype)
             last = self.midlayer(emb, last, cos, sin, past, ttt_mask(t, i + 1, None, dev))
         return torch.stack(drafts, dim=-1)  # [B,T,k]
 

@@ -1,0 +1,38 @@
+"""A target's config.json, read without torch (so printing a command line or checking a
+config stays fast on a host whose torch takes seconds to import)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from engine.errors import EngineError
+
+
+def read_config(target_dir: str,
+                required: tuple[str, ...] = ("hidden_size", "num_hidden_layers", "vocab_size")
+                ) -> dict[str, Any]:
+    """The target's config.json as a dict (text_config unwrapped for multimodal wrappers); each
+    `required` field must be an integer."""
+    path = os.path.join(target_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise EngineError(f"{path}: no such file (is --target a model directory?)") from None
+    except ValueError as e:
+        raise EngineError(f"{path}: invalid JSON ({e})") from None
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    for key in required:
+        if not isinstance(cfg.get(key), int):
+            raise EngineError(f"{path}: field {key!r}: missing or not an integer")
+    return dict(cfg)
+
+
+def config_hash(target_dir: str) -> str:
+    """sha256 of the target's config.json as canonical JSON (ties data to the target)."""
+    cfg = read_config(target_dir)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
