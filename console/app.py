@@ -55,7 +55,10 @@ class Eagle3App(App):
     def action_help(self) -> None:
         """`?` on any screen: every key, by pane (console/keymap.py)."""
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            from textual.widgets import TabbedContent
+            tabs = self.screen.query(TabbedContent)
+            active = tabs.first().active if tabs else ""
+            self.push_screen(HelpScreen(first=active.removeprefix("tab-") or None))
 
     def _freeze_startup_objects(self) -> None:
         """The widget tree, styles and modules live as long as the app: keep them out of the

@@ -169,8 +169,9 @@ def test_bad_inputs_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
     assert p.returncode == 1 and "prepared with another target" in p.stderr.strip()
     p = run_engine("train", "--target", str(demo_dir / "target"), "--data", str(tmp_path),
                    "--out", str(tmp_path / "r2"), check=False)
-    assert p.returncode == 1 and p.stderr.strip().endswith(
-        "neither manifest.json nor SpecForge data_*.ckpt files")
+    err = p.stderr.strip()
+    assert p.returncode == 1 and len(err.splitlines()) == 1 and str(tmp_path) in err
+    assert "neither manifest.json, SpecForge data_*.ckpt files nor a speculators directory" in err
     with pytest.raises(EngineError, match="--batch-tokens 0: must be >= 1"):
         TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"), out="x",
                     batch_tokens=0)

@@ -1,7 +1,8 @@
 """Help (`?`): every key, by pane, read from the key map (console/keymap.py).
 
 Sections in the key map's order: keys that work everywhere on the main screen (the pane number
-keys folded into one `1-6` row, and how to switch hosts), then one per pane in tab order (keys
+keys folded into one `1-6` row, and how to switch hosts), then the pane on screen, then the
+other panes in tab order (keys
 its widgets hold included: the process table's `s` is under GPUs), then the run detail screen
 and the dialogs. Keys with the same label in one section share a row (`enter i  Inspect`).
 """
@@ -21,10 +22,17 @@ from console.keymap import KEYS, PANES, SECTIONS, bindings, key_display
 Section = tuple[str, list[tuple[str, str]]]
 
 
-def sections() -> list[Section]:
-    """Every key of the console, grouped as the module docstring says."""
+def sections(first: str | None = None) -> list[Section]:
+    """Every key of the console, grouped as the module docstring says; the section `first` (the
+    pane on screen when `?` was pressed) right after "Everywhere", so its keys show without
+    scrolling."""
     out: list[Section] = []
-    for sid, title in SECTIONS.items():
+    order = list(SECTIONS)
+    if first in SECTIONS and first != order[0]:
+        order.remove(first)
+        order.insert(1, first)
+    for sid in order:
+        title = SECTIONS[sid]
         rows: list[tuple[str, str]] = []
         labels: dict[str, int] = {}     # label -> its row, for keys that share one
         for k in (k for k in KEYS if k.section == sid):
@@ -62,11 +70,16 @@ class HelpScreen(ModalScreen[None]):
     KEY_SECTION: ClassVar[str] = "help"   # its keys in console/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("help"))
 
+    def __init__(self, first: str | None = None) -> None:
+        super().__init__()
+        self.first = first  # the pane whose keys come first (the one on screen)
+
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box", classes="dialog"):
             yield Static("[b]eagle3-console keys[/b]", id="help-title")
             with VerticalScroll(id="help-scroll"):
-                yield Static(render_sections(sections()), id="help-text", markup=True)
+                yield Static(render_sections(sections(self.first)), id="help-text",
+                             markup=True)
 
     def action_close(self) -> None:
         self.dismiss(None)
