@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from console.config import Config, Profile
     from console.host import Host
-    from console.runs import Run, RunRecord
+    from console.run_host import Run, RunRecord
 
 
 class Scheduler(ABC):

@@ -27,7 +27,7 @@ from console.config import Config, HostConfig, Profile
 from console.errors import ConfigError, ConsoleError
 from console.host import Host
 from console.push import HOSTSIDE_PACKAGE
-from console.runs import (
+from console.run_host import (
     RUNNER,
     Run,
     RunRecord,

@@ -1,5 +1,5 @@
 """Plain SSH hosts: the run is a detached process tree on each named host, started, listed and
-stopped by the host-side runner (console/hostside/runner.py; the code is in console/runs.py)."""
+stopped by the host-side runner (console/hostside/runner.py; the code is in console/run_host.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 from console.config import Config, Profile
 from console.host import Host
-from console.runs import Run, RunRecord, host_records, launch_on_hosts, stop_on
+from console.run_host import Run, RunRecord, host_records, launch_on_hosts, stop_on
 from console.scheduler.base import Scheduler
 
 
