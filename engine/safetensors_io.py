@@ -103,23 +103,24 @@ def read_regular_text(path: Path) -> str:
         return f.read().decode("utf-8")
 
 
-def require_regular(path: Path) -> None:
-    """For readers that take a path (torch.load): refuse anything but a regular file."""
+def _mode(path: Path) -> int:
+    """stat(path).st_mode, or the one-line error naming the path (missing, symlink loop...)."""
     try:
-        mode = os.stat(path).st_mode
+        return os.stat(path).st_mode
     except OSError as e:
         raise EngineError(f"{path}: {reason(e)}") from None
+
+
+def require_regular(path: Path) -> None:
+    """For readers that take a path (torch.load): refuse anything but a regular file."""
+    mode = _mode(path)
     if not stat.S_ISREG(mode):
         raise EngineError(f"{path}: not a regular file ({_kind(mode)})")
 
 
 def require_dir(d: Path) -> None:
     """A checkpoint directory: one line for a missing path, a symlink loop or a non-directory."""
-    try:
-        mode = os.stat(d).st_mode
-    except OSError as e:
-        raise EngineError(f"{d}: {reason(e)}") from None
-    if not stat.S_ISDIR(mode):
+    if not stat.S_ISDIR(_mode(d)):
         raise EngineError(f"{d}: not a directory")
 
 

@@ -55,7 +55,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 RECORD = "run.json"
 SPEC = "spec.json"
@@ -287,10 +287,15 @@ def effective(rec: Dict[str, Any]) -> Dict[str, Any]:
 def start(run_dir: str, spec: Dict[str, Any], unless_running: bool = False) -> int:
     """Start spec["argv"] detached (see the module docstring). Prints the record's pid part,
     or {"error": ...} with exit status 1 when the run did not start."""
+    return _answer("start", run_dir, lambda: _start(run_dir, spec, unless_running))
+
+
+def _answer(what: str, run_dir: str, work: Callable[[], Dict[str, Any]]) -> int:
+    """Print work()'s report (an OSError becomes its {"error": ...}); 1 when it is an error."""
     try:
-        report = _start(run_dir, spec, unless_running)
+        report = work()
     except OSError as e:
-        report = {"error": "cannot start a run in %s: %s" % (run_dir, e.strerror or e)}
+        report = {"error": "cannot %s a run in %s: %s" % (what, run_dir, e.strerror or e)}
     print(json.dumps(report))
     return 1 if "error" in report else 0
 
@@ -683,12 +688,8 @@ def _update_record(run_dir: str, changes: Dict[str, Any],
 def submit(run_dir: str, spec: Dict[str, Any], unless_running: bool = False) -> int:
     """sbatch the batch script in spec["script"] (see the module docstring); prints
     {"job_id": ...}, or {"error": ...} with exit status 1 and nothing left behind."""
-    try:
-        report = _submit(os.path.normpath(run_dir), spec, unless_running)
-    except OSError as e:
-        report = {"error": "cannot submit a run in %s: %s" % (run_dir, e.strerror or e)}
-    print(json.dumps(report))
-    return 1 if "error" in report else 0
+    return _answer("submit", run_dir,
+                   lambda: _submit(os.path.normpath(run_dir), spec, unless_running))
 
 
 def _submit(run_dir: str, spec: Dict[str, Any], unless_running: bool) -> Dict[str, Any]:
