@@ -316,7 +316,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
         client.stopped.set()
         for fut in inflight:
             fut.cancel()
-        pool.close()
+        pool.close(wait=True)  # the stopped client ends them after their current request
         journal.close()
         if isinstance(e, EngineError):
             kept = sum(int(x["samples"]) for x in writer.shards)
