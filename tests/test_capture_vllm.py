@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -377,10 +378,16 @@ def test_streamed_training_matches_offline_and_resumes(standin: Any, demo_dir: P
                     e["kind"] == "metric" and e["step"] >= 3 for e in events(run / "events.jsonl")):
                 break
             time.sleep(0.02)
+        kids = children(proc.pid)  # the feature-streaming worker (and multiprocessing's helper)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    assert kids, "the streamed run has no worker process"
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any(alive(k) for k in kids):
+        time.sleep(0.05)
+    assert not any(alive(k) for k in kids), "a worker outlived the killed trainer"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000002"
     run_engine(*args, "--resume")
     off, on = step_metrics(tmp_path / "off" / "events.jsonl"), step_metrics(run / "events.jsonl")
@@ -396,6 +403,55 @@ def test_streamed_training_matches_offline_and_resumes(standin: Any, demo_dir: P
     assert json.loads((run / "run.json").read_text())["status"] == "done"
     # every file read was deleted; only requests in flight at the kill may have left theirs
     assert len(s.files()) <= 2 * 4 and len(s.answered) >= 6 * 10
+
+
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s children (Linux /proc)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its new parent to reap it counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_streamed_training_error_in_the_worker_is_one_line(
+        standin: Any, demo_dir: Path, small_convs: Path, tmp_path: Path) -> None:
+    """A bad file read by the worker process: one `error:` line naming the sample, no worker
+    left behind."""
+    ids = sample_ids(small_convs, demo_dir)
+    s = standin(nan_for=set(ids))
+    from tests.engine_helpers import train_args
+    args = train_args(demo_dir, tmp_path / "on", "--max-steps", "2", "--holdout", "0",
+                      "--online", "--max-len", MAX_LEN, "--from-vllm", s.url)
+    args[args.index("--data") + 1] = str(small_convs)
+    proc = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=REPO, env=engine_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kids: list[int] = []
+    end = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < end:
+        try:
+            kids = sorted(set(kids) | set(children(proc.pid)))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert re.match(r"error: sample '[^']+': non-finite values in hidden_states of ", last), last
+    assert last.split("'")[1] in set(ids.values())
+    assert kids, "no worker process"
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(alive(k) for k in kids):
+        time.sleep(0.05)
+    assert not any(alive(k) for k in kids), "a worker outlived the trainer"
 
 
 @pytest.mark.slow
