@@ -2,7 +2,6 @@
 
 import os
 import sys
-import threading
 
 from engine.cli import main
 
@@ -11,7 +10,10 @@ rc = main()
 # Letting the interpreter finalize would end that thread with pthread_exit, whose forced unwind
 # through a noexcept C++ frame aborts the process ("terminate called without an active
 # exception", exit 134) after the error was already printed: leave at once instead.
-if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+# (Only our own fetch workers count: multiprocessing's queue feeders are daemon threads too, and
+# skipping the interpreter's cleanup for them would leak their semaphores.)
+client = sys.modules.get("engine.vllm_client")
+if client is not None and client.DaemonPool.any_alive():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)

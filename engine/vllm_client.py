@@ -29,6 +29,7 @@ import random
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -146,12 +147,20 @@ def remove_server_file(path: str, keep: bool = False) -> None:
 class DaemonPool:
     """Worker threads that never hold the process open (a blocked HTTP read can't be cancelled)."""
 
+    _all: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # every pool's threads
+
     def __init__(self, workers: int, name: str = "vllm-client") -> None:
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(workers)]
+        DaemonPool._all.update(self._threads)
         for t in self._threads:
             t.start()
+
+    @staticmethod
+    def any_alive() -> bool:
+        """Whether a worker of any pool is still running (engine/__main__.py exits hard then)."""
+        return any(t.is_alive() for t in DaemonPool._all)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         fut: Future[Any] = Future()
