@@ -12,6 +12,7 @@ from textual.theme import Theme
 
 from console.commands_palette import ConsoleCommands
 from console.config import Config
+from console.demo_default import add_demo
 from console.host import HostPool, HostState
 from console.messages import HostStateChanged
 from console.monitor_service import MonitorHub
@@ -84,7 +85,8 @@ class Eagle3App(App):
 def create_app(config: Config, theme: str | None = None, host: str | None = None, *,
                clock: Callable[[], float] = time.time,
                monitors: MonitorHub | None = None) -> Eagle3App:
-    """The app factory shared by the CLI and the tests."""
+    """The app factory shared by the CLI and the tests (a built-in config gets the demo)."""
+    add_demo(config)
     app = Eagle3App(config, host=host, clock=clock, monitors=monitors)
     where = "--theme" if theme else f"{config.path}: theme" if config.theme else "default"
     app.theme = check_theme(app, theme or config.theme or DEFAULT_THEME, where)

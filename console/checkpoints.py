@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from console.engine_client import EngineError, run_engine
 from console.errors import CommandFailed, ConsoleError
-from console.host import EngineError, Host
+from console.host import Host
 from engine import events
 
 STYLES = ("eagle", "speculators", "vllm", "sglang")
@@ -132,7 +133,7 @@ async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:
 
     try:
         # `--`: a folder named like an option (`--help`, `-x`) is still a folder
-        return await host.engine(["inspect", "--", path], on_event=grab, timeout=600)
+        return await run_engine(host, ["inspect", "--", path], on_event=grab, timeout=600)
     except EngineError:
         if "report" in got:   # inspect exits 1 when a check fails, after its report
             return dict(got["report"])
@@ -164,4 +165,4 @@ async def convert_checkpoint(host: Host, src: str, dst: str, to: str, dtype: str
     parent = posixpath.dirname(dst.rstrip("/"))
     if parent:
         await host.transport.run(["mkdir", "-p", parent], check=True)
-    return await host.engine(args, on_event=on_event, timeout=None)
+    return await run_engine(host, args, on_event=on_event, timeout=None)

@@ -31,7 +31,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from console import __version__
-from console.config import load_config
+from console.demo_default import console_config
 from console.errors import ConsoleError
 
 COMMANDS: dict[str, str] = {
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(ours)
     args.passthrough = theirs
     try:
-        config = load_config(args.config)
+        config = console_config(args.config)
         if not args.command:
             from console.app import run_app
             return run_app(config, theme=args.theme, host=args.host)

@@ -118,6 +118,9 @@ class Config:
     theme: str | None = None
     path: Path | None = None        # None: built-in defaults, no file
     demo: str | None = None         # the embedded demo workspace (console/demo_default.py)
+    #: no config of the user's (no file, or one holding only a remembered theme): the app factory
+    #: and the CLI add the demo (console/demo_default.py), config loading never does
+    builtin: bool = False
 
     def host(self, name: str) -> HostConfig:
         try:
@@ -140,9 +143,9 @@ def local_host() -> HostConfig:
 
 
 def default_config() -> Config:
-    """What the console uses with no config file: the local host and the embedded demo."""
-    from console.demo_default import demo_config
-    return demo_config()
+    """What the console uses with no config file: the local host (the app factory and the CLI
+    add the embedded demo)."""
+    return Config(hosts={LOCAL: local_host()}, builtin=True)
 
 
 def load_config(path: str | Path | None = None) -> Config:
@@ -161,8 +164,8 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{p}: cannot read: {e}") from e
     config = parse_config(raw, p)
     if not set(raw) - {"theme"}:  # only a remembered theme: still the built-in default
-        from console.demo_default import with_demo
-        with_demo(config)
+        config.builtin = True
+        config.hosts.setdefault(LOCAL, local_host())
     return config
 
 

@@ -22,13 +22,9 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from console.config import LOCAL, Config, Profile, data_dir, local_host
-from console.host import Host
-from engine import events
+from console.config import LOCAL, Config, Profile, data_dir, load_config, local_host
 
 DEMO = "demo"
 #: the workspace's draft vocab size and the runs' lengths (engine/demo.py)
@@ -37,8 +33,6 @@ FINETUNE_STEPS = 150
 SCRATCH_STEPS = 300
 TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",
               "--warmup-ratio", "0.05", "--save-every", "50", "--holdout", "16"]
-#: a first build takes about a minute; a loaded machine may take several
-BUILD_TIMEOUT_S = 1800.0
 #: the demo's models are tiny: one thread each is as fast, and on a busy machine far faster
 #: (OpenMP threads spinning on shared cores stall each other)
 DEMO_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -120,27 +114,14 @@ def refresh_demo_profiles(config: Config) -> None:
             config.profiles[name] = profile
 
 
-def demo_config() -> Config:
-    """The built-in default: the local host and the demo workspace."""
-    return with_demo(Config(hosts={LOCAL: local_host()}))
+def add_demo(config: Config) -> Config:
+    """The demo added to a built-in config (no config of the user's); others are left alone."""
+    if config.builtin and config.demo is None:
+        with_demo(config)
+    return config
 
 
-# -- building it ---------------------------------------------------------------------------------
-
-async def demo_ready(host: Host, workspace: str) -> bool:
-    """Whether the workspace is complete (demo.json is written last, then renamed in)."""
-    await host.connect()
-    return await host.transport.stat(posixpath.join(workspace, "demo.json")) is not None
-
-
-async def ensure_demo(host: Host, workspace: str,
-                      on_event: Callable[[events.Event], None] | None = None) -> dict[str, Any]:
-    """Build the workspace on host unless it is there; returns what `demo init` reported
-    ({} when it was already built). Raises console.host.EngineError when the build fails."""
-    if await demo_ready(host, workspace):
-        return {}
-    parent = posixpath.dirname(workspace.rstrip("/"))
-    await host.transport.run(["mkdir", "-p", parent], check=True)
-    await host.ensure_engine()
-    return await host.engine(["demo", "init", workspace], timeout=BUILD_TIMEOUT_S,
-                             on_event=on_event, env=DEMO_ENV)
+def console_config(path: str | Path | None = None) -> Config:
+    """The config the console runs on: the user's file (or the built-in default), plus the
+    demo when the user has no config of their own."""
+    return add_demo(load_config(path))

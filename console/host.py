@@ -1,9 +1,8 @@
-"""The host service: one configured host, its transport, and the engine calls made on it.
+"""The host service: one configured host and its transport (connection, paths, commands).
 
-Panes and subcommands call this; it never touches widgets. The engine is invoked as
-`PYTHON -m engine ... --events` with PYTHONPATH=ROOT/code (where `push` puts the engine package),
-so a host runs the code the console pushed to it; `ensure_engine` pushes it (only what changed)
-before the first engine call a Host makes, so a fresh host just works.
+Panes and subcommands call this; it never touches widgets. What runs the engine on a host
+(push it when needed, `python -m engine ... --events`, doctor) sits above push, in
+console/engine_client.py.
 """
 
 from __future__ import annotations
@@ -11,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import posixpath
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from console.config import Config, HostConfig
-from console.errors import CommandFailed, ConsoleError, TransportError
+from console.errors import TransportError
 from console.transport import CommandResult, Transport, open_transport
-from engine import events
 
 
 class HostState(enum.Enum):
@@ -29,17 +26,6 @@ class HostState(enum.Enum):
     CONNECTED = "connected"
     RECONNECTING = "reconnecting"
     FAILED = "failed"
-
-
-@dataclass
-class EngineError(ConsoleError):
-    """An engine command failed on a host: the engine's own one-line message."""
-
-    host: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.host}: {self.message}"
 
 
 class Host:
@@ -84,80 +70,9 @@ class Host:
         """Where `push` puts the engine package (first on the engine's PYTHONPATH)."""
         return posixpath.join(await self.root(), "code")
 
-    # -- engine calls ----------------------------------------------------------------------------
-    async def ensure_engine(self, force: bool = False) -> None:
-        """Push the engine package and host helpers when they differ from this console's copy.
-
-        Checked once per Host (an unchanged engine costs two small SFTP reads); force re-checks."""
-        if self.engine_pushed and not force:
-            return
-        from console.push import engine_trees, push  # push imports this module
-        await push(self, await engine_trees(self))
-        self.engine_pushed = True
-
-    async def engine_argv(self, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-        """argv and env that run `python -m engine ARGS` with the pushed code first on the path."""
-        env = {"PYTHONPATH": await self.code_dir(), "PYTHONUNBUFFERED": "1"}
-        return [self.cfg.python, "-m", "engine", *args], env
-
-    async def engine(self, args: Sequence[str], *, timeout: float | None = None,
-                     on_event: Callable[[events.Event], None] | None = None,
-                     env: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """Run an engine command with --events; return its result data or raise EngineError.
-
-        on_event sees every event (progress bars in panes) as it arrives; env is added to the
-        command's environment (e.g. OMP_NUM_THREADS)."""
-        await self.connect()
-        await self.ensure_engine()
-        args = list(args)
-        # options before a `--` (after it every word is a positional, e.g. a path `-x`)
-        cut = args.index("--") if "--" in args else len(args)
-        argv, full_env = await self.engine_argv([*args[:cut], "--events", *args[cut:]])
-        full_env.update(env or {})
-        result: dict[str, Any] | None = None
-        error: str | None = None
-        try:
-            async with asyncio.timeout(timeout):
-                async for line in self.transport.stream(argv, env=full_env):
-                    ev = events.parse(line)
-                    if ev is None:
-                        continue
-                    if on_event is not None:
-                        on_event(ev)
-                    if ev.kind == "result":
-                        result = ev.get("data", {})
-                    elif ev.kind == "error":
-                        error = ev.get("msg", "failed")
-        except CommandFailed as e:
-            raise EngineError(self.name, error or _engine_failure(e)) from e
-        except TimeoutError as e:
-            what = " ".join(args[:1])
-            raise EngineError(self.name, f"engine {what} took over {timeout:.0f} s") from e
-        if error is not None:
-            raise EngineError(self.name, error)
-        if result is None:
-            raise EngineError(self.name, f"engine {' '.join(args[:1])} ended without a result")
-        return result
-
     async def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:
         await self.connect()
         return await self.transport.run(argv, **kw)
-
-    async def doctor(self, path: str | None = None) -> dict[str, Any]:
-        """The engine's doctor report for this host (free disk measured at the host's root)."""
-        root = path or await self.root()
-        await self.transport.run(["mkdir", "-p", root])
-        return await self.engine(["doctor", "--path", root], timeout=120)
-
-
-def _engine_failure(e: CommandFailed) -> str:
-    text = e.stderr or ""
-    if "No module named engine" in text:
-        return "the engine is not on this host yet: run `eagle3-console push HOST`"
-    if "No module named" in text:
-        return "the host's Python lacks a package: " + text.strip().splitlines()[-1]
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else str(e)
 
 
 class HostPool:

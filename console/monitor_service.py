@@ -25,8 +25,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
+from console.engine_client import engine_argv, engine_failure, ensure_engine
 from console.errors import CommandFailed, ConsoleError, TransportError
-from console.host import HostPool, HostState, _engine_failure
+from console.host import HostPool, HostState
 from console.monitor_record import GpuStat, Sample, sample_from_event
 from console.nvidia_smi import NvidiaSmiSampler
 from engine import events
@@ -220,7 +221,7 @@ class MonitorHub:
         """Read the agent until it stops; raises _AgentUnusable if it never produced a sample."""
         host, mon = self.pool[name], self.monitors[name]
         try:
-            await host.ensure_engine()  # a fresh host gets the engine pushed first
+            await ensure_engine(host)  # a fresh host gets the engine pushed first
         except CommandFailed as e:
             raise _AgentUnusable(f"cannot push the engine: {e}") from e
         except TransportError:
@@ -228,7 +229,7 @@ class MonitorHub:
         except ConsoleError as e:  # e.g. the host's Python is missing
             raise _AgentUnusable(str(e)) from e
         root = await host.root()
-        argv, env = await host.engine_argv(["monitor", "--events", "--interval",
+        argv, env = await engine_argv(host, ["monitor", "--events", "--interval",
                                             f"{self.interval:g}", "--path", root])
         got = False
         error: str | None = None
@@ -254,7 +255,7 @@ class MonitorHub:
                     error = str(ev.get("msg", ""))
         except CommandFailed as e:
             if not got:
-                raise _AgentUnusable(error or _engine_failure(e)) from e
+                raise _AgentUnusable(error or engine_failure(e)) from e
             raise  # it ran, then died: restart it like a dropped link
         finally:
             with contextlib.suppress(Exception):

@@ -47,11 +47,12 @@ import posixpath
 import secrets
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from console.config import Config, HostConfig, Profile
+from console.engine_client import ensure_engine
 from console.errors import CommandFailed, ConfigError, ConsoleError
 from console.host import Host
 from console.hostside.runner import record_problem
@@ -126,10 +127,11 @@ class RunRecord:
 
 @dataclass
 class Run:
-    """A launched run: its id and one record per node."""
+    """A launched run: its id, one record per node, and what each node's push sent."""
 
     id: str
     records: list[RunRecord]
+    pushes: list[PushReport] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -155,7 +157,7 @@ async def runner(host: Host, args: Sequence[str], input: str | None = None,
     As a script with -B, not `-m`: a script is compiled from its source every time, so a
     __pycache__ file that a full disk left truncated cannot break the registry for good."""
     await host.connect()
-    await host.ensure_engine()
+    await ensure_engine(host)
     code = await host.code_dir()
     argv = [host.cfg.python, "-B", posixpath.join(code, HOSTSIDE_PACKAGE, RUNNER), *args]
     res = await host.transport.run(argv, env={"PYTHONPATH": code}, input=input,
@@ -246,8 +248,38 @@ def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int
     return [*dist, *python_tail], is_engine
 
 
+@dataclass
+class LaunchHooks:
+    """What a launch tells and asks its caller as it goes: the runs pane passes all three; the
+    CLI none (a second copy is refused unless --force, and the report is printed at the end)."""
+
+    #: the profile is already running (these records): start another copy?
+    confirm: Callable[[list[RunRecord]], Awaitable[bool]] | None = None
+    #: a step begins ("pushing to gpu1", "starting")
+    step: Callable[[str], None] | None = None
+    #: a push's progress on one host: host name, files done, files to send, bytes sent
+    progress: Callable[[str, int, int, int], None] | None = None
+
+
+class NotStarted(ConsoleError):
+    """The profile is already running and the caller's confirm hook said not to start another."""
+
+
+async def start_anyway(name: str, busy: list[RunRecord], where: str,
+                       hooks: LaunchHooks | None, queued: bool = False) -> bool:
+    """Whether to start although `busy` runs of profile `name` are active: the confirm hook
+    decides (False raises NotStarted); without one, a one-line refusal naming them."""
+    if hooks is not None and hooks.confirm is not None:
+        if await hooks.confirm(busy):
+            return True
+        raise NotStarted(f"not started: {name} is already running")
+    state = "running or queued" if queued else "running"
+    raise ConsoleError(f"profile {name!r} is already {state} ({where}); "
+                       f"stop it or launch with --force")
+
+
 async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host], *,
-                          force: bool = False) -> Run:
+                          force: bool = False, hooks: LaunchHooks | None = None) -> Run:
     """The plain-SSH launch: detached on every one of the profile's hosts, node 0 first."""
     name = profile.name
     nodes = [host_of(pool, config, h) for h in profile.hosts]
@@ -259,9 +291,8 @@ async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host
         busy = [r for recs in found for r in recs if r.profile == name and r.status == "running"]
         if busy:
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
-            raise ConsoleError(f"profile {name!r} is already running ({where}); "
-                               f"stop it or launch with --force")
-    pushes = await asyncio.gather(*(push_for(config, profile, n) for n in nodes))
+            force = await start_anyway(name, busy, where, hooks)
+    pushes = list(await asyncio.gather(*(push_for(config, profile, n, hooks) for n in nodes)))
     run_id = new_run_id(name)
     rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
     # node 0 first: of two launches racing for one profile, the one that starts there wins and
@@ -278,15 +309,23 @@ async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host
         await asyncio.gather(*(stop_on(n, run_id, 5.0) for n in started), return_exceptions=True)
         raise failed[0]
     records = await asyncio.gather(*(host_records(n, run_id) for n in nodes))
-    return Run(run_id, [r for recs in records for r in recs])
+    return Run(run_id, [r for recs in records for r in recs], pushes)
 
 
-async def push_for(config: Config, profile: Profile, host: Host) -> PushReport:
+async def push_for(config: Config, profile: Profile, host: Host,
+                   hooks: LaunchHooks | None = None) -> PushReport:
+    """Push the engine and the profile's sync sets (only what changed) before a start."""
+    if hooks is not None and hooks.step is not None:
+        hooks.step(f"pushing to {host.name}…")
+    progress = hooks.progress if hooks is not None else None
     trees = await engine_trees(host)
     for s in profile.sync:
         trees.append(await sync_tree(host, config.syncs[s]))
-    report = await push(host, trees)
+    report = await push(host, trees, on_progress=None if progress is None else
+                        lambda done, total, sent: progress(host.name, done, total, sent))
     host.engine_pushed = True  # the push above covered the engine
+    if hooks is not None and hooks.step is not None:
+        hooks.step(f"starting {profile.name}…")
     return report
 
 

@@ -8,7 +8,6 @@ mechanics live in console/run_host.py, re-exported here for callers that only ne
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 from console.config import Config
 from console.errors import ConsoleError, TransportError
@@ -16,6 +15,8 @@ from console.host import Host
 from console.run_host import (  # noqa: F401 (re-exported: callers import runs alone)
     RUNNER,
     STATUSES,
+    LaunchHooks,
+    NotStarted,
     Rendezvous,
     Run,
     RunRecord,
@@ -43,18 +44,14 @@ async def list_runs(host: Host, run_id: str | None = None) -> list[RunRecord]:
 
 
 
-async def running_for(hosts: Sequence[Host], profile: str) -> list[RunRecord]:
-    found = await asyncio.gather(*(list_runs(h) for h in hosts))
-    return [r for recs in found for r in recs if r.profile == profile and r.status == "running"]
-
-
-
-async def launch(config: Config, name: str, pool: dict[str, Host], *, force: bool = False) -> Run:
+async def launch(config: Config, name: str, pool: dict[str, Host], *, force: bool = False,
+                 hooks: LaunchHooks | None = None) -> Run:
     """Push what changed, then start the profile: detached on every one of its hosts, or
-    queued with the cluster's scheduler (console/scheduler)."""
+    queued with the cluster's scheduler (console/scheduler). hooks: progress, and whether to
+    start a second copy of a running profile (console/run_host.py)."""
     profile = config.profile(name)
     cfg = config.host(profile.hosts[0])
-    return await scheduler_for(cfg).submit(config, profile, pool, force=force)
+    return await scheduler_for(cfg).submit(config, profile, pool, force=force, hooks=hooks)
 
 
 

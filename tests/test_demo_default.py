@@ -14,14 +14,15 @@ from textual.pilot import Pilot
 from textual.widgets import ProgressBar, TabbedContent
 
 from console.config import LOCAL, data_dir, default_config, load_config
-from console.demo_default import demo_dir, demo_profiles
+from console.demo_default import console_config, demo_dir, demo_profiles
 from console.panes.runs import RunsPane
 from console.screens.main import MainScreen
 from tests.runs_registry import local_app
 
 
 def test_no_config_file_gives_the_demo() -> None:
-    cfg = load_config()
+    assert load_config().demo is None and load_config().builtin  # loading adds no demo
+    cfg = console_config()
     d = str(data_dir() / "demo")
     assert cfg.path is None and cfg.demo == d and list(cfg.hosts) == [LOCAL]
     assert cfg.hosts[LOCAL].checkpoints == [f"{d}/public-drafter"]
@@ -35,11 +36,11 @@ def test_no_config_file_gives_the_demo() -> None:
 def test_a_config_with_only_a_theme_keeps_the_demo(tmp_path: Path) -> None:
     only_theme = tmp_path / "a.toml"
     only_theme.write_text('theme = "eagle3-light"\n')
-    cfg = load_config(only_theme)
+    cfg = console_config(only_theme)
     assert cfg.theme == "eagle3-light" and cfg.demo is not None and "finetune" in cfg.profiles
     real = tmp_path / "b.toml"
     real.write_text('[hosts.gpu1]\nssh = "gpu1"\n')
-    cfg = load_config(real)
+    cfg = console_config(real)
     assert cfg.demo is None and cfg.profiles == {} and cfg.hosts[LOCAL].checkpoints == []
 
 

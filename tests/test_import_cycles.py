@@ -9,11 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
-# point 2 of issue 13 (Host vs engine client, the demo added by the app factory) cuts these;
-# until then they are known and reported, not hidden
 UI = ("console.app", "console.commands_palette", "console.keymap", "console.messages",
       "console.screens", "console.panes", "console.widgets")
 
@@ -106,8 +102,6 @@ def test_no_import_cycle_through_the_ui() -> None:
     assert ui == [], f"import cycles through the UI: {ui}"
 
 
-@pytest.mark.xfail(strict=True, reason="config <-> demo_default <-> host <-> push and "
-                   "console.transport <-> its backends: issue 13 point 2 cuts them")
 def test_no_import_cycle_in_console() -> None:
     found = cycles(import_graph())
     assert found == [], f"import cycles in console/: {found}"

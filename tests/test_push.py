@@ -12,6 +12,7 @@ import pytest
 
 from console.cli import main as cli_main
 from console.config import Config, HostConfig, SyncSet, local_host
+from console.engine_client import doctor
 from console.host import Host
 from console.hostside.manifest import Ignore, manifest_hash, scan
 from console.push import ENGINE_DIR, Tree, engine_trees, host_trees, push
@@ -109,7 +110,7 @@ async def test_engine_always_pushed_and_doctor_on_fresh_host(sshd: SSHD, tmp_pat
                            identity=str(sshd.user_key), python=sys.executable,
                            root=str(tmp_path / "fresh root")))
     try:
-        report = await host.doctor()        # nothing pushed yet: ensure_engine does it
+        report = await doctor(host)        # nothing pushed yet: ensure_engine does it
         assert report["engine"] and report["python"]
         code = Path(await host.code_dir())
         assert (code / "engine" / "cli.py").read_bytes() == (ENGINE_DIR / "cli.py").read_bytes()

@@ -21,6 +21,8 @@ from console.config import Config, HostConfig, Profile
 from console.errors import ConsoleError
 from console.host import Host
 from console.runs import (
+    LaunchHooks,
+    NotStarted,
     RunRecord,
     build_argv,
     close_hosts,
@@ -128,7 +130,25 @@ async def test_double_launch_refused_and_stop_kills_children(server: SSHD | None
         first = await launch(cfg, "tree", pool)
         with pytest.raises(ConsoleError, match="already running"):
             await launch(cfg, "tree", pool)
-        second = await launch(cfg, "tree", pool, force=True)
+        # the runs pane's way: one call that asks (confirm hook) and reports its steps
+        asked: list[list[str]] = []
+        steps: list[str] = []
+
+        async def answer(busy: list[RunRecord]) -> bool:
+            asked.append([r.id for r in busy])
+            return len(asked) > 1  # no, then yes
+
+        hooks = LaunchHooks(confirm=answer, step=steps.append)
+        with pytest.raises(NotStarted, match="not started: tree is already running"):
+            await launch(cfg, "tree", pool, hooks=hooks)
+        assert asked == [[first.id]] and steps == []  # declined before anything was pushed
+        assert [r.id for r in await list_runs(pool["box"])] == [first.id]
+        second = await launch(cfg, "tree", pool, hooks=hooks)
+        assert asked == [[first.id]] * 2
+        assert steps == ["pushing to box…", "starting tree…"] and len(second.pushes) == 1
+        third = await launch(cfg, "tree", pool, force=True)  # the CLI's --force: nothing asked
+        assert len(asked) == 2
+        await stop_run(cfg, third.id, pool, grace=5)
         parent = int(first.records[0].raw["pid"])
         child_pid = tmp_path / f"child-{parent}.pid"
         for _ in range(100):
@@ -145,7 +165,7 @@ async def test_double_launch_refused_and_stop_kills_children(server: SSHD | None
         again = await stop_run(cfg, first.id, pool, grace=1)
         assert again.records[0].status == "stopped"
         recs = {r.id: r.status for r in await list_runs(pool["box"])}
-        assert recs == {first.id: "stopped", second.id: "running"}
+        assert recs == {first.id: "stopped", second.id: "running", third.id: "stopped"}
         await stop_run(cfg, second.id, pool, grace=5)
     finally:
         await close_hosts(pool)

@@ -23,6 +23,7 @@ import pytest
 
 from console.cli import main as cli_main
 from console.config import Profile
+from console.engine_client import ensure_engine
 from console.errors import ConsoleError
 from console.host import Host
 from console.runs import RunRecord, close_hosts, host_of, launch, list_runs, stop_run
@@ -309,7 +310,7 @@ async def test_concurrent_launches_start_one(server: SSHD | None, tmp_path: Path
         for pool in pools:   # connected and pushed: the launches meet at the start itself
             h = host_of(pool, cfg, "box")
             await h.connect()
-            await h.ensure_engine()
+            await ensure_engine(h)
         results = await asyncio.gather(*(launch(cfg, "race", p) for p in pools),
                                        return_exceptions=True)
         started = [r for r in results if not isinstance(r, BaseException)]

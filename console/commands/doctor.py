@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from console.config import Config
+from console.engine_client import doctor
 from console.host import open_host
 
 HELP = "what HOST can run: Python, engine packages, torch/CUDA, GPUs, free disk"
@@ -20,7 +21,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, config: Config) -> int:
     host = await open_host(config, args.host)
     try:
-        report = await host.doctor()
+        report = await doctor(host)
     finally:
         await host.close()
     print(json.dumps(report, indent=2) if args.json else render(report))

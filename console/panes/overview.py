@@ -12,6 +12,7 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from console.commands.doctor import render
+from console.engine_client import doctor
 from console.errors import ConsoleError
 from console.keymap import bindings
 
@@ -43,7 +44,7 @@ class OverviewPane(VerticalScroll):
         report_widget = self.query_one("#doctor-report", Static)
         try:
             h = await pool.ensure(host)
-            report = await h.doctor()
+            report = await doctor(h)
         except ConsoleError as e:
             report_widget.update(f"[b]{host}[/b]\n\n[red]{e}[/]")
             return

@@ -27,7 +27,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Static
 
 from console.config import LOCAL, Config
-from console.demo_default import demo_ready, ensure_demo, refresh_demo_profiles
+from console.demo_build import demo_ready, ensure_demo
+from console.demo_default import refresh_demo_profiles
 from console.errors import ConsoleError
 from console.host import Host
 from console.keymap import bindings
@@ -35,7 +36,15 @@ from console.messages import OpenRun
 from console.panes.timers import ShownTimers
 from console.push import PushReport, host_trees, push
 from console.run_watch import RunFeed, RunFeeds, describe_error
-from console.runs import RunRecord, launch, list_runs, newest_first, running_for, stop_run
+from console.runs import (
+    LaunchHooks,
+    NotStarted,
+    RunRecord,
+    launch,
+    list_runs,
+    newest_first,
+    stop_run,
+)
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
@@ -282,33 +291,38 @@ class RunsPane(ShownTimers, Vertical):
     async def do_launch(self, name: str) -> None:
         profile = self.config.profile(name)
         pool = self.app.pool  # type: ignore[attr-defined]
-        try:
-            nodes = [await pool.ensure(h) for h in profile.hosts]
-            busy = await running_for(nodes, name)
-            force = False
-            if busy:
-                from console.screens.confirm import ConfirmScreen
-                ids = ", ".join(sorted({r.id for r in busy}))
-                force = await self.app.push_screen_wait(ConfirmScreen(
-                    f"Profile [b]{name}[/b] is already running ({ids}).\n\n"
-                    "Start a second copy?", yes="Start another"))
-                if not force:
-                    self.activity(f"not started: {name} is already running")
-                    return
-            summaries = []
-            for h in nodes:  # push first (only what changed) and say what went over
-                self.activity(f"pushing to {h.name}…")
-                summaries.append(push_summary(await self._push(h, profile.sync)))
+
+        async def confirm(busy: list[RunRecord]) -> bool:
+            from console.screens.confirm import ConfirmScreen
+            ids = ", ".join(sorted({r.id for r in busy}))
+            return bool(await self.app.push_screen_wait(ConfirmScreen(
+                f"Profile [b]{name}[/b] is already running ({ids}).\n\n"
+                "Start a second copy?", yes="Start another")))
+
+        def step(text: str) -> None:
             self.bar(None, None)
-            self.activity(f"starting {name}…")
-            run = await launch(self.config, name, pool.hosts, force=force)
+            self.activity(text)
+
+        def progress(host: str, done: int, total: int, sent: int) -> None:
+            self.activity(f"pushing to {host}: {done}/{total} files, {fmt_bytes(sent)}")
+            self.bar(done, total)
+
+        try:
+            for h in profile.hosts:
+                await pool.ensure(h)  # the hosts list shows each connecting
+            # one call: it asks before a second copy, pushes (only what changed), then starts
+            run = await launch(self.config, name, pool.hosts,
+                               hooks=LaunchHooks(confirm=confirm, step=step, progress=progress))
+        except NotStarted as e:
+            self.activity(str(e))
+            return
         except ConsoleError as e:
             self.activity(f"launch of {name} failed: {describe_error(e)}", error=True)
             return
         finally:
             self.busy = None
             self.bar(None, None)
-        self.activity(f"started [b]{run.id}[/b] · " + " · ".join(summaries))
+        self.activity(f"started [b]{run.id}[/b] · " + " · ".join(map(push_summary, run.pushes)))
         if self.host is not None:
             await self._reload(self.host)
             # the new run is selected below; focus and the profile cursor stay where the user

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from console.config import Config, Profile
     from console.host import Host
-    from console.run_host import Run, RunRecord
+    from console.run_host import LaunchHooks, Run, RunRecord
 
 
 class Scheduler(ABC):
@@ -21,9 +21,10 @@ class Scheduler(ABC):
 
     @abstractmethod
     async def submit(self, config: Config, profile: Profile, pool: dict[str, Host], *,
-                     force: bool = False) -> Run:
+                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
         """Push what changed and start (or queue) the profile's run; its records as they are
-        right after (`running`, or `pending` while a scheduler holds it)."""
+        right after (`running`, or `pending` while a scheduler holds it). An active run of the
+        profile is refused unless force, or hooks.confirm says to start another."""
 
     @abstractmethod
     async def status(self, host: Host, run_id: str | None = None) -> list[RunRecord]:

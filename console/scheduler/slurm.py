@@ -29,6 +29,7 @@ from console.host import Host
 from console.push import HOSTSIDE_PACKAGE
 from console.run_host import (
     RUNNER,
+    LaunchHooks,
     Run,
     RunRecord,
     build_argv,
@@ -38,6 +39,7 @@ from console.run_host import (
     new_run_id,
     push_for,
     runner,
+    start_anyway,
     substitute,
 )
 from console.scheduler.base import Scheduler
@@ -165,7 +167,7 @@ class SlurmScheduler(Scheduler):
     # -- submit -----------------------------------------------------------------------------
 
     async def submit(self, config: Config, profile: Profile, pool: dict[str, Host], *,
-                     force: bool = False) -> Run:
+                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
         host = host_of(pool, config, profile.hosts[0])
         opts = options_for(host.cfg, profile)
         await host.connect()
@@ -174,9 +176,8 @@ class SlurmScheduler(Scheduler):
                     if r.profile == profile.name and r.status in ACTIVE]
             if busy:
                 where = ", ".join(f"{r.id} (job {r.job_id}, {r.status})" for r in busy)
-                raise ConsoleError(f"profile {profile.name!r} is already running or queued "
-                                   f"({where}); stop it or launch with --force")
-        report = await push_for(config, profile, host)
+                force = await start_anyway(profile.name, busy, where, hooks, queued=True)
+        report = await push_for(config, profile, host, hooks)
         run_id = new_run_id(profile.name)
         root = await host.root()
         run_dir = posixpath.join(root, "runs", run_id)
@@ -213,7 +214,7 @@ class SlurmScheduler(Scheduler):
         }
         args = ["submit", run_dir] if force else ["submit", run_dir, "--unless-running"]
         await runner(host, args, input=json.dumps(spec))
-        return Run(run_id, await self.status(host, run_id))
+        return Run(run_id, await self.status(host, run_id), [report])
 
     # -- status -----------------------------------------------------------------------------
 

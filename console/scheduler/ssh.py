@@ -7,7 +7,14 @@ import asyncio
 
 from console.config import Config, Profile
 from console.host import Host
-from console.run_host import Run, RunRecord, host_records, launch_on_hosts, stop_on
+from console.run_host import (
+    LaunchHooks,
+    Run,
+    RunRecord,
+    host_records,
+    launch_on_hosts,
+    stop_on,
+)
 from console.scheduler.base import Scheduler
 
 
@@ -15,8 +22,8 @@ class SshScheduler(Scheduler):
     name = "ssh"
 
     async def submit(self, config: Config, profile: Profile, pool: dict[str, Host], *,
-                     force: bool = False) -> Run:
-        return await launch_on_hosts(config, profile, pool, force=force)
+                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
+        return await launch_on_hosts(config, profile, pool, force=force, hooks=hooks)
 
     async def status(self, host: Host, run_id: str | None = None) -> list[RunRecord]:
         return await host_records(host, run_id)

@@ -27,6 +27,7 @@ from console.transport.base import (
     Transport,
     gather_all_or_none,
 )
+from console.transport.tempfiles import temp_name as owned_temp_name
 
 #: longest stdout line stream() accepts (a JSON event with a big payload must still fit)
 LINE_LIMIT = 16 * 1024 * 1024
@@ -46,8 +47,7 @@ def expand(path: str) -> str:
 def temp_name(target: str) -> str:
     """A temp name beside target (same filesystem, so the rename is atomic) that says which
     console process wrote it: console/transport/tempfiles.py."""
-    from console.transport import tempfiles
-    return tempfiles.temp_name(target)
+    return owned_temp_name(target)
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

@@ -24,7 +24,6 @@ from console.keymap import bindings
 from console.log_model import LogModel
 
 
-
 class LogView(ScrollView, can_focus=True):
     """Lines of a LogModel, virtual-scrolled."""
 
