@@ -73,7 +73,7 @@ def build(d: Path, preset_name: str, embed: bool) -> tuple[int, str, int]:
     w = SafetensorsWriter(d / "model.safetensors", specs)
     vd = cfg.draft_vocab_size
     assert vd is not None
-    for (out, _, shape), n in zip(specs, names):
+    for (out, _, shape), n in zip(specs, names, strict=False):
         if n == "d2t":
             t = torch.zeros(vd, dtype=torch.int64)  # identity map: draft id i -> target id i
         elif n == "t2d":

@@ -69,7 +69,7 @@ def bench_train(demo: Path, work: Path, steps: int, online: bool) -> dict[str, A
     from engine.demo import DRAFT_VOCAB, TRAIN_ARGS
     from engine.train import train
     from engine.train_config import TrainConfig
-    args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2]))
+    args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=False))
     data = demo / "conversations" / "train.jsonl" if online else demo / "data"
     out = work / ("online" if online else "offline")
     cfg = TrainConfig(target=str(demo / "target"), data=str(data), out=str(out),

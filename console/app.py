@@ -6,6 +6,7 @@ import gc
 import os
 import time
 from collections.abc import Callable
+from pathlib import PurePath
 
 from textual.app import App
 from textual.theme import Theme
@@ -25,7 +26,7 @@ class Eagle3App(App):
     """eagle3-console."""
 
     TITLE = "eagle3-console"
-    CSS_PATH = css_paths()
+    CSS_PATH = list[str | PurePath](css_paths())
     COMMANDS = App.COMMANDS | {ConsoleCommands}   # every pane action by name (ctrl+p)
 
     def __init__(self, config: Config, host: str | None = None, *,

@@ -14,6 +14,7 @@ from functools import partial
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
+from console.app_services import services
 from console.keymap import KEYS, PANES, SECTIONS, Key, key_display
 
 Command = tuple[str, str, Callable[[], object]]
@@ -45,7 +46,7 @@ class ConsoleCommands(Provider):
                 out.append((k.label, f"{k.text} ({where}, key {_key(k)})",
                             partial(screen.run_action, k.action)))
         out.append(("Help: all keys", "every key, by pane (key ?)",
-                    self.app.action_help))  # type: ignore[attr-defined]
+                    services(self).action_help))
         return out
 
     async def _pane_action(self, screen: Screen, tab_id: str, key: Key) -> None:

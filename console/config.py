@@ -1,7 +1,7 @@
 """The console's configuration: TOML at the XDG config path, or built-in defaults.
 
     [hosts.gpu1]
-    ssh = "gpu1"                      # ~/.ssh/config alias, or user@host[:port]; omit for this machine
+    ssh = "gpu1"          # ~/.ssh/config alias, or user@host[:port]; omit for this machine
     python = "/root/venv/bin/python"  # the interpreter that has torch on that host
     root = "/root/eagle3"             # where engine code and runs live there
     logs = ["/root/vllm.log"]         # files the logs pane follows
@@ -188,9 +188,10 @@ class _Reader:
     def check_keys(self, allowed: set[str]) -> None:
         for k in self.table:
             if k not in allowed:
-                self.fail(k, "one of the keys " + ", ".join(sorted(allowed)) + f" (unknown key {k!r})")
+                self.fail(k, "one of the keys " + ", ".join(sorted(allowed))
+                          + f" (unknown key {k!r})")
 
-    def str(self, key: str, default: str | None = None, required: bool = False) -> str | None:
+    def text(self, key: str, default: str | None = None, required: bool = False) -> str | None:
         v = self.table.get(key, default)
         if v is None:
             if required:
@@ -208,7 +209,7 @@ class _Reader:
             self.fail(key, "a list of strings", v)
         return list(v)
 
-    def int(self, key: str, default: int) -> int:
+    def count(self, key: str, default: int) -> int:
         v = self.table.get(key, default)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             self.fail(key, "a positive integer", v)
@@ -234,12 +235,12 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
         r = _Reader(file, f"hosts.{name}", t)
         r.check_keys({"ssh", "python", "root", "logs", "checkpoints", "known_hosts", "ssh_config",
                       "identity", "metrics", "scheduler", "slurm"})
-        base = local_host() if r.str("ssh") is None else HostConfig(name=name)
+        base = local_host() if r.text("ssh") is None else HostConfig(name=name)
         hosts[name] = HostConfig(
-            name=name, ssh=r.str("ssh"), python=r.str("python", base.python) or base.python,
-            root=r.str("root", base.root) or base.root, logs=r.strlist("logs"),
-            checkpoints=r.strlist("checkpoints"), known_hosts=r.str("known_hosts"),
-            ssh_config=r.str("ssh_config"), identity=r.str("identity"),
+            name=name, ssh=r.text("ssh"), python=r.text("python", base.python) or base.python,
+            root=r.text("root", base.root) or base.root, logs=r.strlist("logs"),
+            checkpoints=r.strlist("checkpoints"), known_hosts=r.text("known_hosts"),
+            ssh_config=r.text("ssh_config"), identity=r.text("identity"),
             metrics=_metrics_url(r),
             scheduler=parse_scheduler(r.table.get("scheduler"), file, f"hosts.{name}"),
             slurm=(parse_slurm(r.table["slurm"], file, f"hosts.{name}.slurm")
@@ -252,14 +253,14 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     for name, t in _tables(top, "sync").items():
         r = _Reader(file, f"sync.{name}", t)
         r.check_keys({"host", "local", "remote", "exclude"})
-        host = r.str("host", required=True) or ""
+        host = r.text("host", required=True) or ""
         if host not in hosts:
             r.fail("host", f"a configured host ({', '.join(hosts)})", host)
-        remote = r.str("remote", required=True) or ""
+        remote = r.text("remote", required=True) or ""
         why = sync_remote_problem(remote, hosts[host].root)
         if why is not None:
             raise ConfigError(f"{file}: [sync.{name}] remote = {remote!r} is refused: {why}")
-        syncs[name] = SyncSet(name=name, host=host, local=r.str("local", required=True) or "",
+        syncs[name] = SyncSet(name=name, host=host, local=r.text("local", required=True) or "",
                               remote=remote, exclude=r.strlist("exclude"))
     profiles: dict[str, Profile] = {}
     for name, t in _tables(top, "profiles").items():
@@ -268,7 +269,7 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
                       "slurm"})
         if "host" in r.table and "hosts" in r.table:
             r.fail("hosts", "either host or hosts, not both")
-        phosts = r.strlist("hosts") if "hosts" in r.table else [r.str("host", required=True) or ""]
+        phosts = r.strlist("hosts") if "hosts" in r.table else [r.text("host", required=True) or ""]
         if not phosts:
             r.fail("hosts", "at least one host")
         for h in phosts:
@@ -278,17 +279,17 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
         for s in sync:
             if s not in syncs:
                 r.fail("sync", f"names of [sync.*] sets ({', '.join(syncs) or 'none defined'})", s)
-        profiles[name] = Profile(name=name, hosts=phosts, run=r.str("run", required=True) or "",
-                                 nproc_per_node=r.int("nproc_per_node", 1), env=r.strdict("env"),
-                                 cwd=r.str("cwd"), sync=sync)
+        profiles[name] = Profile(name=name, hosts=phosts, run=r.text("run", required=True) or "",
+                                 nproc_per_node=r.count("nproc_per_node", 1), env=r.strdict("env"),
+                                 cwd=r.text("cwd"), sync=sync)
         _slurm_profile(r, profiles[name], hosts)
-    return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.str("theme"), path=file)
+    return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.text("theme"), path=file)
 
 
 def _slurm_profile(r: _Reader, p: Profile, hosts: dict[str, HostConfig]) -> None:
     """A profile's `nodes` and `[profiles.P.slurm]`; on a Slurm host, partition and account
     must be set (the host's defaults or the profile's)."""
-    p.nodes = r.int("nodes", 1)
+    p.nodes = r.count("nodes", 1)
     if "slurm" in r.table:
         p.slurm = parse_slurm(r.table["slurm"], r.file, f"profiles.{p.name}.slurm")
     cluster = [h for h in p.hosts if hosts[h].scheduler == "slurm"]
@@ -308,7 +309,7 @@ def _slurm_profile(r: _Reader, p: Profile, hosts: dict[str, HostConfig]) -> None
 def _metrics_url(r: _Reader) -> str | None:
     """The optional `metrics` URL: an http:// URL (fetched from the host's side)."""
     from console.vllm_metrics import split_url
-    url = r.str("metrics")
+    url = r.text("metrics")
     if url is not None:
         try:
             split_url(url)

@@ -119,11 +119,11 @@ def gpu_from_dict(d: dict[str, Any]) -> GpuStat | None:
     return GpuStat(index=index, name=_str(d.get("name")), uuid=_str(d.get("uuid")),
                    error=_str(d.get("error")), procs=tuple(procs),
                    **{k: _num(d.get(k)) for k in _GPU_NUM},  # type: ignore[arg-type]
-                   **{k: _int(d.get(k)) for k in _GPU_INT})  # type: ignore[arg-type]
+                   **{k: _int(d.get(k)) for k in _GPU_INT})
 
 
 def host_from_dict(d: dict[str, Any]) -> HostStat:
-    disk = d.get("disk") if isinstance(d.get("disk"), dict) else {}
+    disk = d["disk"] if isinstance(d.get("disk"), dict) else {}
     load = d.get("load")
     return HostStat(
         cpu=tuple(x for x in (_num(c) for c in d.get("cpu") or []) if x is not None),

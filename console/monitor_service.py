@@ -107,7 +107,7 @@ class HostMonitor:
         for index in list(self.gpus):  # a GPU gone for the whole history window is forgotten
             if index not in seen and now - self.gpu_seen[index] > self.history_s:
                 for d in (self.gpus, self.gpu_seen, self.history, self.gpu_error):
-                    d.pop(index, None)  # type: ignore[attr-defined]
+                    d.pop(index, None)
         h = sample.host
         if h is not None:
             mem = h.mem_used / h.mem_total if h.mem_used is not None and h.mem_total else None

@@ -89,7 +89,7 @@ def parse_gpus(text: str) -> tuple[list[GpuStat], list[str]]:
     rows, other = _rows(text, len(QUERY_GPU))
     gpus = []
     for cells in rows:
-        v: dict[str, Any] = dict(zip(QUERY_GPU, (_value(c) for c in cells)))
+        v: dict[str, Any] = dict(zip(QUERY_GPU, (_value(c) for c in cells), strict=False))
         index = _int(v["index"])
         if index is None:
             other.append(", ".join(cells))

@@ -246,7 +246,7 @@ async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, veri
     known: list[Manifest] = []
     to_hash: list[tuple[int, str]] = []
     later: list[tuple[int, str]] = []            # sent whatever their hash: hashed meanwhile
-    for i, (files, rem) in enumerate(zip(walked, remote)):
+    for i, (files, rem) in enumerate(zip(walked, remote, strict=False)):
         man: Manifest = {}
         for rel, (size, mtime) in files.items():
             r = rem.files.get(rel)
@@ -290,7 +290,8 @@ async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, veri
             await host.transport.remove(removals)
     gits = await asyncio.gather(*(asyncio.to_thread(git_commit, t.local) for t in trees))
     writes = []
-    for i, (tree, man, rem, rec, git) in enumerate(zip(trees, known, remote, records, gits)):
+    rows = zip(trees, known, remote, records, gits, strict=True)
+    for i, (tree, man, rem, rec, git) in enumerate(rows):
         h = manifest_hash(man)
         removed = len(gone[i]) if delete else 0
         report.trees.append(TreeResult(tree.name, tree.remote, len(man), len(sent_rels[i]),
@@ -455,7 +456,7 @@ async def _remote_state(host: Host, trees: Sequence[Tree], records: Sequence[str
         return state, await host.transport.stat(tree.remote) is not None
 
     recorded: dict[str, _Record | None] = {}
-    found = await asyncio.gather(*(one(t, r) for t, r in zip(trees, records)))
+    found = await asyncio.gather(*(one(t, r) for t, r in zip(trees, records, strict=False)))
     states = [s for s, _scan in found]
     missing = [i for i, (_s, scan) in enumerate(found) if scan]
     if missing:
@@ -463,7 +464,7 @@ async def _remote_state(host: Host, trees: Sequence[Tree], records: Sequence[str
         scanned = await _scan_remote(host, [trees[i] for i in missing],
                                      [None if verify else records[i] for i in missing],
                                      pyc=verify)
-        for i, (files, temps, pyc) in zip(missing, scanned):
+        for i, (files, temps, pyc) in zip(missing, scanned, strict=False):
             st, rec = states[i], recorded[records[i]]
             st.files, st.temps, st.pyc = files, temps, pyc
             if rec is not None:
@@ -482,7 +483,7 @@ async def _scan_remote(host: Host, trees: Sequence[Tree], records: Sequence[str 
     tree are dropped."""
     source = Path(manifest_mod.__file__).read_text(encoding="utf-8")
     req = {"trees": [{"root": t.remote, "exclude": list(t.exclude), "record": r,
-                      "pyc": pyc and t.code} for t, r in zip(trees, records)]}
+                      "pyc": pyc and t.code} for t, r in zip(trees, records, strict=False)]}
     try:
         res = await host.transport.run([host.cfg.python, "-c", source, "scan"],
                                        input=json.dumps(req), check=True, timeout=600)

@@ -115,6 +115,14 @@ class RunRecord:
         return str(self.raw.get("job_id") or "")
 
     @property
+    def partition(self) -> str:
+        """The Slurm partition a job was queued in ("" elsewhere): the runner's own field, or
+        what squeue/sacct reported in the record's `slurm` section."""
+        slurm = self.raw.get("slurm")
+        from_slurm = slurm.get("partition") if isinstance(slurm, dict) else None
+        return str(self.raw.get("partition") or from_slurm or "")
+
+    @property
     def reason(self) -> str:
         """What the scheduler says: why a job is pending, or how it ended ("" if nothing)."""
         return str(self.raw.get("reason") or "")

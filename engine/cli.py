@@ -23,6 +23,7 @@ import importlib.util
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from engine import __version__
 from engine.errors import EngineError, UsageError
@@ -44,16 +45,17 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def _common() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+def _common() -> _Parser:
+    p = _Parser(add_help=False)
     p.add_argument("--events", action="store_true",
-                   help="write JSON-line events on stdout (for the console) instead of human output")
+                   help="write JSON-line events on stdout (for the console) instead of human "
+                        "output")
     p.add_argument("--debug", action="store_true", help="show tracebacks on failure")
     return p
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
 
 

@@ -90,8 +90,10 @@ def iter_conversations(path: str) -> Iterator[Conversation]:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as e:
+            except json.JSONDecodeError as e:
                 raise EngineError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+            except ValueError as e:   # valid syntax the parser refuses: an int over 4300 digits
+                raise EngineError(f"{path}:{n}: invalid JSON ({e})") from None
             yield parse_line(obj, f"{path}:{n}")
 
 

@@ -116,7 +116,7 @@ class ShardData(FeatureData):
                 raise EngineError(f"{fpath}: aux_hidden_states width {ax[1]} is not 3 x "
                                   f"hidden_states width {hs[1]}")
             self.hidden_size = self.hidden_size or hs[1]
-            for a, b in zip(off[:-1].tolist(), off[1:].tolist()):
+            for a, b in zip(off[:-1].tolist(), off[1:].tolist(), strict=False):
                 self._index.append((fpath, a, b))
                 self._ids.append(ids[a:b])
                 self._mask.append(mask[a:b])
@@ -136,7 +136,7 @@ class ShardData(FeatureData):
 
     def token_counts(self, vocab_size: int) -> Tensor:
         counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for ids, mask in zip(self._ids, self._mask):
+        for ids, mask in zip(self._ids, self._mask, strict=False):
             counts += torch.bincount(ids.long()[mask.bool()], minlength=vocab_size)[:vocab_size]
         return counts
 
@@ -281,6 +281,6 @@ class OnlineData(FeatureData):
 
     def token_counts(self, vocab_size: int) -> Tensor:
         counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for ids, mask in zip(self._ids, self._mask):
+        for ids, mask in zip(self._ids, self._mask, strict=False):
             counts += torch.bincount(ids[mask.bool()], minlength=vocab_size)[:vocab_size]
         return counts

@@ -57,7 +57,7 @@ def _replies(target: Any, prompts: list[list[dict[str, str]]], ev: Emitter, desc
         live = [i for i, p in enumerate(prompts) if k < len(p)]
         ctx = [done[i] + [prompts[i][k]] for i in live]
         answers = greedy_replies(target, ctx, MAX_NEW_TOKENS)
-        for i, c, a in zip(live, ctx, answers):
+        for i, c, a in zip(live, ctx, answers, strict=False):
             done[i] = c + [{"role": "assistant", "content": a}]
         ev.progress(k + 1, turns, unit="turn", desc=desc)
     return done
@@ -129,7 +129,7 @@ def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict
         quiet = Emitter("train", out=io.StringIO(), err=io.StringIO())
         ev.log("demo: pre-training the public drafter", level="debug")
         run = tmp / "public-run"
-        args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2]))
+        args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=False))
         cfg = TrainConfig(target=str(tmp / "target"), data=str(tmp / "public-data"), out=str(run),
                           draft_vocab_size=PUBLIC_DRAFT_VOCAB, max_steps=PUBLIC_STEPS,
                           lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
@@ -145,7 +145,7 @@ def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict
         timings["public_drafter"] = time.monotonic() - t0
 
         d = os.path.abspath(out)
-        info = {
+        info: dict[str, Any] = {
             "demo": 1, "seed": seed,
             "target": "target/", "data": "data/", "eval": "eval/",
             "public_drafter": "public-drafter/",

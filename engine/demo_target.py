@@ -2,8 +2,9 @@
 
 Nothing is downloaded. The target is a transformers `LlamaForCausalLM` (6 layers, hidden 64) trained
 for a few seconds (200 steps of 8 x 96 tokens) on synthetic chats (counting, spelling, weekdays,
-colours, greetings, letters, word reversal), so that its greedy replies are structured, mostly right and sometimes wrong: text a
-drafter can learn to predict, with real disagreements between a weak and a good drafter.
+colours, greetings, letters, word reversal), so that its greedy replies are structured, mostly
+right and sometimes wrong: text a drafter can learn to predict, with real disagreements between a
+weak and a good drafter.
 Tokenizer: byte-level BPE trained with the `tokenizers` library, wrapped as a
 `PreTrainedTokenizerFast` with a ChatML-style chat template; saved with `save_pretrained`.
 """
@@ -106,8 +107,10 @@ def build_target(tok, corpus: list[list[dict[str, str]]], steps: int, seed: int,
     """A 6-layer Llama (hidden 64) trained with next-token loss on the rendered corpus."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=192,
-                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    # rope_theta: transformers 4.x's field; 5.x still takes it and files it under rope_parameters
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64,  # type: ignore[call-arg]
+                      intermediate_size=192, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2,
                       max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
                       tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
                       eos_token_id=tok.eos_token_id, bos_token_id=None)

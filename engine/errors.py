@@ -1,4 +1,5 @@
-"""The one error type engine commands raise for bad input: its message is the one line the user sees."""
+"""The one error type engine commands raise for bad input: its message is the one line the user
+sees."""
 
 
 class EngineError(Exception):

@@ -252,9 +252,9 @@ def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_sample
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         for lo in range(0, len(order), batch_size):
             chunk = [prompts[i] for i in order[lo:lo + batch_size]]
-            full, feats = greedy_with_features(target, chunk, max_new_tokens)
-            generated += sum(len(f) - len(p) for f, p in zip(full, chunk, strict=True))
-            replay_batch(draft, full, feats, [len(p) - 1 for p in chunk], k, acc)
+            fulls, feats = greedy_with_features(target, chunk, max_new_tokens)
+            generated += sum(len(f) - len(p) for f, p in zip(fulls, chunk, strict=True))
+            replay_batch(draft, fulls, feats, [len(p) - 1 for p in chunk], k, acc)
             if ev is not None:
                 ev.progress(lo + len(chunk), len(prompts), unit="sample", desc="eval")
     out = acc.report()

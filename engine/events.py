@@ -1,4 +1,5 @@
-"""The event stream: the only contract shared by `engine` (which writes it) and `console` (which reads it).
+"""The event stream: the only contract shared by `engine` (which writes it) and `console` (which
+reads it).
 
 With `--events`, an engine command writes one JSON object per line to stdout and nothing else.
 Every event carries:
@@ -7,7 +8,8 @@ Every event carries:
     t     unix time (float seconds)
     cmd   the engine command that wrote it ("train", "convert", ...)
 and, by kind:
-    progress  done: int, total: int | None, unit: str, desc: str, eta_s: float | None, rate: float | None
+    progress  done: int, total: int | None, unit: str, desc: str, eta_s: float | None,
+              rate: float | None
     metric    step: int | None, values: {name: number}   (e.g. loss, loss_0.., acc_0.., tau, lr)
     log       level: "debug" | "info" | "warning" | "error", msg: str
     result    data: {...}   the command's final answer (same content as its --json output)
@@ -71,7 +73,8 @@ def parse(line: str | bytes) -> Event | None:
     kind = obj.pop("kind")
     t = obj.pop("t", 0.0)
     cmd = obj.pop("cmd", "")
-    return Event(kind=kind, t=float(t) if isinstance(t, (int, float)) else 0.0, cmd=str(cmd), data=obj)
+    t = float(t) if isinstance(t, (int, float)) else 0.0
+    return Event(kind=kind, t=t, cmd=str(cmd), data=obj)
 
 
 def _json_default(o: Any) -> Any:

@@ -104,8 +104,9 @@ class Expect:
 
 def expected_tensors(cfg: Eagle3Config) -> dict[str, Expect]:
     """Canonical name -> expected shape/kind for this config (spec sections 1, 3, 4)."""
-    H, Ht, I, V, Vd = (cfg.hidden_size, cfg.target_hidden_size, cfg.intermediate_size,
-                       cfg.vocab_size, cfg.draft_vocab_size)
+    # the spec's letters (I: the intermediate size)
+    H, Ht, I, V, Vd = (cfg.hidden_size, cfg.target_hidden_size,  # noqa: E741
+                       cfg.intermediate_size, cfg.vocab_size, cfg.draft_vocab_size)
     assert Ht is not None and Vd is not None and cfg.head_dim and cfg.num_key_value_heads
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     f = "float"

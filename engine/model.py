@@ -121,7 +121,7 @@ def _yarn(cfg: Eagle3Config, rs: dict, freq: Tensor) -> tuple[Tensor, float]:
         return (hd * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
 
     lo = max(math.floor(corr_dim(rs.get("beta_fast") or 32)), 0)
-    hi = min(math.ceil(corr_dim(rs.get("beta_slow") or 1)), hd - 1)
+    hi: float = min(math.ceil(corr_dim(rs.get("beta_slow") or 1)), hd - 1)
     if lo == hi:
         hi += 0.001
     ramp = ((torch.arange(hd // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
@@ -227,6 +227,11 @@ class DecoderLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     """EAGLE-3 drafter: fc over 3 aux target states, one decoder layer, norm, draft-vocab head."""
 
+    # registered buffers (below), declared so the type checker knows them as tensors
+    d2t: Tensor
+    t2d: Tensor
+    inv_freq: Tensor
+
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
         self.config = cfg
@@ -258,7 +263,8 @@ class Eagle3Draft(nn.Module):
         if self.config.norm_before_fc:
             aux_hidden = self.input_norm(aux_hidden)
         if self.config.fc_norm:
-            aux_hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, aux_hidden.chunk(3, -1))],
+            parts = zip(self.fc_norm, aux_hidden.chunk(3, -1), strict=True)
+            aux_hidden = torch.cat([n(c) for n, c in parts],
                                    dim=-1)
         return self.fc(aux_hidden.to(self.fc.weight.dtype))
 

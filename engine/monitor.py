@@ -283,7 +283,9 @@ class GpuSampler:
         by_pid: dict[int, dict[str, Any]] = {}
         for kind, fn in (("C", "nvmlDeviceGetComputeRunningProcesses"),
                          ("G", "nvmlDeviceGetGraphicsRunningProcesses")):
-            found = self._q(i, fn, lambda fn=fn: getattr(nv, fn)(h)) or []
+            def query(name: str = fn) -> Any:   # looked up inside _q: old NVML may lack it
+                return getattr(nv, name)(h)
+            found = self._q(i, fn, query) or []
             for p in found:
                 pid = int(p.pid)
                 used = getattr(p, "usedGpuMemory", None)
@@ -356,7 +358,7 @@ class Monitor:
         try:
             import psutil
         except ImportError:
-            psutil = None  # type: ignore[assignment]
+            psutil = None
         self.host = HostSampler(psutil, path, clock) if psutil is not None else None
         self.gpus = GpuSampler(nvml, ProcessInfo(psutil), clock)
         self.gpus.open()

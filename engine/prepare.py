@@ -321,9 +321,10 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
             writer.flush(shard_name(k))
         dist.barrier()  # every rank's shards are in place
         if dist.main:
-            shards = [{"file": shard_name(k), "samples": sum(len(b) for b in chunk),
-                       "tokens": int(sum(lengths[i] for b in chunk for i in b))}
-                      for k, chunk in enumerate(plan)]
+            shards: list[dict[str, Any]] = [
+                {"file": shard_name(k), "samples": sum(len(b) for b in chunk),
+                 "tokens": int(sum(lengths[i] for b in chunk for i in b))}
+                for k, chunk in enumerate(plan)]
             missing = [s["file"] for s in shards
                        if not os.path.isfile(os.path.join(tmp, s["file"]))]
             if missing:  # e.g. ranks on other nodes writing to a disk rank 0 does not see

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import threading
 import time
 import urllib.error
@@ -82,7 +81,7 @@ class Client:
                 if e.code not in RETRY_STATUS:
                     raise RequestFailed(f"HTTP {e.code} from {self.url}: {detail}") from None
                 why = f"HTTP {e.code}"
-            except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 why = str(getattr(e, "reason", e)) or type(e).__name__
             except ValueError as e:  # the body was not the JSON we expect
                 raise RequestFailed(f"bad response from {self.url}: {e}") from None

@@ -184,17 +184,18 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
         if (not isinstance(offs, list) or len(offs) != 2
                 or not all(isinstance(o, int) for o in offs) or not 0 <= offs[0] <= offs[1]):
             raise EngineError(f"{where}: bad data_offsets {offs!r}")
-        e = Entry(name, path, code, tuple(shape), data_start + offs[0], offs[1] - offs[0])
-        if e.nbytes != e.numel * itemsize(code):
-            raise EngineError(f"{where}: {e.nbytes} bytes stored for shape {list(shape)} {code}")
-        entries.append(e)
-    entries.sort(key=lambda e: e.offset)
+        ent = Entry(name, path, code, tuple(shape), data_start + offs[0], offs[1] - offs[0])
+        if ent.nbytes != ent.numel * itemsize(code):
+            raise EngineError(f"{where}: {ent.nbytes} bytes stored for shape {list(shape)} "
+                              f"{code}")
+        entries.append(ent)
+    entries.sort(key=lambda x: x.offset)
     pos = data_start
-    for e in entries:  # the byte ranges must tile the data section: no holes, no overlaps
-        if e.offset != pos:
-            raise EngineError(f"{path}: tensor {e.name!r}: corrupt header (data starts at "
-                              f"{e.offset - data_start}, expected {pos - data_start})")
-        pos += e.nbytes
+    for ent in entries:  # the byte ranges must tile the data section: no holes, no overlaps
+        if ent.offset != pos:
+            raise EngineError(f"{path}: tensor {ent.name!r}: corrupt header (data starts at "
+                              f"{ent.offset - data_start}, expected {pos - data_start})")
+        pos += ent.nbytes
     if pos != size:
         what = "truncated" if pos > size else "has trailing bytes"
         last = entries[-1].name if entries else "(none)"
@@ -366,8 +367,8 @@ def _sharded(d: Path, idx: Path, kind: str) -> WeightSet:
                 entries[name] = e
         ws = WeightSet("safetensors", files, entries)
     for name, fname in wmap.items():
-        e = ws.entries.get(name)
-        if e is None or e.file.name != Path(str(fname)).name:
+        found = ws.entries.get(name)
+        if found is None or found.file.name != Path(str(fname)).name:
             raise EngineError(f"{idx}: tensor {name!r} is not in shard {fname!r}")
     return ws
 
@@ -405,7 +406,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     t = t.detach().contiguous().cpu()
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return t.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 class SafetensorsWriter:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from engine.errors import EngineError
 from engine.target_config import config_hash, read_config  # noqa: F401 (re-exported)
@@ -126,7 +126,7 @@ class Target:
             raise EngineError(f"{target_dir}: cannot load the target model "
                               f"({str(e).splitlines()[0]})") from None
         if "device_map" not in kwargs:  # dispatched models must not be moved as a whole
-            model.to(dev)
+            cast(nn.Module, model).to(dev)  # (transformers' wrapper of .to is mistyped)
         model.eval().requires_grad_(False)
         n = cfg["num_hidden_layers"]
         ids = list(aux_layer_ids) if aux_layer_ids is not None else default_aux_ids(n)
@@ -134,7 +134,8 @@ class Target:
             raise EngineError(f"aux layer ids {ids} must be 3 ids in 0..{n} "
                               f"(the target has {n} layers)")
         tok = load_tokenizer(target_dir) if tokenizer else None
-        first = model.get_input_embeddings().weight.device  # where input ids must go
+        # where input ids must go
+        first = next(model.get_input_embeddings().parameters()).device
         return cls(path=target_dir, tokenizer=tok, model=model, aux_layer_ids=ids, device=first)
 
     @property

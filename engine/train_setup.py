@@ -140,13 +140,14 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     tcfg = read_config(cfg.target)
     v, ht = int(tcfg["vocab_size"]), int(tcfg["hidden_size"])
     target: Target | None = None
+    data: FeatureData
     if cfg.online and cfg.from_vllm:  # the server holds the target: read only its heads here
         from engine.online_data import open_stream
         data = open_stream(cfg, ev)
         emb, head = (t.float() for t in load_heads(cfg.target))
     elif cfg.online:
         target = Target.load(cfg.target, device=str(device))
-        data: FeatureData = OnlineData(cfg.data, target, cfg.max_len)
+        data = OnlineData(cfg.data, target, cfg.max_len)
         emb, head = target.embed_weight().detach().float().cpu(), \
             target.lm_head_weight().detach().float().cpu()
     else:

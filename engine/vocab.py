@@ -114,10 +114,11 @@ def _count_shards(d: Path, vocab_size: int | None, ev: Emitter | None
     elif isinstance(names, list):
         # entries are file names, or objects with a "file" field (what `engine prepare` writes)
         files = [n.get("file") if isinstance(n, dict) else n for n in names]
-        if not all(isinstance(f, str) for f in files):
+        names_ok = [f for f in files if isinstance(f, str)]
+        if len(names_ok) != len(files):
             raise EngineError(f"{mpath}: field 'shards': entries must be file names or "
                               "objects with a 'file' name")
-        shards = [d / f for f in files]
+        shards = [d / f for f in names_ok]
     else:
         raise EngineError(f"{mpath}: field 'shards' is not a list")
     if not shards:
@@ -299,8 +300,9 @@ def remap_drafter(ckpt: Path, vocab: Path, dst: Path, target: Path | None = None
     style = det.config_style if det.format == "mixed" else det.format
     files = open_checkpoint(Path(ckpt)).weights.files
     overlap = stats["kept"] / stats["new_size"] if stats["new_size"] else 0.0
+    digests = sha256_by_name(files)
     prov = {"source": {"path": str(Path(ckpt).resolve()), "format": det.format,
-                       "weight_files": {n: {"sha256": d} for n, d in sha256_by_name(files).items()}},
+                       "weight_files": {n: {"sha256": d} for n, d in digests.items()}},
             "vocab": {"path": str(Path(vocab).resolve()),
                       "sha256": sha256_by_name([Path(vocab)])[Path(vocab).name]},
             "remap": {**stats, "overlap": round(overlap, 6), "new_rows_from": source}}

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from console.config import HostConfig
+from console.transport import Transport, open_transport
+from console.transport.local import LocalTransport
+from console.transport.ssh import SSHTransport
 from tests.sshd import SSHD, find_sshd, start_sshd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,3 +46,23 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+def ssh_host(sshd: SSHD, **over: str) -> HostConfig:
+    fields = dict(name="t", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                  identity=str(sshd.user_key))
+    fields.update(over)
+    return HostConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["local", "ssh"])
+async def transport(request: pytest.FixtureRequest) -> AsyncIterator[Transport]:
+    """A connected transport of each kind."""
+    if request.param == "local":
+        t: Transport = open_transport(HostConfig(name="local"))
+        assert isinstance(t, LocalTransport)
+    else:
+        t = open_transport(ssh_host(request.getfixturevalue("sshd")))
+        assert isinstance(t, SSHTransport)
+    async with t:
+        yield t

@@ -40,7 +40,7 @@ def replay(hub: MonitorHub, clock: FrozenClock, host: str, lines: list[str],
     saved = clock.t
     times = [ev.t for ev in (parse(ln) for ln in lines) if ev is not None]
     shift = 0.0 if end is None else end - times[-1]
-    for ln, t in zip(lines, times):
+    for ln, t in zip(lines, times, strict=False):
         clock.t = t + shift
         assert hub.ingest_line(host, ln)
         # the hub stamps arrival with clock(); the recorded event time travels in the sample

@@ -32,7 +32,8 @@ def free_port() -> int:
 def keygen(path: Path, comment: str) -> str:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True)
-    return (path.with_suffix(".pub") if path.suffix else Path(str(path) + ".pub")).read_text().strip()
+    pub = path.with_suffix(".pub") if path.suffix else Path(str(path) + ".pub")
+    return pub.read_text().strip()
 
 
 @dataclass
@@ -109,7 +110,8 @@ def start_sshd(dir: Path) -> SSHD:
     cfg.write_text("\n".join([
         f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
         f"AuthorizedKeysFile {dir / 'authorized_keys'}", f"PidFile {dir / 'sshd.pid'}",
-        "StrictModes no", "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "StrictModes no", "UsePAM no", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
         "PubkeyAuthentication yes", "PermitRootLogin yes", "Subsystem sftp internal-sftp",
         "ClientAliveInterval 0", "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel ERROR",
         # keep the environment of commands predictable

@@ -1,4 +1,5 @@
-"""The two halves stay apart: the console runs without torch, the engine without textual/asyncssh."""
+"""The two halves stay apart: the console runs without torch, the engine without
+textual/asyncssh."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_console_app_starts_without_importing_torch(tmp_path: Path) -> None:
                 await pilot.pause()
                 await pilot.press("q")
         asyncio.run(main())
-        heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'safetensors'))
+        heavy = sorted(m for m in sys.modules
+                       if m.split('.')[0] in ('torch', 'transformers', 'safetensors'))
         print('HEAVY', heavy)
         assert not heavy, heavy
     """, {"XDG_CONFIG_HOME": str(tmp_path / "c"), "XDG_DATA_HOME": str(tmp_path / "d")})
@@ -46,7 +48,8 @@ def test_engine_imports_no_textual_or_asyncssh() -> None:
         for m in pkgutil.walk_packages(engine.__path__, 'engine.'):
             if m.name != 'engine.__main__':      # that one runs the CLI
                 importlib.import_module(m.name)
-        bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'asyncssh', 'console'))
+        bad = sorted(m for m in sys.modules
+                     if m.split('.')[0] in ('textual', 'asyncssh', 'console'))
         print('BAD', bad)
         assert not bad, bad
     """)

@@ -32,7 +32,8 @@ def test_workspace_contents(demo_dir: Path, demo_info: dict[str, Any]) -> None:
     assert all(t["role"] == "user" for c in prompts for t in c.turns)
     replies = {t["content"] for c in train for t in c.turns if t["role"] == "assistant"}
     assert len(replies) > 40  # the target's replies vary with the prompt
-    for c, p in zip(train, prompts):  # replies were generated turn by turn for these prompts
+    # replies were generated turn by turn for these prompts
+    for c, p in zip(train, prompts, strict=False):
         assert [t for t in c.turns if t["role"] == "user"] == p.turns
     manifest = json.loads((demo_dir / "data" / "manifest.json").read_text())
     assert manifest["target"]["config_sha256"] == config_hash(str(demo_dir / "target"))

@@ -119,7 +119,8 @@ def test_cli_usage_error_one_line_exit_2() -> None:
 
 
 def test_cli_events_mode_writes_only_json() -> None:
-    r = subprocess.run([sys.executable, "-m", "engine", "doctor", "--events", "--path", "/nonexistent"],
+    argv = [sys.executable, "-m", "engine", "doctor", "--events", "--path", "/nonexistent"]
+    r = subprocess.run(argv,
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
     evs = [parse(line) for line in r.stdout.splitlines()]

@@ -16,11 +16,11 @@ import pytest
 from console.cli import main as cli_main
 from console.config import Config, HostConfig, Profile
 from console.follow import MAX_LINE, Line, LogFollower
-from console.vllm_log import MARKERS, parse_line
 from console.host import Host
 from console.runs import close_hosts, launch
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
+from console.vllm_log import MARKERS, parse_line
 from tests.sshd import SSHD
 
 WRITER = """
@@ -193,8 +193,9 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
         run = await launch(cfg, "talk", pool)
     finally:
         await close_hosts(pool)
-    from console.commands import follow as follow_cmd
     import argparse
+
+    from console.commands import follow as follow_cmd
     rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None), cfg)
     out, err = capsys.readouterr()
     assert rc == 0

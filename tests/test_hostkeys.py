@@ -18,8 +18,8 @@ from console.commands import trust
 from console.config import load_config
 from console.errors import AuthFailed, HostKeyChanged, HostKeyUnknown
 from console.transport import open_transport
+from tests.conftest import ssh_host
 from tests.sshd import SSHD, keygen
-from tests.test_transport import ssh_host
 
 pytestmark = pytest.mark.timeout(60)
 

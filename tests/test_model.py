@@ -56,7 +56,6 @@ def reference_ttt(m: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, steps: i
                   ) -> list[torch.Tensor]:
     """Per batch row, per step, per position, per head: explicit loops, one softmax per query."""
     cfg = m.config
-    L = m.midlayer
     eps, nh, nkv, hd = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, \
         cfg.head_dim
     freqs = inv_freq(cfg)[0].double()
@@ -95,7 +94,7 @@ def reference_ttt(m: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, steps: i
                         cand_v.append(vals[j][t][g])
                     scores = torch.stack([qs[t][n] @ kk for kk in cand_k]) / math.sqrt(hd)
                     p = torch.softmax(scores, dim=0)
-                    heads.append(sum(pi * vv for pi, vv in zip(p, cand_v)))
+                    heads.append(sum(pi * vv for pi, vv in zip(p, cand_v, strict=False)))
                 a = W["midlayer.self_attn.o_proj.weight"] @ torch.cat(heads)
                 h1 = resid[t] + a
                 y = _rms(h1, W["midlayer.post_attention_layernorm.weight"], eps)

@@ -36,7 +36,8 @@ def test_wheel_finds_themes_and_hostside(tmp_path: Path) -> None:
     # run from an empty folder with only the installed copy on the path (not the repo)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)
-    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); "
+    r = subprocess.run([sys.executable, "-I", "-c",
+                        f"import sys; sys.path.insert(0, {str(site)!r}); "
                         + "exec(compile(" + repr(code) + ", 'check', 'exec'))", str(site)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

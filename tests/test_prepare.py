@@ -51,7 +51,7 @@ def tok() -> Any:
 def masked_runs(tok: Any, ids: list[int], mask: list[int]) -> list[str]:
     """Decode every maximal run of masked tokens (special tokens such as <|im_end|> dropped)."""
     runs, cur = [], []
-    for i, m in zip(ids, mask):
+    for i, m in zip(ids, mask, strict=False):
         if m:
             cur.append(i)
         elif cur:
@@ -187,6 +187,20 @@ def test_prepare_bad_line_names_file_and_field(tiny_target: Path, tmp_path: Path
     assert p.returncode == 1
     assert p.stderr.strip() == f"error: {src}:2: field 'conversations': missing"
     assert not out.exists() and not list(tmp_path.glob("data.*"))
+
+
+def test_conversation_lines_json_refuses_name_file_and_line(tmp_path: Path) -> None:
+    """Bad syntax and valid syntax that json refuses (an int of 5000 digits: a ValueError that
+    is not a JSONDecodeError) both give the one-line error, never a traceback."""
+    from engine.conversations import read_conversations
+    good = json.dumps({"id": 1, "conversations": [{"role": "user", "content": "x"}]})
+    for bad, why in (("{not json", "invalid JSON (Expecting property name"),
+                     ('{"id": ' + "9" * 5000 + "}", "invalid JSON (Exceeds the limit")):
+        src = tmp_path / "c.jsonl"
+        src.write_text(good + "\n" + bad + "\n")
+        with pytest.raises(EngineError) as e:
+            list(read_conversations(src))
+        assert str(e.value).startswith(f"{src}:2: {why}"), str(e.value)
 
 
 def specforge_dir(data_dir: str, dst: Path, n: int) -> None:

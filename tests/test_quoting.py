@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from console.transport import Transport, quote
-from tests.test_transport import transport  # noqa: F401  (the parametrised fixture)
 
 pytestmark = pytest.mark.timeout(60)
 

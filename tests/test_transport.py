@@ -9,7 +9,6 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
@@ -18,33 +17,13 @@ import pytest
 from console.config import HostConfig
 from console.errors import CommandFailed, Unreachable
 from console.transport import Transport, open_transport
-from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
+from tests.conftest import ssh_host
 from tests.sshd import SSHD, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
 PY = sys.executable
-
-
-def ssh_host(sshd: SSHD, **over: str) -> HostConfig:
-    fields = dict(name="t", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
-                  identity=str(sshd.user_key))
-    fields.update(over)
-    return HostConfig(**fields)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=["local", "ssh"])
-async def transport(request: pytest.FixtureRequest) -> AsyncIterator[Transport]:
-    """A connected transport of each kind."""
-    if request.param == "local":
-        t: Transport = open_transport(HostConfig(name="local"))
-        assert isinstance(t, LocalTransport)
-    else:
-        t = open_transport(ssh_host(request.getfixturevalue("sshd")))
-        assert isinstance(t, SSHTransport)
-    async with t:
-        yield t
 
 
 def is_ssh(t: Transport) -> bool:

@@ -39,7 +39,8 @@ def test_spec_line_with_commas_in_per_position() -> None:
 
 
 def test_newer_engine_fields_aggregated_prefix_tag_and_colours() -> None:
-    line = ("\x1b[32m(APIServer pid=1234)\x1b[0m \x1b[32mINFO\x1b[0m 03-02 08:15:59 [loggers.py:127] "
+    line = ("\x1b[32m(APIServer pid=1234)\x1b[0m \x1b[32mINFO\x1b[0m 03-02 08:15:59 "
+            "[loggers.py:127] "
             "4 Engines Aggregated: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
             "1024.0 tokens/s, Running: 64 reqs, Waiting: 3 reqs, Deferred: 2 reqs, Preemptions: 7, "
             "Corrupted: 0 reqs, GPU KV cache usage: 88.1%, Prefix cache hit rate: 71.2%, "
@@ -54,7 +55,8 @@ def test_newer_engine_fields_aggregated_prefix_tag_and_colours() -> None:
 
 
 def test_older_spec_line_acceptance_rate_first() -> None:
-    line = ("INFO 05-12 10:00:00 [metrics.py:88] SpecDecoding metrics: Draft acceptance rate: 69.2%, "
+    line = ("INFO 05-12 10:00:00 [metrics.py:88] SpecDecoding metrics: "
+            "Draft acceptance rate: 69.2%, "
             "Mean acceptance length: 2.38, Accepted: 8 tokens, Drafted: 12 tokens, "
             "Per-position acceptance rate: 0.833, 0.667")
     s = parse_line(line)

@@ -45,8 +45,7 @@ def _job(r: RunRecord) -> str:
     """A Slurm run's job id, partition, nodes and the scheduler's reason ("" elsewhere)."""
     if not r.job_id:
         return ""
-    slurm = r.raw.get("slurm") if isinstance(r.raw.get("slurm"), dict) else {}
-    part = r.raw.get("partition") or slurm.get("partition") or ""
+    part = r.partition
     where = r.raw.get("nodelist") or ""
     return (f"  job {r.job_id}" + (f" {part}" if part else "") + (f" {where}" if where else "")
             + (f" ({r.reason})" if r.reason else ""))

@@ -55,7 +55,10 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:  # typing.TypeGuard is 3.10+; hosts may run 3.8, annotations stay strings
+    from typing import TypeGuard
 
 RECORD = "run.json"
 SPEC = "spec.json"
@@ -118,7 +121,7 @@ def masked(env: Any) -> Any:
     return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -860,7 +863,7 @@ def node(run_dir: str) -> int:
         exec_error = f.read().decode("utf-8", "replace")
     status = _reap_until(pid)
     code = exit_code(status)
-    end = {"exit_code": code, "end": time.time()}
+    end: Dict[str, Any] = {"exit_code": code, "end": time.time()}
     if exec_error:
         end.update({"status": "failed", "error": exec_error})
         sys.stderr.write("runner node: %s\n" % exec_error)

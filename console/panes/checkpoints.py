@@ -25,6 +25,7 @@ from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from console.app_services import services
 from console.checkpoints import (
     Checkpoint,
     convert_checkpoint,
@@ -96,7 +97,7 @@ class CheckpointTable(DataTable[Any]):
         selected = self.selected
         self.paths, self.rows_shown = paths, rows
         self.clear()
-        for p, r in zip(paths, rows):
+        for p, r in zip(paths, rows, strict=False):
             self.add_row(*r, key=p)
         if selected in paths:
             self.move_cursor(row=paths.index(selected))
@@ -166,7 +167,7 @@ class CheckpointsPane(ShownTimers, Vertical):
     async def scan(self, host: str) -> None:
         self._scanning = True
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             found = await find_checkpoints(h)
             self.roots[host] = await h.root()
         except ConsoleError as e:
@@ -189,7 +190,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         root = self.roots.get(host, "")
         self.query_one(CheckpointTable).show([c.path for c in found],
                                              [ckpt_row(c, root) for c in found])
-        config = self.app.config  # type: ignore[attr-defined]
+        config = services(self).config
         folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
         text = f"[b]{host}[/b] · {count(len(found), 'checkpoint')} · folders: {folders}"
         if root:
@@ -239,7 +240,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         await asyncio.sleep(INSPECT_DELAY_S)  # a cursor sweeping the list inspects the last row
         view = self.query_one(InspectView)
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             report = await inspect_checkpoint(h, ck.path)
         except ConsoleError as e:
             if self._shown_path == ck.path:
@@ -262,7 +263,7 @@ class CheckpointsPane(ShownTimers, Vertical):
 
     @work(group="ckpt-convert", exit_on_error=False)
     async def ask_convert(self, host: str, ck: Checkpoint) -> None:
-        h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+        h = await services(self).pool.ensure(host)
         req = await self.app.push_screen_wait(ConvertDialog(
             ck.path, await converted_dir(h), verifier=self.known_verifier(host, ck)))
         if req is not None:
@@ -277,7 +278,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             return str(named)
         if self.last_verifier.get(host):
             return self.last_verifier[host]
-        config = self.app.config  # type: ignore[attr-defined]
+        config = services(self).config
         for profile in config.profiles.values():
             if host in profile.hosts:
                 target = flag_value(profile.run, "--target")
@@ -302,7 +303,7 @@ class CheckpointsPane(ShownTimers, Vertical):
                                f"{ev.get('total')} {ev.get('unit', '')}")
 
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             if not req.force and await h.transport.stat(req.dst) is not None:
                 view.show_error(f"convert not started: {exists_message(req.dst)}", heading)
                 return
@@ -349,10 +350,10 @@ class CheckpointsPane(ShownTimers, Vertical):
         self._shown_path = None
         view.show_text(heading + "\nchecking the checkpoint and the verifier…")
         self.last_verifier[host] = req.verifier
-        pool = self.app.pool  # type: ignore[attr-defined]
+        pool = services(self).pool
         try:
             await pool.ensure(host)
-            run = await serve(self.app.config, host, req, pool.hosts)  # type: ignore[attr-defined]
+            run = await serve(services(self).config, host, req, pool.hosts)
         except ConsoleError as e:
             view.show_error(f"serve refused: {describe_error(e)}", heading)
             return
@@ -365,7 +366,7 @@ class CheckpointsPane(ShownTimers, Vertical):
 
     async def _rescan_and_select(self, host: str, path: str, report: dict[str, Any]) -> None:
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             self.found[host] = await find_checkpoints(h)
         except ConsoleError:
             return

@@ -10,6 +10,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
+from console.app_services import services
 from console.panes.timers import ShownTimers
 from console.widgets.fleet_table import FleetTable, fleet_host
 
@@ -36,7 +37,7 @@ class FleetPane(ShownTimers, VerticalScroll):
         """The fleet shows every host whichever is selected."""
 
     def on_show(self) -> None:
-        self.app.monitors.watch_all()  # type: ignore[attr-defined]
+        services(self).monitors.watch_all()
         self.load_partitions()
         self.refresh_view(force=True)
 
@@ -44,12 +45,12 @@ class FleetPane(ShownTimers, VerticalScroll):
     async def load_partitions(self) -> None:
         from console.errors import ConsoleError
         from console.scheduler.slurm import partitions
-        config = self.app.config  # type: ignore[attr-defined]
+        config = services(self).config
         for name, cfg in config.hosts.items():
             if cfg.scheduler != "slurm":
                 continue
             try:
-                host = await self.app.pool.ensure(name)  # type: ignore[attr-defined]
+                host = await services(self).pool.ensure(name)
                 self.partitions[name] = [p.text() for p in await partitions(host)] or \
                     ["no partitions"]
             except ConsoleError as e:
@@ -59,8 +60,8 @@ class FleetPane(ShownTimers, VerticalScroll):
     def refresh_view(self, force: bool = False) -> None:
         if not (force or self.is_on_screen):
             return
-        hub = self.app.monitors  # type: ignore[attr-defined]
-        now: float = self.app.clock()  # type: ignore[attr-defined]
+        hub = services(self).monitors
+        now: float = services(self).clock()
         key = (tuple(m.version for m in hub.monitors.values()), int(now),
                tuple(map(tuple, self.partitions.values())))
         if key == self._drawn and not force:

@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical
 
+from console.app_services import services
 from console.host import HostState
 from console.keymap import bindings
 from console.monitor_service import HostMonitor, MonitorState
@@ -89,7 +90,7 @@ class GpuPane(ShownTimers, Vertical):
 
     def show_host(self, host: str) -> None:
         self.host = host
-        self.app.monitors.watch(host)  # type: ignore[attr-defined]
+        services(self).monitors.watch(host)
         self.refresh_view(force=True)
 
     def on_show(self) -> None:
@@ -107,9 +108,9 @@ class GpuPane(ShownTimers, Vertical):
         """Redraw from the host's monitor (skipped when hidden or when nothing changed)."""
         if self.host is None or not (force or self.is_on_screen):
             return
-        mon: HostMonitor = self.app.monitors[self.host]  # type: ignore[attr-defined]
-        now: float = self.app.clock()  # type: ignore[attr-defined]
-        pool = self.app.pool  # type: ignore[attr-defined]
+        mon: HostMonitor = services(self).monitors[self.host]
+        now: float = services(self).clock()
+        pool = services(self).pool
         failed = pool.detail.get(self.host, "") \
             if pool.state.get(self.host) is HostState.FAILED else None
         key = (self.host, mon.version, int(now), mon.state, failed)

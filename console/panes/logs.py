@@ -25,6 +25,7 @@ from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.widgets import Input
 
+from console.app_services import services
 from console.errors import ConsoleError
 from console.follow import LogFollower
 from console.keymap import bindings
@@ -81,9 +82,9 @@ class LogsPane(ShownTimers, Vertical):
         if host == self.host:
             return
         self.host = host
-        self.paths = list(self.app.config.hosts[host].logs)  # type: ignore[attr-defined]
+        self.paths = list(services(self).config.hosts[host].logs)
         self.path_index = 0
-        self._watch_metrics(self.app.config.hosts[host].metrics)  # type: ignore[attr-defined]
+        self._watch_metrics(services(self).config.hosts[host].metrics)
         self._open()
 
     def action_next_log(self) -> None:
@@ -121,7 +122,7 @@ class LogsPane(ShownTimers, Vertical):
     @work(exclusive=True, group="logs")
     async def follow(self, host: str, path: str) -> None:
         """Feed the model from the host's file until another log or host is chosen."""
-        pool = self.app.pool  # type: ignore[attr-defined]
+        pool = services(self).pool
         while True:
             try:
                 h = await pool.ensure(host)
@@ -154,7 +155,7 @@ class LogsPane(ShownTimers, Vertical):
         """One scrape at a time: a slow endpoint delays the next one, never the UI."""
         if self.metrics is None or self.host is None or self._scraping:
             return
-        url = self.app.config.hosts[self.host].metrics  # type: ignore[attr-defined]
+        url = services(self).config.hosts[self.host].metrics
         if url:
             self._scraping = True
             self.scrape_metrics(self.host, url, self.metrics)
@@ -162,7 +163,7 @@ class LogsPane(ShownTimers, Vertical):
     @work(group="metrics")
     async def scrape_metrics(self, host: str, url: str, history: MetricsHistory) -> None:
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             snap = await scrape(h.transport, split_url(url), METRICS_TIMEOUT_S)
             history.add(snap)
         except MetricsError as e:

@@ -11,6 +11,7 @@ from textual.containers import VerticalScroll
 from textual.markup import escape
 from textual.widgets import Static
 
+from console.app_services import services
 from console.commands.doctor import render
 from console.engine_client import doctor
 from console.errors import ConsoleError
@@ -40,7 +41,7 @@ class OverviewPane(VerticalScroll):
 
     @work(exclusive=True, group="doctor")
     async def load_report(self, host: str) -> None:
-        pool = self.app.pool  # type: ignore[attr-defined]
+        pool = services(self).pool
         report_widget = self.query_one("#doctor-report", Static)
         try:
             h = await pool.ensure(host)

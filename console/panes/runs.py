@@ -26,6 +26,7 @@ from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Static
 
+from console.app_services import services
 from console.config import LOCAL, Config
 from console.demo_build import demo_ready, ensure_demo
 from console.demo_default import refresh_demo_profiles
@@ -104,10 +105,10 @@ class RunsPane(ShownTimers, Vertical):
 
     @property
     def config(self) -> Config:
-        return self.app.config  # type: ignore[attr-defined,no-any-return]
+        return services(self).config
 
     def _host(self, name: str) -> Host:
-        return self.app.pool[name]  # type: ignore[attr-defined,no-any-return]
+        return services(self).pool[name]
 
     def activity(self, text: str, error: bool = False) -> None:
         w = self.query_one("#runs-activity", Static)
@@ -147,7 +148,7 @@ class RunsPane(ShownTimers, Vertical):
     async def load_runs(self, host: str) -> None:
         self._listing = True
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             recs = await list_runs(h)
         except ConsoleError as e:
             self.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
@@ -202,7 +203,7 @@ class RunsPane(ShownTimers, Vertical):
         if self.host is None or not (force or self.is_on_screen):
             return
         host = self.host
-        now: float = self.app.clock()  # type: ignore[attr-defined]
+        now: float = services(self).clock()
         recs = newest_first(self.records.get(host, []))
         feeds = [self.feeds.find(host, r.id) for r in recs]
         key = (host, int(now), tuple((r.id, r.status, r.end, r.reason) for r in recs),
@@ -216,7 +217,7 @@ class RunsPane(ShownTimers, Vertical):
             [profile_row(self.config.profiles[n]) for n in profiles])
         self.query_one(RunTable).show(
             [r.id for r in recs],
-            [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds)])
+            [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds, strict=False)])
         running = sum(r.status == "running" for r in recs)
         queued = sum(r.status == "pending" for r in recs)  # Slurm jobs waiting for nodes
         where = self.config.hosts[host].ssh or "this machine"
@@ -256,7 +257,7 @@ class RunsPane(ShownTimers, Vertical):
     async def do_push(self, host: str) -> None:
         try:
             self.activity(f"pushing to {host}: comparing manifests…")
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             report = await self._push(h, None)
             self.activity(push_summary(report))
         except ConsoleError as e:
@@ -290,14 +291,15 @@ class RunsPane(ShownTimers, Vertical):
     @work(group="runs-action", exit_on_error=False)
     async def do_launch(self, name: str) -> None:
         profile = self.config.profile(name)
-        pool = self.app.pool  # type: ignore[attr-defined]
+        pool = services(self).pool
 
         async def confirm(busy: list[RunRecord]) -> bool:
             from console.screens.confirm import ConfirmScreen
             ids = ", ".join(sorted({r.id for r in busy}))
-            return bool(await self.app.push_screen_wait(ConfirmScreen(
+            again: bool = await self.app.push_screen_wait(ConfirmScreen(
                 f"Profile [b]{name}[/b] is already running ({ids}).\n\n"
-                "Start a second copy?", yes="Start another")))
+                "Start a second copy?", yes="Start another"))
+            return again
 
         def step(text: str) -> None:
             self.bar(None, None)
@@ -331,7 +333,7 @@ class RunsPane(ShownTimers, Vertical):
 
     async def _reload(self, host: str) -> None:
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             self.records[host] = await list_runs(h)
         except ConsoleError:
             return
@@ -362,7 +364,7 @@ class RunsPane(ShownTimers, Vertical):
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")
-            hosts = self.app.pool.hosts  # type: ignore[attr-defined]
+            hosts = services(self).pool.hosts
             run = await stop_run(self.config, run_id, hosts, grace=STOP_GRACE_S)
             refused = next((r.refused for r in run.records if r.refused), "")
             self.activity(f"{run_id}: {run.status}" + (f" ({refused})" if refused else ""),
@@ -410,7 +412,7 @@ class RunsPane(ShownTimers, Vertical):
     async def build_demo(self, host: str, workspace: str) -> None:
         self.demo_state = "building"
         try:
-            h = await self.app.pool.ensure(host)  # type: ignore[attr-defined]
+            h = await services(self).pool.ensure(host)
             if await demo_ready(h, workspace):
                 self.demo_state = "ready"
                 self.activity("Demo workspace: select a profile and press [b]t[/b] "

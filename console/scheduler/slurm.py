@@ -327,10 +327,8 @@ class SlurmScheduler(Scheduler):
         return found is not None and (found.state in QUEUED or found.state in STARTED)
 
     def describe(self, rec: RunRecord) -> dict[str, str]:
-        slurm = rec.raw.get("slurm") if isinstance(rec.raw.get("slurm"), dict) else {}
         nodes = rec.raw.get("nodelist") or (f"{rec.nnodes} node" + "s" * (rec.nnodes > 1))
-        return {"job": rec.job_id, "partition": str(rec.raw.get("partition")
-                                                    or slurm.get("partition") or ""),
+        return {"job": rec.job_id, "partition": rec.partition,
                 "nodes": str(nodes), "reason": rec.reason}
 
 

@@ -18,6 +18,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
+from console.app_services import services
 from console.compare import Measurer, Row, table
 from console.errors import ConsoleError
 from console.keymap import bindings
@@ -86,7 +87,7 @@ class CompareScreen(ModalScreen[None]):
 
     @work(exclusive=True, group="compare-measure", exit_on_error=False)
     async def scrape(self) -> None:
-        pool: Any = self.app.pool  # type: ignore[attr-defined]
+        pool: Any = services(self).pool
         for s in read_sessions():
             name = str(s.get("host"))
             if name not in pool.hosts:

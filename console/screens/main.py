@@ -12,6 +12,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
+from console.app_services import services
 from console.keymap import PANES as PANE_TITLES
 from console.keymap import bindings
 from console.messages import HostSelected, HostStateChanged, OpenRun
@@ -63,7 +64,7 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         hosts = self.query_one(HostList)
         hosts.index = self.host_names.index(self.selected)
-        for name, state in self.app.pool.state.items():  # type: ignore[attr-defined]
+        for name, state in services(self).pool.state.items():
             hosts.show_state(name, state)  # states set before this screen existed
         self._select(self.selected)
 

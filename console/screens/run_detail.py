@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -20,6 +20,7 @@ from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
+from console.app_services import services
 from console.errors import ConsoleError
 from console.keymap import bindings
 from console.run_watch import RunFeed, describe_error
@@ -105,7 +106,7 @@ class RunDetailScreen(Screen[None]):
 
     def refresh_view(self, force: bool = False) -> None:
         feed = self.feed
-        now: float = self.app.clock()  # type: ignore[attr-defined]
+        now: float = services(self).clock()
         running = feed.status == "running"
         key = (feed.progress.version, feed.status, feed.notice, feed.following,
                int(now) if running else 0)
@@ -175,7 +176,7 @@ class RunDetailScreen(Screen[None]):
                 f"{STOP_GRACE_S:.0f} s.", yes="Stop it")):
             return
         try:
-            app: Any = self.app
+            app = services(self)
             await stop_run(app.config, run_id, app.pool.hosts, grace=STOP_GRACE_S)
             await self.feed.refresh_record()
         except ConsoleError as e:

@@ -360,7 +360,7 @@ class SSHTransport(Transport):
                 target.host, config=kh.config_arg(self.ssh_config), known_hosts=known,
                 client_factory=lambda: client, keepalive_interval=KEEPALIVE_INTERVAL,
                 keepalive_count_max=KEEPALIVE_COUNT_MAX, connect_timeout=self.connect_timeout,
-                tunnel=via, **options)  # type: ignore[arg-type]
+                tunnel=via, **options)
         except asyncssh.HostKeyNotVerifiable as e:
             raise await self._host_key_error(who, spec, client, known, files, resolved,
                                              via) from e
@@ -416,13 +416,14 @@ class SSHTransport(Transport):
         else:
             # refused before asking us (a revoked key, a certificate): fetch the key to name it
             try:
-                key = await asyncssh.get_server_host_key(
+                fetched = await asyncssh.get_server_host_key(
                     resolved.host, resolved.port, config=kh.config_arg(self.ssh_config),
                     tunnel=via)
             except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
                 return Unreachable(who, f"host key not accepted and not readable: {e}")
-            if key is None:
+            if fetched is None:
                 return HostKeyChanged(who, "(no key presented)", file)
+            key = fetched
             name, addr, port = resolved.key_name, "", resolved.port
         fp = kh.fingerprint(key)
         if kh.verdict(known, name, addr, port, key) == "unknown":

@@ -48,7 +48,7 @@ class FleetTable(MeterWidget):
     """All hosts, one line per GPU."""
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
         self.hosts: list[FleetHost] = []
         self.window: tuple[float, float] = (0.0, 1.0)
 

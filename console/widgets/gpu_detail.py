@@ -12,7 +12,7 @@ class GpuDetail(MeterWidget):
     """Everything about the highlighted GPU."""
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
         self.row: GpuRow | None = None
         self.window: tuple[float, float] = (0.0, 1.0)
         self.window_label = ""

@@ -50,7 +50,7 @@ class GpuTable(MeterWidget, can_focus=True):
             self.index = index
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
         self.rows: list[GpuRow] = []
         self.window: tuple[float, float] = (0.0, 1.0)
         self.history_label = "UTIL HISTORY"

@@ -27,7 +27,7 @@ class HostStrip(MeterWidget):
     """CPU, memory, swap, disk and network of the selected host."""
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
         self.host: HostStat | None = None
         self.reason: str | None = None
         self.grey = False

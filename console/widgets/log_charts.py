@@ -40,7 +40,7 @@ class LogCharts(MeterWidget):
     DEFAULT_CSS = "LogCharts { height: 8; }"
 
     def __init__(self, model: LogModel, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
         self.model = model
         self.metrics: MetricsHistory | None = None  # set by the pane for a host with /metrics
         self._seen: tuple[int, int, int] = (-1, -1, -1)

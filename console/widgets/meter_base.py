@@ -114,7 +114,7 @@ class MeterWidget(Widget):
                                                                        partial=True)
         return style
 
-    def refresh(self, *regions: object, **kw: object) -> MeterWidget:  # type: ignore[override]
+    def refresh(self, *regions: object, **kw: object) -> MeterWidget:
         if not regions:
             self._lines = self._strips = None  # rebuilt on the next render_line
         super().refresh(*regions, **kw)  # type: ignore[arg-type]

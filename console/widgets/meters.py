@@ -108,7 +108,8 @@ def columns(values: list[float | None], width: int, height: int, vmax: float) ->
     """A bar chart `height` rows tall of the last `width` values (one column each, eighths of a
     cell of resolution), returned top row first. Missing values are blank columns."""
     vals = values[-width:] if width > 0 else []
-    vals = [None] * (width - len(vals)) + vals          # newest at the right edge
+    pad: list[float | None] = [None] * (width - len(vals))
+    vals = pad + vals          # newest at the right edge
     rows = []
     for r in range(height - 1, -1, -1):                 # r = rows below this one
         out = []
@@ -126,7 +127,8 @@ def columns(values: list[float | None], width: int, height: int, vmax: float) ->
 def shade(values: list[float | None], width: int) -> str:
     """The last `width` fractions (0-1) as shades, newest at the right: ' ░▒▓█'."""
     vals = values[-width:] if width > 0 else []
-    vals = [None] * (width - len(vals)) + vals
+    pad: list[float | None] = [None] * (width - len(vals))
+    vals = pad + vals
     return "".join(" " if v is None else " ░▒▓█"[min(4, max(0, round(v * 4)))]
                    for v in vals)
 

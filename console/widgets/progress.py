@@ -44,8 +44,11 @@ class ProgressBar(_ProgressBar):
                 widget.__class__ = _QuietBar
             yield widget
 
-    def on_mount(self, event: Mount) -> None:
-        event.prevent_default()  # the base's handler would start the ETA tick unconditionally
+    def on_mount(self, event: Mount | None = None) -> None:
+        # Textual passes the event; the base's handler (which takes none, hence the default)
+        # would start the ETA tick unconditionally
+        if event is not None:
+            event.prevent_default()
         self.update()
         self._tick = self.set_interval(1, self.update, pause=True)
         self._clock.reset()

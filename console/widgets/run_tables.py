@@ -72,8 +72,7 @@ def slurm_of(rec: RunRecord) -> str:
     """A Slurm run's job id, partition and nodes for the RUN cell ("" for other runs)."""
     if not rec.job_id:
         return ""
-    slurm = rec.raw.get("slurm") if isinstance(rec.raw.get("slurm"), dict) else {}
-    part = rec.raw.get("partition") or slurm.get("partition") or ""
+    part = rec.partition
     nodes = rec.raw.get("nodelist") or (f"{rec.nnodes} nodes" if rec.nnodes > 1 else "")
     return " · job " + " ".join(str(x) for x in (rec.job_id, part, nodes) if x)
 
@@ -159,14 +158,14 @@ class RunTable(DataTable[Any]):
         same_rows = ids == self.ids
         self.rows_shown, self.ids = rows, ids
         if same_rows:  # only cells changed: update in place, the cursor stays put
-            for rid, r in zip(ids, rows):
-                for col, value in zip(RUN_COLUMNS, r):
+            for rid, r in zip(ids, rows, strict=False):
+                for col, value in zip(RUN_COLUMNS, r, strict=False):
                     cell: Any = Text(value, self._status_style(value)) if col == "STATUS" \
                         else value
                     self.update_cell(rid, col, cell, update_width=True)
             return
         self.clear()
-        for rid, r in zip(ids, rows):
+        for rid, r in zip(ids, rows, strict=False):
             self.add_row(r[0], Text(r[1], self._status_style(r[1])), *r[2:], key=rid)
         if selected in ids:
             self.move_cursor(row=ids.index(selected))

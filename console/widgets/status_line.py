@@ -11,7 +11,7 @@ class StatusLine(MeterWidget):
     DEFAULT_CSS = "StatusLine { height: 1; }"
 
     def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+        super().__init__(**kw)
         self.parts: list[tuple[str, str]] = []
 
     def show(self, parts: list[tuple[str, str]]) -> None:

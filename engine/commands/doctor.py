@@ -94,7 +94,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"{name:<12} {ver or 'MISSING'}")
     t = r["torch"]
     if t.get("available"):
-        cuda = f"CUDA {t['cuda']}, available: {t['cuda_available']}" if t.get("cuda") else "CPU build"
+        cuda = (f"CUDA {t['cuda']}, available: {t['cuda_available']}" if t.get("cuda")
+                else "CPU build")
         lines.append(f"torch      {t['version']} ({cuda})")
     else:
         lines.append(f"torch      not importable: {t.get('error')}")
