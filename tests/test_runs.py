@@ -104,7 +104,10 @@ async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> No
         assert started.status == "running"
         assert sshd.drop_connections() >= 1          # the launching connection is gone
         await pool["box"].close()
-        await asyncio.sleep(3)                        # the run ends while no console is connected
+        # the run ends while no console is connected (polled: the script sleeps 2 s)
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert marker.read_text() == "ok"
         rec = await wait_status(pool["box"], started.id, {"failed"}, timeout=10)
     finally:
