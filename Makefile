@@ -31,8 +31,8 @@ run: setup
 test: setup-test
 	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
-# Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting is not
-# checked: the code keeps its hand-aligned layout (README: "Checks").
+# Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
+# pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).
 check: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks
 	$(BIN)/python -m mypy console engine
