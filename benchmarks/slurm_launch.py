@@ -10,6 +10,7 @@ by hand (it needs slurm-wlm and munge, and takes a minute or two)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -86,4 +87,10 @@ async def main(workspace: str, repeats: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("workspace", help="a demo workspace (python -m engine demo init DIR)")
+    ap.add_argument("repeats", nargs="?", type=int, default=3, help="launches per host kind")
+    args = ap.parse_args()
+    if not (Path(args.workspace) / "target").is_dir():
+        ap.error(f"{args.workspace}: not a demo workspace (no target/ in it)")
+    asyncio.run(main(args.workspace, args.repeats))

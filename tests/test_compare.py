@@ -65,7 +65,8 @@ def test_rows_take_each_sessions_newest_series_and_match_saved_scrapes_by_time()
     assert got["b"].provenance == "ft@150 < public"
 
 
-@pytest.mark.usefixtures("standin_vllm")  # `vllm` on PATH: records argv, sleeps until stopped
+# `vllm` on PATH: records argv, then waits to be stopped (the test's servers hold the ports)
+@pytest.mark.usefixtures("standin_vllm")
 async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcommand(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     verifier = write_verifier(tmp_path / "target")

@@ -19,15 +19,20 @@ from console.config import Config, HostConfig
 from console.host import Host
 from console.runs import close_hosts, list_runs, stop_run
 from console.serve import SPEC_CONFIG_FIELDS, profile_name, read_sessions
+from tests.conftest import REPO
 from tests.drafters import tiny_config, write_drafter
+from tests.sshd import free_port
 
 STANDIN = """#!/bin/sh
-# stand-in vllm: record argv (a JSON list beside this script), then serve until signalled
+# stand-in vllm: record argv (a JSON list beside this script), then serve Prometheus /metrics
+# on its --port (tests/vllm_metrics_standin.py) until signalled
 "{python}" - "$0" "$@" <<'PY'
 import json, sys
 json.dump(sys.argv[2:], open(sys.argv[1] + ".argv", "w"))
 PY
-exec sleep 300
+port=8000
+while [ $# -gt 0 ]; do [ "$1" = --port ] && port=$2; shift; done
+cd "{repo}" && exec "{python}" -m tests.vllm_metrics_standin "$port"
 """
 
 
@@ -36,7 +41,7 @@ def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     exe = bindir / "vllm"
-    exe.write_text(STANDIN.replace("{python}", sys.executable))
+    exe.write_text(STANDIN.replace("{python}", sys.executable).replace("{repo}", str(REPO)))
     exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return exe
@@ -70,26 +75,53 @@ async def wait_file(p: Path, timeout: float = 30) -> str:
     return p.read_text()
 
 
+async def wait_port(port: int, timeout: float = 30) -> None:
+    """Until something accepts connections on 127.0.0.1:port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on 127.0.0.1:{port}") from None
+            await asyncio.sleep(0.1)
+
+
 async def test_serve_starts_vllm_with_a_documented_speculative_config(
         tmp_path: Path, standin_vllm: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg, cfg_path = local_config(tmp_path)
+    port = free_port()
     ckpt = tmp_path / "drafters" / "ft" / "out" / "final"
     write_drafter(ckpt)
     verifier = write_verifier(tmp_path / "target")
     rc = await asyncio.to_thread(cli_main, [
         "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier),
-        "--tp", "2", "--k", "5", "--port", "8123", "--json", "--", "--max-model-len", "4096",
+        "--tp", "2", "--k", "5", "--port", str(port), "--json", "--", "--max-model-len", "4096",
         "--served-model-name", "a b"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["status"] == "running"
     argv = json.loads(await wait_file(Path(str(standin_vllm) + ".argv")))
     assert argv[:2] == ["serve", str(verifier)]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
-    assert argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--port") + 1] == str(port)
     assert argv[-4:] == ["--max-model-len", "4096", "--served-model-name", "a b"]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert set(spec) <= set(SPEC_CONFIG_FIELDS)
     assert spec == {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": 5}
+    # the loop closes: the session's metrics URL, scraped through the host, reads what the
+    # served "vllm" measured (acceptance length 3.4 per interval)
+    session = read_sessions()[-1]
+    assert session["metrics"] == f"http://127.0.0.1:{port}/metrics"
+    await wait_port(port)
+    capsys.readouterr()
+    rc = await asyncio.to_thread(cli_main, [
+        "--config", str(cfg_path), "metrics", "box", "--url", session["metrics"], "--json",
+        "--count", "2", "--interval", "0.05"])
+    scrapes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rc == 0 and len(scrapes) == 2
+    assert abs(scrapes[1]["interval"]["acceptance_length"] - 3.4) < 1e-9, scrapes[1]
     # registered like a profile run: listed, refused a second time, stoppable
     pool = {"box": Host(cfg.hosts["box"])}
     try:
@@ -102,9 +134,7 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
         assert stopped.status == "stopped"
     finally:
         await close_hosts(pool)
-    session = read_sessions()[-1]
     assert session["run_id"] == out["id"] and session["k"] == 5
-    assert session["metrics"] == "http://127.0.0.1:8123/metrics"
 
 
 @pytest.mark.parametrize("case", ["failed-check", "vocab", "hidden", "no-config"])

@@ -220,7 +220,9 @@ async def test_logs_pane_charts_from_metrics(tmp_path: Path, standin: VllmMetric
     answers, then the exact counters (`source: /metrics`), and stay marked stale once the
     endpoint goes away."""
     monkeypatch.setattr(logs_pane, "METRICS_POLL_S", 0.1)
-    monkeypatch.setattr(logs_pane, "METRICS_TIMEOUT_S", 0.5)
+    # short enough for the hang case below, long enough that a loaded machine still gets the
+    # stand-in's quick 503 answer in time
+    monkeypatch.setattr(logs_pane, "METRICS_TIMEOUT_S", 2.0)
     log = tmp_path / "vllm.log"
     shutil.copy(FIXTURES / "vllm" / "server.log", log)
     app = fleet_app(tmp_path)

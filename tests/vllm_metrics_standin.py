@@ -115,7 +115,8 @@ class VllmMetricsStandin:
     """The HTTP server. `url` is what a host config's `metrics` points at."""
 
     def __init__(self, state: State | None = None, *, legacy_kv: bool = False,
-                 engines: int = 1, chunked: bool = False, histograms: int = 6) -> None:
+                 engines: int = 1, chunked: bool = False, histograms: int = 6,
+                 port: int = 0) -> None:
         self._lock = threading.Lock()
         self._state = state or State()
         self._queue: list[State] = []
@@ -160,7 +161,7 @@ class VllmMetricsStandin:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/metrics"
@@ -193,3 +194,26 @@ class VllmMetricsStandin:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def serving(step: int) -> State:
+    """A server that has answered `step` rounds of drafting: 100 drafts of k=3 per round with
+    240 accepted (0.9, 0.8, 0.7 per position), so every interval reads acceptance length 3.4."""
+    return State(drafts=100 * step, draft_tokens=300 * step, accepted=240 * step,
+                 per_position=(90 * step, 80 * step, 70 * step),
+                 generation_tokens=500 * step, running=1)
+
+
+if __name__ == "__main__":
+    # `python -m tests.vllm_metrics_standin PORT`: serve /metrics on 127.0.0.1:PORT until killed,
+    # one drafting round more per scrape (the stand-in `vllm serve` of tests/test_serve.py)
+    # (a test that serves its own figures on that port already: then only wait to be stopped)
+    import sys
+    import time
+    try:
+        srv = VllmMetricsStandin(serving(1), port=int(sys.argv[1]))
+        srv.schedule([serving(n) for n in range(1, 1000)])
+    except OSError:  # the port is taken
+        pass
+    while True:
+        time.sleep(3600)
