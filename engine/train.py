@@ -313,7 +313,7 @@ class Trainer:
 
     def export(self, name: str, model: dict[str, Tensor], extra: dict[str, Any]) -> None:
         """RUN/<name>/ in the EAGLE style (formats.save_drafter), in the drafter's dtype."""
-        from engine.formats import save_drafter
+        from engine.drafter_save import save_drafter
         cfg = self.draft.config
         dtype = getattr(torch, cfg.torch_dtype)
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
