@@ -9,7 +9,8 @@ One checkpoint directory holds
     rng.pt             torch CPU (and CUDA) generator states per rank (weights_only=True)
 It is written to `.tmp-step_NNNNNN-PID` and renamed (engine/fileio.py's atomic_dir); `latest`
 (a one-line file naming the directory) is replaced after the rename, so a crash at any point
-leaves the previous checkpoint as `latest`. Older step directories beyond the last K are deleted after that.
+leaves the previous checkpoint as `latest`. Older step directories beyond the last K are deleted
+after that.
 """
 
 from __future__ import annotations

@@ -194,11 +194,12 @@ def temp_name(path: Path, kind: str = "tmp") -> Path:
 
 
 @contextmanager
-def atomic_file(path: Path | str) -> Iterator[Path]:
-    """Yield a temp name beside `path` for the block to write; rename it over `path` only if the
-    block succeeds (any failure, Ctrl-C included, removes it)."""
+def atomic_file(path: Path | str, tmp: Path | str | None = None) -> Iterator[Path]:
+    """Yield a temp name beside `path` (or `tmp`: a fixed name that a rerun overwrites instead
+    of leaving a killed writer's copy behind) for the block to write; rename it over `path` only
+    if the block succeeds (any failure, Ctrl-C included, removes it)."""
     path = Path(path)
-    tmp = temp_name(path)
+    tmp = Path(tmp) if tmp is not None else temp_name(path)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -216,16 +217,18 @@ def write_text(path: Path | str, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def json_text(data: Any, indent: int | None = 2) -> str:
+def json_text(data: Any, indent: int | None = 2,
+              default: Callable[[Any], Any] | None = None) -> str:
     """The one JSON layout the engine writes: indented (by default) and ending in a newline."""
     if indent is None:
-        return json.dumps(data, separators=(",", ":")) + "\n"
-    return json.dumps(data, indent=indent) + "\n"
+        return json.dumps(data, separators=(",", ":"), default=default) + "\n"
+    return json.dumps(data, indent=indent, default=default) + "\n"
 
 
-def write_json(path: Path | str, data: Any, indent: int | None = 2) -> None:
+def write_json(path: Path | str, data: Any, indent: int | None = 2,
+               default: Callable[[Any], Any] | None = None) -> None:
     """Replace `path` with `data` as JSON atomically."""
-    write_text(path, json_text(data, indent))
+    write_text(path, json_text(data, indent, default))
 
 
 def _remove(path: Path) -> None:

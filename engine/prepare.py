@@ -149,7 +149,8 @@ class ShardWriter:
             "hidden_states": torch.cat([b[4] for b in self._buf]).contiguous(),
         }
         name = name or shard_name(len(self.shards))
-        with atomic_file(os.path.join(self.out_dir, name)) as part:  # a killed writer: no shard
+        path = os.path.join(self.out_dir, name)  # a killed writer leaves no shard, and its part
+        with atomic_file(path, os.path.join(self.out_dir, f".{name}.part")) as part:  # is reused
             save_file(tensors, str(part),
                       metadata={"format": FORMAT, "ids": json.dumps([b[0] for b in self._buf])})
         self.shards.append({"file": name, "samples": len(lens), "tokens": int(sum(lens))})

@@ -235,7 +235,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
 
     def save_progress(done_shards: list[dict[str, Any]]) -> None:
         write_json(ppath, {"format": PROGRESS_FORMAT, "args": fp, "layer_ids": spec.layer_ids,
-                            "shards": done_shards})
+                           "shards": done_shards})
 
     if not shards:
         save_progress([])
