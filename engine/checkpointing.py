@@ -7,14 +7,14 @@ One checkpoint directory holds
     trainer.json       step, data position (epoch, step in epoch), scheduler state, best tau so
                        far, world size, the run settings that must match on --resume
     rng.pt             torch CPU (and CUDA) generator states per rank (weights_only=True)
-It is written to `.tmp-step_NNNNNN-PID` and renamed; `latest` (a one-line file naming the
-directory) is replaced after the rename, so a crash at any point leaves the previous checkpoint
-as `latest`. Older step directories beyond the last K are deleted after that.
+It is written to `.tmp-step_NNNNNN-PID` and renamed (engine/fileio.py's atomic_dir); `latest`
+(a one-line file naming the directory) is replaced after the rename, so a crash at any point
+leaves the previous checkpoint as `latest`. Older step directories beyond the last K are deleted
+after that.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -24,8 +24,10 @@ from typing import Any
 import torch
 
 from engine.errors import EngineError
+from engine.fileio import atomic_dir, json_text, read_json, write_text
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
+STALE_OLD = re.compile(r"^\.step_\d{6,}\.old-\d+-[0-9a-f]{8}$")
 
 
 def step_name(step: int) -> str:
@@ -33,7 +35,8 @@ def step_name(step: int) -> str:
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    """A file inside the checkpoint's temp dir (the directory as a whole is atomic)."""
+    path.write_text(json_text(obj), encoding="utf-8")
 
 
 def save_checkpoint(ckpt_root: Path, step: int, draft_config: dict[str, Any],
@@ -46,23 +49,15 @@ def save_checkpoint(ckpt_root: Path, step: int, draft_config: dict[str, Any],
     final = ckpt_root / step_name(step)
     tmp = ckpt_root / f".tmp-{step_name(step)}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write_json(tmp / "config.json", draft_config)
+    # a rerun of the same step after a crash replaces it (only once the new one is complete)
+    with atomic_dir(final, tmp) as out:
+        _write_json(out / "config.json", draft_config)
         save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()},
-                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save(rng_states, tmp / "rng.pt")
-        _write_json(tmp / "trainer.json", trainer_state)
-        if final.exists():  # a rerun of the same step after a crash: replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    pointer = ckpt_root / f".latest.tmp-{os.getpid()}"
-    pointer.write_text(final.name + "\n", encoding="utf-8")
-    os.replace(pointer, ckpt_root / "latest")
+                  str(out / "model.safetensors"), metadata={"format": "pt"})
+        torch.save(optimizer_state, out / "optimizer.pt")
+        torch.save(rng_states, out / "rng.pt")
+        _write_json(out / "trainer.json", trainer_state)
+    write_text(ckpt_root / "latest", final.name + "\n")
     prune(ckpt_root, keep)
     return final
 
@@ -85,6 +80,8 @@ def prune(ckpt_root: Path, keep: int) -> None:
     for p in ckpt_root.iterdir():
         if p.name.startswith(".tmp-step_") and not p.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(p, ignore_errors=True)  # left by a killed run
+        elif STALE_OLD.match(p.name):  # a replaced step a killed run had moved aside
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def latest_dir(ckpt_root: Path) -> Path | None:
@@ -104,10 +101,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     for name in ("model.safetensors", "optimizer.pt", "trainer.json", "rng.pt"):
         if not (path / name).is_file():
             raise EngineError(f"{path}: {name} is missing (incomplete checkpoint)")
-    try:
-        trainer = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise EngineError(f"{path / 'trainer.json'}: invalid JSON ({e})") from None
+    trainer = read_json(path / "trainer.json")
     return {
         "model": load_file(str(path / "model.safetensors")),
         "optimizer": torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import EngineError
+from engine.fileio import atomic_file
 
 ROLE_ALIASES = {
     "user": "user", "human": "user", "prompter": "user",
@@ -111,8 +112,6 @@ def read_conversations(path: str) -> list[Conversation]:
 
 def write_conversations(path: str, convs: list[Conversation]) -> None:
     """Write a JSONL file atomically (temp file, then rename)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for c in convs:
             f.write(c.to_json() + "\n")
-    os.replace(tmp, path)

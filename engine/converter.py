@@ -14,9 +14,7 @@ whatever symlinks lead there: with --force that would delete the source.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,24 +23,15 @@ from typing import Any
 
 import torch
 
-from engine import __version__
+from engine.checks import export_checks, require_checks
+from engine.drafter_dir import Checkpoint, open_checkpoint
+from engine.drafter_save import build_provenance, cast_code, config_for, torch_name, write_json
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.formats import (
-    LAYER_PREFIX,
-    atomic_output_dir,
-    cast_code,
-    config_for,
-    export_checks,
-    from_canonical,
-    open_checkpoint,
-    output_style,
-    require_checks,
-    target_embedding_entry,
-    torch_name,
-    write_json,
-)
+from engine.fileio import read_json
 from engine.hash_cache import HashInBackground
+from engine.key_map import LAYER_PREFIX, from_canonical, output_style
+from engine.output_dir import atomic_output_dir
 from engine.safetensors_io import (
     SafetensorsWriter,
     WeightSet,
@@ -50,6 +39,7 @@ from engine.safetensors_io import (
     tensor_bytes,
     torch_dtype,
 )
+from engine.target_weights import target_embedding_entry
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 AUX_CONVENTION = "vLLM: id k is the input of decoder layer k (HF hidden_states index k)"
@@ -73,10 +63,7 @@ def _local_architectures(verifier: str) -> list[str] | None:
     path = Path(verifier).expanduser() / "config.json"
     if not path.is_file():
         return None
-    try:
-        archs = json.loads(path.read_text(encoding="utf-8")).get("architectures")
-    except (OSError, ValueError, AttributeError) as e:
-        raise EngineError(f"{path}: cannot read the verifier's config: {e}") from e
+    archs = read_json(path).get("architectures")
     return [str(a) for a in archs] if isinstance(archs, list) else None
 
 
@@ -248,17 +235,13 @@ def _bytes_of(it: _Item) -> Iterator[memoryview]:
     yield tensor_bytes(it.src.load(it.name).to(out))
 
 
-def _provenance(ck: Any, to: str, dtype: str, items: list[_Item],
+def _provenance(ck: Checkpoint, to: str, dtype: str, items: list[_Item],
                 sha: dict[str, tuple[str, bool]],
                 embed_action: str, embed_info: dict[str, Any] | None, cfg: Any,
                 warnings: list[str]) -> dict[str, Any]:
     src_style, out_style = ck.detected.key_style, output_style(to)
     renamed = {i.name: i.out for i in items if i.src is ck.weights and i.name != i.out}
-    return {
-        "engine_version": __version__,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "engine", *sys.argv[1:]]),
-        "format": to,
+    return build_provenance(to, {
         "source": {
             "path": str(ck.path.resolve()),
             "format": ck.detected.format,
@@ -284,4 +267,4 @@ def _provenance(ck: Any, to: str, dtype: str, items: list[_Item],
                               "eagle_aux_hidden_state_layer_ids") is not None,
                           "convention": AUX_CONVENTION},
         "warnings": warnings,
-    }
+    }, command=True)

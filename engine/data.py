@@ -15,7 +15,6 @@ supervised counts are known up front, so batch plans need no tensor reads.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 
 from engine.errors import EngineError
+from engine.fileio import read_json
 from engine.prepare import FORMAT
 
 SHARD_KEYS = ("input_ids", "loss_mask", "offsets", "aux_hidden_states", "hidden_states")
@@ -78,11 +78,7 @@ class ShardData(FeatureData):
         from safetensors import safe_open
         self.path = path
         mpath = os.path.join(path, "manifest.json")
-        try:
-            with open(mpath, encoding="utf-8") as f:
-                meta = json.load(f)
-        except ValueError as e:
-            raise EngineError(f"{mpath}: invalid JSON ({e})") from None
+        meta = read_json(mpath, obj=False)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise EngineError(f"{mpath}: field 'format': expected {FORMAT!r}")
         if meta.get("version") != 1:

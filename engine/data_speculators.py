@@ -26,7 +26,6 @@ layer ids are not recorded in the directory; like SpecForge's, they are taken to
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -36,6 +35,7 @@ from torch import Tensor
 
 from engine.data import FeatureData, Sample
 from engine.errors import EngineError
+from engine.fileio import read_json
 
 HS_FILE = re.compile(r"^hs_(\d+)\.safetensors$")
 
@@ -62,10 +62,10 @@ def arrow_files(ds_dir: str) -> list[str]:
     """The dataset's Arrow files in row order (state.json's `_data_files`, else by name)."""
     state = os.path.join(ds_dir, "state.json")
     if os.path.isfile(state):
+        doc = read_json(state)
         try:
-            with open(state, encoding="utf-8") as f:
-                files = [d["filename"] for d in json.load(f)["_data_files"]]
-        except (ValueError, KeyError, TypeError) as e:
+            files = [d["filename"] for d in doc["_data_files"]]
+        except (KeyError, TypeError) as e:
             raise EngineError(f"{state}: field '_data_files': missing or malformed ({e})"
                               ) from None
     else:

@@ -20,7 +20,6 @@ in the conversations is that target's own greedy generation, as `engine regen` w
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import time
@@ -31,6 +30,7 @@ from engine.conversations import Conversation, write_conversations
 from engine.demo_target import TASKS, build_target, build_tokenizer, chats
 from engine.errors import EngineError
 from engine.events import Emitter
+from engine.fileio import atomic_dir, json_text
 
 # Sizes chosen so that `demo init` takes well under a minute and a demo finetune about two
 # minutes on 2 CPU cores (see the report in the project README).
@@ -95,9 +95,10 @@ def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict
     started = time.monotonic()
     tmp = Path(f"{out.rstrip('/')}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "conversations").mkdir(parents=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
-    try:
+    with atomic_dir(Path(out), tmp):  # OUT is replaced only once the workspace is complete
+        (tmp / "conversations").mkdir()
         t0 = time.monotonic()
         corpus = chats(1500, seed)
         tok = build_tokenizer(corpus)
@@ -159,14 +160,8 @@ def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict
             "commands": suggested_commands(d),
             "seconds": {k: round(v, 1) for k, v in timings.items()},
         }
-        (tmp / "demo.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        (tmp / "demo.json").write_text(json_text(info), encoding="utf-8")
         (tmp / "README.txt").write_text(_readme(info), encoding="utf-8")
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     info["seconds"]["total"] = round(time.monotonic() - started, 1)
     info["dir"] = os.path.abspath(out)
     return info

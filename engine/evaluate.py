@@ -65,7 +65,7 @@ class Acceptance:
 
 def load_draft(path: str, target: Target) -> Eagle3Draft:
     """Any style -> Eagle3Draft on the target's device, with the target's embedding."""
-    from engine.formats import load_drafter
+    from engine.checks import load_drafter
     cfg, sd, _ = load_drafter(Path(path))
     emb = target.embed_weight()
     if cfg.vocab_size != emb.shape[0] or cfg.hidden_size != emb.shape[1]:

@@ -3,8 +3,8 @@
 vLLM's hidden-state extraction returns the last decoder layer's OUTPUT before the final norm (layer
 id num_hidden_layers), while a data directory stores the final hidden state AFTER it (the lm_head
 input). The engine applies the norm itself: only the norm's weight is read from the target's
-safetensors files (safe_open, one tensor; never the whole model), and the arithmetic is the
-transformers RMSNorm's, so the result matches the transformers path to float tolerance:
+weight files (engine/safetensors_io.py, one tensor; never the whole model), and the arithmetic is
+the transformers RMSNorm's, so the result matches the transformers path to float tolerance:
     x32 = x.float();  y = x32 * rsqrt(mean(x32^2) + eps);  out = w.to(x.dtype) * y.to(x.dtype)
 Gemma-style targets scale by (1 + w) in float32 instead.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,16 +54,13 @@ class FinalNorm:
 
 def load_final_norm(target_dir: str, cfg: dict[str, Any]) -> FinalNorm:
     """Read only the final norm's weight (and eps from config.json)."""
-    from safetensors import safe_open
-
-    from engine.target import _weight_files
-    files = _weight_files(target_dir)
-    key = norm_key(sorted(files), target_dir)
-    with safe_open(files[key], "pt") as f:
-        weight = f.get_tensor(key)
+    from engine.safetensors_io import open_weights
+    ws = open_weights(Path(target_dir))
+    key = norm_key(sorted(ws.names()), target_dir)
+    weight = ws.load(key)
     hidden = int(cfg["hidden_size"])
     if tuple(weight.shape) != (hidden,):
-        raise EngineError(f"{files[key]}: tensor {key!r} has shape {list(weight.shape)}, "
+        raise EngineError(f"{ws.entries[key].file}: tensor {key!r} has shape {list(weight.shape)}, "
                           f"expected [{hidden}] (hidden_size)")
     eps = cfg.get("rms_norm_eps", cfg.get("layer_norm_epsilon", cfg.get("layer_norm_eps", 1e-6)))
     plus_one = str(cfg.get("model_type", "")).startswith("gemma")

@@ -15,15 +15,13 @@ EAGLE3_HASH_CACHE=0 to always hash. Provenance says which digests came from the 
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from engine.errors import EngineError
-from engine.safetensors_io import sha256_file
+from engine.fileio import read_json, sha256_file, write_json
 
 MAX_ENTRIES = 2000
 FRESH_S = 2.0  # files younger than this are hashed but not remembered
@@ -48,11 +46,9 @@ def _identity(path: Path) -> tuple[str, os.stat_result]:
 
 def _load() -> dict[str, str]:
     try:
-        data = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(cache_path())
+    except EngineError:
         return {}  # absent or damaged: start afresh (it only ever saves time)
-    if not isinstance(data, dict):
-        return {}
     return {k: v for k, v in data.items()
             if isinstance(k, str) and isinstance(v, str) and len(v) == 64}
 
@@ -66,10 +62,7 @@ def _store(new: dict[str, str]) -> None:
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sha256.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(keep, f, separators=(",", ":"))
-        os.replace(tmp, path)
+        write_json(path, keep, indent=None)
     except OSError:
         pass  # a read-only home only costs the next run a hash
 

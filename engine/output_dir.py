@@ -20,82 +20,23 @@ import json
 import os
 import re
 import shutil
-import signal
-import stat
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 
 from engine.errors import EngineError
+from engine.fileio import (  # noqa: F401 -- Terminated, termination_raises: this module's API
+    Terminated,
+    atomic_dir,
+    read_json,
+    termination_raises,
+)
+from engine.fileio import signals_deferred as _signals_deferred  # noqa: F401 -- tests use it
 
 OWNER_FILE = ".eagle3-owner"
 # Everything an output dir may hold while it is being written (save_drafter and convert).
 OUR_FILES = frozenset({OWNER_FILE, "model.safetensors", "config.json", "provenance.json"})
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C so every `finally` cleans up."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def termination_raises() -> Iterator[None]:
-    """SIGTERM/SIGHUP raise Terminated (SIGINT raises KeyboardInterrupt as usual) in the main
-    thread for the duration; after the first one all three are ignored, so a second signal cannot
-    cut the cleanup short. Signals the process inherited as ignored (nohup) stay ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(signum)
-
-    for s, h in previous.items():
-        if h is not signal.SIG_IGN:
-            signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-
-
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM/SIGHUP/SIGINT back while DST is swapped: a signal that arrives is recorded
-    and acted on (with the handler that was in place) only after the block. A signal mask would
-    not do: Python runs its handlers in the main thread whichever thread the kernel picked."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived: list[int] = []
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    for s, h in previous.items():
-        if h is not signal.SIG_IGN:
-            signal.signal(s, lambda signum, frame: arrived.append(signum))
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        if arrived:
-            h = previous[signal.Signals(arrived[0])]
-            if callable(h):
-                h(arrived[0], None)  # raises: Terminated, KeyboardInterrupt
-            else:
-                os.kill(os.getpid(), arrived[0])  # the default action, now that DST is whole
 
 
 def _boot_id() -> str:
@@ -143,10 +84,8 @@ def _owner_record(path: Path, pid: int) -> tuple[bool, str | None]:
                     return False, None
                 if ent.name == OWNER_FILE:
                     try:
-                        data = json.loads(Path(ent.path).read_text(encoding="utf-8"))
-                    except (OSError, ValueError):
-                        continue
-                    if not isinstance(data, dict):
+                        data = read_json(ent.path)
+                    except EngineError:
                         continue
                     if data.get("pid") != pid:
                         return False, None  # someone else's file under our name
@@ -192,19 +131,11 @@ def remove_stale_temps(dst: Path) -> list[Path]:
     return removed
 
 
-def _remove(path: Path) -> None:
-    """Delete DST's old copy: a real directory as a tree, anything else (file, symlink, FIFO)
-    as a name; a symlink's target is never touched."""
-    if stat.S_ISDIR(os.lstat(path).st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
 @contextmanager
 def atomic_output_dir(dst: Path, force: bool = False,
                       log: Callable[[str], None] | None = None) -> Iterator[Path]:
-    """Yield a temp dir beside `dst`; rename it to `dst` only if the block succeeds."""
+    """Yield a temp dir beside `dst` holding an owner file; it replaces `dst` (engine/fileio.py's
+    atomic_dir) only if the block succeeds."""
     dst = Path(dst)
     if os.path.lexists(dst) and not force:
         raise EngineError(f"{dst}: already exists (use --force to replace it)")
@@ -213,33 +144,10 @@ def atomic_output_dir(dst: Path, force: bool = False,
         if log:
             log(f"removed {p}: temp output of a run that was killed")
     pid = os.getpid()
-    tmp = dst.parent / f".{dst.name}.tmp-{pid}-{uuid.uuid4().hex[:8]}"
-    try:  # mkdir inside: a stop signal right after it must still remove the temp dir
-        tmp.mkdir()
+    with atomic_dir(dst, dst.parent / f".{dst.name}.tmp-{pid}-{uuid.uuid4().hex[:8]}",
+                    log) as tmp:
         owner = tmp / OWNER_FILE
         owner.write_text(json.dumps({"pid": pid, "start": process_start(pid)}) + "\n",
                          encoding="utf-8")
         yield tmp
         owner.unlink()
-        old = None
-        with _signals_deferred():  # no signal may land between the two renames
-            if os.path.lexists(dst):  # --force: move the old one aside, swap, then delete it
-                old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-                os.replace(dst, old)
-                try:
-                    os.replace(tmp, dst)
-                except BaseException:
-                    os.replace(old, dst)
-                    raise
-            else:
-                os.replace(tmp, dst)
-            if old is not None:
-                try:
-                    _remove(old)
-                except OSError as e:
-                    if log:
-                        log(f"{old}: the previous {dst.name}, moved aside, could not be removed "
-                            f"({e.strerror or e})")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

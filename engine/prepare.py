@@ -47,6 +47,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,18 +60,11 @@ from engine.disk_estimate import check_free_space, estimate_bytes
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
+from engine.fileio import atomic_file, read_json, replace_dir, sha256_file, write_json
 from engine.target import Target, config_hash
 
 FORMAT = "eagle3-console-data"
 VERSION = 1
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tokenize_all(tok: Any, convs: list[Conversation], max_len: int, ev: Emitter | None = None
@@ -155,10 +149,10 @@ class ShardWriter:
             "hidden_states": torch.cat([b[4] for b in self._buf]).contiguous(),
         }
         name = name or shard_name(len(self.shards))
-        part = os.path.join(self.out_dir, f".{name}.part")  # a killed writer leaves no shard
-        save_file(tensors, part,
-                  metadata={"format": FORMAT, "ids": json.dumps([b[0] for b in self._buf])})
-        os.replace(part, os.path.join(self.out_dir, name))
+        path = os.path.join(self.out_dir, name)  # a killed writer leaves no shard, and its part
+        with atomic_file(path, os.path.join(self.out_dir, f".{name}.part")) as part:  # is reused
+            save_file(tensors, str(part),
+                      metadata={"format": FORMAT, "ids": json.dumps([b[0] for b in self._buf])})
         self.shards.append({"file": name, "samples": len(lens), "tokens": int(sum(lens))})
         self._buf, self._bytes = [], 0
 
@@ -214,15 +208,13 @@ def check_disk(out_dir: str, tokens: int, hidden: int, store: torch.dtype,
 
 
 def write_manifest(tmp: str, manifest: dict[str, Any]) -> None:
-    with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
+    write_json(os.path.join(tmp, "manifest.json"), manifest)
 
 
 def publish(tmp: str, out_dir: str) -> None:
-    """The finished temporary directory becomes DATA_DIR in one rename."""
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    """The finished temporary directory becomes DATA_DIR in one rename (an old DATA_DIR is
+    removed only once the new one is in place)."""
+    replace_dir(Path(tmp), Path(out_dir.rstrip("/") or out_dir))
 
 
 def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
@@ -355,7 +347,7 @@ def plan_key(data_path: str, target_dir: str, target: Target, store: torch.dtype
              plan_ids: list[list[list[str]]]) -> str:
     """What a partial directory's shards depend on: source bytes, target config, dtype, device
     kind, aux ids and the shard plan (which covers --max-len, --batch-tokens and --shard-mb)."""
-    what = [FORMAT, VERSION, file_sha256(data_path), config_hash(target_dir), str(store),
+    what = [FORMAT, VERSION, sha256_file(data_path), config_hash(target_dir), str(store),
             target.device.type, target.aux_layer_ids, max_len, plan_ids]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()
 
@@ -366,23 +358,19 @@ def _open_partial(out_dir: str, key: str, n_shards: int) -> tuple[str, list[int]
     tmp = f"{out_dir.rstrip('/')}.partial"
     plan_path = os.path.join(tmp, PLAN_FILE)
     try:
-        with open(plan_path, encoding="utf-8") as f:
-            same = json.load(f).get("key") == key
-    except (OSError, ValueError, AttributeError):
+        same = read_json(plan_path).get("key") == key
+    except EngineError:
         same = False
     if not same:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        with open(plan_path + ".part", "w", encoding="utf-8") as f:
-            json.dump({"key": key, "shards": n_shards}, f)
-        os.replace(plan_path + ".part", plan_path)
+        write_json(plan_path, {"key": key, "shards": n_shards})
     have = [k for k in range(n_shards) if os.path.isfile(os.path.join(tmp, shard_name(k)))]
     return tmp, have
 
 
 def _read_manifest(out_dir: str) -> dict[str, Any]:
-    with open(os.path.join(out_dir, "manifest.json"), encoding="utf-8") as f:
-        return dict(json.load(f))
+    return dict(read_json(os.path.join(out_dir, "manifest.json")))
 
 
 def _manifest(target_dir: str, data_path: str, target: Target,
@@ -401,7 +389,7 @@ def _manifest(target_dir: str, data_path: str, target: Target,
                    "config_sha256": config_hash(target_dir),
                    "num_hidden_layers": target.num_layers, "hidden_size": target.hidden_size,
                    "vocab_size": int(target.model.config.vocab_size)},
-        "source": {"path": os.path.abspath(data_path), "sha256": file_sha256(data_path)},
+        "source": {"path": os.path.abspath(data_path), "sha256": sha256_file(data_path)},
         "shards": shards,
         "seconds": round(seconds, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "engine": __version__,

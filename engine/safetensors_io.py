@@ -1,5 +1,12 @@
 """Weight files without surprises: validated safetensors headers, streaming reads and writes.
 
+Plain tensor reads go through the safetensors library (`safe_open`). Hand-written here is only
+what the library lacks: the header validation that names the file and tensor in one line and
+gives each tensor's byte range (the library keeps offsets private), row reads (`load_rows`: only
+the rows asked for), raw byte chunks and the kernel byte copy (`raw_chunks`,
+`SafetensorsWriter.copy_from`: bytes copied, never decoded), and the streaming writer
+(`SafetensorsWriter`: header first, then tensor by tensor; the library writes only whole dicts).
+
 Readers
     open_weights(dir) -> WeightSet over `model.safetensors.index.json` (sharded),
     `model.safetensors` (or a single other *.safetensors), `pytorch_model.bin.index.json` or
@@ -14,17 +21,13 @@ Writers
     SafetensorsWriter(path, [(name, dtype_code, shape)], metadata): writes the header first, then
     each tensor's bytes in order, so a converter streams tensor by tensor (or chunk by chunk).
 Helpers
-    sha256_file(path) (engine/hash_cache.py remembers digests), torch_dtype(code) / st_code(dtype),
-    tensor_bytes(t).
+    torch_dtype(code) / st_code(dtype), tensor_bytes(t); open_regular, sha256_file and the JSON
+    reader live in engine/fileio.py (re-exported here for old callers).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import io
 import json
-import mmap
 import os
 import stat
 from collections.abc import Iterator
@@ -35,6 +38,14 @@ from typing import Any
 import torch
 
 from engine.errors import EngineError
+from engine.fileio import (  # noqa: F401 -- sha256_file, read_regular_text: re-exported
+    file_kind,
+    open_regular,
+    read_json,
+    read_regular_text,
+    reason,
+    sha256_file,
+)
 
 CHUNK = 8 << 20  # bytes per read/write while streaming
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
@@ -64,45 +75,6 @@ def itemsize(code: str) -> int:
     return ST_DTYPES[code][1]
 
 
-def _kind(mode: int) -> str:
-    for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
-def reason(e: OSError) -> str:
-    """An OSError as the end of a one-line message ("too many levels of symbolic links")."""
-    if e.errno == errno.ENOENT:
-        return "does not exist"
-    text = e.strerror or str(e)
-    return text[:1].lower() + text[1:]
-
-
-def open_regular(path: Path, buffering: int = -1) -> io.BufferedReader | io.FileIO:
-    """Open `path` for reading only if it is a regular file. The open never blocks (O_NONBLOCK:
-    opening a FIFO for reading would wait forever for a writer) and the check is on the opened
-    file, so nothing can be swapped in between. OSError passes through for the caller to word."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise EngineError(f"{path}: not a regular file ({_kind(mode)})")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=buffering)  # type: ignore[return-value]
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_regular_text(path: Path) -> str:
-    """A small text file (config, index), through open_regular."""
-    with open_regular(path) as f:
-        return f.read().decode("utf-8")
-
-
 def _mode(path: Path) -> int:
     """stat(path).st_mode, or the one-line error naming the path (missing, symlink loop...)."""
     try:
@@ -115,7 +87,7 @@ def require_regular(path: Path) -> None:
     """For readers that take a path (torch.load): refuse anything but a regular file."""
     mode = _mode(path)
     if not stat.S_ISREG(mode):
-        raise EngineError(f"{path}: not a regular file ({_kind(mode)})")
+        raise EngineError(f"{path}: not a regular file ({file_kind(mode)})")
 
 
 def require_dir(d: Path) -> None:
@@ -223,18 +195,16 @@ class WeightSet:
         return list(self.entries)
 
     def load(self, name: str) -> torch.Tensor:
-        """The tensor as an independent CPU tensor (its own memory)."""
+        """The tensor as an independent CPU tensor (its own memory, not a view of the file)."""
         e = self.entries[name]
         if self.kind == "bin":
             return self._bin[str(e.file)][name].clone()
-        buf = bytearray(e.nbytes)
-        with open_regular(e.file) as f:
-            f.seek(e.offset)
-            if f.readinto(buf) != e.nbytes:
-                raise EngineError(f"{e.file}: tensor {name!r}: file shrank while reading")
-        if e.nbytes == 0:
-            return torch.empty(e.shape, dtype=torch_dtype(e.dtype))
-        return torch.frombuffer(buf, dtype=torch_dtype(e.dtype)).reshape(e.shape)
+        from safetensors import SafetensorError, safe_open
+        try:
+            with safe_open(str(e.file), "pt") as f:  # the header was validated by read_header
+                return f.get_tensor(name).clone()  # clone: safe_open maps the file
+        except (SafetensorError, OSError) as err:  # changed on disk since it was opened
+            raise EngineError(f"{e.file}: tensor {name!r}: cannot read ({err})") from None
 
     def load_rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         """Selected rows of a 2-D tensor [len(rows), cols], reading only those rows' bytes."""
@@ -333,12 +303,7 @@ def safe_shard_path(d: Path, idx: Path, name: str, fname: Any) -> Path:
 
 
 def _sharded(d: Path, idx: Path, kind: str) -> WeightSet:
-    try:
-        index = json.loads(read_regular_text(idx))
-    except OSError as err:
-        raise EngineError(f"{idx}: cannot read ({reason(err)})") from err
-    except ValueError as err:
-        raise EngineError(f"{idx}: not valid JSON ({err})") from err
+    index = read_json(idx, obj=False)
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise EngineError(f"{idx}: field 'weight_map' missing or empty")
@@ -354,7 +319,7 @@ def _sharded(d: Path, idx: Path, kind: str) -> WeightSet:
             except OSError as err:
                 raise EngineError(f"{p}: {reason(err)}") from None
             if not stat.S_ISREG(mode):
-                raise EngineError(f"{p}: not a regular file ({_kind(mode)})")
+                raise EngineError(f"{p}: not a regular file ({file_kind(mode)})")
             files.append(p)
     if kind == "bin":
         ws = _bin_set(files)
@@ -506,16 +471,3 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor],
     except BaseException:
         w.abort()
         raise
-
-
-def sha256_file(path: Path, window: int = 2 * CHUNK) -> str:
-    """sha256 of a file, hashing page-cache pages in place (mmap windows: no copy into Python,
-    and resident memory stays at one window)."""
-    h = hashlib.sha256()
-    with open_regular(path, buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        for off in range(0, size, window):
-            n = min(window, size - off)
-            with mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ, offset=off) as m:
-                h.update(m)
-    return h.hexdigest()

@@ -8,14 +8,13 @@ Two ways in:
   lm_head input). The vocabulary logits are not computed here: the trainer recomputes them from the
   final hidden state with the target's lm_head. `device_map="auto"` spreads a target too big for
   one GPU over the process's GPUs (accelerate); the captured states are gathered on the last one.
-- `load_heads(dir)` reads only the embedding and lm_head tensors from the safetensors files (offline
+- `load_heads(dir)` (engine/target_weights.py) reads only the embedding and lm_head tensors (offline
   training never needs the decoder layers of a 1T-parameter target); `engine/final_norm.py` reads
   only the final norm: it turns a captured last-layer output (vLLM id N) into the lm_head input.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, cast
@@ -25,6 +24,7 @@ from torch import Tensor, nn
 
 from engine.errors import EngineError
 from engine.target_config import config_hash, read_config  # noqa: F401 (re-exported)
+from engine.target_weights import load_heads  # noqa: F401 (re-exported)
 
 
 def default_aux_ids(num_layers: int) -> list[int]:
@@ -196,48 +196,6 @@ class Target:
 
     def embed_weight(self) -> Tensor:
         return self.model.get_input_embeddings().weight  # [V,Ht]
-
-
-# -- heads only (offline training) -----------------------------------------------------------------
-
-def _weight_files(target_dir: str) -> dict[str, str]:
-    """tensor name -> safetensors file, from the index or the single file."""
-    index = os.path.join(target_dir, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            wm = json.load(f).get("weight_map")
-        if not isinstance(wm, dict):
-            raise EngineError(f"{index}: field 'weight_map': missing")
-        return {k: os.path.join(target_dir, v) for k, v in wm.items()}
-    single = os.path.join(target_dir, "model.safetensors")
-    if os.path.isfile(single):
-        from safetensors import safe_open
-        with safe_open(single, "pt") as f:
-            return {k: single for k in f.keys()}  # noqa: SIM118
-    raise EngineError(f"{target_dir}: no model.safetensors or model.safetensors.index.json")
-
-
-def load_heads(target_dir: str) -> tuple[Tensor, Tensor]:
-    """(embedding [V,Ht], lm_head [V,Ht]) read straight from the target's safetensors files."""
-    from safetensors import safe_open
-    cfg = read_config(target_dir)
-    files = _weight_files(target_dir)
-    emb_key = next((k for k in files if k.endswith("embed_tokens.weight")), None)
-    head_key = next((k for k in files if k == "lm_head.weight" or k.endswith(".lm_head.weight")),
-                    None)
-    if emb_key is None:
-        raise EngineError(f"{target_dir}: no '*embed_tokens.weight' tensor in the weights")
-    if head_key is None and not cfg.get("tie_word_embeddings", False):
-        raise EngineError(f"{target_dir}: no 'lm_head.weight' tensor and tie_word_embeddings "
-                          "is false")
-
-    def read(key: str) -> Tensor:
-        with safe_open(files[key], "pt") as f:
-            return f.get_tensor(key)
-
-    emb = read(emb_key)
-    head = read(head_key) if head_key is not None else emb
-    return emb, head
 
 
 # -- greedy chat replies (demo data, the regen test server) ---------------------------------------

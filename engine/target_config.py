@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from engine.errors import EngineError
+from engine.fileio import read_json
 
 
 def read_config(target_dir: str,
@@ -17,13 +18,7 @@ def read_config(target_dir: str,
     """The target's config.json as a dict (text_config unwrapped for multimodal wrappers); each
     `required` field must be an integer."""
     path = os.path.join(target_dir, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except FileNotFoundError:
-        raise EngineError(f"{path}: no such file (is --target a model directory?)") from None
-    except ValueError as e:
-        raise EngineError(f"{path}: invalid JSON ({e})") from None
+    cfg = read_json(path, missing="no such file (is --target a model directory?)")
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
     for key in required:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import os
 import sys
@@ -41,6 +40,7 @@ from engine.checkpointing import (
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
+from engine.fileio import write_json
 from engine.model import Eagle3Draft
 from engine.plan import Step, epoch_steps, split_holdout
 from engine.train_config import TrainConfig
@@ -70,12 +70,6 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
 
 def _quiet() -> Emitter:
     return Emitter("train", json_mode=False, out=io.StringIO(), err=io.StringIO())
-
-
-def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class Trainer:
@@ -313,7 +307,7 @@ class Trainer:
 
     def export(self, name: str, model: dict[str, Tensor], extra: dict[str, Any]) -> None:
         """RUN/<name>/ in the EAGLE style (formats.save_drafter), in the drafter's dtype."""
-        from engine.formats import save_drafter
+        from engine.drafter_save import save_drafter
         cfg = self.draft.config
         dtype = getattr(torch, cfg.torch_dtype)
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
@@ -337,7 +331,7 @@ class Trainer:
                "step": getattr(self, "step", 0), "final_metrics": final, "error": error,
                "best": {"step": getattr(self, "best_step", 0),
                         "estimated_tau": getattr(self, "best_tau", None)}}
-        _write_json_atomic(self.out / "run.json", obj)
+        write_json(self.out / "run.json", obj, default=str)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

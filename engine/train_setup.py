@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from torch import Tensor
 from engine.data import FeatureData, OnlineData, open_data
 from engine.errors import EngineError
 from engine.events import Emitter
+from engine.fileio import sha256_file
 from engine.model import Eagle3Config, Eagle3Draft
 from engine.target import Target, config_hash, default_aux_ids, load_heads, read_config
 from engine.train_config import TrainConfig
@@ -50,11 +50,9 @@ def sha256_bytes(*tensors: Tensor) -> str:
 def data_hash(data: FeatureData) -> str:
     mpath = os.path.join(data.path, "manifest.json")
     if os.path.isfile(mpath):
-        with open(mpath, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        return sha256_file(mpath)
     if os.path.isfile(data.path):
-        with open(data.path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        return sha256_file(data.path)
     names = getattr(data, "files", [])
     return hashlib.sha256("\n".join(f"{os.path.basename(p)}:{os.path.getsize(p)}"
                                     for p in names).encode()).hexdigest()
@@ -95,7 +93,8 @@ def _vocab(cfg: TrainConfig, data: FeatureData, v: int, source_vd: int | None,
 def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: Tensor,
               data: FeatureData, ev: Emitter) -> tuple[Eagle3Config, dict[str, Tensor],
                                                        dict[str, Any]]:
-    from engine.formats import load_drafter, open_checkpoint
+    from engine.checks import load_drafter
+    from engine.drafter_dir import open_checkpoint
     from engine.hash_cache import sha256_by_name
     from engine.vocab import new_token_ids, remap_lm_head
     assert cfg.finetune_from is not None
@@ -192,9 +191,3 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         del emb
     return Setup(data=data, draft=draft, lm_head=head, provenance=prov)
 
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as e:
-        raise EngineError(f"{path}: {e}") from None

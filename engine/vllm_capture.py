@@ -33,7 +33,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +49,8 @@ from engine.conversations import read_conversations
 from engine.disk_estimate import check_free_space, estimate_bytes, human
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.prepare import FORMAT, VERSION, ShardWriter, file_sha256, length_batches, tokenize_all
+from engine.fileio import read_json, sha256_file, write_json, write_text
+from engine.prepare import FORMAT, VERSION, ShardWriter, length_batches, publish, tokenize_all
 from engine.target import config_hash, default_aux_ids, load_tokenizer, read_config
 from engine.vllm_client import (
     DaemonPool,
@@ -106,13 +106,6 @@ class _Writer(ShardWriter):
             self.on_flush()
 
 
-def _write_json(path: str, obj: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
-
-
 def _read_pending(path: str) -> dict[int, tuple[str, str]]:
     """pos -> (sample id, server file) from the journal; a torn last line is ignored."""
     out: dict[int, tuple[str, str]] = {}
@@ -139,12 +132,9 @@ class _Journal:
         self._f = self._rewrite()
 
     def _rewrite(self) -> Any:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for p in sorted(self._entries):
-                sid, path = self._entries[p]
-                f.write(json.dumps({"pos": p, "id": sid, "path": path}) + "\n")
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(
+            json.dumps({"pos": p, "id": self._entries[p][0], "path": self._entries[p][1]}) + "\n"
+            for p in sorted(self._entries)))
         return open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def add(self, pos: int, sid: str, server_file: str) -> None:
@@ -173,9 +163,8 @@ def _resume_state(partial: str, fp: dict[str, Any]) -> list[dict[str, Any]]:
     if not os.path.isdir(partial):
         return []
     try:
-        with open(ppath, encoding="utf-8") as f:
-            prog = json.load(f)
-    except (OSError, ValueError):
+        prog = read_json(ppath, obj=False)
+    except EngineError:
         raise EngineError(f"{partial}: exists but holds no capture in progress (no readable "
                           "progress.json); remove it to start over") from None
     if not isinstance(prog, dict) or prog.get("format") != PROGRESS_FORMAT:
@@ -225,7 +214,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     plan = shard_plan(lengths, batch_tokens, 4 * hidden * width + 5,
                       max(1, int(shard_mb * (1 << 20))))
     partial = out_dir.rstrip("/") + ".partial"
-    fp = {"target_config_sha256": config_hash(target_dir), "source_sha256": file_sha256(data_path),
+    fp = {"target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
           "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
           "shard_plan": plan, "aux_layer_ids": aux_ids}
     shards = _resume_state(partial, fp)
@@ -245,8 +234,8 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     ppath, jpath = os.path.join(partial, "progress.json"), os.path.join(partial, "pending.jsonl")
 
     def save_progress(done_shards: list[dict[str, Any]]) -> None:
-        _write_json(ppath, {"format": PROGRESS_FORMAT, "args": fp, "layer_ids": spec.layer_ids,
-                            "shards": done_shards})
+        write_json(ppath, {"format": PROGRESS_FORMAT, "args": fp, "layer_ids": spec.layer_ids,
+                           "shards": done_shards})
 
     if not shards:
         save_progress([])
@@ -344,10 +333,8 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
         "capture": {"via": "vllm", "model": model_name, "layer_ids": fp_layer["layer_ids"],
                     "tokens_per_s": round(tokens_now / seconds, 1) if seconds > 0 else None},
     }
-    _write_json(os.path.join(partial, "manifest.json"), manifest)
+    write_json(os.path.join(partial, "manifest.json"), manifest)
     for name in ("progress.json", "pending.jsonl"):
         os.remove(os.path.join(partial, name))
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(partial, out_dir)
+    publish(partial, out_dir)
     return manifest

@@ -35,9 +35,10 @@ import torch
 
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.formats import TARGET_EMBED_NAMES
+from engine.fileio import atomic_file, read_json
 from engine.hash_cache import sha256_by_name
-from engine.safetensors_io import WeightSet, open_weights, read_header, save_tensors
+from engine.safetensors_io import WeightSet, read_header, save_tensors
+from engine.target_weights import target_lm_head_rows
 
 # -- counting ------------------------------------------------------------------------------------
 
@@ -94,14 +95,7 @@ def _add(counts: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, where: str
 def _count_shards(d: Path, vocab_size: int | None, ev: Emitter | None
                   ) -> tuple[torch.Tensor, int]:
     mpath = d / "manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EngineError(f"{mpath}: missing (a data directory needs manifest.json)") from None
-    except ValueError as e:
-        raise EngineError(f"{mpath}: not valid JSON ({e})") from e
-    if not isinstance(manifest, dict):
-        raise EngineError(f"{mpath}: not a JSON object")
+    manifest = read_json(mpath, missing="missing (a data directory needs manifest.json)")
     if vocab_size is None:
         target = manifest.get("target")
         vocab_size = manifest.get("vocab_size") or (
@@ -198,14 +192,9 @@ def save_vocab(path: Path, d2t: torch.Tensor, t2d: torch.Tensor,
     """Write a vocab file atomically (temp file beside it, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp"
     meta = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in (metadata or {}).items()}
-    try:
+    with atomic_file(path) as tmp:
         save_tensors(tmp, {"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, meta)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def load_vocab(path: Path, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,29 +251,12 @@ def new_token_ids(old_d2t: torch.Tensor, new_d2t: torch.Tensor, vocab_size: int)
     return new_t[~old[new_t]]
 
 
-TARGET_HEAD_NAMES = ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight")
-
-
-def target_lm_head_rows(target: Path, rows: torch.Tensor, hidden: int) -> tuple[torch.Tensor, str]:
-    """Rows of the target's lm_head (tied embedding when it has none), reading only those rows."""
-    ws = open_weights(Path(target))
-    for name in TARGET_HEAD_NAMES + TARGET_EMBED_NAMES:  # a tied head is the embedding
-        if name in ws.entries:
-            e = ws.entries[name]
-            if len(e.shape) != 2 or e.shape[1] != hidden:
-                raise EngineError(f"{e.file}: tensor {name!r} has shape {list(e.shape)}; the "
-                                  f"drafter's lm_head rows are {hidden} wide")
-            if rows.numel() and int(rows.max()) >= e.shape[0]:
-                raise EngineError(f"{e.file}: tensor {name!r} has {e.shape[0]} rows, the vocab "
-                                  f"needs id {int(rows.max())}")
-            return ws.load_rows(name, rows), f"{e.file.name}:{name}"
-    raise EngineError(f"{target}: no lm_head.weight (or tied embedding) tensor")
-
-
 def remap_drafter(ckpt: Path, vocab: Path, dst: Path, target: Path | None = None,
                   force: bool = False) -> dict[str, Any]:
     """`vocab remap`: a copy of the drafter with the new vocab and a re-indexed lm_head."""
-    from engine.formats import load_drafter, open_checkpoint, save_drafter
+    from engine.checks import load_drafter
+    from engine.drafter_dir import open_checkpoint
+    from engine.drafter_save import save_drafter
 
     cfg, sd, det = load_drafter(ckpt)
     new_d2t, new_t2d = load_vocab(vocab, cfg.vocab_size)

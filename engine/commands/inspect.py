@@ -25,7 +25,8 @@ def collect(path: str) -> dict[str, Any]:
     """The inspect report as plain data (raises EngineError when PATH cannot be read at all)."""
     from pathlib import Path
 
-    from engine.formats import open_checkpoint, run_checks
+    from engine.checks import run_checks
+    from engine.drafter_dir import open_checkpoint
 
     ck = open_checkpoint(Path(path))
     cfg = ck.config

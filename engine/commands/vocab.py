@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from engine.events import Emitter
 
@@ -53,16 +52,12 @@ def _target_vocab_size(target: str) -> int:
     from pathlib import Path
 
     from engine.errors import EngineError
+    from engine.fileio import read_json
 
     path = Path(target) / "config.json"
-    try:
-        conf = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EngineError(f"{path}: missing") from None
-    except ValueError as e:
-        raise EngineError(f"{path}: not valid JSON ({e})") from e
-    v = conf.get("vocab_size") if isinstance(conf, dict) else None
-    if v is None and isinstance(conf, dict) and isinstance(conf.get("text_config"), dict):
+    conf = read_json(path, missing="missing")
+    v = conf.get("vocab_size")
+    if v is None and isinstance(conf.get("text_config"), dict):
         v = conf["text_config"].get("vocab_size")
     if not isinstance(v, int) or v <= 0:
         raise EngineError(f"{path}: field 'vocab_size' missing or not a positive integer")
