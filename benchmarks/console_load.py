@@ -90,7 +90,7 @@ def metrics_server(port_file: str) -> None:
 
 
 async def drive(seconds: float, rate: int, panes: str = "both",
-                stats_every: float = 10.0, metrics: bool = False) -> None:
+                stats_every: float = 10.0, metrics: bool = False, profile: str = "") -> None:
     from console.app import create_app
     from console.config import Config, HostConfig
 
@@ -130,6 +130,11 @@ async def drive(seconds: float, rate: int, panes: str = "both",
         proc = subprocess.Popen([sys.executable, __file__, "--writer", str(log), str(rate),
                                  str(seconds), str(stats_every)])
         cpu0, t0 = sum(me.cpu_times()[:2]), time.monotonic()
+        spy = None
+        if profile:  # sampled without pausing the app, over the measured window only
+            spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "-r", "100", "-f", "raw",
+                                    "-o", profile, "-d", str(int(seconds)), "-p", str(os.getpid())],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         warm = 10.0
         rss: list[int] = []
         rss0 = 0
@@ -144,6 +149,8 @@ async def drive(seconds: float, rate: int, panes: str = "both",
                 await pilot.press("4" if pane else "1")
         cpu1, t1 = sum(me.cpu_times()[:2]), time.monotonic()
         proc.wait()
+        if spy is not None:
+            spy.wait()
         if metrics:
             server.kill()
         logs = app.screen.query_one("#pane-logs")
@@ -180,9 +187,13 @@ def main() -> None:
                    help="seconds between vLLM stats lines (0: a quarter of all lines)")
     p.add_argument("--metrics", action="store_true",
                    help="the host also has a vLLM /metrics URL (a stand-in), charted from scrapes")
+    p.add_argument("--profile", default="", metavar="FILE",
+                   help="write a py-spy raw profile of the measured window to FILE "
+                        "(py-spy on PATH)")
     args = p.parse_args()
     os.environ.setdefault("XDG_CONFIG_HOME", tempfile.mkdtemp(prefix="console-load-cfg-"))
-    asyncio.run(drive(args.seconds, args.rate, args.panes, args.stats_every, args.metrics))
+    asyncio.run(drive(args.seconds, args.rate, args.panes, args.stats_every, args.metrics,
+                      args.profile))
 
 
 if __name__ == "__main__":
