@@ -45,7 +45,7 @@ from engine.model import Eagle3Draft
 from engine.plan import Step, epoch_steps, split_holdout
 from engine.train_config import TrainConfig
 from engine.train_setup import Setup, build
-from engine.ttt_loss import summarize, target_distribution, ttt_loss
+from engine.ttt_loss import draft_head, summarize, target_argmax, target_distribution, ttt_loss
 
 
 class Unroll(nn.Module):
@@ -118,8 +118,11 @@ class Trainer:
         self.warmup = int(self.total * cfg.warmup_ratio)
         draft = self.setup_.draft.to(self.dev)
         self.draft = draft
-        self.lm_head = self.setup_.lm_head.to(self.dev)
         self.draft_ids = (draft.d2t + torch.arange(draft.d2t.numel(), device=self.dev))
+        # The target side needs the draft-vocab rows of its lm_head (p), and the full head only
+        # for the argmax of data that does not store it (moved to the device on first use).
+        self.head_d = draft_head(self.setup_.lm_head, self.draft_ids.cpu()).to(self.dev)
+        self.lm_head: Tensor | None = None
         self.step, self.pos = 0, (0, 0)
         self.best_tau, self.best_step = -1.0, 0
         self.tau_ema: float | None = None
@@ -211,10 +214,14 @@ class Trainer:
         with self._timed("target" if self.cfg.online else "data"):
             b = {k: v.to(self.dev, non_blocking=True)
                  for k, v in self.setup_.data.batch(idx).items()}
-        with self._timed("target"), torch.no_grad(), \
-                torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-            p, top, in_vocab = target_distribution(b["hidden"], self.lm_head, self.draft_ids,
-                                                   self.draft.t2d)
+        with self._timed("target"), torch.no_grad():
+            top = b.get("target_argmax")
+            if top is None:
+                if self.lm_head is None:
+                    self.lm_head = self.setup_.lm_head.to(self.dev)
+                top = target_argmax(b["hidden"], self.lm_head)
+            with torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
+                p, in_vocab = target_distribution(b["hidden"], self.head_d, top, self.draft.t2d)
         with self._timed("draft"), torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
             logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"])
             loss, stats = ttt_loss(logits, p, top, in_vocab, b["loss_mask"], self.draft.d2t,
