@@ -52,6 +52,7 @@ shift_left(x, n, fill=0), valid_positions(T, i): helpers for the trainer's targe
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -271,6 +272,10 @@ class Eagle3Draft(nn.Module):
         self.attn_impl = "split"
         """"split" (engine/ttt_attention.py, no dense mask) or "dense" (the masked-SDPA
         reference over all (i+1)T keys); both compute the same attention."""
+        self.checkpoint_activations = False
+        """Recompute each TTT step's decoder layer in the backward (torch.utils.checkpoint)
+        instead of keeping its activations: K layers' intermediates become K layer outputs."""
+        self._step_fn: Any = None  # torch.compile'd `_ttt_step` (compile_step)
 
     # -- pieces --------------------------------------------------------------------------------
     def fuse(self, aux_hidden: Tensor) -> Tensor:
@@ -325,10 +330,32 @@ class Eagle3Draft(nn.Module):
             emb = self.embed_tokens(ids).to(h.dtype)  # [B,T,H]
             cos, sin = self._cos_sin(position_ids + i, h.dtype)
             mask = None if split else ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
-            h, kv = self.midlayer(emb, h, cos, sin, past, mask)  # [B,T,H], fed to step i+1
+            step = self._step_fn or self._ttt_step
+            h, lg, kv = step(emb, h, cos, sin, past, mask)  # h [B,T,H], fed to step i+1
             past.append(kv)
-            out_logits.append(self.logits(h))  # [B,T,Vd]
+            out_logits.append(lg)  # [B,T,Vd]
         return out_logits
+
+    def _ttt_step(self, emb: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
+                  mask: Tensor | None) -> tuple[Tensor, Tensor, KV]:
+        """One TTT step: (out [B,T,H], logits [B,T,Vd], this step's (k, v))."""
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+            out, kv = checkpoint(self.midlayer, emb, h, cos, sin, list(past), mask,  # a snapshot:
+                                 use_reentrant=False)  # the caller appends to `past`
+        else:
+            out, kv = self.midlayer(emb, h, cos, sin, past, mask)
+        return out, self.logits(out), kv
+
+    def compile_step(self, **options: Any) -> None:
+        """torch.compile the TTT step (`_ttt_step`; CPU and CUDA). One graph per step index
+        (the number of earlier steps' keys differs), shapes dynamic from the start (batches vary
+        in length: one compile per step index, not one per length)."""
+        import torch._dynamo
+        cfg = torch._dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(64, int(getattr(cfg, name))))
+        self._step_fn = torch.compile(self._ttt_step, **{"dynamic": True, **options})
 
     def _split(self, attention_mask: Tensor | None) -> bool:
         """Whether the unmasked split attention computes what `ttt_mask` would: always without

@@ -86,7 +86,8 @@ class Trainer:
         self.out = Path(cfg.out)
         self.ckpt_root = self.out / "checkpoints"
         self.dev = dist.device
-        self.amp = self.dev.type == "cuda"
+        self.cuda = self.dev.type == "cuda"
+        self.amp = self.cuda and cfg.precision == "bf16"  # bf16 autocast, CUDA only
         self.timers: dict[str, float] = {}
 
     # -- setup ---------------------------------------------------------------------------------
@@ -129,6 +130,11 @@ class Trainer:
         ck = load_checkpoint(resume_from) if cfg.resume and resume_from is not None else None
         if ck is not None:  # weights go in before any wrapping: every rank reads the files
             self._restore_model(resume_from, ck)  # type: ignore[arg-type]
+        if cfg.freeze_lm_head:
+            draft.lm_head.weight.requires_grad_(False)
+        draft.checkpoint_activations = cfg.checkpoint_activations
+        if cfg.compile:
+            draft.compile_step()
         self.module: nn.Module = Unroll(draft, cfg.ttt_steps)
         if self.dist.enabled and cfg.fsdp:
             from torch.distributed.fsdp import fully_shard
@@ -136,7 +142,7 @@ class Trainer:
         elif self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
             self.module = DistributedDataParallel(
-                self.module, device_ids=[self.dev.index] if self.amp else None,
+                self.module, device_ids=[self.dev.index] if self.cuda else None,
                 broadcast_buffers=False)  # d2t/t2d never change; no collective in eval forwards
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95),
@@ -198,12 +204,12 @@ class Trainer:
 
         class _T(contextlib.ContextDecorator):
             def __enter__(self) -> None:
-                if trainer.amp:
+                if trainer.cuda:
                     torch.cuda.synchronize()
                 self.t = time.perf_counter()
 
             def __exit__(self, *exc: object) -> None:
-                if trainer.amp:
+                if trainer.cuda:
                     torch.cuda.synchronize()
                 trainer.timers[name] = trainer.timers.get(name, 0.0) + time.perf_counter() - self.t
         return _T()
@@ -326,7 +332,14 @@ class Trainer:
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
         save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
                      provenance={"run": str(self.out.resolve()), **extra,
-                                 **self.setup_.provenance})
+                                 **self.setup_.provenance, "training": self._flags()})
+
+    def _flags(self) -> dict[str, Any]:
+        """How the step ran (recorded in exports' provenance; run.json has every setting)."""
+        c = self.cfg
+        return {"ttt_steps": c.ttt_steps, "freeze_lm_head": c.freeze_lm_head,
+                "compile": c.compile, "checkpoint_activations": c.checkpoint_activations,
+                "precision": c.precision if self.cuda else "fp32"}
 
     def write_run_json(self, status: str, started: str, final: dict[str, Any] | None = None,
                        error: str | None = None) -> None:

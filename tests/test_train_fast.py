@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -53,6 +54,7 @@ def test_prepared_shards_store_the_target_argmax(demo_dir: Path) -> None:
         assert torch.equal(top.long(), target_argmax(hidden, head.float()))
 
 
+@pytest.mark.slow
 def test_stored_and_computed_argmax_train_alike(demo_dir: Path, tmp_path: Path) -> None:
     """Data without `target_argmax` (older shards, SpecForge data) trains exactly the same."""
     bare = tmp_path / "bare"
@@ -66,3 +68,33 @@ def test_stored_and_computed_argmax_train_alike(demo_dir: Path, tmp_path: Path) 
     computed = _run(demo_dir, bare, tmp_path / "computed")
     assert len(stored) == 3
     assert _numbers(stored) == _numbers(computed)
+
+
+@pytest.mark.slow
+def test_checkpoint_activations_and_frozen_lm_head(demo_dir: Path, tmp_path: Path) -> None:
+    """--checkpoint-activations recomputes the layer: the same numbers. --freeze-lm-head keeps
+    lm_head at its start (the scratch init of the same seed) while the rest trains; both flags
+    are recorded in run.json and in the export's provenance."""
+    from engine.formats import load_drafter
+    plain = _run(demo_dir, demo_dir / "data", tmp_path / "plain")
+    ckpt = _run(demo_dir, demo_dir / "data", tmp_path / "ckpt", checkpoint_activations=True)
+    assert _numbers(ckpt) == _numbers(plain)
+    frozen = _run(demo_dir, demo_dir / "data", tmp_path / "frozen", freeze_lm_head=True)
+    assert _numbers(frozen) != _numbers(plain)
+    _, sd_plain, _ = load_drafter(tmp_path / "plain" / "final")
+    _, sd_frozen, _ = load_drafter(tmp_path / "frozen" / "final")
+    info = json.loads((demo_dir / "demo.json").read_text(encoding="utf-8"))
+    cfg = TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"),
+                      out=str(tmp_path / "x"), draft_vocab_size=info["draft_vocab_size"])
+    from engine.train_setup import build
+    start = build(cfg, Emitter("t", out=io.StringIO(), err=io.StringIO()),
+                  torch.device("cpu")).draft.trainable_state_dict()
+    dtype = sd_frozen["lm_head.weight"].dtype
+    assert torch.equal(sd_frozen["lm_head.weight"], start["lm_head.weight"].to(dtype))
+    assert not torch.equal(sd_plain["lm_head.weight"], start["lm_head.weight"].to(dtype))
+    assert not torch.equal(sd_frozen["fc.weight"], start["fc.weight"].to(dtype))
+    run = json.loads((tmp_path / "frozen" / "run.json").read_text(encoding="utf-8"))
+    assert run["settings"]["freeze_lm_head"] is True
+    prov = json.loads((tmp_path / "ckpt" / "final" / "provenance.json").read_text("utf-8"))
+    assert prov["training"]["checkpoint_activations"] is True
+    assert prov["training"]["freeze_lm_head"] is False

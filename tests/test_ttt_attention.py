@@ -133,3 +133,45 @@ def test_greedy_chains_are_the_same_on_both_paths() -> None:
     assert torch.equal(split_all, m.draft_greedy_all(aux, ids, k))
     assert torch.equal(split_one, m.draft_greedy(aux, ids, k))
     assert torch.equal(split_all[:, -1], split_one)
+
+
+def _compiled_matches_eager(backend: str, checkpoints: tuple[bool, ...], dynamic: bool) -> None:
+    m = _draft(torch.float32)
+    torch.manual_seed(3)
+    b, t, k = 2, 16, 3
+    aux = torch.randn(b, t, 3 * 64)
+    ids = torch.randint(0, 80, (b, t))
+    att = torch.ones(b, t, dtype=torch.long)
+    att[1, 12:] = 0
+    weights = [torch.randn(b, t, 40) for _ in range(k)]
+    want, g_want = _loss_and_grads(m, aux, ids, att, k, weights)
+    m.compile_step(backend=backend, dynamic=dynamic)
+    for ckpt in checkpoints:
+        m.checkpoint_activations = ckpt
+        got, g_got = _loss_and_grads(m, aux, ids, att, k, weights)
+        for i in range(k):
+            real = att.bool() & valid_positions(t, i)[None]
+            torch.testing.assert_close(got[i][real], want[i][real], rtol=1e-5, atol=1e-5)
+        for name, g in g_got.items():
+            torch.testing.assert_close(g, g_want[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_compiled_step_traces_and_matches_eager() -> None:
+    """--compile: dynamo captures the TTT step, custom attention and loss Functions included
+    (aot_eager: the graph capture and autograd without inductor's code generation), with and
+    without activation checkpointing. Minutes of tracing on 2 busy cores."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    _compiled_matches_eager("aot_eager", (False, True), dynamic=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_compiled_step_with_inductor_matches_eager() -> None:
+    """The same with inductor, the default backend of --compile (C++ code generation on CPU:
+    minutes on 2 busy cores)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    _compiled_matches_eager("inductor", (False,), dynamic=True)
