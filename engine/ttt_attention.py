@@ -145,8 +145,8 @@ class _SplitAttention(torch.autograd.Function):
         work = lse0.dtype
         ks, vs = diag[0::2], diag[1::2]
         if ks:
-            qg = q.view(b, nkv, rep, t, hd)
-            s = torch.stack([(qg * kj[:, :, None]).sum(-1) for kj in ks]).to(work) * scale
+            qg = q.view(b, nkv, rep, t, hd).to(work)  # bf16 inputs: the scores in float32
+            s = torch.stack([(qg * kj[:, :, None].to(work)).sum(-1) for kj in ks]) * scale
             # s: [n, B, nkv, rep, T]
             lse = torch.logaddexp(lse0.view(b, nkv, rep, t), s.logsumexp(0))  # [B,nkv,rep,T]
             w0 = torch.exp(lse0.view(b, nkv, rep, t) - lse)
