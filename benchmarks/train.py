@@ -11,6 +11,16 @@
     target runs inside the loop), with the share of step time per phase: data, target forward,
     draft forward (TTT unroll + loss), backward, optimizer.
 Without --demo, a demo workspace is built in a temporary directory first (about a minute).
+
+    python benchmarks/train.py --step-compare [--hidden 256 1024] [--k 3 7] [--repeats 3]
+                               [--steps 2] [--lm-head trained frozen]
+
+(c) the training step alone, old (dense [T, (i+1)T] attention mask, full-vocab target logits,
+    shifted copies of p, log_softmax + product sum: the step before issue 15) against new
+    (engine/ttt_attention.py, draft-vocab target rows, the stored argmax, SoftCrossEntropy), at
+    float32, 2 threads, T=1024, batch 1, 8 heads / 4 kv heads, target vocab 32000, draft vocab
+    8000; each measurement a fresh process, old and new interleaved, medians over repeats:
+    tokens/s, new/old ratio, peak RSS above the after-import baseline.
 """
 
 from __future__ import annotations
@@ -96,12 +106,155 @@ def bench_train(demo: Path, work: Path, steps: int, online: bool) -> dict[str, A
             "final_acc_0": round(metrics[-1]["acc_0"], 3)}
 
 
+STEP_SHAPE = {"t": 1024, "v": 32000, "vd": 8000, "heads": 8, "kv_heads": 4, "threads": 2}
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One process, one (impl, hidden, k, freeze) measurement (section (c) of the docstring)."""
+    import resource
+
+    import torch.nn.functional as F
+
+    from engine.model import Eagle3Draft, preset, shift_left
+    from engine.ttt_loss import (
+        STEP_WEIGHT,
+        draft_head,
+        target_argmax,
+        target_distribution,
+        ttt_loss,
+    )
+    torch.set_num_threads(STEP_SHAPE["threads"])
+    base_kb = _rss_kb()
+    h, k, t, v, vd = spec["hidden"], spec["k"], STEP_SHAPE["t"], STEP_SHAPE["v"], STEP_SHAPE["vd"]
+    cfg = preset("tiny").with_(hidden_size=h, intermediate_size=h * 7 // 2,
+                                num_attention_heads=STEP_SHAPE["heads"],
+                                num_key_value_heads=STEP_SHAPE["kv_heads"],
+                                head_dim=h // STEP_SHAPE["heads"], target_hidden_size=h,
+                                vocab_size=v, draft_vocab_size=vd)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(cfg)
+    draft.d2t.copy_(torch.arange(vd) * (v // vd) - torch.arange(vd))  # spread over the vocab
+    draft.t2d.zero_()
+    draft.t2d[torch.arange(vd) * (v // vd)] = True
+    old = spec["impl"] == "old"
+    draft.attn_impl = "dense" if old else "split"
+    if spec.get("freeze"):
+        draft.lm_head.weight.requires_grad_(False)
+    lm_head = torch.randn(v, h) * 0.05
+    draft_ids = draft.d2t + torch.arange(vd)
+    head_d = draft_head(lm_head, draft_ids)
+    aux = torch.randn(1, t, 3 * h)
+    hidden = torch.randn(1, t, h)
+    ids = torch.randint(0, v, (1, t))
+    att = torch.ones(1, t, dtype=torch.long)
+    loss_mask = torch.ones(1, t, dtype=torch.long)
+    stored_top = target_argmax(hidden, lm_head)  # what prepare stores
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-4,
+                            betas=(0.9, 0.95))
+    denom = float(t - 2)
+
+    def step() -> float:
+        with torch.no_grad():
+            if old:
+                logits = hidden @ lm_head.T
+                top = logits.argmax(-1)
+                p = torch.softmax(logits[..., draft_ids].float(), dim=-1)
+                in_vocab = draft.t2d[top]
+            else:
+                top = stored_top
+                p, in_vocab = target_distribution(hidden, head_d, top, draft.t2d)
+        out = draft.ttt_forward(aux, ids, k, attention_mask=att)
+        if old:
+            loss = p.new_zeros(())
+            for i, lg in enumerate(out):
+                mask = shift_left(loss_mask, 2 + i).bool() & shift_left(in_vocab, 1 + i)
+                ce = -(shift_left(p, 1 + i) * F.log_softmax(lg.float(), dim=-1)).sum(-1)
+                loss = loss + STEP_WEIGHT ** i * (ce * mask).sum() / denom
+        else:
+            loss, _ = ttt_loss(out, p, top, in_vocab, loss_mask, draft.d2t, denom)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    step()  # warm-up
+    times = []
+    for _ in range(spec["steps"]):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"tokens_per_s": t / min(times), "peak_mb": (peak_kb - base_kb) / 1024}
+
+
+def step_compare(hiddens: list[int], ks: list[int], repeats: int, steps: int,
+                 heads: list[str]) -> dict[str, Any]:
+    import statistics
+    import subprocess
+    configs = [(h, k, fr == "frozen") for h in hiddens for k in ks for fr in heads]
+    runs: dict[tuple[int, int, bool, str], list[dict[str, Any]]] = {}
+    for r in range(repeats):
+        for h, k, fr in configs:
+            order = ("old", "new") if r % 2 == 0 else ("new", "old")
+            for impl in order:
+                spec = {"impl": impl, "hidden": h, "k": k, "freeze": fr, "steps": steps}
+                env = dict(os.environ, OMP_NUM_THREADS=str(STEP_SHAPE["threads"]))
+                p = subprocess.run([sys.executable, __file__, "--step-worker", json.dumps(spec)],
+                                   capture_output=True, text=True, env=env, check=True)
+                runs.setdefault((h, k, fr, impl), []).append(json.loads(p.stdout))
+                print(f"  repeat {r} hidden {h} K {k} frozen {fr} {impl}: "
+                      f"{runs[(h, k, fr, impl)][-1]}", file=sys.stderr)
+    rows = []
+    for h, k, fr in configs:
+        med = {impl: {key: statistics.median(x[key] for x in runs[(h, k, fr, impl)])
+                      for key in ("tokens_per_s", "peak_mb")} for impl in ("old", "new")}
+        rows.append({"hidden": h, "k": k, "lm_head_frozen": fr,
+                     "old_tok_s": round(med["old"]["tokens_per_s"], 1),
+                     "new_tok_s": round(med["new"]["tokens_per_s"], 1),
+                     "ratio": round(med["new"]["tokens_per_s"] / med["old"]["tokens_per_s"], 3),
+                     "old_peak_mb": round(med["old"]["peak_mb"]),
+                     "new_peak_mb": round(med["new"]["peak_mb"])})
+    return {"shape": STEP_SHAPE, "repeats": repeats, "steps": steps, "rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demo", help="existing demo workspace (default: build one)")
     ap.add_argument("--steps", type=int, default=60, help="training steps per mode")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--step-compare", action="store_true",
+                    help="(c) only: the step old vs new in separate processes")
+    ap.add_argument("--hidden", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--k", type=int, nargs="+", default=[3, 7])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lm-head", nargs="+", choices=("trained", "frozen"), default=["trained"])
+    ap.add_argument("--step-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.step_worker:
+        print(json.dumps(step_worker(json.loads(args.step_worker))))
+        return 0
+    if args.step_compare:
+        res = step_compare(args.hidden, args.k, args.repeats, min(args.steps, 3), args.lm_head)
+        if args.json:
+            print(json.dumps(res, indent=2))
+            return 0
+        print("(c) training step, old vs new: float32, 2 threads, T=1024, batch 1, 8/4 heads, "
+              "V 32000, Vd 8000; medians")
+        print("    hidden  K  lm_head   old tok/s  new tok/s  ratio   old MB  new MB")
+        for r in res["rows"]:
+            head = "frozen" if r["lm_head_frozen"] else "trained"
+            print(f"    {r['hidden']:>6} {r['k']:>2}  {head:<8}{r['old_tok_s']:>10} "
+                  f"{r['new_tok_s']:>10} {r['ratio']:>6.2f}x "
+                  f"{r['old_peak_mb']:>7} {r['new_peak_mb']:>7}")
+        return 0
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     work = Path(tempfile.mkdtemp(prefix="eagle3-bench-"))

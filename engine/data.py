@@ -32,12 +32,14 @@ SHARD_KEYS = ("input_ids", "loss_mask", "offsets", "aux_hidden_states", "hidden_
 
 @dataclass
 class Sample:
-    """One conversation's features: ids/mask [T], aux [T,3Ht], hidden [T,Ht] (final-norm)."""
+    """One conversation's features: ids/mask [T], aux [T,3Ht], hidden [T,Ht] (final-norm), and
+    the target's argmax [T] when the data stores it (prepare's optional `target_argmax`)."""
 
     input_ids: Tensor
     loss_mask: Tensor
     aux: Tensor
     hidden: Tensor
+    target_argmax: Tensor | None = None
 
 
 class FeatureData:
@@ -50,6 +52,8 @@ class FeatureData:
     hidden_size: int
     aux_layer_ids: list[int] | None
     meta: dict[str, Any]
+    has_target_argmax: bool = False
+    """Whether batches carry the target's argmax (`target_argmax`), else training computes it."""
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -90,6 +94,7 @@ class ShardData(FeatureData):
         self.aux_layer_ids = meta.get("aux_layer_ids")
         self.hidden_size = int(meta.get("target", {}).get("hidden_size", 0))
         self._index: list[tuple[str, int, int]] = []  # (file, start, end)
+        self.has_target_argmax = True  # every shard holds `target_argmax`
         self._ids: list[Tensor] = []
         self._mask: list[Tensor] = []
         self.lengths, self.loss_counts = [], []
@@ -105,8 +110,12 @@ class ShardData(FeatureData):
                     f.get_tensor("offsets")
                 hs = f.get_slice("hidden_states").get_shape()
                 ax = f.get_slice("aux_hidden_states").get_shape()
+                top = f.get_slice("target_argmax").get_shape() \
+                    if "target_argmax" in f.keys() else None  # noqa: SIM118
             n = ids.numel()
-            if mask.numel() != n or hs[0] != n or ax[0] != n or int(off[-1]) != n:
+            self.has_target_argmax = self.has_target_argmax and top is not None
+            if mask.numel() != n or hs[0] != n or ax[0] != n or int(off[-1]) != n or \
+                    (top is not None and list(top) != [n]):
                 raise EngineError(f"{fpath}: tensors disagree on the token count {n}")
             if ax[1] != 3 * hs[1]:
                 raise EngineError(f"{fpath}: aux_hidden_states width {ax[1]} is not 3 x "
@@ -125,7 +134,8 @@ class ShardData(FeatureData):
         with safe_open(fpath, "pt") as f:
             aux = f.get_slice("aux_hidden_states")[a:b]
             hidden = f.get_slice("hidden_states")[a:b]
-        return Sample(self._ids[i].long(), self._mask[i].long(), aux, hidden)
+            top = f.get_slice("target_argmax")[a:b].long() if self.has_target_argmax else None
+        return Sample(self._ids[i].long(), self._mask[i].long(), aux, hidden, top)
 
     def tokens(self, i: int) -> tuple[Tensor, Tensor]:
         return self._ids[i].long(), self._mask[i].long()
@@ -212,7 +222,8 @@ def open_data(path: str, target_dir: str | None = None) -> FeatureData:
 
 
 def collate(samples: list[Sample]) -> dict[str, Tensor]:
-    """Right-padded batch: input_ids/loss_mask/attention_mask [B,T], aux [B,T,3Ht], hidden."""
+    """Right-padded batch: input_ids/loss_mask/attention_mask [B,T], aux [B,T,3Ht], hidden, and
+    target_argmax [B,T] (0 on padding) when every sample has one."""
     width = max(s.input_ids.numel() for s in samples)
     b = len(samples)
     ht = samples[0].hidden.shape[-1]
@@ -230,6 +241,10 @@ def collate(samples: list[Sample]) -> dict[str, Tensor]:
         out["attention_mask"][r, :n] = 1
         out["aux"][r, :n] = s.aux
         out["hidden"][r, :n] = s.hidden
+    if all(s.target_argmax is not None for s in samples):
+        top = out["target_argmax"] = torch.zeros(b, width, dtype=torch.long)
+        for r, s in enumerate(samples):
+            top[r, :s.input_ids.numel()] = s.target_argmax  # type: ignore[assignment]
     return out
 
 

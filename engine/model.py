@@ -36,7 +36,11 @@ Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
     the caller masks positions with t+1+i >= T (`valid_positions(T, i)`), and shifts its loss mask
     the same way (`shift_left(loss_mask, 2+i)` marks assistant tokens being predicted).
     Attention at step i: query t sees step-0 keys at positions <= t, plus the key of every step
-    j = 1..i at the same position t; one softmax. RoPE position of step i is t+i.
+    j = 1..i at the same position t; one softmax. RoPE position of step i is t+i. It runs without
+    a dense mask (engine/ttt_attention.py: causal flash attention + diagonal scores, merged by
+    log-sum-exp); `attn_impl = "dense"` selects the masked-SDPA reference over all (i+1)T keys,
+    which is also taken for padding other than right padding. With right padding, padded
+    positions' logits differ between the two (garbage either way); real positions agree.
 Eagle3Draft.draft_greedy(aux_hidden [B,T,3Ht], input_ids [B,T+1], k) -> [B,k] TARGET ids.
     A greedy chain as a serving engine runs it: position t gets h_t and token t+1, so input_ids
     carries one more token than aux_hidden (token T is the target's newest token, the one sampled
@@ -48,12 +52,14 @@ shift_left(x, n, fill=0), valid_positions(T, i): helpers for the trainer's targe
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.draft_config import PRESETS, Eagle3Config, default_aux_layer_ids, preset
+from engine.ttt_attention import split_attention
 
 __all__ = ["Eagle3Config", "Eagle3Draft", "PRESETS", "default_aux_layer_ids", "inv_freq",
            "preset", "shift_left", "valid_positions"]
@@ -167,23 +173,33 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h2, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, past: list[KV], mask: Tensor) -> Tensor:
-        """x [B,T,2H]; past: earlier steps' (k, v); mask [B|1,1,T,S] bool over the concatenated
-        keys (past in order, then this step's). Appends this step's (k, v) to `past`."""
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, past: list[KV], mask: Tensor | None,
+                causal: bool = True) -> tuple[Tensor, KV]:
+        """x [B,T,2H]; past: earlier steps' (k, v), read only. Returns (out [B,T,H], this step's
+        (k, v)); the caller appends it to `past` for the next step.
+
+        mask None: the TTT structure without a mask (engine/ttt_attention.py): past[0] (or this
+        step's keys at step 0) are the step-0 keys, causal (all of them when not `causal`), the
+        later steps' keys are seen at the query's own position. Otherwise `mask` [B|1,1,T,S] is a
+        bool mask over the concatenated keys (past in order, then this step's): the dense path."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # [B,nh,T,hd]
         k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B,nkv,T,hd]
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B,nkv,T,hd]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        past.append((k, v))
-        keys = torch.cat([kv[0] for kv in past], dim=2)  # [B,nkv,S,hd]
-        vals = torch.cat([kv[1] for kv in past], dim=2)  # [B,nkv,S,hd]
-        rep = self.nh // self.nkv
-        if rep > 1:
-            keys = keys.repeat_interleave(rep, dim=1)  # [B,nh,S,hd]
-            vals = vals.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # [B,nh,T,hd]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # [B,T,H]
+        if mask is None:
+            k0, v0 = past[0] if past else (k, v)
+            diag = [*past[1:], (k, v)] if past else []
+            out = split_attention(q, k0, v0, diag, causal)  # [B,nh,T,hd]
+        else:
+            keys = torch.cat([kv[0] for kv in past] + [k], dim=2)  # [B,nkv,S,hd]
+            vals = torch.cat([kv[1] for kv in past] + [v], dim=2)  # [B,nkv,S,hd]
+            rep = self.nh // self.nkv
+            if rep > 1:
+                keys = keys.repeat_interleave(rep, dim=1)  # [B,nh,S,hd]
+                vals = vals.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # [B,nh,T,hd]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.nh * self.hd)), (k, v)
 
 
 class MLP(nn.Module):
@@ -213,13 +229,15 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, emb: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                mask: Tensor) -> Tensor:
-        """emb, h [B,T,H] -> out [B,T,H] (pre-final-norm; the next step's h)."""
+                mask: Tensor | None, causal: bool = True) -> tuple[Tensor, KV]:
+        """emb, h [B,T,H] -> (out [B,T,H] (pre-final-norm; the next step's h), this step's
+        (k, v)); `past` is read only (Attention.forward)."""
         hn = self.hidden_norm(h)
         residual = hn if self.norm_before_residual else h  # EAGLE math: un-normalised h
         x = torch.cat((self.input_layernorm(emb), hn), dim=-1)  # [B,T,2H], embedding FIRST
-        h1 = residual + self.self_attn(x, cos, sin, past, mask)
-        return h1 + self.mlp(self.post_attention_layernorm(h1))
+        a, kv = self.self_attn(x, cos, sin, past, mask, causal)
+        h1 = residual + a
+        return h1 + self.mlp(self.post_attention_layernorm(h1)), kv
 
 
 # -- the draft model -------------------------------------------------------------------------------
@@ -256,6 +274,13 @@ class Eagle3Draft(nn.Module):
         freqs, scale = inv_freq(cfg)
         self.register_buffer("inv_freq", freqs, persistent=False)
         self.rope_scale = scale
+        self.attn_impl = "split"
+        """"split" (engine/ttt_attention.py, no dense mask) or "dense" (the masked-SDPA
+        reference over all (i+1)T keys); both compute the same attention."""
+        self.checkpoint_activations = False
+        """Recompute each TTT step's decoder layer in the backward (torch.utils.checkpoint)
+        instead of keeping its activations: K layers' intermediates become K layer outputs."""
+        self._step_fn: Any = None  # torch.compile'd `_ttt_step` (compile_step)
 
     # -- pieces --------------------------------------------------------------------------------
     def fuse(self, aux_hidden: Tensor) -> Tensor:
@@ -303,16 +328,51 @@ class Eagle3Draft(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(t, device=dev).expand(b, t)  # [B,T]
         h = self.fuse(aux_hidden)  # [B,T,H]
+        split = self._split(attention_mask)
         past: list[KV] = []
         out_logits: list[Tensor] = []
         for i in range(steps):
             ids = shift_left(input_ids, 1 + i)  # [B,T] token t+1+i, 0 past the end
             emb = self.embed_tokens(ids).to(h.dtype)  # [B,T,H]
             cos, sin = self._cos_sin(position_ids + i, h.dtype)
-            mask = ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
-            h = self.midlayer(emb, h, cos, sin, past, mask)  # [B,T,H], fed to step i+1
-            out_logits.append(self.logits(h))  # [B,T,Vd]
+            mask = None if split else ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
+            step = self._step_fn or self._ttt_step
+            h, lg, kv = step(emb, h, cos, sin, past, mask)  # h [B,T,H], fed to step i+1
+            past.append(kv)
+            out_logits.append(lg)  # [B,T,Vd]
         return out_logits
+
+    def _ttt_step(self, emb: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
+                  mask: Tensor | None) -> tuple[Tensor, Tensor, KV]:
+        """One TTT step: (out [B,T,H], logits [B,T,Vd], this step's (k, v))."""
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+            out, kv = checkpoint(self.midlayer, emb, h, cos, sin, list(past), mask,  # a snapshot:
+                                 use_reentrant=False)  # the caller appends to `past`
+        else:
+            out, kv = self.midlayer(emb, h, cos, sin, past, mask)
+        return out, self.logits(out), kv
+
+    def compile_step(self, **options: Any) -> None:
+        """torch.compile the TTT step (`_ttt_step`; CPU and CUDA). One graph per step index
+        (the number of earlier steps' keys differs), shapes dynamic from the start (batches vary
+        in length: one compile per step index, not one per length)."""
+        import torch._dynamo
+        cfg = torch._dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(64, int(getattr(cfg, name))))
+        self._step_fn = torch.compile(self._ttt_step, **{"dynamic": True, **options})
+
+    def _split(self, attention_mask: Tensor | None) -> bool:
+        """Whether the unmasked split attention computes what `ttt_mask` would: always without
+        padding; with RIGHT padding too at every real position (a padded key is only ever seen
+        by padded queries, whose outputs nobody reads), not with other padding."""
+        if self.attn_impl != "split":
+            return False
+        if attention_mask is None:
+            return True
+        m = attention_mask.bool()
+        return bool((m[:, 1:] <= m[:, :-1]).all())
 
     # -- greedy chain for evaluation -------------------------------------------------------------
     def _step0(self, aux_hidden: Tensor, input_ids: Tensor, past: list[KV],
@@ -327,7 +387,12 @@ class Eagle3Draft(nn.Module):
         pos = torch.arange(t, device=dev).expand(b, t)  # [B,T]
         emb = self.embed_tokens(input_ids[:, 1:]).to(h.dtype)
         cos, sin = self._cos_sin(pos, h.dtype)
-        return self.midlayer(emb, h, cos, sin, past, ttt_mask(t, 0, attention_mask, dev)), pos
+        # Padded rows keep the dense mask: draft_greedy reads the LAST position, a pad there.
+        mask = None if attention_mask is None and self.attn_impl == "split" else \
+            ttt_mask(t, 0, attention_mask, dev)
+        out, kv = self.midlayer(emb, h, cos, sin, past, mask)
+        past.append(kv)
+        return out, pos
 
     @torch.no_grad()
     def draft_greedy(self, aux_hidden: Tensor, input_ids: Tensor, k: int,
@@ -348,11 +413,15 @@ class Eagle3Draft(nn.Module):
             # Step i+1 at position T-1: sees all step-0 keys and its own earlier steps' keys.
             emb = self.embed_tokens(tok).to(dtype)  # [B,1,H]
             cos, sin = self._cos_sin(torch.full((b, 1), t - 1 + i + 1, device=dev), dtype)
-            keep = torch.ones(1, 1, 1, t + i + 1, dtype=torch.bool, device=dev)
-            if attention_mask is not None:
-                keep = torch.cat([attention_mask.bool()[:, None, None, :],
-                                  keep[..., t:].expand(b, 1, 1, i + 1)], dim=-1)
-            last = self.midlayer(emb, last, cos, sin, past, keep)
+            if attention_mask is None and self.attn_impl == "split":
+                keep = None  # the split attention, every step-0 key visible (not causal)
+            else:
+                keep = torch.ones(1, 1, 1, t + i + 1, dtype=torch.bool, device=dev)
+                if attention_mask is not None:
+                    keep = torch.cat([attention_mask.bool()[:, None, None, :],
+                                      keep[..., t:].expand(b, 1, 1, i + 1)], dim=-1)
+            last, kv = self.midlayer(emb, last, cos, sin, past, keep, causal=False)
+            past.append(kv)
         return torch.cat(drafts, dim=1)  # [B,k]
 
     @torch.no_grad()
@@ -378,7 +447,9 @@ class Eagle3Draft(nn.Module):
                 break
             emb = self.embed_tokens(tok).to(dtype)  # [B,T,H]: row p's draft i at p+i+1
             cos, sin = self._cos_sin(pos + i + 1, dtype)
-            last = self.midlayer(emb, last, cos, sin, past, ttt_mask(t, i + 1, None, dev))
+            mask = None if self.attn_impl == "split" else ttt_mask(t, i + 1, None, dev)
+            last, kv = self.midlayer(emb, last, cos, sin, past, mask)
+            past.append(kv)
         return torch.stack(drafts, dim=-1)  # [B,T,k]
 
 

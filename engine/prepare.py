@@ -15,6 +15,9 @@ Each shard holds S samples concatenated along the token axis (no padding), N tok
                                          (residual stream, not normalised; spec section 2)
     hidden_states      DTYPE  [N, Ht]    the target's final hidden state AFTER its final norm (the
                                          lm_head input); target logits = lm_head(hidden_states)
+    target_argmax      int32  [N]        optional: the target's argmax over its full vocab,
+                                         engine/ttt_loss.py `target_argmax` of hidden_states as
+                                         stored (float32 logits); training computes it when absent
 The shard's safetensors metadata carries `ids` (JSON list of the S conversation ids).
 DTYPE is the manifest's `dtype` (float32 on CPU, the target's dtype on GPU by default).
 
@@ -124,13 +127,20 @@ class ShardWriter:
     dtype: torch.dtype
     shard_bytes: int
     shards: list[dict[str, Any]] = field(default_factory=list)
-    _buf: list[tuple[str, Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+    head: Tensor | None = None
+    """The target's lm_head [V,Ht]: when set, shards also hold `target_argmax`."""
+    _buf: list[tuple[str, Tensor, Tensor, Tensor, Tensor, Tensor | None]] = field(
+        default_factory=list)
     _bytes: int = 0
 
     def add(self, sid: str, ids: Tensor, mask: Tensor, aux: Tensor, hidden: Tensor) -> None:
+        top = None
+        if self.head is not None:  # from the hidden state as stored, as training would
+            from engine.ttt_loss import target_argmax
+            top = target_argmax(hidden.to(self.dtype), self.head).to("cpu", torch.int32)
         aux, hidden = aux.to("cpu", self.dtype), hidden.to("cpu", self.dtype)
-        self._buf.append((sid, ids.to(torch.int32), mask.to(torch.uint8), aux, hidden))
-        self._bytes += aux.nbytes + hidden.nbytes + ids.numel() * 5
+        self._buf.append((sid, ids.to(torch.int32), mask.to(torch.uint8), aux, hidden, top))
+        self._bytes += aux.nbytes + hidden.nbytes + ids.numel() * (5 if top is None else 9)
         if self._bytes >= self.shard_bytes:
             self.flush()
 
@@ -148,6 +158,9 @@ class ShardWriter:
             "aux_hidden_states": torch.cat([b[3] for b in self._buf]).contiguous(),
             "hidden_states": torch.cat([b[4] for b in self._buf]).contiguous(),
         }
+        tops = [b[5] for b in self._buf]
+        if all(x is not None for x in tops):
+            tensors["target_argmax"] = torch.cat(tops)  # type: ignore[arg-type]
         name = name or shard_name(len(self.shards))
         path = os.path.join(self.out_dir, name)  # a killed writer leaves no shard, and its part
         with atomic_file(path, os.path.join(self.out_dir, f".{name}.part")) as part:  # is reused
@@ -295,7 +308,8 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
     try:
         mine = [k for k in range(dist.rank, len(plan), dist.world) if k not in have]
         total = sum(len(b) for k in mine for b in plan[k])
-        writer = ShardWriter(tmp, store, 1 << 62)  # boundaries come from the plan
+        writer = ShardWriter(tmp, store, 1 << 62,  # boundaries come from the plan
+                             head=target.lm_head_weight().detach())
         done = 0
         for k in mine:
             for batch in plan[k]:
@@ -348,7 +362,7 @@ def plan_key(data_path: str, target_dir: str, target: Target, store: torch.dtype
     """What a partial directory's shards depend on: source bytes, target config, dtype, device
     kind, aux ids and the shard plan (which covers --max-len, --batch-tokens and --shard-mb)."""
     what = [FORMAT, VERSION, sha256_file(data_path), config_hash(target_dir), str(store),
-            target.device.type, target.aux_layer_ids, max_len, plan_ids]
+            target.device.type, target.aux_layer_ids, max_len, plan_ids, "target_argmax"]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()
 
 

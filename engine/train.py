@@ -45,7 +45,7 @@ from engine.model import Eagle3Draft
 from engine.plan import Step, epoch_steps, split_holdout
 from engine.train_config import TrainConfig
 from engine.train_setup import Setup, build
-from engine.ttt_loss import summarize, target_distribution, ttt_loss
+from engine.ttt_loss import draft_head, summarize, target_argmax, target_distribution, ttt_loss
 
 
 class Unroll(nn.Module):
@@ -80,7 +80,8 @@ class Trainer:
         self.out = Path(cfg.out)
         self.ckpt_root = self.out / "checkpoints"
         self.dev = dist.device
-        self.amp = self.dev.type == "cuda"
+        self.cuda = self.dev.type == "cuda"
+        self.amp = self.cuda and cfg.precision == "bf16"  # bf16 autocast, CUDA only
         self.timers: dict[str, float] = {}
 
     # -- setup ---------------------------------------------------------------------------------
@@ -112,14 +113,22 @@ class Trainer:
         self.warmup = int(self.total * cfg.warmup_ratio)
         draft = self.setup_.draft.to(self.dev)
         self.draft = draft
-        self.lm_head = self.setup_.lm_head.to(self.dev)
         self.draft_ids = (draft.d2t + torch.arange(draft.d2t.numel(), device=self.dev))
+        # The target side needs the draft-vocab rows of its lm_head (p), and the full head only
+        # for the argmax of data that does not store it (moved to the device on first use).
+        self.head_d = draft_head(self.setup_.lm_head, self.draft_ids.cpu()).to(self.dev)
+        self.lm_head: Tensor | None = None
         self.step, self.pos = 0, (0, 0)
         self.best_tau, self.best_step = -1.0, 0
         self.tau_ema: float | None = None
         ck = load_checkpoint(resume_from) if cfg.resume and resume_from is not None else None
         if ck is not None:  # weights go in before any wrapping: every rank reads the files
             self._restore_model(resume_from, ck)  # type: ignore[arg-type]
+        if cfg.freeze_lm_head:
+            draft.lm_head.weight.requires_grad_(False)
+        draft.checkpoint_activations = cfg.checkpoint_activations
+        if cfg.compile:
+            draft.compile_step()
         self.module: nn.Module = Unroll(draft, cfg.ttt_steps)
         if self.dist.enabled and cfg.fsdp:
             from torch.distributed.fsdp import fully_shard
@@ -127,7 +136,7 @@ class Trainer:
         elif self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
             self.module = DistributedDataParallel(
-                self.module, device_ids=[self.dev.index] if self.amp else None,
+                self.module, device_ids=[self.dev.index] if self.cuda else None,
                 broadcast_buffers=False)  # d2t/t2d never change; no collective in eval forwards
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95),
@@ -189,12 +198,12 @@ class Trainer:
 
         class _T(contextlib.ContextDecorator):
             def __enter__(self) -> None:
-                if trainer.amp:
+                if trainer.cuda:
                     torch.cuda.synchronize()
                 self.t = time.perf_counter()
 
             def __exit__(self, *exc: object) -> None:
-                if trainer.amp:
+                if trainer.cuda:
                     torch.cuda.synchronize()
                 trainer.timers[name] = trainer.timers.get(name, 0.0) + time.perf_counter() - self.t
         return _T()
@@ -205,10 +214,14 @@ class Trainer:
         with self._timed("target" if self.cfg.online else "data"):
             b = {k: v.to(self.dev, non_blocking=True)
                  for k, v in self.setup_.data.batch(idx).items()}
-        with self._timed("target"), torch.no_grad(), \
-                torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-            p, top, in_vocab = target_distribution(b["hidden"], self.lm_head, self.draft_ids,
-                                                   self.draft.t2d)
+        with self._timed("target"), torch.no_grad():
+            top = b.get("target_argmax")
+            if top is None:
+                if self.lm_head is None:
+                    self.lm_head = self.setup_.lm_head.to(self.dev)
+                top = target_argmax(b["hidden"], self.lm_head)
+            with torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
+                p, in_vocab = target_distribution(b["hidden"], self.head_d, top, self.draft.t2d)
         with self._timed("draft"), torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
             logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"])
             loss, stats = ttt_loss(logits, p, top, in_vocab, b["loss_mask"], self.draft.d2t,
@@ -313,7 +326,14 @@ class Trainer:
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
         save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
                      provenance={"run": str(self.out.resolve()), **extra,
-                                 **self.setup_.provenance})
+                                 **self.setup_.provenance, "training": self._flags()})
+
+    def _flags(self) -> dict[str, Any]:
+        """How the step ran (recorded in exports' provenance; run.json has every setting)."""
+        c = self.cfg
+        return {"ttt_steps": c.ttt_steps, "freeze_lm_head": c.freeze_lm_head,
+                "compile": c.compile, "checkpoint_activations": c.checkpoint_activations,
+                "precision": c.precision if self.cuda else "fp32"}
 
     def write_run_json(self, status: str, started: str, final: dict[str, Any] | None = None,
                        error: str | None = None) -> None:

@@ -75,6 +75,17 @@ class TrainConfig:
     """Micro-batches requested ahead of the trainer from the `from_vllm` server."""
     fsdp: bool = False
     """Shard the drafter with FSDP instead of replicating it with DDP (multi-process only)."""
+    freeze_lm_head: bool = False
+    """Keep the drafter's lm_head as it starts (speculators' default); trained by default, the
+    EAGLE-3 paper's choice."""
+    compile: bool = False
+    """torch.compile the draft's TTT step (CPU and CUDA; the first steps pay the compile)."""
+    checkpoint_activations: bool = False
+    """Recompute the decoder layer of every TTT step in the backward instead of keeping its
+    activations (torch.utils.checkpoint): less memory for wide drafters, about one more
+    forward of the layer per step."""
+    precision: str = "bf16"
+    """On CUDA: "bf16" autocast (the default) or "fp32". CPU always trains in float32."""
     device: str | None = None
     """Torch device; default cuda:LOCAL_RANK when present, else cpu."""
 
@@ -113,6 +124,8 @@ class TrainConfig:
             raise EngineError(f"--draft-vocab-size {self.draft_vocab_size}: must be >= 1")
         if self.holdout is not None and self.holdout < 0:
             raise EngineError(f"--holdout {self.holdout}: must be >= 0")
+        if self.precision not in ("bf16", "fp32"):
+            raise EngineError(f"--precision {self.precision}: choose bf16 or fp32")
 
     def to_plain(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,4 +134,4 @@ class TrainConfig:
     RESUME_KEYS = ("target", "data", "finetune_from", "vocab", "rebuild_vocab", "draft_vocab_size",
                    "ttt_steps", "lr", "weight_decay", "epochs", "max_steps", "batch_tokens",
                    "grad_accum", "warmup_ratio", "clip", "seed", "holdout", "online", "max_len",
-                   "fsdp")
+                   "fsdp", "freeze_lm_head", "precision")

@@ -10,6 +10,12 @@ t+2+i.
   and ranks), known before the step from the data plan: summing per-micro-batch losses then gives
   the same number, and the same gradient, whatever the split across ranks and accumulation.
 - acc_i: draft argmax mapped through d2t == target argmax, over the step's position mask.
+- the target side is computed once per batch and only what is needed: `draft_head` (the
+  draft-vocab rows of the target's lm_head, gathered once per run) gives p over the draft vocab;
+  the target's argmax over the FULL vocab comes from the data when prepare stored it
+  (`target_argmax`), else from `target_argmax` here (chunked, float32, no [T,V] logits kept).
+- the per-step loss is one log_softmax and a dot product (`SoftCrossEntropy`), on flattened
+  token rows paired with the target rows 1+i further on: no shifted [T,Vd] copies of p.
 - tau (estimated acceptance length of a greedy chain of K drafts, vLLM counting, bonus included):
   1 + sum over n of the fraction of supervised positions whose first n drafts are all right.
   Chains run teacher-forced along the data, which the target itself generated.
@@ -18,7 +24,6 @@ t+2+i.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from engine.model import shift_left
@@ -26,14 +31,84 @@ from engine.model import shift_left
 STEP_WEIGHT = 0.8
 
 
-def target_distribution(hidden: Tensor, lm_head: Tensor, draft_ids: Tensor, t2d: Tensor
-                        ) -> tuple[Tensor, Tensor, Tensor]:
-    """hidden [B,T,Ht] (final-norm) -> p over the draft vocab [B,T,Vd] (float32), the target's
-    argmax [B,T] (target ids) and whether that argmax is in the draft vocab [B,T]."""
-    logits = hidden.to(lm_head.dtype) @ lm_head.T  # [B,T,V]
-    top = logits.argmax(-1)  # [B,T]
-    p = torch.softmax(logits[..., draft_ids].float(), dim=-1)  # [B,T,Vd]
-    return p, top, t2d[top]
+def draft_head(lm_head: Tensor, draft_ids: Tensor) -> Tensor:
+    """The draft-vocab rows of the target's lm_head [Vd, Ht] (gather once per run)."""
+    return lm_head[draft_ids].contiguous()
+
+
+@torch.no_grad()
+def target_argmax(hidden: Tensor, lm_head: Tensor, rows: int = 4096, cols: int = 32768
+                  ) -> Tensor:
+    """The target's argmax over its full vocab [..] (int64) for final-norm hidden states
+    [.., Ht]: float32 logits hidden @ lm_head.T, computed in blocks of `rows` tokens x `cols`
+    vocab ids (no [T, V] tensor), first index on ties like `argmax`. prepare stores it
+    (`target_argmax` in the shards) and training computes it with the same function when the
+    data has none."""
+    shape = hidden.shape[:-1]
+    h = hidden.reshape(-1, hidden.shape[-1])
+    out = torch.empty(h.shape[0], dtype=torch.int64, device=h.device)
+    with torch.autocast(h.device.type, enabled=False):
+        for a in range(0, h.shape[0], rows):
+            hf = h[a:a + rows].float()
+            best: Tensor | None = None
+            idx: Tensor | None = None
+            for c in range(0, lm_head.shape[0], cols):
+                w = lm_head[c:c + cols].to(hf.device, torch.float32)
+                val, arg = (hf @ w.T).max(-1)
+                if best is None or idx is None:
+                    best, idx = val, arg + c
+                else:
+                    better = val > best  # strict: an earlier block wins a tie
+                    best = torch.where(better, val, best)
+                    idx = torch.where(better, arg + c, idx)
+            assert idx is not None
+            out[a:a + rows] = idx
+    return out.view(shape)
+
+
+def target_distribution(hidden: Tensor, head_d: Tensor, top: Tensor, t2d: Tensor
+                        ) -> tuple[Tensor, Tensor]:
+    """hidden [B,T,Ht] (final-norm), the draft-vocab head rows `head_d` [Vd,Ht] and the target's
+    argmax `top` [B,T] -> p over the draft vocab [B,T,Vd] (float32, the target's logits restricted
+    to the draft vocab, softmaxed) and whether the argmax is in the draft vocab [B,T]."""
+    logits = hidden.to(head_d.dtype) @ head_d.T  # [B,T,Vd]
+    return torch.softmax(logits.float(), dim=-1), t2d[top]
+
+
+class SoftCrossEntropy(torch.autograd.Function):
+    """ce[r] = -sum_v p[r,v] * log_softmax(logits[r])[v] for rows r, with p's row sums given
+    (the backward's softmax * psum - p). Saves only the log_softmax, as log_softmax itself does;
+    no product tensor is kept or made in the forward."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, p: Tensor, psum: Tensor) -> Tensor:
+        with torch.autocast(logits.device.type, enabled=False):
+            logp = torch.log_softmax(logits.float(), dim=-1)  # [M,V]
+            work = torch.promote_types(p.dtype, logp.dtype)
+            ce = -torch.bmm(p.to(work).unsqueeze(1), logp.to(work).unsqueeze(2)).view(-1)  # [M]
+        ctx.save_for_backward(logp, p, psum)
+        ctx.in_dtype = logits.dtype
+        return ce
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        logp, p, psum = ctx.saved_tensors
+        grad = logp.exp()
+        grad.mul_(psum[:, None]).sub_(p).mul_(g[:, None])
+        return grad.to(ctx.in_dtype), None, None
+
+
+def _step_ce(lg: Tensor, p2: Tensor, psum: Tensor, shift: int) -> Tensor:
+    """ce [B,T] of draft logits lg [B,T,Vd] against the target rows `shift` positions on.
+    Rows are paired on the flattened token axis; pairs that cross into the next sample are
+    finite garbage at positions every step mask excludes (t + shift >= T), zero past the end."""
+    b, t, vd = lg.shape
+    n = b * t
+    m = max(0, n - shift)
+    ce = SoftCrossEntropy.apply(lg.reshape(n, vd)[:m], p2[shift:shift + m], psum[shift:shift + m])
+    if m < n:
+        ce = torch.cat([ce, ce.new_zeros(n - m)])
+    return ce.view(b, t)
 
 
 def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, loss_mask: Tensor,
@@ -49,6 +124,8 @@ def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, los
     """
     k = len(logits)
     stats = torch.zeros(3 * k + 2, dtype=torch.float64, device=p.device)
+    p2 = p.reshape(-1, p.shape[-1])  # [B*T,Vd]
+    psum = p2.sum(-1)
     total = p.new_zeros(())
     sup0 = shift_left(loss_mask, 2).bool()  # [B,T]
     chain = sup0.clone()
@@ -56,9 +133,7 @@ def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, los
     for i, lg in enumerate(logits):
         sup = shift_left(loss_mask, 2 + i).bool()
         mask = sup & shift_left(in_vocab, 1 + i)  # [B,T]
-        p_i = shift_left(p, 1 + i)  # [B,T,Vd]
-        logp = F.log_softmax(lg.float(), dim=-1)
-        ce = -(p_i * logp).sum(-1)  # [B,T]
+        ce = _step_ce(lg, p2, psum, 1 + i)  # [B,T]
         loss_i = (ce * mask).sum() / denom
         total = total + (STEP_WEIGHT ** i) * loss_i
         with torch.no_grad():

@@ -52,6 +52,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefetch", type=int, default=4,
                    help="micro-batches fetched ahead (--from-vllm, default 4)")
     p.add_argument("--fsdp", action="store_true", help="shard the drafter (FSDP) under torchrun")
+    p.add_argument("--freeze-lm-head", action="store_true",
+                   help="keep the drafter's lm_head fixed (speculators' default; trained by "
+                   "default)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the draft's TTT step (CPU or CUDA)")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="recompute each TTT step's decoder layer in the backward (less memory)")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="CUDA autocast: bf16 (default) or fp32; CPU is always fp32")
     p.add_argument("--device", help="torch device (default: cuda:LOCAL_RANK if present, else cpu)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
@@ -72,7 +81,10 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
                       keep=args.keep, seed=args.seed, holdout=args.holdout, online=args.online,
                       max_len=args.max_len, fsdp=args.fsdp, device=args.device,
                       from_vllm=args.from_vllm, vllm_model=args.vllm_model,
-                      concurrency=args.concurrency, prefetch=args.prefetch)
+                      concurrency=args.concurrency, prefetch=args.prefetch,
+                      freeze_lm_head=args.freeze_lm_head, compile=args.compile,
+                      checkpoint_activations=args.checkpoint_activations,
+                      precision=args.precision)
     result = train(cfg, ev, argv=sys.argv)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 alone reports

@@ -1,0 +1,221 @@
+"""TTT attention without the dense mask (spec section 5; issue 15 point 1).
+
+At TTT step i a query at position t attends to the step-0 keys at positions <= t (causal) and to
+the key of every later step j = 1..i at the SAME position t; one softmax over all of them. The
+dense formulation concatenates (i+1)T keys and masks a [T, (i+1)T] score matrix. Here:
+
+- the step-0 part is one causal flash-style attention that also returns its log-sum-exp
+  (`causal_attention`: the CPU flash kernel, the CUDA memory-efficient kernel; no [T,T] tensor);
+- the diagonal part is i elementwise scores q.k_j per position;
+- the two are merged with their log-sum-exps: lse = logaddexp(lse_0, s_1, .., s_i),
+  out = exp(lse_0 - lse) * out_0 + sum_j exp(s_j - lse) * v_j.
+
+The backward is the flash-attention merge rule: the step-0 kernel's own backward, given the MERGED
+output and log-sum-exp, returns exactly the step-0 block's share of dq, dk, dv (its probabilities
+are exp(s - lse) and its correction term rowsum(dout * out) is the merged one); the diagonal part
+is done here elementwise. Grouped-query attention: keys/values have nkv heads, queries nh.
+
+`split_attention(q, k0, v0, diag, causal)` is the entry point; `dense_reference` is the masked
+SDPA over concatenated keys that it replaces (kept for tests and as the fallback).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["causal_attention", "dense_reference", "split_attention"]
+
+
+def _expand(x: Tensor, rep: int) -> Tensor:
+    """[B,nkv,T,hd] -> [B,nkv*rep,T,hd] (head n reads kv head n // rep)."""
+    return x if rep == 1 else x.repeat_interleave(rep, dim=1)
+
+
+def _reduce(x: Tensor, rep: int) -> Tensor:
+    """Gradient of `_expand`: [B,nkv*rep,T,hd] -> [B,nkv,T,hd]."""
+    if rep == 1:
+        return x
+    b, nh, t, hd = x.shape
+    return x.view(b, nh // rep, rep, t, hd).sum(2)
+
+
+# -- the step-0 kernel: (out, lse) forward, merged-output backward ---------------------------------
+
+def _math_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    work = torch.promote_types(q.dtype, torch.float32)
+    s = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
+    if causal:
+        tq, tk = s.shape[-2:]
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = s.logsumexp(-1)
+    p = torch.exp(s - lse[..., None])
+    return (p @ v.to(work)).to(v.dtype), lse
+
+
+def _math_bwd(g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+              scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    work = torch.promote_types(q.dtype, torch.float32)
+    s = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
+    if causal:
+        tq, tk = s.shape[-2:]
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    p = torch.exp(s - lse.to(work)[..., None])
+    gw = g.to(work)
+    dv = p.transpose(-1, -2) @ gw
+    dp = gw @ v.to(work).transpose(-1, -2)
+    d = (gw * out.to(work)).sum(-1, keepdim=True)
+    ds = p * (dp - d) * scale
+    return (ds @ k.to(work)).to(q.dtype), (ds.transpose(-1, -2) @ q.to(work)).to(k.dtype), \
+        dv.to(v.dtype)
+
+
+def _use_kernel(q: Tensor) -> str:
+    if q.device.type == "cpu":
+        return "cpu_flash"
+    if q.device.type == "cuda":
+        return "cuda_efficient"
+    return "math"
+
+
+def causal_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
+               ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    """Attention of q [B,nh,Tq,hd] over k, v [B,nh,Tk,hd] (same heads): (out [B,nh,Tq,hd],
+    lse [B,nh,Tq] float32 or float64, extra state for `causal_bwd`)."""
+    kind = _use_kernel(q)
+    if kind == "cpu_flash":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, scale=scale)
+        return out, lse, ()
+    if kind == "cuda_efficient":
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, causal, scale=scale)
+        return out, lse[..., :q.shape[2]], (lse, seed, offset)
+    out, lse = _math_fwd(q, k, v, causal, scale)
+    return out, lse, ()
+
+
+def causal_bwd(g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               extra: tuple[Tensor, ...], causal: bool, scale: float
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of the block `causal_fwd` computed, given the (merged) out and lse."""
+    kind = _use_kernel(q)
+    if kind == "cpu_flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g.contiguous(), q, k, v, out, lse.contiguous(), 0.0, causal, scale=scale)
+    if kind == "cuda_efficient":
+        full, seed, offset = extra
+        lse_full = full.clone()
+        lse_full[..., :lse.shape[-1]] = lse
+        dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            g.contiguous(), q, k, v, None, out, lse_full, seed, offset, 0.0,
+            [True, True, True, False], causal, scale=scale)
+        return dq, dk, dv
+    return _math_bwd(g, q, k, v, out, lse, causal, scale)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
+                     scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Forward only: (out, lse) of (causal) attention; q, k, v with equal head counts."""
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out, lse, _ = causal_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, sc)
+    return out, lse
+
+
+# -- the merge -------------------------------------------------------------------------------------
+
+class _SplitAttention(torch.autograd.Function):
+    """forward(causal, q, k0, v0, k1, v1, .., ki, vi) -> out [B,nh,T,hd] (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, causal: bool, q: Tensor, k0: Tensor, v0: Tensor,
+                *diag: Tensor) -> Tensor:
+        b, nh, t, hd = q.shape
+        nkv = k0.shape[1]
+        rep = nh // nkv
+        scale = 1.0 / math.sqrt(hd)
+        q = q.contiguous()
+        k0e, v0e = _expand(k0, rep).contiguous(), _expand(v0, rep).contiguous()
+        out0, lse0, extra = causal_fwd(q, k0e, v0e, causal, scale)
+        work = lse0.dtype
+        ks, vs = diag[0::2], diag[1::2]
+        if ks:
+            qg = q.view(b, nkv, rep, t, hd).to(work)  # bf16 inputs: the scores in float32
+            s = torch.stack([(qg * kj[:, :, None].to(work)).sum(-1) for kj in ks]) * scale
+            # s: [n, B, nkv, rep, T]
+            lse = torch.logaddexp(lse0.view(b, nkv, rep, t), s.logsumexp(0))  # [B,nkv,rep,T]
+            w0 = torch.exp(lse0.view(b, nkv, rep, t) - lse)
+            ps = torch.exp(s - lse)  # [n,B,nkv,rep,T]
+            acc = w0[..., None] * out0.view(b, nkv, rep, t, hd).to(work)
+            for pj, vj in zip(ps, vs, strict=True):
+                acc = acc + pj[..., None] * vj[:, :, None].to(work)
+            out = acc.to(q.dtype).view(b, nh, t, hd)
+            lse = lse.reshape(b, nh, t)
+        else:
+            out, lse, s = out0, lse0, None
+        ctx.causal, ctx.rep, ctx.scale, ctx.n = causal, rep, scale, len(ks)
+        ctx.extra = extra
+        ctx.save_for_backward(q, k0e, v0e, out, lse, *diag,
+                              *(() if s is None else (s,)))
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        q, k0e, v0e, out, lse, *rest = ctx.saved_tensors
+        n, rep, scale = ctx.n, ctx.rep, ctx.scale
+        diag = rest[:2 * n]
+        g = g.contiguous()
+        dq, dk0, dv0 = causal_bwd(g, q, k0e, v0e, out, lse, ctx.extra, ctx.causal, scale)
+        dk0, dv0 = _reduce(dk0, rep), _reduce(dv0, rep)
+        grads: list[Tensor] = []
+        if n:
+            s = rest[2 * n]
+            b, nh, t, hd = q.shape
+            nkv = nh // rep
+            work = lse.dtype
+            gg = g.view(b, nkv, rep, t, hd).to(work)
+            qg = q.view(b, nkv, rep, t, hd).to(work)
+            lse_g = lse.view(b, nkv, rep, t)
+            d = (gg * out.view(b, nkv, rep, t, hd).to(work)).sum(-1)  # [B,nkv,rep,T]
+            dqw = dq.view(b, nkv, rep, t, hd).to(work)
+            for j in range(n):
+                kj, vj = diag[2 * j].to(work), diag[2 * j + 1].to(work)
+                pj = torch.exp(s[j] - lse_g)  # [B,nkv,rep,T]
+                dp = (gg * vj[:, :, None]).sum(-1)
+                ds = pj * (dp - d) * scale
+                dqw = dqw + ds[..., None] * kj[:, :, None]
+                grads.append((ds[..., None] * qg).sum(2).to(diag[2 * j].dtype))
+                grads.append((pj[..., None] * gg).sum(2).to(diag[2 * j + 1].dtype))
+            dq = dqw.to(q.dtype).view(b, nh, t, hd)
+        return (None, dq, dk0, dv0, *grads)
+
+
+def split_attention(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, Tensor]],
+                    causal: bool = True) -> Tensor:
+    """q [B,nh,T,hd]; k0, v0 [B,nkv,T0,hd] the step-0 keys (causal when `causal`, else all of
+    them for every query); diag: (k, v) [B,nkv,T,hd] of steps 1..i at the query's own position.
+    Returns [B,nh,T,hd], the one-softmax attention over all of them."""
+    flat = [x for kv in diag for x in kv]
+    return _SplitAttention.apply(causal, q, k0, v0, *flat)
+
+
+def dense_reference(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, Tensor]],
+                    causal: bool = True) -> Tensor:
+    """The same attention the old way: concatenated keys, a dense bool mask, SDPA."""
+    b, nh, t, hd = q.shape
+    rep = nh // k0.shape[1]
+    t0 = k0.shape[2]
+    keys = torch.cat([k0] + [k for k, _ in diag], dim=2)
+    vals = torch.cat([v0] + [v for _, v in diag], dim=2)
+    keys, vals = _expand(keys, rep), _expand(vals, rep)
+    first = torch.ones(t, t0, dtype=torch.bool, device=q.device)
+    if causal:
+        first = first.tril()
+    eye = torch.eye(t, dtype=torch.bool, device=q.device)
+    mask = torch.cat([first] + [eye] * len(diag), dim=-1)
+    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
