@@ -45,13 +45,19 @@ def _reduce(x: Tensor, rep: int) -> Tensor:
 
 # -- the step-0 kernel: (out, lse) forward, merged-output backward ---------------------------------
 
-def _math_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+def _math_scores(q: Tensor, k: Tensor, causal: bool, scale: float) -> tuple[Tensor, torch.dtype]:
+    """Scaled scores q·k in at least float32 (causal: upper triangle -inf), and that dtype."""
     work = torch.promote_types(q.dtype, torch.float32)
     s = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
     if causal:
         tq, tk = s.shape[-2:]
         keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
+    return s, work
+
+
+def _math_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    s, work = _math_scores(q, k, causal, scale)
     lse = s.logsumexp(-1)
     p = torch.exp(s - lse[..., None])
     return (p @ v.to(work)).to(v.dtype), lse
@@ -59,12 +65,7 @@ def _math_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tu
 
 def _math_bwd(g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
               scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    work = torch.promote_types(q.dtype, torch.float32)
-    s = (q.to(work) @ k.to(work).transpose(-1, -2)) * scale
-    if causal:
-        tq, tk = s.shape[-2:]
-        keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
+    s, work = _math_scores(q, k, causal, scale)
     p = torch.exp(s - lse.to(work)[..., None])
     gw = g.to(work)
     dv = p.transpose(-1, -2) @ gw
