@@ -24,8 +24,10 @@ and requests only the remaining samples; the finished directory equals an uninte
 Other arguments on a partial directory are refused, naming the one that differs.
 
 Server files (and their .lock) are deleted once a written shard holds their sample, unless
---keep-server-files. Before anything is requested, the output size is estimated and the run
-refused when OUT's filesystem cannot hold it (engine/disk_estimate.py, also --keep-free-gb).
+--keep-server-files; a run killed between recording a shard and deleting its files leaves them
+in pending.jsonl, and the resumed run deletes them first. Before anything is requested, the
+output size is estimated and the run refused when OUT's filesystem cannot hold it
+(engine/disk_estimate.py, also --keep-free-gb).
 """
 
 from __future__ import annotations
@@ -239,7 +241,11 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
 
     if not shards:
         save_progress([])
-    known = {p: v for p, v in _read_pending(jpath).items()
+    pending = _read_pending(jpath)
+    for p, (_sid, server_file) in pending.items():
+        if p < committed:  # a kill after a shard was recorded, before its files were freed
+            remove_server_file(server_file, keep_server_files)
+    known = {p: v for p, v in pending.items()
              if p >= committed and v[0] == samples[order[p]][0] and os.path.exists(v[1])}
     paths: dict[int, str] = {}  # pos -> server file, until a written shard holds the sample
     journal = _Journal(jpath, known)
@@ -259,12 +265,12 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     added = committed
     cleaned = committed
 
-    def on_flush() -> None:  # a shard is on disk: journal it, then free the server's files
-        nonlocal cleaned
+    def on_flush() -> None:  # a shard is on disk: record it, free the server's files, and
+        nonlocal cleaned   # only then forget them (a kill in between: the resume frees them)
         save_progress(writer.shards)
-        journal.drop_below(added)
         for p in range(cleaned, added):
             remove_server_file(paths.pop(p), keep_server_files)
+        journal.drop_below(added)
         cleaned = added
 
     writer = _Writer(partial, store, 1 << 62, shards=list(shards), on_flush=on_flush)

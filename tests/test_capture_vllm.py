@@ -236,6 +236,35 @@ def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Pa
     assert len(s.files()) <= 2 * 4
 
 
+def test_a_kill_between_a_shard_and_its_cleanup_leaks_no_server_file(
+        standin: Any, demo_dir: Path, small_convs: Path, small_ref: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worst moment for a kill: the first shard is recorded in progress.json and its server
+    files are not deleted yet. The resumed run deletes them (they are still in pending.jsonl);
+    before the fix they stayed on the server's volume for good (~100 MB per sample at scale)."""
+    import engine.vllm_capture as capture_mod
+
+    class Killed(BaseException):
+        pass
+
+    def killed_here(*_a: Any, **_k: Any) -> None:
+        raise Killed
+
+    s = standin()
+    out = tmp_path / "data"
+    with monkeypatch.context() as m:
+        m.setattr(capture_mod, "remove_server_file", killed_here)
+        with pytest.raises(Killed):
+            capture(demo_dir, small_convs, str(out), s.url, concurrency=1)
+    shards = json.loads((tmp_path / "data.partial" / "progress.json").read_text())["shards"]
+    assert len(shards) == 1 and shards[0]["samples"] >= 2
+    assert len(s.files()) >= 2 * shards[0]["samples"]  # the shard's files and their locks
+    capture(demo_dir, small_convs, str(out), s.url, concurrency=1)
+    same_directory(out, small_ref)
+    # left: at most the one request in flight at the kill, whose answer nobody read
+    assert len(s.files()) <= 2, s.files()
+
+
 def test_wrong_token_ids_and_nan_are_rejected_naming_the_sample(
         standin: Any, demo_dir: Path, small_convs: Path, tmp_path: Path) -> None:
     ids = sample_ids(small_convs, demo_dir)
