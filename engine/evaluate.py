@@ -12,7 +12,9 @@ text are replayed.
     acceptance_length = 1 + accepted / drafts      (vLLM's "Mean acceptance length")
     per_position[j]   = drafts whose first j+1 tokens were all accepted / drafts
 
-How it is computed fast: samples go through the target in batches (`--batch-size`): one
+How it is computed fast: samples go through the target in batches (at most `--batch-size`
+samples and `--batch-tokens` padded prompt + generated tokens: a batch costs one decode step per
+generated token whatever its size, so few full batches beat many small ones): one
 left-padded prefill, then one batched greedy decode step per token over the KV cache, with the
 aux features captured on the way (no second forward over the text). The drafter then drafts
 from EVERY position of every sample at once
@@ -127,17 +129,20 @@ def replay(draft: Eagle3Draft, aux: Tensor, seq: Tensor, start: int, k: int, acc
         p += a + 1
 
 
-@torch.no_grad()
+@torch.inference_mode()  # not just no_grad: no version counters or view tracking per op
 def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
                          ) -> tuple[list[list[int]], list[Tensor]]:
     """`greedy_continue` of several prompts at once, and the target's aux features of every
     token fed on the way: one left-padded prefill, then one batched decode step per new token
     over the KV cache, until every row has produced EOS or `max_new` tokens (what `generate`
-    does, without its per-step machinery). The aux states are captured by the same pre-hooks
-    as `Target.features`, so row r's features [len(seq) - 1, 3Ht] are those of a teacher-forced
-    forward over seq[:-1] (the last token is never fed, and never needed: a draft starts
-    after the token the target has just produced). A row that ends early is cut after its
-    EOS, as the one-prompt call stops there."""
+    does, without its per-step machinery). A row that has produced EOS leaves the batch (its
+    KV cache rows are dropped with the cache's `reorder_cache`): greedy continuations end at
+    very different lengths (on the demo most rows stop within 20 tokens and a few run to 64),
+    and a finished row would otherwise cost a full row of every later step.
+    The aux states are captured by the same pre-hooks as `Target.features`, so row r's features
+    [len(seq) - 1, 3Ht] are those of a teacher-forced forward over seq[:-1] (the last token is
+    never fed, and never needed: a draft starts after the token the target has just produced);
+    the continuation ends with its EOS, as the one-prompt call stops there."""
     tok = target.tokenizer
     eos = tok.convert_tokens_to_ids(tok.eos_token) if tok is not None and tok.eos_token else None
     pad = eos if eos is not None else 0
@@ -160,42 +165,55 @@ def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
 
     handles = [(base.layers[k] if k < n_layers else base.norm).register_forward_pre_hook(
         grab(k), with_kwargs=True) for k in captured]
+    gen: list[list[int]] = [[] for _ in prompts]
+    steps: list[Tensor] = []  # per decode step: the original rows it fed, in batch order
     try:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # real positions; padding sits at 0
         out = target.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                            logits_to_keep=1)
-        nxt = out.logits[:, -1].argmax(-1)  # [B]
-        new = [nxt]
-        done = nxt == eos if eos is not None else torch.zeros_like(nxt, dtype=torch.bool)
+        rows = torch.arange(b, device=dev)  # the original row of each batch row
         last = pos[:, -1]
-        while len(new) < max_new and not bool(done.all()):
+        while True:
+            nxt = out.logits[:, -1].argmax(-1)  # [rows]
+            for r, t in zip(rows.tolist(), nxt.tolist(), strict=True):
+                gen[r].append(t)
+            live = nxt != eos if eos is not None else torch.ones_like(nxt, dtype=torch.bool)
+            if len(gen[int(rows[0])]) >= max_new or not bool(live.any()):
+                break
+            if not bool(live.all()):  # finished rows leave the batch and its cache
+                keep = live.nonzero()[:, 0]
+                out.cache.reorder_cache(keep)
+                rows, nxt, mask, last = rows[keep], nxt[keep], mask[keep], last[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             last = last + 1
+            steps.append(rows)
             out = target.model(input_ids=nxt[:, None], attention_mask=mask,
                                position_ids=last[:, None], cache=out.cache, use_cache=True,
                                logits_to_keep=1)
-            nxt = torch.where(done, pad, out.logits[:, -1].argmax(-1))
-            new.append(nxt)
-            if eos is not None:
-                done = done | (nxt == eos)
     finally:
         for h in handles:
             h.remove()
-    gen = torch.stack(new, dim=1).tolist()  # [B, steps]
-    aux = torch.cat([torch.cat(captured[k], dim=1) for k in target.aux_layer_ids], dim=-1)
+    # Each layer's features: the prefill's [B, width, H], then step j's [rows_j, 1, H] put back
+    # at (row, width + j); a row's fed tokens are contiguous from `width` on.
+    aux_parts = []
+    for k in target.aux_layer_ids:
+        pre, *dec = captured[k]
+        full = pre.new_zeros((b, width + len(dec), pre.shape[-1]))
+        full[:, :width] = pre
+        for j, (fed, h) in enumerate(zip(steps, dec, strict=True)):
+            full[fed, width + j] = h[:, 0]
+        aux_parts.append(full)
+    aux = torch.cat(aux_parts, dim=-1)
     seqs: list[list[int]] = []
     feats: list[Tensor] = []
     for r, p in enumerate(prompts):
-        cont = gen[r]
-        if eos is not None and eos in cont:
-            cont = cont[:cont.index(eos) + 1]
-        seqs.append(p + cont)
+        seqs.append(p + gen[r])
         start = width - len(p)
-        feats.append(aux[r, start:start + len(p) + len(cont) - 1])  # seq[:-1]'s features
+        feats.append(aux[r, start:start + len(p) + len(gen[r]) - 1])  # seq[:-1]'s features
     return seqs, feats
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def replay_batch(draft: Eagle3Draft, seqs: list[list[int]], feats: list[Tensor],
                  starts: list[int], k: int, acc: Acceptance) -> None:
     """`replay` for several sequences: one `draft_greedy_all` over them all (right-padded:
@@ -220,15 +238,35 @@ def replay_batch(draft: Eagle3Draft, seqs: list[list[int]], feats: list[Tensor],
             p += a + 1
 
 
+def batches(lengths: list[int], max_new: int, batch_size: int, batch_tokens: int
+            ) -> list[list[int]]:
+    """Sample indices in groups for `greedy_with_features`: sorted by prompt length (similar
+    lengths share a batch, less padding; the counts do not depend on order), each group at most
+    `batch_size` rows and at most `batch_tokens` tokens of KV cache (rows x (longest prompt +
+    max_new)); a prompt longer than the budget still gets a batch of its own."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        cur = out[-1] if out else None
+        if cur is not None and len(cur) < batch_size and \
+                (len(cur) + 1) * (lengths[i] + max_new) <= batch_tokens:
+            cur.append(i)
+        else:
+            out.append([i])
+    return out
+
+
 def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_samples: int = 64,
              max_new_tokens: int = 64, device: str | None = None, ev: Emitter | None = None,
-             batch_size: int = 32, reference: bool = False) -> dict[str, Any]:
+             batch_size: int = 64, batch_tokens: int = 32768, reference: bool = False
+             ) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     if k < 1:
         raise EngineError(f"--steps {k}: must be >= 1")
     if batch_size < 1:
         raise EngineError(f"--batch-size {batch_size}: must be >= 1")
+    if batch_tokens < 1:
+        raise EngineError(f"--batch-tokens {batch_tokens}: must be >= 1")
     t0 = time.monotonic()
     target = Target.load(target_dir, device=device)
     draft = load_draft(draft_path, target)
@@ -248,15 +286,16 @@ def evaluate(draft_path: str, target_dir: str, data: str, k: int = 3, max_sample
             if ev is not None:
                 ev.progress(i + 1, len(prompts), unit="sample", desc="eval")
     else:
-        # Similar prompt lengths share a batch (less padding); counts do not depend on order.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        for lo in range(0, len(order), batch_size):
-            chunk = [prompts[i] for i in order[lo:lo + batch_size]]
+        done = 0
+        for group in batches([len(p) for p in prompts], max_new_tokens, batch_size,
+                             batch_tokens):
+            chunk = [prompts[i] for i in group]
             fulls, feats = greedy_with_features(target, chunk, max_new_tokens)
             generated += sum(len(f) - len(p) for f, p in zip(fulls, chunk, strict=True))
             replay_batch(draft, fulls, feats, [len(p) - 1 for p in chunk], k, acc)
+            done += len(chunk)
             if ev is not None:
-                ev.progress(lo + len(chunk), len(prompts), unit="sample", desc="eval")
+                ev.progress(done, len(prompts), unit="sample", desc="eval")
     out = acc.report()
     out.update(samples=len(prompts), generated_tokens=generated, draft=str(draft_path),
                target=str(target_dir), seconds=round(time.monotonic() - t0, 2),

@@ -70,8 +70,25 @@ def test_fast_eval_counts_what_the_reference_path_counts(demo_dir: Path) -> None
     from engine.evaluate import evaluate
     args = (str(demo_dir / "public-drafter"), str(demo_dir / "target"), str(demo_dir / "eval"))
     ref = evaluate(*args, k=K, max_samples=12, max_new_tokens=24, reference=True)
-    for bs in (1, 5):  # one sample a batch, and ragged batches with padding on both sides
-        fast = evaluate(*args, k=K, max_samples=12, max_new_tokens=24, batch_size=bs)
+    # one sample a batch, ragged batches with padding on both sides, batches cut by tokens
+    for bs, bt in ((1, 32768), (5, 32768), (64, 150)):
+        fast = evaluate(*args, k=K, max_samples=12, max_new_tokens=24, batch_size=bs,
+                        batch_tokens=bt)
         for key in ("drafts", "accepted", "per_position", "generated_tokens", "samples"):
-            assert fast[key] == ref[key], (bs, key)
+            assert fast[key] == ref[key], (bs, bt, key)
         assert ref["drafts"] > 0
+
+
+def test_batches_keep_both_limits_and_every_sample_once() -> None:
+    from engine.evaluate import batches
+    lengths = [30, 5, 12, 5, 400, 7, 12, 30, 1]
+    for size, budget in ((64, 32768), (2, 32768), (64, 100), (3, 90), (1, 1)):
+        groups = batches(lengths, 20, size, budget)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            assert len(g) <= size
+            widest = max(lengths[i] for i in g) + 20
+            assert len(g) == 1 or len(g) * widest <= budget, (size, budget, g)
+        flat = [lengths[i] for g in groups for i in g]
+        assert flat == sorted(flat)  # similar lengths together
+    assert len(batches(lengths, 20, 64, 32768)) == 1
