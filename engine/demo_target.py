@@ -108,7 +108,7 @@ def build_target(tok, corpus: list[list[dict[str, str]]], steps: int, seed: int,
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     # rope_theta: transformers 4.x's field; 5.x still takes it and files it under rope_parameters
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64,  # type: ignore[call-arg]
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64,
                       intermediate_size=192, num_hidden_layers=6, num_attention_heads=4,
                       num_key_value_heads=2,
                       max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
