@@ -28,8 +28,11 @@ setup-test: $(VENV)/.installed-test
 run: setup
 	$(BIN)/eagle3-console $(ARGS)
 
+# Two workers (pytest-xdist), each test file on one worker (module fixtures built once): the
+# suite alone keeps ~1.1 of 2 cores busy. PYTEST_WORKERS=0 runs it in this process.
+PYTEST_WORKERS ?= 2
 test: setup-test
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
 # pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).

@@ -3,10 +3,14 @@
 Use from a test module with `pytest_plugins = ("tests.demo_workspace",)`. The workspace is built
 by the real CLI in a subprocess; tests must treat it as read-only (copy what they change).
 For development only, EAGLE3_DEMO_DIR=/path reuses (or builds once) a workspace across sessions.
+Under pytest-xdist (`make test` runs two workers) the workers share one workspace: the first to
+ask builds it under the run's common temp root while holding a lock; the others wait on the lock
+and reuse it, so the minute-long build happens once per run, not once per worker.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -22,9 +26,17 @@ from tests.engine_helpers import run_engine
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The demo workspace: target/, data/, eval/, public-drafter/, conversations/, demo.json."""
     keep = os.environ.get("EAGLE3_DEMO_DIR")
-    d = Path(keep) if keep else tmp_path_factory.mktemp("demo") / "ws"
-    if not (keep and (d / "demo.json").is_file()):
-        run_engine("demo", "init", str(d), "--force", timeout=600)
+    if keep:
+        d = Path(keep)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        d = tmp_path_factory.getbasetemp().parent / "demo-ws"  # common to this run's workers
+    else:
+        d = tmp_path_factory.mktemp("demo") / "ws"
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with open(d.parent / f"{d.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait here, then reuse
+        if not (d / "demo.json").is_file():  # written last by a finished build
+            run_engine("demo", "init", str(d), "--force", timeout=600)
     yield d
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -169,6 +171,9 @@ def test_compiled_step_traces_and_matches_eager() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@pytest.mark.skipif(not os.environ.get("EAGLE3_LONG_TESTS"),
+                    reason="inductor's C++ code generation: about a minute of both CI cores; "
+                           "EAGLE3_LONG_TESTS=1 runs it (the aot_eager test above runs always)")
 def test_compiled_step_with_inductor_matches_eager() -> None:
     """The same with inductor, the default backend of --compile (C++ code generation on CPU:
     minutes on 2 busy cores)."""
