@@ -129,6 +129,31 @@ def replay(draft: Eagle3Draft, aux: Tensor, seq: Tensor, start: int, k: int, acc
         p += a + 1
 
 
+def _left_padded(prompts: list[list[int]], pad: int, dev: torch.device | str
+                 ) -> tuple[Tensor, Tensor]:
+    """ids and attention mask [B, width], left-padded: every prompt ends at the same column."""
+    b, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((b, width), pad, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    return ids.to(dev), mask.to(dev)
+
+
+def _per_row(captured: list[Tensor], steps: list[Tensor]) -> Tensor:
+    """One layer's features [B, width + steps, H] from what its hook saw: the prefill's
+    [B, width, H], then decode step j's [rows_j, 1, H], put back at (row, width + j) (a row's
+    fed tokens stay contiguous from `width` on; a finished row's later slots stay zero)."""
+    pre, *dec = captured
+    b, width = pre.shape[:2]
+    full = pre.new_zeros((b, width + len(dec), pre.shape[-1]))
+    full[:, :width] = pre
+    for j, (fed, h) in enumerate(zip(steps, dec, strict=True)):
+        full[fed, width + j] = h[:, 0]
+    return full
+
+
 @torch.inference_mode()  # not just no_grad: no version counters or view tracking per op
 def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
                          ) -> tuple[list[list[int]], list[Tensor]]:
@@ -148,12 +173,7 @@ def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
     pad = eos if eos is not None else 0
     dev = target.device
     b, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((b, width), pad, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    for r, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
+    ids, mask = _left_padded(prompts, pad, dev)
     base = target._decoder()
     n_layers = target.num_layers
     captured: dict[int, list[Tensor]] = {k: [] for k in set(target.aux_layer_ids)}
@@ -193,17 +213,7 @@ def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
     finally:
         for h in handles:
             h.remove()
-    # Each layer's features: the prefill's [B, width, H], then step j's [rows_j, 1, H] put back
-    # at (row, width + j); a row's fed tokens are contiguous from `width` on.
-    aux_parts = []
-    for k in target.aux_layer_ids:
-        pre, *dec = captured[k]
-        full = pre.new_zeros((b, width + len(dec), pre.shape[-1]))
-        full[:, :width] = pre
-        for j, (fed, h) in enumerate(zip(steps, dec, strict=True)):
-            full[fed, width + j] = h[:, 0]
-        aux_parts.append(full)
-    aux = torch.cat(aux_parts, dim=-1)
+    aux = torch.cat([_per_row(captured[k], steps) for k in target.aux_layer_ids], dim=-1)
     seqs: list[list[int]] = []
     feats: list[Tensor] = []
     for r, p in enumerate(prompts):
