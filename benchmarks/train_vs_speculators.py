@@ -309,7 +309,7 @@ def math_check(venv: Path, work: Path) -> dict[str, Any]:
     grad_scale = {n: float(ours_grads[n].abs().max()) for n in ours_grads}
     ours_trainable = sum(x.numel() for x in draft.parameters() if x.requires_grad)
     return {"shape": c, "logits_max_abs_diff": logit_diff, "logits_max_abs": logit_scale,
-            "their_loss": float(theirs["loss"]), "their_loss_on_our_logits": float(equiv),
+            "their_loss": float(theirs["loss"]), "their_loss_on_our_logits": float(equiv.detach()),
             "loss_abs_diff": abs(float(theirs["loss"]) - float(equiv)),
             "our_loss": float(ours_loss),
             "our_step_losses": [round(float(x), 6) for x in stats[:k]],
