@@ -109,19 +109,10 @@ def bench_train(demo: Path, work: Path, steps: int, online: bool) -> dict[str, A
 STEP_SHAPE = {"t": 1024, "v": 32000, "vd": 8000, "heads": 8, "kv_heads": 4, "threads": 2}
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One process, one (impl, hidden, k, freeze) measurement (section (c) of the docstring)."""
-    import resource
-
     import torch.nn.functional as F
+    from step_timing import rss_kb, time_steps  # benchmarks/ is sys.path[0]
 
     from engine.model import Eagle3Draft, preset, shift_left
     from engine.ttt_loss import (
@@ -132,7 +123,7 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
         ttt_loss,
     )
     torch.set_num_threads(STEP_SHAPE["threads"])
-    base_kb = _rss_kb()
+    base_kb = rss_kb()
     h, k, t, v, vd = spec["hidden"], spec["k"], STEP_SHAPE["t"], STEP_SHAPE["v"], STEP_SHAPE["vd"]
     cfg = preset("tiny").with_(hidden_size=h, intermediate_size=h * 7 // 2,
                                 num_attention_heads=STEP_SHAPE["heads"],
@@ -185,14 +176,7 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    step()  # warm-up
-    times = []
-    for _ in range(spec["steps"]):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"tokens_per_s": t / min(times), "peak_mb": (peak_kb - base_kb) / 1024}
+    return time_steps(step, spec["steps"], t, base_kb)
 
 
 def step_compare(hiddens: list[int], ks: list[int], repeats: int, steps: int,

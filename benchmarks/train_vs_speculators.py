@@ -135,14 +135,6 @@ def vocab_maps(v: int, vd: int) -> tuple[Any, Any]:
 
 # -- speculators' side (runs inside the venv: no `engine`, nothing outside it) ---------------------
 
-def _rss_kb() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def spec_model(spec: dict[str, Any], t2d: Any, d2t: Any) -> Any:
     """Eagle3DraftModel through the trainer's own constructor, dense-mask attention."""
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -159,15 +151,15 @@ def spec_model(spec: dict[str, Any], t2d: Any, d2t: Any) -> Any:
 
 
 def spec_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import resource
     import warnings
 
     import speculators.models.eagle3  # noqa: F401  (import cost is in the baseline)
     import torch
     from speculators.losses import resolve_loss_config
+    from step_timing import rss_kb, time_steps  # benchmarks/ is sys.path[0]
     warnings.filterwarnings("ignore")
     torch.set_num_threads(spec["threads"])
-    base_kb = _rss_kb()
+    base_kb = rss_kb()
     h, k, t, v, vd = spec["hidden"], spec["k"], spec["t"], spec["v"], spec["vd"]
     torch.manual_seed(0)
     t2d, d2t = vocab_maps(v, vd)
@@ -193,14 +185,7 @@ def spec_worker(spec: dict[str, Any]) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    step()  # warm-up
-    times = []
-    for _ in range(spec["steps"]):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"tokens_per_s": t / min(times), "peak_mb": (peak_kb - base_kb) / 1024,
+    return {**time_steps(step, spec["steps"], t, base_kb),
             "trainable": sum(p.numel() for p in params)}
 
 
