@@ -6,8 +6,10 @@ on sys.path)."""
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def rss_kb() -> int:
@@ -31,3 +33,20 @@ def time_steps(step: Callable[[], object], steps: int, tokens: int, base_kb: int
         times.append(time.perf_counter() - t0)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"tokens_per_s": tokens / min(times), "peak_mb": (peak_kb - base_kb) / 1024}
+
+
+def median_rows(runs: dict[tuple[int, int, bool, str], list[dict[str, Any]]],
+                configs: list[tuple[int, int, bool]], num: str, den: str
+                ) -> list[dict[str, Any]]:
+    """Per configuration (hidden, K, lm_head frozen), over the repeats of both sides: the median
+    tokens/s and peak MB of each (`SIDE_tok_s`, `SIDE_peak_mb`) and the ratio num / den."""
+    rows = []
+    for h, k, fr in configs:
+        med = {s: {key: statistics.median(x[key] for x in runs[(h, k, fr, s)])
+                   for key in ("tokens_per_s", "peak_mb")} for s in (den, num)}
+        row: dict[str, Any] = {"hidden": h, "k": k, "lm_head_frozen": fr}
+        row.update({f"{s}_tok_s": round(med[s]["tokens_per_s"], 1) for s in (den, num)})
+        row["ratio"] = round(med[num]["tokens_per_s"] / med[den]["tokens_per_s"], 3)
+        row.update({f"{s}_peak_mb": round(med[s]["peak_mb"]) for s in (den, num)})
+        rows.append(row)
+    return rows

@@ -181,8 +181,9 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 def step_compare(hiddens: list[int], ks: list[int], repeats: int, steps: int,
                  heads: list[str]) -> dict[str, Any]:
-    import statistics
     import subprocess
+
+    from step_timing import median_rows
     configs = [(h, k, fr == "frozen") for h in hiddens for k in ks for fr in heads]
     runs: dict[tuple[int, int, bool, str], list[dict[str, Any]]] = {}
     for r in range(repeats):
@@ -196,16 +197,7 @@ def step_compare(hiddens: list[int], ks: list[int], repeats: int, steps: int,
                 runs.setdefault((h, k, fr, impl), []).append(json.loads(p.stdout))
                 print(f"  repeat {r} hidden {h} K {k} frozen {fr} {impl}: "
                       f"{runs[(h, k, fr, impl)][-1]}", file=sys.stderr)
-    rows = []
-    for h, k, fr in configs:
-        med = {impl: {key: statistics.median(x[key] for x in runs[(h, k, fr, impl)])
-                      for key in ("tokens_per_s", "peak_mb")} for impl in ("old", "new")}
-        rows.append({"hidden": h, "k": k, "lm_head_frozen": fr,
-                     "old_tok_s": round(med["old"]["tokens_per_s"], 1),
-                     "new_tok_s": round(med["new"]["tokens_per_s"], 1),
-                     "ratio": round(med["new"]["tokens_per_s"] / med["old"]["tokens_per_s"], 3),
-                     "old_peak_mb": round(med["old"]["peak_mb"]),
-                     "new_peak_mb": round(med["new"]["peak_mb"])})
+    rows = median_rows(runs, configs, num="new", den="old")
     return {"shape": STEP_SHAPE, "repeats": repeats, "steps": steps, "rows": rows}
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -325,6 +324,7 @@ def compare(venv: Path, work: Path, hiddens: list[int], ks: list[int], repeats: 
             heads: list[str]) -> dict[str, Any]:
     """(b) of the docstring."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    from step_timing import median_rows
     from train import STEP_SHAPE  # benchmarks/train.py: the shape its step worker uses
 
     shape = dict(STEP_SHAPE)
@@ -345,18 +345,9 @@ def compare(venv: Path, work: Path, hiddens: list[int], ks: list[int], repeats: 
                 runs.setdefault((h, k, fr, side), []).append(res)
                 print(f"  repeat {r} hidden {h} K {k} frozen {fr} {side}: {res}",
                       file=sys.stderr)
-    rows = []
-    for h, k, fr in configs:
-        med = {s: {key: statistics.median(x[key] for x in runs[(h, k, fr, s)])
-                   for key in ("tokens_per_s", "peak_mb")} for s in ("ours", "speculators")}
-        rows.append({"hidden": h, "k": k, "lm_head_frozen": fr,
-                     "ours_tok_s": round(med["ours"]["tokens_per_s"], 1),
-                     "speculators_tok_s": round(med["speculators"]["tokens_per_s"], 1),
-                     "ratio": round(med["ours"]["tokens_per_s"]
-                                    / med["speculators"]["tokens_per_s"], 3),
-                     "ours_peak_mb": round(med["ours"]["peak_mb"]),
-                     "speculators_peak_mb": round(med["speculators"]["peak_mb"]),
-                     "speculators_trainable": runs[(h, k, fr, "speculators")][0]["trainable"]})
+    rows = median_rows(runs, configs, num="ours", den="speculators")
+    for row, (h, k, fr) in zip(rows, configs, strict=True):
+        row["speculators_trainable"] = runs[(h, k, fr, "speculators")][0]["trainable"]
     return {"shape": shape, "repeats": repeats, "steps": steps, "rows": rows}
 
 
