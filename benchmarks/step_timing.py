@@ -50,3 +50,17 @@ def median_rows(runs: dict[tuple[int, int, bool, str], list[dict[str, Any]]],
         row.update({f"{s}_peak_mb": round(med[s]["peak_mb"]) for s in (den, num)})
         rows.append(row)
     return rows
+
+
+def print_rows(rows: list[dict[str, Any]], first: str, second: str,
+               shown: tuple[str, str] | None = None) -> None:
+    """The table of `median_rows`: the sides `first` and `second` in that order, headed by
+    their names or `shown` (at most 5 characters each, to keep the columns)."""
+    a, b = shown or (first, second)
+    print(f"    hidden  K  lm_head  {a + ' tok/s':>11} {b + ' tok/s':>11}   ratio "
+          f"{a + ' MB':>8} {b + ' MB':>8}")
+    for r in rows:
+        head = "frozen" if r["lm_head_frozen"] else "trained"
+        print(f"    {r['hidden']:>6} {r['k']:>2}  {head:<8} {r[f'{first}_tok_s']:>11} "
+              f"{r[f'{second}_tok_s']:>11} {r['ratio']:>6.2f}x "
+              f"{r[f'{first}_peak_mb']:>8} {r[f'{second}_peak_mb']:>8}")

@@ -224,12 +224,8 @@ def main() -> int:
             return 0
         print("(c) training step, old vs new: float32, 2 threads, T=1024, batch 1, 8/4 heads, "
               "V 32000, Vd 8000; medians")
-        print("    hidden  K  lm_head   old tok/s  new tok/s  ratio   old MB  new MB")
-        for r in res["rows"]:
-            head = "frozen" if r["lm_head_frozen"] else "trained"
-            print(f"    {r['hidden']:>6} {r['k']:>2}  {head:<8}{r['old_tok_s']:>10} "
-                  f"{r['new_tok_s']:>10} {r['ratio']:>6.2f}x "
-                  f"{r['old_peak_mb']:>7} {r['new_peak_mb']:>7}")
+        from step_timing import print_rows
+        print_rows(res["rows"], "old", "new")
         return 0
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()

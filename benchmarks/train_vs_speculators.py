@@ -402,12 +402,8 @@ def main() -> int:
     cmp = res["compare"]
     print(f"(b) training step, ours vs speculators {SPECULATORS}: float32, 2 threads, T=1024, "
           f"batch 1, 8/4 heads, V 32000, Vd 8000; medians of {cmp['repeats']}")
-    print("    hidden  K  lm_head   ours tok/s  spec tok/s  ratio   ours MB  spec MB")
-    for r in cmp["rows"]:
-        head = "frozen" if r["lm_head_frozen"] else "trained"
-        print(f"    {r['hidden']:>6} {r['k']:>2}  {head:<8}{r['ours_tok_s']:>11} "
-              f"{r['speculators_tok_s']:>11} {r['ratio']:>6.2f}x "
-              f"{r['ours_peak_mb']:>8} {r['speculators_peak_mb']:>8}")
+    from step_timing import print_rows
+    print_rows(cmp["rows"], "ours", "speculators", shown=("ours", "spec"))
     return 0
 
 
