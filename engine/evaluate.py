@@ -172,8 +172,8 @@ def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
     eos = tok.convert_tokens_to_ids(tok.eos_token) if tok is not None and tok.eos_token else None
     pad = eos if eos is not None else 0
     dev = target.device
-    b, width = len(prompts), max(len(p) for p in prompts)
     ids, mask = _left_padded(prompts, pad, dev)
+    b, width = ids.shape
     base = target._decoder()
     n_layers = target.num_layers
     captured: dict[int, list[Tensor]] = {k: [] for k in set(target.aux_layer_ids)}
@@ -198,7 +198,7 @@ def greedy_with_features(target: Target, prompts: list[list[int]], max_new: int
             for r, t in zip(rows.tolist(), nxt.tolist(), strict=True):
                 gen[r].append(t)
             live = nxt != eos if eos is not None else torch.ones_like(nxt, dtype=torch.bool)
-            if len(gen[int(rows[0])]) >= max_new or not bool(live.any()):
+            if len(steps) + 1 >= max_new or not bool(live.any()):  # live rows made 1 + steps
                 break
             if not bool(live.all()):  # finished rows leave the batch and its cache
                 keep = live.nonzero()[:, 0]

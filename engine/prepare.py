@@ -65,6 +65,7 @@ from engine.errors import EngineError
 from engine.events import Emitter
 from engine.fileio import atomic_file, read_json, replace_dir, sha256_file, write_json
 from engine.target import Target, config_hash
+from engine.ttt_loss import target_argmax
 
 FORMAT = "eagle3-console-data"
 VERSION = 1
@@ -134,11 +135,10 @@ class ShardWriter:
     _bytes: int = 0
 
     def add(self, sid: str, ids: Tensor, mask: Tensor, aux: Tensor, hidden: Tensor) -> None:
-        top = None
-        if self.head is not None:  # from the hidden state as stored, as training would
-            from engine.ttt_loss import target_argmax
-            top = target_argmax(hidden.to(self.dtype), self.head).to("cpu", torch.int32)
-        aux, hidden = aux.to("cpu", self.dtype), hidden.to("cpu", self.dtype)
+        hidden = hidden.to(self.dtype)  # the argmax is taken from the hidden state as stored
+        top = None if self.head is None else \
+            target_argmax(hidden, self.head).to("cpu", torch.int32)
+        aux, hidden = aux.to("cpu", self.dtype), hidden.to("cpu")
         self._buf.append((sid, ids.to(torch.int32), mask.to(torch.uint8), aux, hidden, top))
         self._bytes += aux.nbytes + hidden.nbytes + ids.numel() * (5 if top is None else 9)
         if self._bytes >= self.shard_bytes:
