@@ -118,6 +118,7 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from engine.ttt_loss import (
         STEP_WEIGHT,
         draft_head,
+        step_rows,
         target_argmax,
         target_distribution,
         ttt_loss,
@@ -147,7 +148,17 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
     ids = torch.randint(0, v, (1, t))
     att = torch.ones(1, t, dtype=torch.long)
     loss_mask = torch.ones(1, t, dtype=torch.long)
-    stored_top = target_argmax(hidden, lm_head)  # what prepare stores
+    stored_top = target_argmax(hidden, lm_head, rows=256)  # what prepare stores
+    cover = spec.get("coverage")
+    if cover is not None:  # force this fraction of targets into the draft vocab (else ~Vd/V)
+        g = torch.Generator().manual_seed(1)
+        inside = torch.rand(stored_top.shape, generator=g) < cover
+        ins = draft_ids[torch.randint(0, vd, stored_top.shape, generator=g)]
+        outs = torch.nonzero(~draft.t2d).squeeze(1)
+        outs = outs[torch.randint(0, outs.numel(), stored_top.shape, generator=g)]
+        stored_top = torch.where(inside, ins, outs)
+    if not old:  # the trainer reads only the draft rows when the data stores the argmax
+        del lm_head
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-4,
                             betas=(0.9, 0.95))
     denom = float(t - 2)
@@ -162,7 +173,8 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 top = stored_top
                 p, in_vocab = target_distribution(hidden, head_d, top, draft.t2d)
-        out = draft.ttt_forward(aux, ids, k, attention_mask=att)
+                rows = step_rows(loss_mask, in_vocab, k)  # the positions the loss reads
+        out = draft.ttt_forward(aux, ids, k, attention_mask=att, rows=None if old else rows)
         if old:
             loss = p.new_zeros(())
             for i, lg in enumerate(out):
@@ -170,7 +182,7 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 ce = -(shift_left(p, 1 + i) * F.log_softmax(lg.float(), dim=-1)).sum(-1)
                 loss = loss + STEP_WEIGHT ** i * (ce * mask).sum() / denom
         else:
-            loss, _ = ttt_loss(out, p, top, in_vocab, loss_mask, draft.d2t, denom)
+            loss, _ = ttt_loss(out, p, top, in_vocab, loss_mask, draft.d2t, denom, rows)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -27,8 +27,12 @@ Eagle3Draft(cfg)
     `trainable_state_dict()` is the state dict without the frozen embedding; `set_embedding(w)`
     installs the target's (engine.formats.load_target_embedding reads it from a target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
-                        attention_mask [B,T] | None, position_ids [B,T] | None)
+                        attention_mask [B,T] | None, position_ids [B,T] | None,
+                        rows: K index tensors | None)
     -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll of spec section 5.
+    With `rows`, step i's logits are only those of the flat positions rows[i] (indices into
+    B*T): [n_i, Vd]. The trainer passes the positions its loss reads, so the norm, the lm_head
+    and the loss skip the others (prompt tokens, padding, targets outside the draft vocab).
     Inputs are UNSHIFTED: aux_hidden[:, t] is the target's state after token t and input_ids[:, t]
     is token t. THE MODEL SHIFTS: step i at position t embeds token t+1+i (positions past the end
     embed token 0 and are garbage), so logits[i][:, t] predicts token t+2+i. The matching target
@@ -319,8 +323,10 @@ class Eagle3Draft(nn.Module):
     # -- training-time test --------------------------------------------------------------------
     def ttt_forward(self, aux_hidden: Tensor, input_ids: Tensor, steps: int,
                     attention_mask: Tensor | None = None,
-                    position_ids: Tensor | None = None) -> list[Tensor]:
-        """The K-step TTT unroll (module docstring): returns K logits tensors [B,T,Vd]."""
+                    position_ids: Tensor | None = None,
+                    rows: list[Tensor] | None = None) -> list[Tensor]:
+        """The K-step TTT unroll (module docstring): returns K logits tensors [B,T,Vd], or
+        [n_i,Vd] for the flat positions rows[i] when `rows` is given."""
         if steps < 1:
             raise ValueError("steps must be >= 1")
         b, t, _ = aux_hidden.shape
@@ -337,21 +343,24 @@ class Eagle3Draft(nn.Module):
             cos, sin = self._cos_sin(position_ids + i, h.dtype)
             mask = None if split else ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
             step = self._step_fn or self._ttt_step
-            h, lg, kv = step(emb, h, cos, sin, past, mask)  # h [B,T,H], fed to step i+1
+            h, lg, kv = step(emb, h, cos, sin, past, mask,  # h [B,T,H], fed to step i+1
+                             None if rows is None else rows[i])
             past.append(kv)
             out_logits.append(lg)  # [B,T,Vd]
         return out_logits
 
     def _ttt_step(self, emb: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                  mask: Tensor | None) -> tuple[Tensor, Tensor, KV]:
-        """One TTT step: (out [B,T,H], logits [B,T,Vd], this step's (k, v))."""
+                  mask: Tensor | None, rows: Tensor | None = None) -> tuple[Tensor, Tensor, KV]:
+        """One TTT step: (out [B,T,H], logits [B,T,Vd] or [n,Vd] of the flat `rows`, this
+        step's (k, v))."""
         if self.checkpoint_activations and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
             out, kv = checkpoint(self.midlayer, emb, h, cos, sin, list(past), mask,  # a snapshot:
                                  use_reentrant=False)  # the caller appends to `past`
         else:
             out, kv = self.midlayer(emb, h, cos, sin, past, mask)
-        return out, self.logits(out), kv
+        sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
+        return out, self.logits(sel), kv
 
     def compile_step(self, **options: Any) -> None:
         """torch.compile the TTT step (`_ttt_step`; CPU and CUDA). One graph per step index

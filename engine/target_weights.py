@@ -61,6 +61,39 @@ def load_heads(target_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
     return emb, (emb if head_name == emb_name else ws.load(head_name))
 
 
+class TargetHead:
+    """The target's lm_head [V,Ht] (float32, CPU), read only as far as a run needs it: training
+    on data that stores the target's argmax needs only the draft-vocab rows (`rows`), 2% of a
+    160k x 7168 head; the full matrix (`full`, read once, kept) only for data without it.
+    `loaded` is the full matrix when the caller already holds it (a tied target's embedding, an
+    in-process target's head)."""
+
+    def __init__(self, target: Path | str, loaded: torch.Tensor | None = None) -> None:
+        self.target = Path(target)
+        self._full = loaded
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows `ids` [n] -> [n, Ht], without reading the others."""
+        if self._full is not None:
+            return self._full[ids].contiguous()
+        ws, _, name = find_target_heads(self.target)
+        return ws.load_rows(name, ids.cpu()).float()
+
+    def full(self) -> torch.Tensor:
+        if self._full is None:
+            ws, _, name = find_target_heads(self.target)
+            self._full = ws.load(name).float()
+        return self._full
+
+
+def load_embedding(target_dir: str) -> tuple[torch.Tensor, TargetHead]:
+    """(embedding [V,Ht] float32, the lm_head as a TargetHead): reads only the embedding now;
+    a tied target's head is that same tensor."""
+    ws, emb_name, head_name = find_target_heads(target_dir)
+    emb = ws.load(emb_name).float()
+    return emb, TargetHead(target_dir, emb if head_name == emb_name else None)
+
+
 def target_lm_head_rows(target: Path, rows: torch.Tensor, hidden: int
                         ) -> tuple[torch.Tensor, str]:
     """Rows of the target's lm_head (its embedding when tied), reading only those rows."""

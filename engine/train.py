@@ -45,7 +45,7 @@ from engine.model import Eagle3Draft
 from engine.plan import Step, epoch_steps, split_holdout
 from engine.train_config import TrainConfig
 from engine.train_setup import Setup, build
-from engine.ttt_loss import draft_head, summarize, target_argmax, target_distribution, ttt_loss
+from engine.ttt_loss import step_rows, summarize, target_argmax, target_distribution, ttt_loss
 
 
 class Unroll(nn.Module):
@@ -56,8 +56,8 @@ class Unroll(nn.Module):
         self.draft = draft
         self.steps = steps
 
-    def forward(self, aux: Tensor, ids: Tensor, att: Tensor) -> list[Tensor]:
-        return self.draft.ttt_forward(aux, ids, self.steps, attention_mask=att)
+    def forward(self, aux: Tensor, ids: Tensor, att: Tensor, rows: list[Tensor]) -> list[Tensor]:
+        return self.draft.ttt_forward(aux, ids, self.steps, attention_mask=att, rows=rows)
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -115,8 +115,8 @@ class Trainer:
         self.draft = draft
         self.draft_ids = (draft.d2t + torch.arange(draft.d2t.numel(), device=self.dev))
         # The target side needs the draft-vocab rows of its lm_head (p), and the full head only
-        # for the argmax of data that does not store it (moved to the device on first use).
-        self.head_d = draft_head(self.setup_.lm_head, self.draft_ids.cpu()).to(self.dev)
+        # for the argmax of data that does not store it (read and moved on first use).
+        self.head_d = self.setup_.lm_head.rows(self.draft_ids.cpu()).to(self.dev)
         self.lm_head: Tensor | None = None
         self.step, self.pos = 0, (0, 0)
         self.best_tau, self.best_step = -1.0, 0
@@ -218,14 +218,15 @@ class Trainer:
             top = b.get("target_argmax")
             if top is None:
                 if self.lm_head is None:
-                    self.lm_head = self.setup_.lm_head.to(self.dev)
+                    self.lm_head = self.setup_.lm_head.full().to(self.dev)
                 top = target_argmax(b["hidden"], self.lm_head)
             with torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
                 p, in_vocab = target_distribution(b["hidden"], self.head_d, top, self.draft.t2d)
+            rows = step_rows(b["loss_mask"], in_vocab, self.cfg.ttt_steps)  # what the loss reads
         with self._timed("draft"), torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-            logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"])
+            logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"], rows)
             loss, stats = ttt_loss(logits, p, top, in_vocab, b["loss_mask"], self.draft.d2t,
-                                   denom)
+                                   denom, rows)
         if grad:
             with self._timed("backward"):
                 (loss * self.dist.world).backward()  # DDP averages: undo it, denom is global

@@ -26,7 +26,8 @@ from engine.errors import EngineError
 from engine.events import Emitter
 from engine.fileio import sha256_file
 from engine.model import Eagle3Config, Eagle3Draft
-from engine.target import Target, config_hash, default_aux_ids, load_heads, read_config
+from engine.target import Target, config_hash, default_aux_ids, read_config
+from engine.target_weights import TargetHead, load_embedding
 from engine.train_config import TrainConfig
 
 
@@ -36,7 +37,7 @@ class Setup:
 
     data: FeatureData
     draft: Eagle3Draft
-    lm_head: Tensor  # [V,Ht] the target's
+    lm_head: TargetHead  # the target's [V,Ht]: its draft-vocab rows, the whole only if needed
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
@@ -90,7 +91,7 @@ def _vocab(cfg: TrainConfig, data: FeatureData, v: int, source_vd: int | None,
     return d2t, t2d, f"built from data ({vd} ids)"
 
 
-def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: Tensor,
+def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: TargetHead,
               data: FeatureData, ev: Emitter) -> tuple[Eagle3Config, dict[str, Tensor],
                                                        dict[str, Any]]:
     from engine.checks import load_drafter
@@ -120,7 +121,7 @@ def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: T
     if vocab is not None and not torch.equal(vocab[0], old_d2t):
         new_d2t, new_t2d, _ = vocab
         new_ids = new_token_ids(old_d2t, new_d2t, v)
-        rows = lm_head[new_ids] if lm_head.shape[1] == scfg.hidden_size else None
+        rows = lm_head.rows(new_ids) if ht == scfg.hidden_size else None
         sd["lm_head.weight"], stats = remap_lm_head(sd["lm_head.weight"].float(), old_d2t,
                                                     new_d2t, v, rows)
         sd["d2t"], sd["t2d"] = new_d2t, new_t2d
@@ -143,15 +144,15 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     if cfg.online and cfg.from_vllm:  # the server holds the target: read only its heads here
         from engine.online_data import open_stream
         data = open_stream(cfg, ev)
-        emb, head = (t.float() for t in load_heads(cfg.target))
+        emb, head = load_embedding(cfg.target)
     elif cfg.online:
         target = Target.load(cfg.target, device=str(device))
         data = OnlineData(cfg.data, target, cfg.max_len)
-        emb, head = target.embed_weight().detach().float().cpu(), \
-            target.lm_head_weight().detach().float().cpu()
+        emb = target.embed_weight().detach().float().cpu()
+        head = TargetHead(cfg.target, target.lm_head_weight().detach().float().cpu())
     else:
         data = open_data(cfg.data, target_dir=cfg.target)
-        emb, head = (t.float() for t in load_heads(cfg.target))
+        emb, head = load_embedding(cfg.target)
         want = data.meta.get("target", {}).get("config_sha256")
         if want and want != config_hash(cfg.target):
             raise EngineError(f"--data {cfg.data}: prepared with another target (manifest "

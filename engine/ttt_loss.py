@@ -16,6 +16,11 @@ t+2+i.
   (`target_argmax`), else from `target_argmax` here (chunked, float32, no [T,V] logits kept).
 - the per-step loss is one log_softmax and a dot product (`SoftCrossEntropy`), on flattened
   token rows paired with the target rows 1+i further on: no shifted [T,Vd] copies of p.
+- only the positions a step's loss reads get logits: `step_rows` lists them (flat indices of
+  the step's position mask) and the model computes norm + lm_head for those rows alone
+  (engine/model.py `ttt_forward(rows=)`); prompt tokens, padding and targets outside the draft
+  vocab cost no lm_head work, no log_softmax and no saved [T,Vd] activations. The result is the
+  full-logits objective, up to float summation order (fewer rows in each reduction).
 - tau (estimated acceptance length of a greedy chain of K drafts, vLLM counting, bonus included):
   1 + sum over n of the fraction of supervised positions whose first n drafts are all right.
   Chains run teacher-forced along the data, which the target itself generated.
@@ -78,24 +83,32 @@ def target_distribution(hidden: Tensor, head_d: Tensor, top: Tensor, t2d: Tensor
 class SoftCrossEntropy(torch.autograd.Function):
     """ce[r] = -sum_v p[r,v] * log_softmax(logits[r])[v] for rows r, with p's row sums given
     (the backward's softmax * psum - p). Saves only the log_softmax, as log_softmax itself does;
-    no product tensor is kept or made in the forward."""
+    no product tensor is kept or made in the forward.
+
+    With `idx`, row r of logits pairs with row idx[r] of p and psum (a gather made where it is
+    used, in the forward and again in the backward: p itself is saved, never a gathered copy).
+    """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, p: Tensor, psum: Tensor) -> Tensor:
+    def forward(ctx, logits: Tensor, p: Tensor, psum: Tensor, idx: Tensor | None = None
+                ) -> Tensor:
         with torch.autocast(logits.device.type, enabled=False):
             logp = torch.log_softmax(logits.float(), dim=-1)  # [M,V]
+            pr = p if idx is None else p.index_select(0, idx)
             work = torch.promote_types(p.dtype, logp.dtype)
-            ce = -torch.bmm(p.to(work).unsqueeze(1), logp.to(work).unsqueeze(2)).view(-1)  # [M]
-        ctx.save_for_backward(logp, p, psum)
+            ce = -torch.bmm(pr.to(work).unsqueeze(1), logp.to(work).unsqueeze(2)).view(-1)  # [M]
+        ctx.save_for_backward(logp, p, psum, idx)
         ctx.in_dtype = logits.dtype
         return ce
 
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
-        logp, p, psum = ctx.saved_tensors
+        logp, p, psum, idx = ctx.saved_tensors
+        if idx is not None:
+            p, psum = p.index_select(0, idx), psum.index_select(0, idx)
         grad = logp.exp()
         grad.mul_(psum[:, None]).sub_(p).mul_(g[:, None])
-        return grad.to(ctx.in_dtype), None, None
+        return grad.to(ctx.in_dtype), None, None, None
 
 
 def _step_ce(lg: Tensor, p2: Tensor, psum: Tensor, shift: int) -> Tensor:
@@ -111,9 +124,23 @@ def _step_ce(lg: Tensor, p2: Tensor, psum: Tensor, shift: int) -> Tensor:
     return ce.view(b, t)
 
 
+def step_masks(loss_mask: Tensor, in_vocab: Tensor, k: int) -> list[Tensor]:
+    """Step i's position mask [B,T]: loss_mask(t+2+i) and the target argmax at t+1+i in the
+    draft vocab (module docstring)."""
+    return [shift_left(loss_mask, 2 + i).bool() & shift_left(in_vocab, 1 + i) for i in range(k)]
+
+
+def step_rows(loss_mask: Tensor, in_vocab: Tensor, k: int) -> list[Tensor]:
+    """The flat positions (indices into B*T) of each step's mask: the rows `ttt_forward(rows=)`
+    computes logits for and `ttt_loss(rows=)` reads."""
+    return [m.reshape(-1).nonzero().squeeze(1) for m in step_masks(loss_mask, in_vocab, k)]
+
+
 def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, loss_mask: Tensor,
-             d2t: Tensor, denom: float) -> tuple[Tensor, Tensor]:
-    """(weighted total loss, stats vector) for one micro-batch.
+             d2t: Tensor, denom: float, rows: list[Tensor] | None = None
+             ) -> tuple[Tensor, Tensor]:
+    """(weighted total loss, stats vector) for one micro-batch. `logits` are [B,T,Vd] each, or
+    [n_i,Vd] for the positions `rows` (step_rows) when given.
 
     stats (float64, summable across micro-batches and ranks), K = len(logits):
         [0:K]    loss_i * 1       (already divided by denom)
@@ -130,15 +157,25 @@ def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, los
     sup0 = shift_left(loss_mask, 2).bool()  # [B,T]
     chain = sup0.clone()
     chain_sum = p.new_zeros((), dtype=torch.float64)
+    masks = step_masks(loss_mask, in_vocab, k)
     for i, lg in enumerate(logits):
         sup = shift_left(loss_mask, 2 + i).bool()
-        mask = sup & shift_left(in_vocab, 1 + i)  # [B,T]
-        ce = _step_ce(lg, p2, psum, 1 + i)  # [B,T]
-        loss_i = (ce * mask).sum() / denom
+        mask = masks[i]  # [B,T]
+        if rows is None:
+            ce = _step_ce(lg, p2, psum, 1 + i)  # [B,T]
+            loss_i = (ce * mask).sum() / denom
+        else:
+            loss_i = SoftCrossEntropy.apply(lg, p2, psum, rows[i] + (1 + i)).sum() / denom
         total = total + (STEP_WEIGHT ** i) * loss_i
         with torch.no_grad():
             pred = lg.argmax(-1)
-            right = (pred + d2t[pred]) == shift_left(top, 1 + i)  # [B,T]
+            if rows is None:
+                right = (pred + d2t[pred]) == shift_left(top, 1 + i)  # [B,T]
+            else:  # right only where the mask is: the only places the stats read it
+                flat = top.reshape(-1)
+                right = torch.zeros_like(flat, dtype=torch.bool)
+                right[rows[i]] = (pred + d2t[pred]) == flat[rows[i] + (1 + i)]
+                right = right.view_as(top)
             chain = chain & right & sup
             chain_sum = chain_sum + chain.sum()
             stats[i] = loss_i.detach().double()

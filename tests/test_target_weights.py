@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from engine.errors import EngineError
 from engine.key_map import target_heads
-from engine.target_weights import load_heads, target_lm_head_rows
+from engine.target_weights import load_embedding, load_heads, target_lm_head_rows
 
 
 def test_known_names_first_then_a_wrapper_suffix_outside_the_layers() -> None:
@@ -57,6 +57,28 @@ def test_load_heads_tied_and_untied(tmp_path: Path) -> None:
     broken = _target(tmp_path / "broken", {"model.embed_tokens.weight": emb}, cfg)
     with pytest.raises(EngineError, match="broken: no 'lm_head.weight' tensor"):
         load_heads(str(broken))
+
+
+def test_target_head_reads_rows_alone_and_the_whole_only_when_asked(tmp_path: Path) -> None:
+    """The trainer's view of the lm_head: draft rows read from the file (the bf16 storage
+    upcast), the whole matrix on demand; a tied target's head is its embedding."""
+    emb, head = torch.randn(16, 4), torch.randn(16, 4).bfloat16()
+    cfg = {"hidden_size": 4, "num_hidden_layers": 2, "vocab_size": 16}
+    untied = _target(tmp_path / "untied", {"model.embed_tokens.weight": emb,
+                                           "lm_head.weight": head}, cfg)
+    e, th = load_embedding(str(untied))
+    ids = torch.tensor([9, 0, 15, 9])
+    assert torch.equal(e, emb) and torch.equal(th.rows(ids), head.float()[ids])
+    (untied / "model.safetensors").unlink()  # rows came from the file; nothing was kept
+    with pytest.raises(EngineError, match="no weights"):
+        th.full()
+    save_file({"model.embed_tokens.weight": emb, "lm_head.weight": head},
+              str(untied / "model.safetensors"))
+    assert torch.equal(th.full(), head.float()) and th.full() is th.full()
+    tied = _target(tmp_path / "tied", {"model.embed_tokens.weight": emb},
+                   {**cfg, "tie_word_embeddings": True})
+    e, th = load_embedding(str(tied))
+    assert th.full() is e and torch.equal(th.rows(ids), emb[ids])
 
 
 def test_lm_head_rows_of_a_weights_only_target_fall_back_to_the_embedding(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from engine.model import shift_left
 from engine.ttt_loss import (
     STEP_WEIGHT,
     draft_head,
+    step_rows,
     target_argmax,
     target_distribution,
     ttt_loss,
@@ -108,3 +109,50 @@ def test_loss_and_gradients_equal_the_reference(dtype: torch.dtype, b: int, t: i
     gtol = max(tol, 1e-6)  # both take log_softmax's backward in float32 (logits.float())
     for i, (x, y) in enumerate(zip(g_got, g_want, strict=True)):
         torch.testing.assert_close(x, y, rtol=gtol, atol=gtol, msg=f"step {i}")
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_logits_of_the_loss_rows_only_equal_the_full_logits_path(k: int) -> None:
+    """`ttt_forward(rows=step_rows(..))` + `ttt_loss(rows=)` (logits only where a step's loss
+    reads) against full logits: the same loss and stats, the same gradients of every trained
+    weight, on a real drafter with GQA, right padding, prompt tokens and out-of-vocab targets."""
+    from engine.model import Eagle3Draft, preset
+    torch.manual_seed(3)
+    b, t, v, vd, h = 3, 37, 300, 70, 32
+    cfg = preset("tiny").with_(hidden_size=h, intermediate_size=64, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=8, target_hidden_size=24,
+                               vocab_size=v, draft_vocab_size=vd)
+    draft = Eagle3Draft(cfg)
+    c = _case(11, b, t, v=v, vd=vd)
+    draft.d2t.copy_(c["draft_ids"] - torch.arange(vd))
+    draft.t2d.copy_(c["t2d"])
+    top = target_argmax(c["hidden"], c["lm_head"])
+    p, in_vocab = target_distribution(c["hidden"], draft_head(c["lm_head"], c["draft_ids"]), top,
+                                      c["t2d"])
+    att = torch.ones(b, t, dtype=torch.long)
+    att[-1, t - 3:] = 0  # _case pads the last row's tail
+    aux = torch.randn(b, t, 3 * 24)
+    ids = torch.randint(0, v, (b, t))
+    denom = float(int(c["loss_mask"][:, 2:].sum()))
+
+    def run(rows: list[torch.Tensor] | None) -> tuple[torch.Tensor, ...]:
+        draft.zero_grad()
+        out = draft.ttt_forward(aux, ids, k, attention_mask=att, rows=rows)
+        loss, stats = ttt_loss(out, p, top, in_vocab, c["loss_mask"], draft.d2t, denom, rows)
+        loss.backward()
+        grads = [q.grad.clone() for q in draft.parameters() if q.grad is not None]
+        return loss.detach(), stats, *grads
+
+    rows = step_rows(c["loss_mask"], in_vocab, k)
+    assert 0 < rows[0].numel() < b * t  # some positions are skipped, some kept
+    full, sparse = run(None), run(rows)
+    assert len(full) == len(sparse) > 8
+    torch.testing.assert_close(sparse[0], full[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(sparse[1][k:], full[1][k:])  # counts, right drafts, chain: exact
+    for x, y in zip(sparse[2:], full[2:], strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # the kept rows are the full path's rows
+        dense = draft.ttt_forward(aux, ids, k, attention_mask=att)
+        some = draft.ttt_forward(aux, ids, k, attention_mask=att, rows=rows)
+    for i in range(k):
+        torch.testing.assert_close(some[i], dense[i].reshape(-1, vd)[rows[i]])
