@@ -183,6 +183,7 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 loss = loss + STEP_WEIGHT ** i * (ce * mask).sum() / denom
         else:
             loss, _ = ttt_loss(out, p, top, in_vocab, loss_mask, draft.d2t, denom, rows)
+            del out  # as the trainer does: the backward does not read the logits
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -227,6 +227,7 @@ class Trainer:
             logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"], rows)
             loss, stats = ttt_loss(logits, p, top, in_vocab, b["loss_mask"], self.draft.d2t,
                                    denom, rows)
+            del logits  # K [n,Vd] tensors the backward does not read (the loss saved its own)
         if grad:
             with self._timed("backward"):
                 (loss * self.dist.world).backward()  # DDP averages: undo it, denom is global

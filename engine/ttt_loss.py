@@ -10,8 +10,9 @@ t+2+i.
   and ranks), known before the step from the data plan: summing per-micro-batch losses then gives
   the same number, and the same gradient, whatever the split across ranks and accumulation.
 - acc_i: draft argmax mapped through d2t == target argmax, over the step's position mask.
-- the target side is computed once per batch and only what is needed: `draft_head` (the
-  draft-vocab rows of the target's lm_head, gathered once per run) gives p over the draft vocab;
+- the target side is computed once per batch and only what is needed: the draft-vocab rows of
+  the target's lm_head (read once per run: engine/target_weights.py `TargetHead.rows`, or
+  `draft_head` of a head in memory) give p over the draft vocab;
   the target's argmax over the FULL vocab comes from the data when prepare stored it
   (`target_argmax`), else from `target_argmax` here (chunked, float32, no [T,V] logits kept).
 - the per-step loss is one log_softmax and a dot product (`SoftCrossEntropy`), on flattened
@@ -34,6 +35,7 @@ from torch import Tensor
 from engine.model import shift_left
 
 STEP_WEIGHT = 0.8
+GATHER_ROWS = 1024  # rows of p gathered at once by SoftCrossEntropy (a bounded transient)
 
 
 def draft_head(lm_head: Tensor, draft_ids: Tensor) -> Tensor:
@@ -85,8 +87,9 @@ class SoftCrossEntropy(torch.autograd.Function):
     (the backward's softmax * psum - p). Saves only the log_softmax, as log_softmax itself does;
     no product tensor is kept or made in the forward.
 
-    With `idx`, row r of logits pairs with row idx[r] of p and psum (a gather made where it is
-    used, in the forward and again in the backward: p itself is saved, never a gathered copy).
+    With `idx`, row r of logits pairs with row idx[r] of p and psum: p's rows are gathered
+    GATHER_ROWS at a time where they are used, in the forward and again in the backward (p itself
+    is saved; no [M,V] copy of it is made).
     """
 
     @staticmethod
@@ -94,9 +97,15 @@ class SoftCrossEntropy(torch.autograd.Function):
                 ) -> Tensor:
         with torch.autocast(logits.device.type, enabled=False):
             logp = torch.log_softmax(logits.float(), dim=-1)  # [M,V]
-            pr = p if idx is None else p.index_select(0, idx)
             work = torch.promote_types(p.dtype, logp.dtype)
-            ce = -torch.bmm(pr.to(work).unsqueeze(1), logp.to(work).unsqueeze(2)).view(-1)  # [M]
+            if idx is None:
+                ce = -torch.bmm(p.to(work).unsqueeze(1), logp.to(work).unsqueeze(2)).view(-1)
+            else:
+                ce = logp.new_empty(logp.shape[0], dtype=work)  # [M]
+                for a in range(0, idx.numel(), GATHER_ROWS):
+                    pr = p.index_select(0, idx[a:a + GATHER_ROWS]).to(work)
+                    lr = logp[a:a + GATHER_ROWS].to(work)
+                    ce[a:a + GATHER_ROWS] = -torch.bmm(pr.unsqueeze(1), lr.unsqueeze(2)).view(-1)
         ctx.save_for_backward(logp, p, psum, idx)
         ctx.in_dtype = logits.dtype
         return ce
@@ -104,10 +113,14 @@ class SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
         logp, p, psum, idx = ctx.saved_tensors
-        if idx is not None:
-            p, psum = p.index_select(0, idx), psum.index_select(0, idx)
         grad = logp.exp()
-        grad.mul_(psum[:, None]).sub_(p).mul_(g[:, None])
+        if idx is None:
+            grad.mul_(psum[:, None]).sub_(p)
+        else:
+            grad.mul_(psum.index_select(0, idx)[:, None])
+            for a in range(0, idx.numel(), GATHER_ROWS):
+                grad[a:a + GATHER_ROWS].sub_(p.index_select(0, idx[a:a + GATHER_ROWS]))
+        grad.mul_(g[:, None])
         return grad.to(ctx.in_dtype), None, None, None
 
 

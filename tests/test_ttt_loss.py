@@ -111,12 +111,16 @@ def test_loss_and_gradients_equal_the_reference(dtype: torch.dtype, b: int, t: i
         torch.testing.assert_close(x, y, rtol=gtol, atol=gtol, msg=f"step {i}")
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_logits_of_the_loss_rows_only_equal_the_full_logits_path(k: int) -> None:
+@pytest.mark.parametrize(("k", "gather"), [(1, 1024), (3, 1024), (3, 7)])
+def test_logits_of_the_loss_rows_only_equal_the_full_logits_path(
+        k: int, gather: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """`ttt_forward(rows=step_rows(..))` + `ttt_loss(rows=)` (logits only where a step's loss
     reads) against full logits: the same loss and stats, the same gradients of every trained
-    weight, on a real drafter with GQA, right padding, prompt tokens and out-of-vocab targets."""
+    weight, on a real drafter with GQA, right padding, prompt tokens and out-of-vocab targets;
+    p's rows gathered in one block or in many (`gather`)."""
+    from engine import ttt_loss as mod
     from engine.model import Eagle3Draft, preset
+    monkeypatch.setattr(mod, "GATHER_ROWS", gather)
     torch.manual_seed(3)
     b, t, v, vd, h = 3, 37, 300, 70, 32
     cfg = preset("tiny").with_(hidden_size=h, intermediate_size=64, num_attention_heads=4,
