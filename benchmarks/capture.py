@@ -10,14 +10,16 @@
     deleted). Tokenisation and model loading are excluded from both (the manifests' `seconds`).
     Goal: from-vllm >= 0.9 x transformers, i.e. the client adds < 10% over computing features.
 (b) trainer tokens/s on the demo preset, offline (features read from the shards) against
-    streamed (`train --online --from-vllm`: features fetched from the stand-in with prefetch).
+    streamed (`train --online --from-vllm`: features fetched from the stand-in with prefetch),
+    on the conversations of (a), prepared once for the offline side.
     Goal: streamed >= 0.9 x offline while the server keeps up. Measured twice: against the live
     stand-in (its forwards share this machine's cores with the trainer), and against the stand-in
     with a warm cache (every sample's features computed before timing; an answer is HTTP and the
     file write only), which isolates the client's cost as on a GPU host that keeps up.
 Capture runs on the demo's train.jsonl chats joined `--merge` at a time into multi-turn
-conversations (~370 tokens; real samples are long) and repeated `--repeat` times; training on the
-demo's own data. Without --demo, a demo workspace is built in a temporary directory first (~20 s).
+conversations (~370 tokens; real samples are long) and repeated `--repeat` times; training on
+the same conversations. Without --demo, a demo workspace is built in a temporary directory
+first (~20 s).
 """
 
 from __future__ import annotations
@@ -145,14 +147,16 @@ def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
             "ratio": round(h / v, 3)}
 
 
-def bench_train(demo: Path, conv: Path, work: Path, steps: int, url: str | None
+def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None
                 ) -> dict[str, Any]:
+    """Demo-preset training for `steps` steps: offline on the prepared directory `data`, or
+    streamed from the server at `url` with `data` the conversations JSONL."""
     from engine.demo import DRAFT_VOCAB, TRAIN_ARGS
     from engine.train import train
     from engine.train_config import TrainConfig
     args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=True))
     out = work / ("streamed" if url else "offline")
-    cfg = TrainConfig(target=str(demo / "target"), data=str(conv if url else demo / "data"),
+    cfg = TrainConfig(target=str(demo / "target"), data=str(data),
                       out=str(out), draft_vocab_size=DRAFT_VOCAB, max_steps=steps,
                       lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
                       ttt_steps=int(args["--ttt-steps"]), epochs=40, save_every=0, holdout=0,
@@ -217,18 +221,22 @@ def main() -> int:
                                "capture": bench_capture(demo, conv, work, server.url)}
         torch.set_num_threads(max(1, threads - st))
         res["trainer_threads"] = torch.get_num_threads()
-        offline = [bench_train(demo, conv, work, args.steps, None)]
-        chats = demo / "conversations" / "train.jsonl"
-        res["train_streamed"] = bench_train(demo, chats, work, args.steps, server.url)
+        # (b) trains on the same long conversations as (a), offline from their prepared
+        # directory: per-sample costs (a request, a file) spread over realistic lengths
+        from engine.prepare import prepare
+        prepared = work / "prepared"
+        prepare(str(demo / "target"), str(conv), str(prepared), max_len=512, ev=quiet())
+        offline = [bench_train(demo, prepared, work, args.steps, None)]
+        res["train_streamed"] = bench_train(demo, conv, work, args.steps, server.url)
         server.close()
         server = Server(demo / "target", work / "hs-cached", st, cached=True)
-        warm_up(demo, chats, server.url)
+        warm_up(demo, conv, server.url)
         # offline and warm streamed alternate, so a shared machine's load hits both; medians
         cached = []
         for r in range(args.rounds):
             if r:
-                offline.append(bench_train(demo, conv, work, args.steps, None))
-            cached.append(bench_train(demo, chats, work, args.steps, server.url))
+                offline.append(bench_train(demo, prepared, work, args.steps, None))
+            cached.append(bench_train(demo, conv, work, args.steps, server.url))
         res["train_offline"] = median_run(offline)
         res["train_streamed_cached"] = median_run(cached)
         res["cached_ratios"] = [round(c["tokens_per_s"] / o["tokens_per_s"], 3)

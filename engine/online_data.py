@@ -12,9 +12,11 @@ applied) and each server file is deleted as soon as it is read.
 
 Worker process: the fetching (HTTP, file read, checks, norm, collation) runs in a child process
 started with 'spawn' (as PyTorch's DataLoader workers), so it takes no CPU time or GIL from the
-training step; batches come back through torch.multiprocessing shared memory. The child exits
-when the trainer does (close(), or the kernel's parent-death signal); its errors reach the trainer
-as the same one-line EngineError naming the sample.
+training step; batches come back through torch.multiprocessing shared memory, each batch packed
+into one shared buffer (`_pack`): one file descriptor handed over per batch, not one per tensor
+(each hand-over is a socket connection with an authentication exchange on both sides). The
+child exits when the trainer does (close(), or the kernel's parent-death signal); its errors
+reach the trainer as the same one-line EngineError naming the sample.
 
 Prefetch: the trainer hands over the micro-batches it is about to train on (`schedule`, in plan
 order, from the resume point on); up to `prefetch` of them are requested ahead with `concurrency`
@@ -25,6 +27,7 @@ final norm and heads are read here; the server holds the model.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -130,7 +133,7 @@ class VllmStreamData(FeatureData):
                 msg, give_up = err
                 raise (GiveUp if give_up else EngineError)(msg)
             if got in self._want:  # else a batch of an old plan: dropped (its files are gone)
-                self._done[got] = batch
+                self._done[got] = _unpack(*batch)
         self.fetched += len(self._want.pop(tag))
         return self._done.pop(tag)
 
@@ -185,6 +188,33 @@ class VllmStreamData(FeatureData):
         self._res.cancel_join_thread()
         self._req.cancel_join_thread()
         self._proc = None
+
+
+Packed = tuple[Tensor, list[tuple[str, torch.dtype, tuple[int, ...], int]]]
+
+
+def _pack(batch: dict[str, Tensor]) -> Packed:
+    """A batch as one shared-memory byte buffer and (name, dtype, shape, offset) per tensor;
+    offsets 64-byte aligned so every tensor can be viewed in place (`_unpack`)."""
+    meta, total = [], 0
+    for name, t in batch.items():
+        meta.append((name, t.dtype, tuple(t.shape), total))
+        total += -(-t.numel() * t.element_size() // 64) * 64
+    buf = torch.empty(total, dtype=torch.uint8).share_memory_()
+    for (_, dtype, shape, off), t in zip(meta, batch.values(), strict=True):
+        n = t.numel() * t.element_size()
+        buf[off:off + n].view(dtype).view(shape).copy_(t)
+    return buf, meta
+
+
+def _unpack(buf: Tensor, meta: list[tuple[str, torch.dtype, tuple[int, ...], int]]
+            ) -> dict[str, Tensor]:
+    """The tensors of `_pack`, as views of the received buffer (no copy)."""
+    out = {}
+    for name, dtype, shape, off in meta:
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        out[name] = buf[off:off + n].view(dtype).view(shape)
+    return out
 
 
 def _die_with_parent(ppid: int) -> None:
@@ -249,7 +279,7 @@ def _worker(req: Any, res: Any, ppid: int, url: str, model: str, target_dir: str
                     f"feature-streaming worker: {type(e).__name__}: {e}"
                 res.put((tag, None, (msg, isinstance(e, GiveUp))))
                 continue
-            res.put((tag, batch, None))
+            res.put((tag, _pack(batch), None))
 
     collector = threading.Thread(target=collect, name="collate", daemon=True)
     collector.start()

@@ -507,3 +507,21 @@ def test_training_on_captured_data_learns(demo_dir: Path, demo_info: dict[str, A
     before, after = tau(tmp_path / "untrained"), tau(tmp_path / "run" / "final")
     print(f"acceptance length: untrained {before:.3f}, 40 steps on --from-vllm data {after:.3f}")
     assert after > before + 0.3, (before, after)
+
+
+def test_a_streamed_batch_crosses_processes_as_one_shared_buffer() -> None:
+    """The worker's batches travel packed (engine/online_data.py `_pack`): one shared-memory
+    buffer whose views are the batch's tensors, every dtype and shape as collated, odd sizes
+    and empty tensors included."""
+    from engine.online_data import _pack, _unpack
+    g = torch.Generator().manual_seed(0)
+    batch = {"aux": torch.randn(2, 7, 9, generator=g), "input_ids": torch.randint(0, 99, (2, 7)),
+             "loss_mask": torch.ones(2, 7, dtype=torch.bool), "none": torch.zeros(0, 3),
+             "half": torch.randn(3, generator=g).bfloat16()}
+    buf, meta = _pack(batch)
+    assert buf.is_shared() and buf.dtype == torch.uint8
+    got = _unpack(buf, meta)
+    assert list(got) == list(batch)
+    for k, t in batch.items():
+        assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+        assert got[k].untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
