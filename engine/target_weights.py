@@ -76,8 +76,7 @@ class TargetHead:
         """The rows `ids` [n] -> [n, Ht], without reading the others."""
         if self._full is not None:
             return self._full[ids].contiguous()
-        ws, _, name = find_target_heads(self.target)
-        return ws.load_rows(name, ids.cpu()).float()
+        return target_lm_head_rows(self.target, ids.cpu())[0].float()
 
     def full(self) -> torch.Tensor:
         if self._full is None:
@@ -94,12 +93,13 @@ def load_embedding(target_dir: str) -> tuple[torch.Tensor, TargetHead]:
     return emb, TargetHead(target_dir, emb if head_name == emb_name else None)
 
 
-def target_lm_head_rows(target: Path, rows: torch.Tensor, hidden: int
+def target_lm_head_rows(target: Path, rows: torch.Tensor, hidden: int | None = None
                         ) -> tuple[torch.Tensor, str]:
-    """Rows of the target's lm_head (its embedding when tied), reading only those rows."""
+    """Rows of the target's lm_head (its embedding when tied), reading only those rows; with
+    `hidden`, the rows must be that wide."""
     ws, _, name = find_target_heads(target)
     e = ws.entries[name]
-    if len(e.shape) != 2 or e.shape[1] != hidden:
+    if hidden is not None and (len(e.shape) != 2 or e.shape[1] != hidden):  # else load_rows: 2-D
         raise EngineError(f"{e.file}: tensor {name!r} has shape {list(e.shape)}; the "
                           f"drafter's lm_head rows are {hidden} wide")
     if rows.numel() and int(rows.max()) >= e.shape[0]:

@@ -69,6 +69,8 @@ def test_target_head_reads_rows_alone_and_the_whole_only_when_asked(tmp_path: Pa
     e, th = load_embedding(str(untied))
     ids = torch.tensor([9, 0, 15, 9])
     assert torch.equal(e, emb) and torch.equal(th.rows(ids), head.float()[ids])
+    with pytest.raises(EngineError, match="'lm_head.weight' has 16 rows, the vocab needs id 16"):
+        th.rows(torch.tensor([3, 16]))  # never a read past the tensor's bytes
     (untied / "model.safetensors").unlink()  # rows came from the file; nothing was kept
     with pytest.raises(EngineError, match="no weights"):
         th.full()
