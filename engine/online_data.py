@@ -190,31 +190,26 @@ class VllmStreamData(FeatureData):
         self._proc = None
 
 
-Packed = tuple[Tensor, list[tuple[str, torch.dtype, tuple[int, ...], int]]]
+PackMeta = list[tuple[str, torch.dtype, tuple[int, ...], int]]  # (name, dtype, shape, offset)
 
 
-def _pack(batch: dict[str, Tensor]) -> Packed:
+def _pack(batch: dict[str, Tensor]) -> tuple[Tensor, PackMeta]:
     """A batch as one shared-memory byte buffer and (name, dtype, shape, offset) per tensor;
     offsets 64-byte aligned so every tensor can be viewed in place (`_unpack`)."""
     meta, total = [], 0
     for name, t in batch.items():
         meta.append((name, t.dtype, tuple(t.shape), total))
-        total += -(-t.numel() * t.element_size() // 64) * 64
+        total += -(-t.nbytes // 64) * 64
     buf = torch.empty(total, dtype=torch.uint8).share_memory_()
-    for (_, dtype, shape, off), t in zip(meta, batch.values(), strict=True):
-        n = t.numel() * t.element_size()
-        buf[off:off + n].view(dtype).view(shape).copy_(t)
+    for name, t in _unpack(buf, meta).items():
+        t.copy_(batch[name])
     return buf, meta
 
 
-def _unpack(buf: Tensor, meta: list[tuple[str, torch.dtype, tuple[int, ...], int]]
-            ) -> dict[str, Tensor]:
+def _unpack(buf: Tensor, meta: PackMeta) -> dict[str, Tensor]:
     """The tensors of `_pack`, as views of the received buffer (no copy)."""
-    out = {}
-    for name, dtype, shape, off in meta:
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        out[name] = buf[off:off + n].view(dtype).view(shape)
-    return out
+    return {name: buf[off:off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            for name, dtype, shape, off in meta}
 
 
 def _die_with_parent(ppid: int) -> None:

@@ -8,9 +8,10 @@ Two ways in:
   lm_head input). The vocabulary logits are not computed here: the trainer recomputes them from the
   final hidden state with the target's lm_head. `device_map="auto"` spreads a target too big for
   one GPU over the process's GPUs (accelerate); the captured states are gathered on the last one.
-- `load_heads(dir)` (engine/target_weights.py) reads only the embedding and lm_head tensors (offline
-  training never needs the decoder layers of a 1T-parameter target); `engine/final_norm.py` reads
-  only the final norm: it turns a captured last-layer output (vLLM id N) into the lm_head input.
+- `load_embedding(dir)` (engine/target_weights.py) reads only the embedding, and its `TargetHead`
+  only the lm_head rows a run needs (offline training never needs the decoder layers of a
+  1T-parameter target); `engine/final_norm.py` reads only the final norm: it turns a captured
+  last-layer output (vLLM id N) into the lm_head input.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from torch import Tensor, nn
 
 from engine.errors import EngineError
 from engine.target_config import config_hash, read_config  # noqa: F401 (re-exported)
-from engine.target_weights import load_heads  # noqa: F401 (re-exported)
 
 
 def default_aux_ids(num_layers: int) -> list[int]:

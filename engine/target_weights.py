@@ -53,14 +53,6 @@ def load_target_embedding(target: Path, cfg: Eagle3Config) -> torch.Tensor:
     return ws.load(e.name)
 
 
-def load_heads(target_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embedding [V,Ht], lm_head [V,Ht]): only these two tensors are read (offline training
-    never needs the decoder layers of a 1T-parameter target); tied: the same tensor twice."""
-    ws, emb_name, head_name = find_target_heads(target_dir)
-    emb = ws.load(emb_name)
-    return emb, (emb if head_name == emb_name else ws.load(head_name))
-
-
 class TargetHead:
     """The target's lm_head [V,Ht] (float32, CPU), read only as far as a run needs it: training
     on data that stores the target's argmax needs only the draft-vocab rows (`rows`), 2% of a

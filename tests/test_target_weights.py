@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from engine.errors import EngineError
 from engine.key_map import target_heads
-from engine.target_weights import load_embedding, load_heads, target_lm_head_rows
+from engine.target_weights import load_embedding, target_lm_head_rows
 
 
 def test_known_names_first_then_a_wrapper_suffix_outside_the_layers() -> None:
@@ -43,20 +43,22 @@ def _target(d: Path, tensors: dict[str, torch.Tensor], config: dict[str, object]
     return d
 
 
-def test_load_heads_tied_and_untied(tmp_path: Path) -> None:
+def test_heads_tied_and_untied(tmp_path: Path) -> None:
     emb, head = torch.randn(16, 4), torch.randn(16, 4)
     cfg = {"hidden_size": 4, "num_hidden_layers": 2, "vocab_size": 16}
     tied = _target(tmp_path / "tied", {"model.embed_tokens.weight": emb},
                    {**cfg, "tie_word_embeddings": True})
-    e, h = load_heads(str(tied))
+    e, th = load_embedding(str(tied))
+    h = th.full()
     assert torch.equal(e, emb) and h is e
     untied = _target(tmp_path / "untied", {"model.embed_tokens.weight": emb,
                                            "lm_head.weight": head}, cfg)
-    e, h = load_heads(str(untied))
+    e, th = load_embedding(str(untied))
+    h = th.full()
     assert torch.equal(e, emb) and torch.equal(h, head)
     broken = _target(tmp_path / "broken", {"model.embed_tokens.weight": emb}, cfg)
     with pytest.raises(EngineError, match="broken: no 'lm_head.weight' tensor"):
-        load_heads(str(broken))
+        load_embedding(str(broken))
 
 
 def test_target_head_reads_rows_alone_and_the_whole_only_when_asked(tmp_path: Path) -> None:

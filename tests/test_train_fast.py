@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.events import Emitter
-from engine.target import load_heads
+from engine.target_weights import load_embedding
 from engine.train import train
 from engine.train_config import TrainConfig
 from engine.ttt_loss import target_argmax
@@ -43,7 +43,7 @@ def _numbers(metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def test_prepared_shards_store_the_target_argmax(demo_dir: Path) -> None:
-    _, head = load_heads(str(demo_dir / "target"))
+    head = load_embedding(str(demo_dir / "target"))[1].full()
     shards = sorted((demo_dir / "data").glob("shard_*.safetensors"))
     assert shards
     for path in shards:
