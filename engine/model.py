@@ -165,7 +165,12 @@ KV = tuple[Tensor, Tensor]  # keys, values [B,nkv,T,hd] after RoPE
 
 
 class Attention(nn.Module):
-    """Grouped-query attention whose q/k/v read the 2H-wide [embedding, hidden] input."""
+    """Grouped-query attention whose q/k/v read the 2H-wide [embedding, hidden] input.
+
+    The input is taken in its two halves: `embed_part(e)` is what the (normalised) embedding
+    half contributes to q/k/v, `forward(ep, hn, ...)` adds the hidden half's. The sum is the
+    projection of the concatenated input; the split lets training compute the embedding part of
+    each token once for all its TTT steps (the embedding is frozen, so it needs no gradient)."""
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
@@ -177,19 +182,29 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h2, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, past: list[KV], mask: Tensor | None,
-                causal: bool = True) -> tuple[Tensor, KV]:
-        """x [B,T,2H]; past: earlier steps' (k, v), read only. Returns (out [B,T,H], this step's
-        (k, v)); the caller appends it to `past` for the next step.
+    def embed_part(self, e: Tensor) -> Tensor:
+        """e [B,T,H] (the normalised embedding) -> its part of q, k, v [B,T,(nh+2nkv)hd]."""
+        h = e.shape[-1]  # the embedding columns are views of the weights (nothing copied)
+        return torch.cat([F.linear(e, p.weight[:, :h])
+                          for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
+
+    def forward(self, ep: Tensor, hn: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
+                mask: Tensor | None, causal: bool = True) -> tuple[Tensor, KV]:
+        """ep [B,T,(nh+2nkv)hd] (`embed_part`), hn [B,T,H] the normalised hidden; past: earlier
+        steps' (k, v), read only. Returns (out [B,T,H], this step's (k, v)); the caller appends
+        it to `past` for the next step.
 
         mask None: the TTT structure without a mask (engine/ttt_attention.py): past[0] (or this
         step's keys at step 0) are the step-0 keys, causal (all of them when not `causal`), the
         later steps' keys are seen at the query's own position. Otherwise `mask` [B|1,1,T,S] is a
         bool mask over the concatenated keys (past in order, then this step's): the dense path."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # [B,nh,T,hd]
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B,nkv,T,hd]
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B,nkv,T,hd]
+        b, t, h = hn.shape
+        eq, ek, ev = ep.split((self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd), -1)
+        # the hidden columns are views of the weights: nothing copied, nothing extra kept
+        q = (eq + F.linear(hn, self.q_proj.weight[:, h:])).view(b, t, self.nh, self.hd)
+        k = (ek + F.linear(hn, self.k_proj.weight[:, h:])).view(b, t, self.nkv, self.hd)
+        v = (ev + F.linear(hn, self.v_proj.weight[:, h:])).view(b, t, self.nkv, self.hd)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B,n,T,hd]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mask is None:
             k0, v0 = past[0] if past else (k, v)
@@ -232,14 +247,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, emb: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
+    def embed_proj(self, emb: Tensor) -> Tensor:
+        """emb [B,T,H] -> its part of q, k, v: input_layernorm, then the embedding half (the
+        FIRST H columns) of q/k/v (Attention.embed_part)."""
+        return self.self_attn.embed_part(self.input_layernorm(emb))
+
+    def forward(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
                 mask: Tensor | None, causal: bool = True) -> tuple[Tensor, KV]:
-        """emb, h [B,T,H] -> (out [B,T,H] (pre-final-norm; the next step's h), this step's
-        (k, v)); `past` is read only (Attention.forward)."""
+        """ep (`embed_proj` of the input tokens), h [B,T,H] -> (out [B,T,H] (pre-final-norm;
+        the next step's h), this step's (k, v)); `past` is read only (Attention.forward)."""
         hn = self.hidden_norm(h)
         residual = hn if self.norm_before_residual else h  # EAGLE math: un-normalised h
-        x = torch.cat((self.input_layernorm(emb), hn), dim=-1)  # [B,T,2H], embedding FIRST
-        a, kv = self.self_attn(x, cos, sin, past, mask, causal)
+        a, kv = self.self_attn(ep, hn, cos, sin, past, mask, causal)
         h1 = residual + a
         return h1 + self.mlp(self.post_attention_layernorm(h1)), kv
 
@@ -335,30 +354,33 @@ class Eagle3Draft(nn.Module):
             position_ids = torch.arange(t, device=dev).expand(b, t)  # [B,T]
         h = self.fuse(aux_hidden)  # [B,T,H]
         split = self._split(attention_mask)
+        # Every step reads the same tokens, shifted: token t+1's part of q/k/v is computed once
+        # (one matmul, one weight gradient) and shifted left by i for step i, instead of K times.
+        emb = self.embed_tokens(shift_left(input_ids, 1)).to(h.dtype)  # [B,T,H], 0 at the end
+        ep_all = self.midlayer.embed_proj(emb)  # [B,T,(nh+2nkv)hd]
         past: list[KV] = []
         out_logits: list[Tensor] = []
         for i in range(steps):
-            ids = shift_left(input_ids, 1 + i)  # [B,T] token t+1+i, 0 past the end
-            emb = self.embed_tokens(ids).to(h.dtype)  # [B,T,H]
+            ep = _shift_repeat_last(ep_all, i)  # token t+1+i (token 0's part past the end)
             cos, sin = self._cos_sin(position_ids + i, h.dtype)
             mask = None if split else ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
             step = self._step_fn or self._ttt_step
-            h, lg, kv = step(emb, h, cos, sin, past, mask,  # h [B,T,H], fed to step i+1
+            h, lg, kv = step(ep, h, cos, sin, past, mask,  # h [B,T,H], fed to step i+1
                              None if rows is None else rows[i])
             past.append(kv)
             out_logits.append(lg)  # [B,T,Vd]
         return out_logits
 
-    def _ttt_step(self, emb: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
+    def _ttt_step(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
                   mask: Tensor | None, rows: Tensor | None = None) -> tuple[Tensor, Tensor, KV]:
-        """One TTT step: (out [B,T,H], logits [B,T,Vd] or [n,Vd] of the flat `rows`, this
-        step's (k, v))."""
+        """One TTT step (ep: the step's tokens' `embed_proj`): (out [B,T,H], logits [B,T,Vd]
+        or [n,Vd] of the flat `rows`, this step's (k, v))."""
         if self.checkpoint_activations and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
-            out, kv = checkpoint(self.midlayer, emb, h, cos, sin, list(past), mask,  # a snapshot:
+            out, kv = checkpoint(self.midlayer, ep, h, cos, sin, list(past), mask,  # a snapshot:
                                  use_reentrant=False)  # the caller appends to `past`
         else:
-            out, kv = self.midlayer(emb, h, cos, sin, past, mask)
+            out, kv = self.midlayer(ep, h, cos, sin, past, mask)
         sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
         return out, self.logits(sel), kv
 
@@ -399,7 +421,7 @@ class Eagle3Draft(nn.Module):
         # Padded rows keep the dense mask: draft_greedy reads the LAST position, a pad there.
         mask = None if attention_mask is None and self.attn_impl == "split" else \
             ttt_mask(t, 0, attention_mask, dev)
-        out, kv = self.midlayer(emb, h, cos, sin, past, mask)
+        out, kv = self.midlayer(self.midlayer.embed_proj(emb), h, cos, sin, past, mask)
         past.append(kv)
         return out, pos
 
@@ -429,7 +451,8 @@ class Eagle3Draft(nn.Module):
                 if attention_mask is not None:
                     keep = torch.cat([attention_mask.bool()[:, None, None, :],
                                       keep[..., t:].expand(b, 1, 1, i + 1)], dim=-1)
-            last, kv = self.midlayer(emb, last, cos, sin, past, keep, causal=False)
+            last, kv = self.midlayer(self.midlayer.embed_proj(emb), last, cos, sin, past, keep,
+                                     causal=False)
             past.append(kv)
         return torch.cat(drafts, dim=1)  # [B,k]
 
@@ -457,7 +480,7 @@ class Eagle3Draft(nn.Module):
             emb = self.embed_tokens(tok).to(dtype)  # [B,T,H]: row p's draft i at p+i+1
             cos, sin = self._cos_sin(pos + i + 1, dtype)
             mask = None if self.attn_impl == "split" else ttt_mask(t, i + 1, None, dev)
-            last, kv = self.midlayer(emb, last, cos, sin, past, mask)
+            last, kv = self.midlayer(self.midlayer.embed_proj(emb), last, cos, sin, past, mask)
             past.append(kv)
         return torch.stack(drafts, dim=-1)  # [B,T,k]
 
@@ -486,6 +509,14 @@ def shift_left(x: Tensor, n: int, fill: int | float | bool = 0) -> Tensor:
     if n >= x.shape[1]:
         return torch.full_like(x, fill)
     return torch.cat([x[:, n:], pad], dim=1)
+
+
+def _shift_repeat_last(x: Tensor, n: int) -> Tensor:
+    """x[:, t] <- x[:, t+n] along dim 1, the last n positions repeating x[:, -1]."""
+    n = min(n, x.shape[1] - 1)
+    if n <= 0:
+        return x
+    return torch.cat([x[:, n:], x[:, -1:].expand(-1, n, *x.shape[2:])], dim=1)
 
 
 def valid_positions(t: int, i: int, device: torch.device | None = None) -> Tensor:
