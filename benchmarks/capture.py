@@ -95,7 +95,7 @@ def serve_cached(target: str, storage: str, threads: int) -> int:
 
 def warm_up(demo: Path, conv: Path, url: str) -> None:
     """Every training sample asked once, before timing (fills the cached server)."""
-    from engine.online_data import VllmStreamData
+    from engine.capture.online_data import VllmStreamData
     d = VllmStreamData(str(conv), str(demo / "target"), url, 512)
     try:
         d.batch(tuple(range(len(d.lengths))))
@@ -124,9 +124,9 @@ def long_conversations(src: Path, dst: Path, times: int, merge: int) -> Path:
 
 def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
                   ) -> dict[str, Any]:
-    from engine.prepare import prepare
-    from engine.target import Target
-    from engine.vllm_capture import prepare_from_vllm
+    from engine.capture.vllm_capture import prepare_from_vllm
+    from engine.data.prepare import prepare
+    from engine.data.target import Target
     target = Target.load(str(demo / "target"), device="cpu")
     hf, vl = [], []
     tokens = 0
@@ -151,9 +151,9 @@ def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None
                 ) -> dict[str, Any]:
     """Demo-preset training for `steps` steps: offline on the prepared directory `data`, or
     streamed from the server at `url` with `data` the conversations JSONL."""
-    from engine.demo import DRAFT_VOCAB, TRAIN_ARGS
-    from engine.train import train
-    from engine.train_config import TrainConfig
+    from engine.demo.workspace import DRAFT_VOCAB, TRAIN_ARGS
+    from engine.training.config import TrainConfig
+    from engine.training.train import train
     args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=True))
     out = work / ("streamed" if url else "offline")
     cfg = TrainConfig(target=str(demo / "target"), data=str(data),
@@ -204,7 +204,7 @@ def main() -> int:
         if args.demo:
             demo = Path(args.demo)
         else:
-            from engine.demo import init_demo
+            from engine.demo.workspace import init_demo
             demo = work / "demo"
             init_demo(str(demo), quiet())
         conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
@@ -223,7 +223,7 @@ def main() -> int:
         res["trainer_threads"] = torch.get_num_threads()
         # (b) trains on the same long conversations as (a), offline from their prepared
         # directory: per-sample costs (a request, a file) spread over realistic lengths
-        from engine.prepare import prepare
+        from engine.data.prepare import prepare
         prepared = work / "prepared"
         prepare(str(demo / "target"), str(conv), str(prepared), max_len=512, ev=quiet())
         offline = [bench_train(demo, prepared, work, args.steps, None)]

@@ -92,7 +92,7 @@ def metrics_server(port_file: str) -> None:
 async def drive(seconds: float, rate: int, panes: str = "both",
                 stats_every: float = 10.0, metrics: bool = False, profile: str = "") -> None:
     from console.app import create_app
-    from console.config import Config, HostConfig
+    from console.settings.config import Config, HostConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="console-load-"))
     log = tmp / "vllm.log"

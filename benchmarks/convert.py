@@ -12,7 +12,7 @@ Every timed step starts after os.sync(), so no step pays for the previous one's 
 Peak RSS is the child's VmHWM (reset just before converting) minus its RSS then.
 The conversion also sha256-hashes the source (provenance) on a second thread. Each round converts
 twice: cold (EAGLE3_HASH_CACHE=0: the source is hashed, as on a first conversion) and warm (the
-digest comes from engine/hash_cache.py, as on every later conversion of the same file). The
+digest comes from engine/ckpt/hash_cache.py, as on every later conversion of the same file). The
 hash-only time is printed too: it bounds the cold ratio (OpenSSL SHA-256 runs ~1.4 GB/s a core).
 """
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from engine.converter import convert_checkpoint
+from engine.ckpt.converter import convert_checkpoint
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -59,9 +59,10 @@ def build(d: Path, preset_name: str, embed: bool) -> tuple[int, str, int]:
     """Write the checkpoint tensor by tensor; returns (bytes, largest name, largest bytes)."""
     import torch
 
-    from engine.formats import expected_tensors, from_canonical
-    from engine.model import preset
-    from engine.safetensors_io import SafetensorsWriter, itemsize, st_code, tensor_bytes
+    from engine.ckpt.checks import expected_tensors
+    from engine.ckpt.key_map import from_canonical
+    from engine.ckpt.safetensors_io import SafetensorsWriter, itemsize, st_code, tensor_bytes
+    from engine.model.draft import preset
 
     cfg = preset(preset_name).with_(torch_dtype="bfloat16")
     exp = expected_tensors(cfg)
@@ -132,8 +133,8 @@ def main() -> None:
               f"{time.perf_counter() - t:.1f} s; largest tensor {big} {big_bytes / 2**20:.0f} MiB")
         if size < 2**30:
             print("warning: checkpoint is under 1 GiB")
-        from engine import hash_cache
-        from engine.safetensors_io import sha256_file
+        from engine.ckpt import hash_cache
+        from engine.ckpt.safetensors_io import sha256_file
 
         # Prime the warm runs' cache the way a first conversion would (files younger than
         # hash_cache.FRESH_S are not remembered, so let the new file age first).

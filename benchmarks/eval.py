@@ -5,11 +5,11 @@
 Both paths run in this process on the same loaded files, interleaved (reference, fast, reference,
 fast, ...) after one untimed warm-up of each; the figures are ratios of medians: of the whole
 call (loading the target and drafter included, the same for both) and of the evaluation after
-loading (engine/evaluate.py's `eval_seconds`: generation, features, drafting, counting). The
-reference path generates one sample at a time and runs the drafter once per draft window; the
+loading (engine/training/evaluate.py's `eval_seconds`: generation, features, drafting, counting).
+The reference path generates one sample at a time and runs the drafter once per draft window; the
 fast path batches samples through the target and drafts from every position in k passes
-(engine/evaluate.py). The two must report the same counts; the benchmark fails if they do not.
-Goal: fast >= 10x reference on 2 CPU cores.
+(engine/training/evaluate.py). The two must report the same counts; the benchmark fails if they do
+not. Goal: fast >= 10x reference on 2 CPU cores.
 Without --demo, a demo workspace is built in a temporary directory first (about a minute).
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.evaluate import evaluate  # noqa: E402
+from engine.training.evaluate import evaluate
 
 COUNTS = ("acceptance_length", "per_position", "drafts", "accepted", "generated_tokens")
 

@@ -28,9 +28,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from console.follow import CHUNK, LogFollower  # noqa: E402
+from console.logs.follow import CHUNK, LogFollower
+from console.logs.vllm_log import MARKERS, parse_line
 from console.transport.ssh import SSHTransport  # noqa: E402
-from console.vllm_log import MARKERS, parse_line  # noqa: E402
 from tests.sshd import SSHD, start_sshd  # noqa: E402
 
 # waits for a line on stdin, then writes N lines as fast as it can

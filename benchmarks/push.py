@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from console.config import HostConfig  # noqa: E402
-from console.host import Host  # noqa: E402
-from console.push import Tree, push  # noqa: E402
+from console.hosts.host import Host
+from console.hosts.push import Tree, push
+from console.settings.config import HostConfig
 from tests.sshd import SSHD, start_sshd  # noqa: E402
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from console.config import Config, HostConfig  # noqa: E402
-from console.demo_default import demo_profiles  # noqa: E402
-from console.host import Host  # noqa: E402
-from console.runs import close_hosts, launch, list_runs  # noqa: E402
-from console.scheduler.options import SlurmOptions  # noqa: E402
+from console.hosts.host import Host, close_hosts
+from console.runs.service import launch, list_runs
+from console.settings.config import Config, HostConfig
+from console.settings.demo_default import demo_profiles
+from console.settings.slurm_options import SlurmOptions
 from tests.slurm import start_cluster  # noqa: E402
 from tests.sshd import start_sshd  # noqa: E402
 

@@ -17,8 +17,8 @@ Without --demo, a demo workspace is built in a temporary directory first (about 
 
 (c) the training step alone, old (dense [T, (i+1)T] attention mask, full-vocab target logits,
     shifted copies of p, log_softmax + product sum: the step before issue 15) against new
-    (engine/ttt_attention.py, draft-vocab target rows, the stored argmax, SoftCrossEntropy), at
-    float32, 2 threads, T=1024, batch 1, 8 heads / 4 kv heads, target vocab 32000, draft vocab
+    (engine/model/ttt_attention.py, draft-vocab target rows, the stored argmax, SoftCrossEntropy),
+    at float32, 2 threads, T=1024, batch 1, 8 heads / 4 kv heads, target vocab 32000, draft vocab
     8000; each measurement a fresh process, old and new interleaved, medians over repeats:
     tokens/s, new/old ratio, peak RSS above the after-import baseline.
 """
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from engine.conversations import read_conversations  # noqa: E402
+from engine.data.conversations import read_conversations
 from engine.events import Emitter  # noqa: E402
 
 
@@ -49,8 +49,8 @@ def quiet() -> Emitter:
 
 
 def bench_prepare(demo: Path, work: Path, repeats: int = 3) -> dict[str, Any]:
-    from engine.prepare import length_batches, pad_batch, prepare, tokenize_all
-    from engine.target import Target
+    from engine.data.prepare import length_batches, pad_batch, prepare, tokenize_all
+    from engine.data.target import Target
     target = Target.load(str(demo / "target"), device="cpu")
     src = demo / "conversations" / "train.jsonl"
     samples, _ = tokenize_all(target.tokenizer, read_conversations(str(src)), 2048)
@@ -76,9 +76,9 @@ def bench_prepare(demo: Path, work: Path, repeats: int = 3) -> dict[str, Any]:
 
 
 def bench_train(demo: Path, work: Path, steps: int, online: bool) -> dict[str, Any]:
-    from engine.demo import DRAFT_VOCAB, TRAIN_ARGS
-    from engine.train import train
-    from engine.train_config import TrainConfig
+    from engine.demo.workspace import DRAFT_VOCAB, TRAIN_ARGS
+    from engine.training.config import TrainConfig
+    from engine.training.train import train
     args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=False))
     data = demo / "conversations" / "train.jsonl" if online else demo / "data"
     out = work / ("online" if online else "offline")
@@ -114,8 +114,8 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch.nn.functional as F
     from step_timing import rss_kb, time_steps  # benchmarks/ is sys.path[0]
 
-    from engine.model import Eagle3Draft, preset, shift_left
-    from engine.ttt_loss import (
+    from engine.model.draft import Eagle3Draft, preset, shift_left
+    from engine.model.ttt_loss import (
         STEP_WEIGHT,
         draft_head,
         step_rows,
@@ -247,7 +247,7 @@ def main() -> int:
         if args.demo:
             demo = Path(args.demo)
         else:
-            from engine.demo import init_demo
+            from engine.demo.workspace import init_demo
             demo = work / "demo"
             t0 = time.perf_counter()
             init_demo(str(demo), quiet())

@@ -30,7 +30,7 @@ config.json with the benchmark's shape, safetensors with embed_tokens, lm_head a
     measurement a fresh process, ours and theirs interleaved (order alternating per repeat),
     medians over repeats: tokens/s (T / fastest step), ours/theirs ratio, peak RSS above the
     after-import baseline. Goal: ratio >= 1.2x in all configurations, our peak memory <= theirs.
-    Our trainer computes logits only at the positions its loss reads (engine/ttt_loss.py
+    Our trainer computes logits only at the positions its loss reads (engine/model/ttt_loss.py
     step_rows); theirs computes them everywhere. With this benchmark's random target, about
     Vd/V = 25% of targets fall inside the draft vocab; real data (a draft vocab of the most
     frequent tokens) covers most, but masks its prompt tokens. `--coverage 1.0` puts every
@@ -60,7 +60,7 @@ VENV_PACKAGES = ["transformers==5.19.0", "pydantic", "pydantic-settings", "logur
                  "numpy", "openai", "datasets<=5.1.0"]
 NUM_TARGET_LAYERS = 8
 AUX_LAYERS = [2, 4, 5]
-DECAY = 0.8  # ours: engine/ttt_loss.py STEP_WEIGHT; theirs: ttt_step_loss_decay
+DECAY = 0.8  # ours: engine/model/ttt_loss.py STEP_WEIGHT; theirs: ttt_step_loss_decay
 CHECK = {"hidden": 64, "t": 64, "k": 3, "v": 512, "vd": 128, "heads": 8, "kv_heads": 4}
 
 
@@ -236,8 +236,8 @@ def math_check(venv: Path, work: Path) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     sys.path.insert(0, str(ROOT))
-    from engine.model import Eagle3Draft, preset, shift_left
-    from engine.ttt_loss import draft_head, target_argmax, target_distribution, ttt_loss
+    from engine.model.draft import Eagle3Draft, preset, shift_left
+    from engine.model.ttt_loss import draft_head, target_argmax, target_distribution, ttt_loss
     c = CHECK
     h, t, k, v, vd = c["hidden"], c["t"], c["k"], c["v"], c["vd"]
     cfg = preset("tiny").with_(hidden_size=h, intermediate_size=h * 7 // 2,

@@ -11,15 +11,21 @@ from pathlib import PurePath
 from textual.app import App
 from textual.theme import Theme
 
-from console.commands_palette import ConsoleCommands
-from console.config import Config
-from console.demo_default import add_demo
-from console.host import HostPool, HostState
-from console.messages import HostStateChanged
-from console.monitor_service import MonitorHub
+from console.hosts.host import HostPool, HostState
+from console.monitor.service import MonitorHub
 from console.screens.help import HelpScreen
 from console.screens.main import MainScreen
-from console.themes import DEFAULT_THEME, check_theme, css_paths, register_themes, remember_theme
+from console.settings.config import Config
+from console.settings.demo_default import add_demo
+from console.ui.messages import HostStateChanged
+from console.ui.palette import ConsoleCommands
+from console.ui.themes import (
+    DEFAULT_THEME,
+    check_theme,
+    css_paths,
+    register_themes,
+    remember_theme,
+)
 
 
 class Eagle3App(App):
@@ -55,7 +61,7 @@ class Eagle3App(App):
         self.call_after_refresh(self._freeze_startup_objects)
 
     def action_help(self) -> None:
-        """`?` on any screen: every key, by pane (console/keymap.py)."""
+        """`?` on any screen: every key, by pane (console/ui/keymap.py)."""
         if not isinstance(self.screen, HelpScreen):
             from textual.widgets import TabbedContent
             tabs = self.screen.query(TabbedContent)

@@ -3,7 +3,7 @@
 Each subcommand lives in console/commands/<name>.py and exposes:
     HELP: str
     configure(parser: argparse.ArgumentParser) -> None
-    async run(args, config: console.config.Config) -> int
+    async run(args, config: console.settings.config.Config) -> int
 A console.errors.ConsoleError prints one line `error: ...` on stderr and exits 1. Ctrl-C, SIGTERM
 and SIGHUP cancel the subcommand (its remote commands are terminated, never orphaned); a closed
 stdout (`| head`) ends it quietly.
@@ -31,8 +31,8 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from console import __version__
-from console.demo_default import console_config
 from console.errors import ConsoleError
+from console.settings.demo_default import console_config
 
 COMMANDS: dict[str, str] = {
     "doctor": "console.commands.doctor",

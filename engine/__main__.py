@@ -12,7 +12,7 @@ rc = main()
 # exception", exit 134) after the error was already printed: leave at once instead.
 # (Only our own fetch workers count: multiprocessing's queue feeders are daemon threads too, and
 # skipping the interpreter's cleanup for them would leak their semaphores.)
-client = sys.modules.get("engine.vllm_client")
+client = sys.modules.get("engine.capture.vllm_client")
 if client is not None and client.DaemonPool.any_alive():
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,6 +1,6 @@
 """The engine's file I/O helpers, each written once: atomic files and directories, the JSON
 reader, a file's sha256, and regular-file-only opens. Standard library only (no torch), so
-engine/target_config.py and the commands' fast paths can use it.
+engine/ckpt/target_config.py and the commands' fast paths can use it.
 
 Writing
     atomic_file(path)        yields a temp name beside PATH (`.NAME.tmp-PID-HEX`); renamed over
@@ -11,14 +11,14 @@ Writing
                              the new one renamed in (signals held back between the two renames),
                              and only then the old one removed: DST is never missing or partial.
     atomic_dir(dst, tmp)     mkdir a temp dir beside DST, yield it, replace_dir on success and
-                             remove it on any failure (engine/output_dir.py adds owner files and
-                             stale-temp cleanup on top for drafter outputs).
+                             remove it on any failure (engine/ckpt/output_dir.py adds owner files
+                             and stale-temp cleanup on top for drafter outputs).
     termination_raises()     SIGTERM/SIGHUP unwind like Ctrl-C, so every `finally` cleans up.
 Reading
     read_json(path)          the document, or an EngineError naming the file (and for bad JSON
                              the line and column).
-    sha256_file(path)        streamed through a bounded window (engine/hash_cache.py caches it).
-    open_regular(path)       opens only regular files and never blocks on a FIFO.
+    sha256_file(path)        streamed through a bounded window (engine/ckpt/hash_cache.py caches
+    it). open_regular(path)       opens only regular files and never blocks on a FIFO.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from console.config import HostConfig
+from console.settings.config import HostConfig
 from console.transport import Transport, open_transport
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport

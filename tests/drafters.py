@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.formats import from_canonical
-from engine.model import Eagle3Config, Eagle3Draft, preset
+from engine.ckpt.key_map import from_canonical
+from engine.model.draft import Eagle3Config, Eagle3Draft, preset
 
 
 def tiny_config(**changes: object) -> Eagle3Config:

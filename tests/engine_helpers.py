@@ -52,7 +52,7 @@ def step_metrics(path: Path) -> dict[int, list[dict[str, Any]]]:
 def train_args(demo: Path, out: Path, *extra: str) -> list[str]:
     """`train` arguments on the demo data with the demo's suggested settings."""
     info = json.loads((demo / "demo.json").read_text(encoding="utf-8"))
-    from engine.demo import TRAIN_ARGS
+    from engine.demo.workspace import TRAIN_ARGS
     return ["train", "--target", str(demo / "target"), "--data", str(demo / "data"),
             "--out", str(out), "--draft-vocab-size", str(info["draft_vocab_size"]),
             *TRAIN_ARGS, *extra]

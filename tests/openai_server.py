@@ -1,7 +1,7 @@
 """A small OpenAI-compatible chat completions server on 127.0.0.1 answering with a real target.
 
 `POST /v1/chat/completions` renders the messages with the target's chat template and returns the
-target's greedy reply (engine.target.greedy_replies, batch of one). Faults can be injected: the
+target's greedy reply (engine.data.target.greedy_replies, batch of one). Faults can be injected: the
 first `fail_first` requests get HTTP 503, the next `drop_next` have their connection closed with
 no answer, and any request whose messages contain `reject_word` gets HTTP 400.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.target import Target, greedy_replies
+from engine.data.target import Target, greedy_replies
 
 
 class OpenAIServer:

@@ -7,9 +7,9 @@ import gzip
 from pathlib import Path
 
 from console.app import Eagle3App, create_app
-from console.config import Config, HostConfig
-from console.host import HostPool
-from console.monitor_service import MonitorHub, MonitorState
+from console.hosts.host import HostPool
+from console.monitor.service import MonitorHub, MonitorState
+from console.settings.config import Config, HostConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NOW = 1_764_504_338.5  # the snapshots' frozen "now": half a second after gpu1's last sample

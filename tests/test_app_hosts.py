@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from console.app import create_app
-from console.config import Config, HostConfig, local_host
-from console.host import HostState
+from console.hosts.host import HostState
+from console.settings.config import Config, HostConfig, local_host
 from console.widgets.host_list import HostItem
 
 
@@ -32,8 +32,8 @@ async def test_states_follow_the_pool(tmp_path: Path) -> None:
 
 
 def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
-    from console.host import HostPool
-    from console.monitor_service import MonitorHub, MonitorState
+    from console.hosts.host import HostPool
+    from console.monitor.service import MonitorHub, MonitorState
 
     seen: list[tuple[str, HostState]] = []
     pool = HostPool(Config(hosts={"local": local_host()}),

@@ -24,7 +24,7 @@ def test_console_app_starts_without_importing_torch(tmp_path: Path) -> None:
         from console.cli import build_parser
         build_parser()                          # every subcommand module imported
         from console.app import create_app
-        from console.config import default_config
+        from console.settings.config import default_config
         async def main():
             app = create_app(default_config())
             async with app.run_test(size=(120, 40)) as pilot:

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from engine.chat import tokenize_conversation
-from engine.conversations import read_conversations
-from engine.data import open_data
+from engine.capture.vllm_capture import prepare_from_vllm
+from engine.data.chat import tokenize_conversation
+from engine.data.conversations import read_conversations
+from engine.data.readers import open_data
+from engine.data.target import load_tokenizer
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.target import load_tokenizer
-from engine.vllm_capture import prepare_from_vllm
 from tests.engine_helpers import REPO, engine_env, events, run_engine
 from tests.vllm_standin import VllmStandin
 
@@ -242,7 +242,7 @@ def test_a_kill_between_a_shard_and_its_cleanup_leaks_no_server_file(
     """The worst moment for a kill: the first shard is recorded in progress.json and its server
     files are not deleted yet. The resumed run deletes them (they are still in pending.jsonl);
     before the fix they stayed on the server's volume for good (~100 MB per sample at scale)."""
-    import engine.vllm_capture as capture_mod
+    import engine.capture.vllm_capture as capture_mod
 
     class Killed(BaseException):
         pass
@@ -487,9 +487,9 @@ def test_streamed_training_error_in_the_worker_is_one_line(
 def test_training_on_captured_data_learns(demo_dir: Path, demo_info: dict[str, Any],
                                           full_capture: Any, tmp_path: Path) -> None:
     """A drafter trained on the --from-vllm directory beats the untrained one at acceptance."""
-    from engine.formats import save_drafter
-    from engine.train_config import TrainConfig
-    from engine.train_setup import build
+    from engine.ckpt.drafter_save import save_drafter
+    from engine.training.config import TrainConfig
+    from engine.training.setup import build
     from tests.engine_helpers import train_args
     args = train_args(demo_dir, tmp_path / "run", "--max-steps", "40", "--save-every", "0")
     args[args.index("--data") + 1] = str(full_capture[0])
@@ -510,10 +510,10 @@ def test_training_on_captured_data_learns(demo_dir: Path, demo_info: dict[str, A
 
 
 def test_a_streamed_batch_crosses_processes_as_one_shared_buffer() -> None:
-    """The worker's batches travel packed (engine/online_data.py `_pack`): one shared-memory
+    """The worker's batches travel packed (engine/capture/online_data.py `_pack`): one shared-memory
     buffer whose views are the batch's tensors, every dtype and shape as collated, odd sizes
     and empty tensors included."""
-    from engine.online_data import _pack, _unpack
+    from engine.capture.online_data import _pack, _unpack
     g = torch.Generator().manual_seed(0)
     batch = {"aux": torch.randn(2, 7, 9, generator=g), "input_ids": torch.randint(0, 99, (2, 7)),
              "loss_mask": torch.ones(2, 7, dtype=torch.bool), "none": torch.zeros(0, 3),

@@ -17,10 +17,10 @@ from textual.pilot import Pilot
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from console.cli import main as cli_main
-from console.config import HostConfig
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
 from console.screens.convert_dialog import ConvertDialog, default_destination
 from console.screens.main import MainScreen
+from console.settings.config import HostConfig
 from console.widgets.inspect_view import InspectView
 from console.widgets.meters import count
 from tests.drafters import write_drafter

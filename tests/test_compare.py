@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
+from console.checkpoints.compare import read_scrapes, record_scrape, rows, table
+from console.checkpoints.serve import ServeRequest, record_session, serve
 from console.cli import main as cli_main
-from console.compare import read_scrapes, record_scrape, rows, table
-from console.host import Host
-from console.runs import close_hosts, list_runs, stop_run
+from console.hosts.host import Host, close_hosts
+from console.runs.service import list_runs, stop_run
 from console.screens.compare import CompareScreen
-from console.serve import ServeRequest, record_session, serve
 from tests.drafters import write_drafter
 from tests.runs_registry import fresh_snap_root, local_app, local_config
 from tests.test_serve import standin_vllm, write_verifier  # noqa: F401 (a fixture)

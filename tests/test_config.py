@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from console.config import LOCAL, default_config, load_config
 from console.errors import ConfigError
+from console.settings.config import LOCAL, default_config, load_config
 
 GOOD = """
 theme = "nord"

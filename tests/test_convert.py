@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from engine.ckpt.checks import load_drafter
+from engine.ckpt.safetensors_io import read_header
 from engine.cli import main
-from engine.formats import load_drafter
-from engine.safetensors_io import read_header
 from tests.drafters import random_state, tiny_config, write_drafter, write_target_embedding
 
 REPO = Path(__file__).resolve().parent.parent
@@ -262,8 +262,8 @@ def test_streaming_reads_chunks_not_whole_tensors(tmp_path: Path) -> None:
     """A 24 MiB tensor is copied in 8 MiB chunks through one reused buffer."""
     from safetensors.torch import save_file
 
-    from engine.safetensors_io import CHUNK
-    from engine.vocab import open_weights_file
+    from engine.ckpt.safetensors_io import CHUNK
+    from engine.ckpt.vocab import open_weights_file
 
     big = torch.randn(3 * CHUNK // 4)
     save_file({"x": big}, str(tmp_path / "big.safetensors"))
@@ -285,7 +285,7 @@ def test_conversion_memory_stays_far_below_the_largest_tensor(tmp_path: Path, dt
     child = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from engine.converter import convert_checkpoint\n"
+        "from engine.ckpt.converter import convert_checkpoint\n"
         "def st(k):\n"
         "    return next(int(x.split()[1]) * 1024 for x in open('/proc/self/status')"
         " if x.startswith(k + ':'))\n"

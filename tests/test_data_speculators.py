@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.chat import tokenize_conversation
-from engine.data import open_data
+from engine.data.chat import tokenize_conversation
+from engine.data.readers import open_data
 from engine.errors import EngineError
 from tests.engine_helpers import run_engine
 from tests.test_prepare import tok, write_sharegpt  # noqa: F401 (fixture)

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from engine.conversations import read_conversations
-from engine.data import open_data
-from engine.formats import load_drafter
-from engine.target import config_hash, load_tokenizer
-from engine.vocab import build_vocab
+from engine.ckpt.checks import load_drafter
+from engine.ckpt.vocab import build_vocab
+from engine.data.conversations import read_conversations
+from engine.data.readers import open_data
+from engine.data.target import config_hash, load_tokenizer
 from tests.engine_helpers import run_engine
 
 pytest_plugins = ("tests.demo_workspace",)

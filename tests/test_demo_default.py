@@ -13,10 +13,10 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import ProgressBar, TabbedContent
 
-from console.config import LOCAL, data_dir, default_config, load_config
-from console.demo_default import console_config, demo_dir, demo_profiles
 from console.panes.runs import RunsPane
 from console.screens.main import MainScreen
+from console.settings.config import LOCAL, data_dir, default_config, load_config
+from console.settings.demo_default import console_config, demo_dir, demo_profiles
 from tests.runs_registry import local_app
 
 
@@ -47,7 +47,7 @@ def test_a_config_with_only_a_theme_keeps_the_demo(tmp_path: Path) -> None:
 def test_profiles_are_the_engines_suggested_runs() -> None:
     """The console spells the demo runs out itself (no torch import): they must stay the
     engine's suggested commands, with the output moved into the run directory."""
-    from engine.demo import suggested_commands
+    from engine.demo.workspace import suggested_commands
     d = "/w/demo"
     suggested = suggested_commands(d)
     for name, profile in demo_profiles(d).items():

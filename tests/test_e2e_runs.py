@@ -15,14 +15,14 @@ import pytest
 from textual.pilot import Pilot
 
 from console.app import create_app
-from console.config import Config, HostConfig, SyncSet
-from console.demo_default import demo_profiles
-from console.host import HostPool
-from console.monitor_service import MonitorHub
+from console.hosts.host import HostPool
+from console.monitor.service import MonitorHub
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
 from console.panes.runs import RunsPane
 from console.screens.main import MainScreen
 from console.screens.run_detail import RunDetailScreen
+from console.settings.config import Config, HostConfig, SyncSet
+from console.settings.demo_default import demo_profiles
 from console.widgets.inspect_view import InspectView
 from console.widgets.line_plot import LinePlot
 from console.widgets.run_tables import RunTable

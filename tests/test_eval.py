@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.evaluate import Acceptance, greedy_continue, load_draft, prompts_from, replay
-from engine.target import Target
+from engine.data.target import Target
+from engine.training.evaluate import Acceptance, greedy_continue, load_draft, prompts_from, replay
 from tests.engine_helpers import run_engine
 
 pytest_plugins = ("tests.demo_workspace",)
@@ -67,7 +67,7 @@ def test_replay_counts_what_speculative_decoding_accepts(demo_dir: Path) -> None
 
 def test_fast_eval_counts_what_the_reference_path_counts(demo_dir: Path) -> None:
     """Batched generation + drafts from every position give the one-window-at-a-time counts."""
-    from engine.evaluate import evaluate
+    from engine.training.evaluate import evaluate
     args = (str(demo_dir / "public-drafter"), str(demo_dir / "target"), str(demo_dir / "eval"))
     ref = evaluate(*args, k=K, max_samples=12, max_new_tokens=24, reference=True)
     # one sample a batch, ragged batches with padding on both sides, batches cut by tokens
@@ -80,7 +80,7 @@ def test_fast_eval_counts_what_the_reference_path_counts(demo_dir: Path) -> None
 
 
 def test_batches_keep_both_limits_and_every_sample_once() -> None:
-    from engine.evaluate import batches
+    from engine.training.evaluate import batches
     lengths = [30, 5, 12, 5, 400, 7, 12, 30, 1]
     for size, budget in ((64, 32768), (2, 32768), (64, 100), (3, 90), (1, 1)):
         groups = batches(lengths, 20, size, budget)

@@ -13,8 +13,8 @@ from typing import Any
 from textual.pilot import Pilot
 
 from console.app import create_app
-from console.config import Config, HostConfig
-from console.monitor_service import MonitorState
+from console.monitor.service import MonitorState
+from console.settings.config import Config, HostConfig
 from console.widgets.fleet_table import FleetTable
 from tests.replay import fleet_app
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from console.cli import main as cli_main
-from console.config import Config, HostConfig, Profile
-from console.follow import MAX_LINE, Line, LogFollower
-from console.host import Host
-from console.runs import close_hosts, launch
+from console.hosts.host import Host, close_hosts
+from console.logs.follow import MAX_LINE, Line, LogFollower
+from console.logs.vllm_log import MARKERS, parse_line
+from console.runs.service import launch
+from console.settings.config import Config, HostConfig, Profile
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
-from console.vllm_log import MARKERS, parse_line
 from tests.sshd import SSHD
 
 WRITER = """

@@ -11,29 +11,26 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine.errors import EngineError
-from engine.formats import (
+from engine.ckpt.checks import expected_tensors, export_checks, load_drafter, run_checks
+from engine.ckpt.drafter_dir import open_checkpoint
+from engine.ckpt.drafter_save import save_drafter
+from engine.ckpt.key_map import (
     LAYER_PREFIX,
     detect,
-    expected_tensors,
-    export_checks,
     from_eagle,
     from_speculators,
-    load_drafter,
-    open_checkpoint,
-    run_checks,
-    save_drafter,
     to_eagle,
     to_speculators,
 )
-from engine.model import Eagle3Draft
-from engine.safetensors_io import (
+from engine.ckpt.safetensors_io import (
     SafetensorsWriter,
     open_weights,
     read_header,
     save_tensors,
     sha256_file,
 )
+from engine.errors import EngineError
+from engine.model.draft import Eagle3Draft
 from tests.drafters import random_state, tiny_config, write_drafter
 
 # -- the key map --------------------------------------------------------------------------------
@@ -284,7 +281,7 @@ def test_sha256_helper(tmp_path: Path) -> None:
 
 
 def test_target_embedding_goes_into_the_model_frozen(tmp_path: Path) -> None:
-    from engine.formats import load_target_embedding
+    from engine.ckpt.target_weights import load_target_embedding
     from tests.drafters import write_target_embedding
 
     cfg = tiny_config()

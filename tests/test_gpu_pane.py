@@ -12,9 +12,9 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import TabbedContent
 
-from console.config import Config, HostConfig
-from console.monitor_service import MonitorState
+from console.monitor.service import MonitorState
 from console.panes.gpu import GpuPane
+from console.settings.config import Config, HostConfig
 from console.widgets.gpu_table import GpuTable
 from console.widgets.process_table import ProcessTable
 from console.widgets.status_line import StatusLine
@@ -121,7 +121,7 @@ async def test_screen_stays_responsive_while_a_host_hangs(tmp_path: Path) -> Non
 async def test_a_failed_host_reads_failed_in_the_pane_and_the_hosts_list(tmp_path: Path) -> None:
     """The hosts list and the GPU pane use one word for one host: `failed` when the last
     connect failed (the monitor retrying is said after it), not `reconnecting` beside it."""
-    from console.host import HostState
+    from console.hosts.host import HostState
     from console.widgets.host_list import HostList
 
     app = fleet_app(tmp_path, host="gpu2")

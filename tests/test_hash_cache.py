@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import hash_cache
-from engine.converter import convert_checkpoint
+from engine.ckpt import hash_cache
+from engine.ckpt.converter import convert_checkpoint
 from tests.drafters import write_drafter
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from console import known_hosts as kh
+import console.transport.known_hosts as kh
 from console.cli import main
 from console.commands import trust
-from console.config import load_config
 from console.errors import AuthFailed, HostKeyChanged, HostKeyUnknown
+from console.settings.config import load_config
 from console.transport import open_transport
 from tests.conftest import ssh_host
 from tests.sshd import SSHD, keygen

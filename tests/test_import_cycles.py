@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-UI = ("console.app", "console.commands_palette", "console.keymap", "console.messages",
+UI = ("console.app", "console.ui.palette", "console.ui.keymap", "console.ui.messages",
       "console.screens", "console.panes", "console.widgets")
 
 
@@ -91,9 +91,9 @@ def test_the_finder_sees_a_cycle_held_by_a_function_local_import(tmp_path: Path)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     probe = tmp_path / "x.py"
     probe.write_text("if TYPE_CHECKING:\n    import console.y\n"
-                     "def f():\n    from console.keymap import KEYS\n", encoding="utf-8")
-    known = {m: probe for m in ("console.keymap", "console.x", "console.y")}
-    assert imports("console.x", probe, known) == {"console.keymap"}
+                     "def f():\n    from console.ui.keymap import KEYS\n", encoding="utf-8")
+    known = {m: probe for m in ("console.ui.keymap", "console.x", "console.y")}
+    assert imports("console.x", probe, known) == {"console.ui.keymap"}
 
 
 def test_no_import_cycle_through_the_ui() -> None:

@@ -1,4 +1,4 @@
-"""The key map (console/keymap.py) is the only place keys are declared: every binding of every
+"""The key map (console/ui/keymap.py) is the only place keys are declared: every binding of every
 console class comes from it, help lists every key of it and every key the README documents,
 and the footer never shows one label twice."""
 
@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import console
-from console.keymap import KEYS, PANES, SECTIONS, key_display
 from console.screens.help import flat, sections
+from console.ui.keymap import KEYS, PANES, SECTIONS, key_display
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -1,5 +1,5 @@
 """The logs pane following a real file through the local transport (the LogFollower of
-console/follow.py): a 120x40 snapshot of the recorded vLLM log, follow/pause, filter, error
+console/logs/follow.py): a 120x40 snapshot of the recorded vLLM log, follow/pause, filter, error
 jumps, bounded memory and batched redraws under a fast-growing log; and the LogModel alone."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from textual.pilot import Pilot
 
 from console.app import Eagle3App
-from console.follow import Line
-from console.log_model import MAX_LINES, LogModel
+from console.logs.follow import Line
+from console.logs.log_model import MAX_LINES, LogModel
 from console.panes.logs import LogsPane
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import EngineError
-from engine.model import (
+from engine.model.draft import (
     Eagle3Config,
     Eagle3Draft,
     inv_freq,

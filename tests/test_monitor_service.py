@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.config import Config, HostConfig
-from console.host import HostPool
-from console.monitor_record import GpuStat, HostStat, Sample
-from console.monitor_service import HostMonitor, MonitorHub, MonitorState
+from console.hosts.host import HostPool
+from console.monitor.record import GpuStat, HostStat, Sample
+from console.monitor.service import HostMonitor, MonitorHub, MonitorState
+from console.settings.config import Config, HostConfig
 from tests.sshd import SSHD
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from console.config import Config, HostConfig, Profile
-from console.host import Host
-from console.runs import Run, close_hosts, find_run, launch, stop_run
+from console.hosts.host import Host, close_hosts
+from console.runs.service import find_run, launch, stop_run
+from console.scheduler.records import Run
+from console.settings.config import Config, HostConfig, Profile
 from tests.sshd import SSHD
 
 ALL_REDUCE = """

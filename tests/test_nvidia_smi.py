@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from console.nvidia_smi import (
+from console.monitor.nvidia_smi import (
     MIB,
     NvidiaSmiSampler,
     parse_apps,
@@ -19,7 +19,7 @@ from console.nvidia_smi import (
     parse_ps,
     with_processes,
 )
-from console.proc_stats import parse_cpu, parse_df, parse_meminfo, parse_net
+from console.monitor.proc_stats import parse_cpu, parse_df, parse_meminfo, parse_net
 from console.transport.local import LocalTransport
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia_smi"

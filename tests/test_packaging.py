@@ -25,7 +25,7 @@ def test_wheel_finds_themes_and_hostside(tmp_path: Path) -> None:
                     str(site), str(wheel)], check=True, capture_output=True, timeout=300)
     code = textwrap.dedent("""
         import sys
-        import console.themes as t, console.hostside.runner, engine.events
+        import console.ui.themes as t, console.hostside.runner, engine.events
         assert t.__file__.startswith(sys.argv[1]), t.__file__
         assert all(p.is_file() for p in t.css_paths())
         names = [p.name for p in t.load_palettes()]

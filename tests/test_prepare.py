@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.chat import tokenize_conversation
-from engine.data import open_data
-from engine.demo_target import build_tokenizer, chats
+from engine.data.chat import tokenize_conversation
+from engine.data.readers import open_data
+from engine.demo.target import build_tokenizer, chats
 from engine.errors import EngineError
 from tests.engine_helpers import run_engine
 
@@ -192,7 +192,7 @@ def test_prepare_bad_line_names_file_and_field(tiny_target: Path, tmp_path: Path
 def test_conversation_lines_json_refuses_name_file_and_line(tmp_path: Path) -> None:
     """Bad syntax and valid syntax that json refuses (an int of 5000 digits: a ValueError that
     is not a JSONDecodeError) both give the one-line error, never a traceback."""
-    from engine.conversations import read_conversations
+    from engine.data.conversations import read_conversations
     good = json.dumps({"id": 1, "conversations": [{"role": "user", "content": "x"}]})
     for bad, why in (("{not json", "invalid JSON (Expecting property name"),
                      ('{"id": ' + "9" * 5000 + "}", "invalid JSON (Exceeds the limit")):

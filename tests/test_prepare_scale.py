@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.demo_target import chats
-from engine.disk_estimate import estimate_bytes, human
+from engine.data.disk_estimate import estimate_bytes, human
+from engine.demo.target import chats
 from tests.engine_helpers import REPO, engine_env, run_engine
 from tests.test_prepare import tiny_target, tok, write_sharegpt  # noqa: F401 (fixtures)
 
@@ -150,8 +150,8 @@ def test_prepare_refuses_when_the_disk_cannot_hold_it(tiny_target: Path, source:
 
 
 def test_device_map_ranks_split_the_nodes_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.data.target import local_gpus
     from engine.errors import EngineError
-    from engine.target import local_gpus
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # a node this machine is not
     assert local_gpus() == list(range(8))  # no torchrun: every GPU
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

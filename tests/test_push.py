@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from console.cli import main as cli_main
-from console.config import Config, HostConfig, SyncSet, local_host
-from console.engine_client import doctor
-from console.host import Host
+from console.hosts.engine_client import doctor
+from console.hosts.host import Host
+from console.hosts.push import ENGINE_DIR, Tree, engine_trees, host_trees, push
 from console.hostside.manifest import Ignore, manifest_hash, scan
-from console.push import ENGINE_DIR, Tree, engine_trees, host_trees, push
+from console.settings.config import Config, HostConfig, SyncSet, local_host
 from tests.sshd import SSHD
 
 ODD = ["with space.txt", "quote'single.txt", 'quote"double.txt', "semi;colon $(echo x) `y`.txt",

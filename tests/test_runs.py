@@ -17,20 +17,12 @@ import psutil
 import pytest
 
 from console.cli import main as cli_main
-from console.config import Config, HostConfig, Profile
 from console.errors import ConsoleError
-from console.host import Host
-from console.runs import (
-    LaunchHooks,
-    NotStarted,
-    RunRecord,
-    build_argv,
-    close_hosts,
-    combined_status,
-    launch,
-    list_runs,
-    stop_run,
-)
+from console.hosts.host import Host, close_hosts
+from console.runs.service import launch, list_runs, stop_run
+from console.scheduler.launch import LaunchHooks, NotStarted, build_argv
+from console.scheduler.records import RunRecord, combined_status
+from console.settings.config import Config, HostConfig, Profile
 from engine import events
 from tests.sshd import SSHD
 
@@ -254,7 +246,7 @@ def test_build_argv() -> None:
     assert argv == ["/venv/bin/python", "-m", "torch.distributed.run", "--nproc-per-node", "8",
                     "--standalone", "-m", "engine", "train", "--data", "/d d", "--events"]
     script = Profile(name="p", hosts=["a", "b"], run="python3 04_train.py --x 1")
-    from console.runs import Rendezvous
+    from console.scheduler.launch import Rendezvous
     argv, is_engine = build_argv(script, box, run_id="r1", node_rank=1,
                                  rdzv=Rendezvous("10.0.0.1", 29400))
     assert not is_engine

@@ -19,15 +19,15 @@ from textual.pilot import Pilot
 from textual.widgets import Footer, Static, TabbedContent
 
 from console.cli import main as cli_main
-from console.config import Profile
-from console.host import Host
-from console.keymap import KEYS
+from console.hosts.host import Host
 from console.panes.runs import RunsPane
-from console.run_progress import MAX_POINTS, RunProgress, Series
-from console.run_watch import RunFeed
-from console.runs import list_runs
+from console.runs.progress import MAX_POINTS, RunProgress, Series
+from console.runs.service import list_runs
+from console.runs.watch import RunFeed
 from console.screens.main import PANES, MainScreen
 from console.screens.run_detail import RunDetailScreen
+from console.settings.config import Profile
+from console.ui.keymap import KEYS
 from console.widgets.line_plot import LinePlot, braille_grid
 from console.widgets.run_tables import ProfileTable, RunTable
 from engine import events
@@ -309,7 +309,7 @@ async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
         assert {"p", "t", "x", "r", "enter"} <= footer_keys
         assert app.screen.query_one(Footer).display
         # every pane action is a palette command, and running one acts like the key
-        from console.commands_palette import ConsoleCommands
+        from console.ui.palette import ConsoleCommands
         assert ConsoleCommands in app.COMMANDS   # set once, on the app
         provider = ConsoleCommands(app.screen)
         names = [name for name, _h, _cb in provider.commands()]

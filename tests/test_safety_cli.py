@@ -18,12 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.config import load_config
-from console.themes import remember_theme
+from console.settings.config import load_config
 from console.transport import local as local_transport
 from console.transport import ssh as ssh_transport
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
+from console.ui.themes import remember_theme
 from tests.drafters import write_drafter
 from tests.runs_registry import write_run
 from tests.sshd import SSHD

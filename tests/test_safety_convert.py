@@ -370,7 +370,7 @@ def test_stale_temp_rules(tmp_path: Path) -> None:
     """Only our shape with a gone owner is removed: a live owner, a foreign file, a foreign
     name or a symlink are kept; a PID now used by another process (this test's, with a start
     time that differs) counts as gone."""
-    from engine.output_dir import OWNER_FILE, process_start
+    from engine.ckpt.output_dir import OWNER_FILE, process_start
 
     w = tmp_path / "w"
     write_drafter(w / "src")
@@ -412,7 +412,7 @@ def test_stale_temp_rules(tmp_path: Path) -> None:
 def test_a_signal_during_the_dst_swap_waits_for_the_swap(tmp_path: Path) -> None:
     """SIGTERM that lands while DST is being swapped (between the two renames) is acted on only
     once DST is whole: the new DST is in place, the old one gone, and then it stops."""
-    from engine.output_dir import Terminated, _signals_deferred, termination_raises
+    from engine.ckpt.output_dir import Terminated, _signals_deferred, termination_raises
 
     before = signal.getsignal(signal.SIGTERM)
     reached = []

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from console.cli import main as cli_main
-from console.config import HostConfig, SyncSet, load_config
 from console.errors import CommandFailed, ConfigError, Unreachable
-from console.host import Host
-from console.push import Tree, engine_trees, push, sync_tree
+from console.hosts.host import Host
+from console.hosts.push import Tree, engine_trees, push, sync_tree
+from console.settings.config import HostConfig, SyncSet, load_config
 from console.transport import tempfiles
 from tests.sshd import SSHD
 

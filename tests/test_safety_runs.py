@@ -22,11 +22,12 @@ import psutil
 import pytest
 
 from console.cli import main as cli_main
-from console.config import Profile
-from console.engine_client import ensure_engine
 from console.errors import ConsoleError
-from console.host import Host
-from console.runs import RunRecord, close_hosts, host_of, launch, list_runs, stop_run
+from console.hosts.engine_client import ensure_engine
+from console.hosts.host import Host, close_hosts, host_of
+from console.runs.service import launch, list_runs, stop_run
+from console.scheduler.records import RunRecord
+from console.settings.config import Profile
 from console.widgets.run_tables import run_row
 from tests.sshd import SSHD
 from tests.test_runs import make_config, wait_status

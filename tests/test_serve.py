@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from console.checkpoints.serve import SPEC_CONFIG_FIELDS, profile_name, read_sessions
 from console.cli import main as cli_main
-from console.config import Config, HostConfig
-from console.host import Host
-from console.runs import close_hosts, list_runs, stop_run
-from console.serve import SPEC_CONFIG_FIELDS, profile_name, read_sessions
+from console.hosts.host import Host, close_hosts
+from console.runs.service import list_runs, stop_run
+from console.settings.config import Config, HostConfig
 from tests.conftest import REPO
 from tests.drafters import tiny_config, write_drafter
 from tests.sshd import free_port

@@ -16,13 +16,14 @@ import pytest
 
 from console.app import create_app
 from console.cli import main as cli_main
-from console.config import Config, HostConfig, Profile, load_config
 from console.errors import ConfigError, ConsoleError
-from console.host import Host
-from console.runs import RunRecord, close_hosts, host_of, launch, list_runs, runner, stop_run
+from console.hosts.host import Host, close_hosts, host_of
+from console.runs.service import launch, list_runs, stop_run
 from console.scheduler import scheduler_for
-from console.scheduler.options import SlurmOptions, time_problem
+from console.scheduler.records import RunRecord, runner
 from console.scheduler.slurm import Job, gres_gpus, judge, parse_sinfo, partitions
+from console.settings.config import Config, HostConfig, Profile, load_config
+from console.settings.slurm_options import SlurmOptions, time_problem
 from console.widgets.fleet_table import FleetTable
 from console.widgets.run_tables import run_row
 from tests.slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture

@@ -1,5 +1,5 @@
-"""One rule for a target's embedding and lm_head (engine/key_map.py's target_heads), as train,
-convert --embed-from and vocab remap read them (engine/target_weights.py)."""
+"""One rule for a target's embedding and lm_head (engine/ckpt/key_map.py's target_heads), as train,
+convert --embed-from and vocab remap read them (engine/ckpt/target_weights.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine.ckpt.key_map import target_heads
+from engine.ckpt.target_weights import load_embedding, target_lm_head_rows
 from engine.errors import EngineError
-from engine.key_map import target_heads
-from engine.target_weights import load_embedding, target_lm_head_rows
 
 
 def test_known_names_first_then_a_wrapper_suffix_outside_the_layers() -> None:

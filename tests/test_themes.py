@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from console.app import create_app
-from console.config import Config, HostConfig, default_config_path, load_config
 from console.errors import ConfigError
-from console.themes import THEMES_DIR, css_paths, load_palettes, remember_theme
+from console.settings.config import Config, HostConfig, default_config_path, load_config
+from console.ui.themes import THEMES_DIR, css_paths, load_palettes, remember_theme
 from tests.replay import fleet_app
 
 REPO = Path(__file__).resolve().parent.parent

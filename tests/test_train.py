@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import torch
 
+from engine.ckpt.checks import load_drafter
+from engine.ckpt.drafter_save import save_drafter
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.formats import load_drafter, save_drafter
-from engine.train_config import TrainConfig
-from engine.train_setup import build
+from engine.training.config import TrainConfig
+from engine.training.setup import build
 from tests.engine_helpers import events, run_engine, step_metrics, train_args
 
 pytest_plugins = ("tests.demo_workspace",)
@@ -192,7 +193,7 @@ def test_online_features_match_prepared_shards(demo_dir: Path, tmp_path: Path) -
 
 
 def test_vocab_file_from_vocab_build(demo_dir: Path, tmp_path: Path) -> None:
-    from engine.vocab import load_vocab
+    from engine.ckpt.vocab import load_vocab
     vocab = tmp_path / "vocab.safetensors"
     run_engine("vocab", "build", "--data", str(demo_dir / "data"), "--draft-vocab-size", "64",
                "--out", str(vocab))

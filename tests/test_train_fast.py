@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine.ckpt.target_weights import load_embedding
 from engine.events import Emitter
-from engine.target_weights import load_embedding
-from engine.train import train
-from engine.train_config import TrainConfig
-from engine.ttt_loss import target_argmax
+from engine.model.ttt_loss import target_argmax
+from engine.training.config import TrainConfig
+from engine.training.train import train
 
 pytest_plugins = ("tests.demo_workspace",)
 
@@ -75,7 +75,7 @@ def test_checkpoint_activations_and_frozen_lm_head(demo_dir: Path, tmp_path: Pat
     """--checkpoint-activations recomputes the layer: the same numbers. --freeze-lm-head keeps
     lm_head at its start (the scratch init of the same seed) while the rest trains; both flags
     are recorded in run.json and in the export's provenance."""
-    from engine.formats import load_drafter
+    from engine.ckpt.checks import load_drafter
     plain = _run(demo_dir, demo_dir / "data", tmp_path / "plain")
     ckpt = _run(demo_dir, demo_dir / "data", tmp_path / "ckpt", checkpoint_activations=True)
     assert _numbers(ckpt) == _numbers(plain)
@@ -86,7 +86,7 @@ def test_checkpoint_activations_and_frozen_lm_head(demo_dir: Path, tmp_path: Pat
     info = json.loads((demo_dir / "demo.json").read_text(encoding="utf-8"))
     cfg = TrainConfig(target=str(demo_dir / "target"), data=str(demo_dir / "data"),
                       out=str(tmp_path / "x"), draft_vocab_size=info["draft_vocab_size"])
-    from engine.train_setup import build
+    from engine.training.setup import build
     start = build(cfg, Emitter("t", out=io.StringIO(), err=io.StringIO()),
                   torch.device("cpu")).draft.trainable_state_dict()
     dtype = sd_frozen["lm_head.weight"].dtype

@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.config import HostConfig
 from console.errors import CommandFailed, Unreachable
+from console.settings.config import HostConfig
 from console.transport import Transport, open_transport
 from console.transport.ssh import SSHTransport
 from tests.conftest import ssh_host

@@ -1,4 +1,5 @@
-"""TTT attention without the dense mask (engine/ttt_attention.py) against the masked-SDPA path."""
+"""TTT attention without the dense mask (engine/model/ttt_attention.py) against the masked-SDPA
+path."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import os
 import pytest
 import torch
 
-from engine import ttt_attention as ta
-from engine.model import Eagle3Draft, preset, valid_positions
+from engine.model import ttt_attention as ta
+from engine.model.draft import Eagle3Draft, preset, valid_positions
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 

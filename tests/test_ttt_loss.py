@@ -1,5 +1,6 @@
-"""The TTT loss and the target side (engine/ttt_loss.py) against the straightforward formulation
-it replaced: full-vocab target logits, shifted copies of p, log_softmax and a product sum."""
+"""The TTT loss and the target side (engine/model/ttt_loss.py) against the straightforward
+formulation it replaced: full-vocab target logits, shifted copies of p, log_softmax and a product
+sum."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model import shift_left
-from engine.ttt_loss import (
+from engine.model.draft import shift_left
+from engine.model.ttt_loss import (
     STEP_WEIGHT,
     draft_head,
     step_rows,
@@ -118,8 +119,8 @@ def test_logits_of_the_loss_rows_only_equal_the_full_logits_path(
     reads) against full logits: the same loss and stats, the same gradients of every trained
     weight, on a real drafter with GQA, right padding, prompt tokens and out-of-vocab targets;
     p's rows gathered in one block or in many (`gather`)."""
-    from engine import ttt_loss as mod
-    from engine.model import Eagle3Draft, preset
+    from engine.model import ttt_loss as mod
+    from engine.model.draft import Eagle3Draft, preset
     monkeypatch.setattr(mod, "GATHER_ROWS", gather)
     torch.manual_seed(3)
     b, t, v, vd, h = 3, 37, 300, 70, 32

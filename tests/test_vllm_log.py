@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.vllm_log import EngineStats, SpecDecodeStats, parse_line, strip_ansi
+from console.logs.vllm_log import EngineStats, SpecDecodeStats, parse_line, strip_ansi
 
 ENGINE = ("INFO 11-30 12:01:02 [loggers.py:123] Engine 000: Avg prompt throughput: 12.3 tokens/s, "
           "Avg generation throughput: 456.7 tokens/s, Running: 4 reqs, Waiting: 0 reqs, "

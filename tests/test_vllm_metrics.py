@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from console.cli import main as cli_main
-from console.config import load_config
 from console.errors import ConfigError, TransportError
+from console.logs.vllm_metrics import Series, is_reset, parse_snapshot
 from console.panes import logs as logs_pane
 from console.panes.logs import LogsPane
+from console.settings.config import load_config
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
-from console.vllm_metrics import Series, is_reset, parse_snapshot
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine

@@ -12,11 +12,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.cli import main
-from engine.errors import EngineError
-from engine.formats import load_drafter, open_checkpoint, run_checks
-from engine.model import Eagle3Draft
-from engine.vocab import (
+from engine.ckpt.checks import load_drafter, run_checks
+from engine.ckpt.drafter_dir import open_checkpoint
+from engine.ckpt.vocab import (
     build_vocab,
     check_vocab_map,
     count_tokens,
@@ -24,6 +22,9 @@ from engine.vocab import (
     load_vocab,
     remap_lm_head,
 )
+from engine.cli import main
+from engine.errors import EngineError
+from engine.model.draft import Eagle3Draft
 from tests.drafters import random_state, tiny_config, write_drafter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,7 +160,7 @@ def test_remap_keeps_kept_token_logits_exactly(tmp_path: Path, style: str) -> No
     new = [t for t in range(512) if t not in old_targets][:36]
     counts[new] = 5
     d2t, t2d = build_vocab(counts, 100)
-    from engine.vocab import save_vocab
+    from engine.ckpt.vocab import save_vocab
     save_vocab(tmp_path / "v.safetensors", d2t, t2d)
     assert main(["vocab", "remap", str(tmp_path / "old"), "--vocab",
                  str(tmp_path / "v.safetensors"), "--out", str(tmp_path / "new")]) == 0
@@ -186,7 +187,7 @@ def test_remap_new_rows_come_from_the_target(tmp_path: Path) -> None:
     save_file({"lm_head.weight": target_head, "model.embed_tokens.weight": torch.zeros(512, 64)},
               str(tmp_path / "target" / "model.safetensors"))
     d2t, t2d = build_vocab(torch.arange(512), 128)  # the 128 highest ids
-    from engine.vocab import save_vocab
+    from engine.ckpt.vocab import save_vocab
     save_vocab(tmp_path / "v.safetensors", d2t, t2d)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-m", "engine", "vocab", "remap", str(tmp_path / "old"),
@@ -224,7 +225,7 @@ def test_remap_refuses_a_vocab_for_another_target(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture) -> None:
     write_drafter(tmp_path / "old")
     d2t, t2d = build_vocab(torch.arange(300), 50)
-    from engine.vocab import save_vocab
+    from engine.ckpt.vocab import save_vocab
     save_vocab(tmp_path / "v.safetensors", d2t, t2d)
     assert main(["vocab", "remap", str(tmp_path / "old"), "--vocab",
                  str(tmp_path / "v.safetensors"), "--out", str(tmp_path / "new")]) == 1

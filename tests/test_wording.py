@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from console.commands.doctor import render
+from console.hosts.doctor_report import render
 
 REPO = Path(__file__).resolve().parent.parent
 

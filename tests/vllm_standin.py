@@ -56,8 +56,8 @@ class VllmStandin:
                  batch_tokens: int = 16384, threads: int = 1) -> None:
         from transformers import AutoModelForCausalLM
 
-        from engine.capture_server import capture_layer_ids
-        from engine.target import default_aux_ids
+        from engine.capture.server import capture_layer_ids
+        from engine.data.target import default_aux_ids
         torch.set_num_threads(threads)
         self.model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         self.model.eval().requires_grad_(False)

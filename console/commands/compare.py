@@ -10,11 +10,11 @@ import json
 import time
 from pathlib import Path
 
-from console.compare import Measurer, Row, table
-from console.config import Config
-from console.host import Host
-from console.runs import close_hosts, host_of, list_runs
-from console.serve import read_sessions
+from console.checkpoints.compare import Measurer, Row, table
+from console.checkpoints.serve import read_sessions
+from console.hosts.host import Host, close_hosts, host_of
+from console.runs.service import list_runs
+from console.settings.config import Config
 
 HELP = "compare served drafters by vLLM's measured acceptance (serving sessions from `serve`)"
 

@@ -8,9 +8,9 @@ import argparse
 import json
 import sys
 
-from console.checkpoints import DTYPES, STYLES, convert_checkpoint, inspect_checkpoint
-from console.config import Config
-from console.host import open_host
+from console.checkpoints.service import DTYPES, STYLES, convert_checkpoint, inspect_checkpoint
+from console.hosts.host import open_host
+from console.settings.config import Config
 from engine import events
 
 HELP = "convert a checkpoint on HOST (eagle, speculators, vllm or sglang style), then inspect it"

@@ -10,10 +10,10 @@ import posixpath
 import sys
 import time
 
-from console.config import Config
-from console.follow import Line, LogFollower
-from console.host import Host
-from console.runs import close_hosts, find_run, list_runs
+from console.hosts.host import Host, close_hosts
+from console.logs.follow import Line, LogFollower
+from console.runs.service import find_run, list_runs
+from console.settings.config import Config
 from engine import events
 
 HELP = "print RUN's output and engine events as they come; ends when the run ends"

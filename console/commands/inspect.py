@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from console.checkpoints import inspect_checkpoint
-from console.config import Config
-from console.host import open_host
-from engine.commands.inspect import render
+from console.checkpoints.service import inspect_checkpoint
+from console.hosts.host import open_host
+from console.settings.config import Config
+from engine.inspect_report import render
 
 HELP = "show a checkpoint's format, tensors, config and checks on HOST (exit 1 on a failed check)"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from console.config import Config
-from console.host import Host
-from console.runs import close_hosts, launch
+from console.hosts.host import Host, close_hosts
+from console.runs.service import launch
+from console.settings.config import Config
 
 HELP = "start PROFILE detached on its host(s) (pushes changes first; survives disconnects)"
 

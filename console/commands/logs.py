@@ -7,11 +7,11 @@ import argparse
 import json
 import sys
 
-from console.config import Config
 from console.errors import ConsoleError
-from console.follow import LogFollower
-from console.host import open_host
-from console.vllm_log import MARKERS, EngineStats, Metrics, parse_line
+from console.hosts.host import open_host
+from console.logs.follow import LogFollower
+from console.logs.vllm_log import MARKERS, EngineStats, Metrics, parse_line
+from console.settings.config import Config
 
 HELP = "print (and --follow) a file on HOST; --metrics parses vLLM stats lines (--json: records)"
 

@@ -15,11 +15,12 @@ import sys
 import time
 from typing import Any
 
-from console.config import Config
 from console.errors import ConsoleError
-from console.host import open_host
-from console.metrics_service import MetricsError, MetricsWatch
-from console.vllm_metrics import DEFAULT_URL, Figures, Report
+from console.hosts.host import open_host
+from console.logs.metrics_service import MetricsError, MetricsWatch
+from console.logs.vllm_metrics import Figures, Report
+from console.settings.config import Config
+from console.settings.metrics_url import DEFAULT_URL
 
 HELP = "a vLLM server's acceptance length, per-position acceptance and throughput from /metrics"
 

@@ -8,9 +8,9 @@ import argparse
 import json
 import sys
 
-from console.config import Config
-from console.host import open_host
-from console.push import host_trees, push
+from console.hosts.host import open_host
+from console.hosts.push import host_trees, push
+from console.settings.config import Config
 
 HELP = ("send the engine package and sync sets to HOST (only changed files; --delete mirrors "
         "removals)")

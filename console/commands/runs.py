@@ -6,9 +6,10 @@ import argparse
 import json
 import time
 
-from console.config import Config
-from console.host import open_host
-from console.runs import RunRecord, list_runs, newest_first
+from console.hosts.host import open_host
+from console.runs.service import list_runs
+from console.scheduler.records import RunRecord, newest_first
+from console.settings.config import Config
 
 HELP = "list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, ...)"
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from console.config import Config
-from console.host import Host
-from console.runs import close_hosts, host_of
-from console.serve import ServeRequest, serve, vllm_argv
+from console.checkpoints.serve import ServeRequest, serve, vllm_argv
+from console.hosts.host import Host, close_hosts, host_of
+from console.settings.config import Config
 
 PASSTHROUGH = True  # the words after `--` are `vllm serve`'s (console/cli.py)
 HELP = "serve a drafter checkpoint in vLLM on HOST (speculative decoding), as a detached run"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from console.config import Config
-from console.host import Host
-from console.runs import close_hosts, stop_run
+from console.hosts.host import Host, close_hosts
+from console.runs.service import stop_run
+from console.settings.config import Config
 
 HELP = ("stop RUN on every node: SIGTERM its process group, SIGKILL after --grace seconds "
         "(a Slurm job: scancel --signal=TERM, then scancel)")

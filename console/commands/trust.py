@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import asyncssh
 
-from console import known_hosts as kh
-from console.config import Config, HostConfig
+import console.transport.known_hosts as kh
 from console.errors import ConfigError, HostKeyChanged, HostKeyTypeMismatch, Unreachable
+from console.settings.config import Config, HostConfig
 from console.transport.ssh import SSHTransport
 
 HELP = "show HOST's SSH host key fingerprint and add it to known_hosts once you confirm"

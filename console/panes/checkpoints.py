@@ -4,12 +4,14 @@
     c          convert it (dialog: target style, destination, dtype); a progress bar follows the
                engine's progress events, then the result's own inspect report is shown
     v          serve it in vLLM (dialog: verifier, TP, k, port, extra args): checked, then
-               started as a detached run (console/serve.py); the Runs pane follows and stops it
+               started as a detached run (console/checkpoints/serve.py); the Runs pane follows and
+               stops it
     m          compare the served drafters by vLLM's measured acceptance (screens/compare.py)
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
-No I/O here: workers call console/checkpoints.py. Reports are kept per (path, mtime), so going
-back to a checkpoint shows its report at once. Engine errors are shown whole in the report area.
+No I/O here: workers call console/checkpoints/service.py. Reports are kept per (path, mtime), so
+going back to a checkpoint shows its report at once. Engine errors are shown whole in the report
+area.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from console.app_services import services
-from console.checkpoints import (
+from console.checkpoints.serve import ServeRequest, serve
+from console.checkpoints.service import (
     Checkpoint,
     convert_checkpoint,
     converted_dir,
@@ -34,13 +36,13 @@ from console.checkpoints import (
     inspect_checkpoint,
 )
 from console.errors import ConsoleError
-from console.keymap import bindings
 from console.panes.timers import ShownTimers
-from console.run_watch import describe_error, on_host
+from console.runs.watch import describe_error, on_host
 from console.screens.compare import CompareScreen
 from console.screens.convert_dialog import ConvertDialog, ConvertRequest, exists_message
 from console.screens.serve_dialog import ServeDialog
-from console.serve import ServeRequest, serve
+from console.ui.keymap import bindings
+from console.ui.services import services
 from console.widgets.inspect_view import InspectView
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar

@@ -10,8 +10,8 @@ from textual import work
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
-from console.app_services import services
 from console.panes.timers import ShownTimers
+from console.ui.services import services
 from console.widgets.fleet_table import FleetTable, fleet_host
 
 WINDOW_S = 300.0

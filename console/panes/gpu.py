@@ -13,11 +13,11 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical
 
-from console.app_services import services
-from console.host import HostState
-from console.keymap import bindings
-from console.monitor_service import HostMonitor, MonitorState
+from console.hosts.host import HostState
+from console.monitor.service import HostMonitor, MonitorState
 from console.panes.timers import ShownTimers
+from console.ui.keymap import bindings
+from console.ui.services import services
 from console.widgets.gpu_detail import GpuDetail
 from console.widgets.gpu_table import GpuRow, GpuTable
 from console.widgets.host_strip import HostStrip

@@ -2,14 +2,14 @@
 with live charts of the vLLM stats lines above the text.
 
 Keys: `f` follow/pause, `/` filter (Enter keeps it, Esc clears), `e` / `E` next / previous
-error, `l` next configured log. A worker runs the LogFollower (console/follow.py), polling as
+error, `l` next configured log. A worker runs the LogFollower (console/logs/follow.py), polling as
 often as the text redraws, and only appends batches to the LogModel; a 2 Hz timer redraws what
 changed (1 Hz while a flood replaces the whole view each time), so thousands of lines per second
 cost one or two redraws per second, and memory stays bounded by the model.
 
 A host with `metrics = "http://..."` has its charts drawn from vLLM's /metrics counters instead
 (exact, where the log lines are rounded summaries): a pane timer (paused while hidden) starts one
-scrape at a time in a worker, through the host's connection (console/metrics_service.py). Until
+scrape at a time in a worker, through the host's connection (console/logs/metrics_service.py). Until
 the first good scrape the charts stay on the log lines; an endpoint that stops answering keeps
 its last figures, marked stale in the status line, which always names the charts' source."""
 
@@ -25,14 +25,15 @@ from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.widgets import Input
 
-from console.app_services import services
 from console.errors import ConsoleError
-from console.follow import LogFollower
-from console.keymap import bindings
-from console.log_model import LogModel
-from console.metrics_service import MetricsError, scrape
+from console.logs.follow import LogFollower
+from console.logs.log_model import LogModel
+from console.logs.metrics_service import MetricsError, scrape
+from console.logs.vllm_metrics import MetricsHistory
 from console.panes.timers import ShownTimers
-from console.vllm_metrics import MetricsHistory, split_url
+from console.settings.metrics_url import split_url
+from console.ui.keymap import bindings
+from console.ui.services import services
 from console.widgets.host_strip import short_path
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView

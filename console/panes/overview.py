@@ -11,11 +11,11 @@ from textual.containers import VerticalScroll
 from textual.markup import escape
 from textual.widgets import Static
 
-from console.app_services import services
-from console.commands.doctor import render
-from console.engine_client import doctor
 from console.errors import ConsoleError
-from console.keymap import bindings
+from console.hosts.doctor_report import render
+from console.hosts.engine_client import doctor
+from console.ui.keymap import bindings
+from console.ui.services import services
 
 
 class OverviewPane(VerticalScroll):

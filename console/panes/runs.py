@@ -7,10 +7,11 @@
     enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py)
     r      re-read the host's run registry (it is re-read every few seconds anyway)
 
-No I/O here: workers call the services (console/runs.py, console/push.py, console/run_watch.py,
-console/demo_default.py) and the pane redraws from what they left, on a timer. Running runs
-are followed in the background (their progress column moves, and opening one is instant); the
-feeds outlive the pane's redraws, so reopening a run goes on from where its feed was.
+No I/O here: workers call the services (console/runs/service.py, console/hosts/push.py,
+console/runs/watch.py, console/settings/demo_default.py) and the pane redraws from what they left,
+on a timer. Running runs are followed in the background (their progress column moves, and opening
+one is instant); the feeds outlive the pane's redraws, so reopening a run goes on from where its
+feed was.
 
 With the embedded default (no config file) the pane also builds the demo workspace on first
 start, with a progress bar, and is the tab the console opens on.
@@ -26,26 +27,20 @@ from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Static
 
-from console.app_services import services
-from console.config import LOCAL, Config
-from console.demo_build import demo_ready, ensure_demo
-from console.demo_default import refresh_demo_profiles
 from console.errors import ConsoleError
-from console.host import Host
-from console.keymap import bindings
-from console.messages import OpenRun
+from console.hosts.host import Host
+from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
-from console.push import PushReport, host_trees, push
-from console.run_watch import RunFeed, RunFeeds, describe_error
-from console.runs import (
-    LaunchHooks,
-    NotStarted,
-    RunRecord,
-    launch,
-    list_runs,
-    newest_first,
-    stop_run,
-)
+from console.runs.demo_workspace import demo_ready, ensure_demo
+from console.runs.service import launch, list_runs, stop_run
+from console.runs.watch import RunFeed, RunFeeds, describe_error
+from console.scheduler.launch import LaunchHooks, NotStarted
+from console.scheduler.records import RunRecord, newest_first
+from console.settings.config import LOCAL, Config
+from console.settings.demo_default import refresh_demo_profiles
+from console.ui.keymap import bindings
+from console.ui.messages import OpenRun
+from console.ui.services import services
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row

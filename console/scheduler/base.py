@@ -1,6 +1,6 @@
 """The interface every placement backend implements: plain SSH hosts (console/scheduler/ssh.py)
 and Slurm clusters (console/scheduler/slurm.py); a Kubernetes or SkyPilot backend would be a
-third. `console.runs` (launch, list, find, stop) only talks to a host through this, so the
+third. `console.runs.service` (launch, list, find, stop) only talks to a host through this, so the
 registry, provenance, `follow` by byte offset and the runs pane stay the same for all."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from console.config import Config, Profile
-    from console.host import Host
-    from console.run_host import LaunchHooks, Run, RunRecord
+    from console.hosts.host import Host
+    from console.scheduler.launch import LaunchHooks
+    from console.scheduler.records import Run, RunRecord
+    from console.settings.config import Config, Profile
 
 
 class Scheduler(ABC):

@@ -23,27 +23,21 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from console.config import Config, HostConfig, Profile
 from console.errors import ConfigError, ConsoleError
-from console.host import Host
-from console.push import HOSTSIDE_PACKAGE
-from console.run_host import (
-    RUNNER,
+from console.hosts.host import Host, host_of
+from console.hosts.push import HOSTSIDE_PACKAGE
+from console.scheduler.base import Scheduler
+from console.scheduler.launch import (
     LaunchHooks,
-    Run,
-    RunRecord,
     build_argv,
-    combined_status,
-    host_of,
-    host_records,
     new_run_id,
     push_for,
-    runner,
     start_anyway,
     substitute,
 )
-from console.scheduler.base import Scheduler
-from console.scheduler.options import SlurmOptions, missing
+from console.scheduler.records import RUNNER, Run, RunRecord, combined_status, host_records, runner
+from console.settings.config import Config, HostConfig, Profile
+from console.settings.slurm_options import SlurmOptions, missing
 
 ACTIVE = ("pending", "running")
 #: squeue states of a job that is not over yet

@@ -1,21 +1,30 @@
 """Plain SSH hosts: the run is a detached process tree on each named host, started, listed and
-stopped by the host-side runner (console/hostside/runner.py; the code is in console/run_host.py)."""
+stopped by the host-side runner (console/hostside/runner.py). Several hosts make one run: node 0
+starts first, the others meet it at a c10d rendezvous on the first host, and if one node cannot
+start the others are taken down."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import posixpath
+from typing import Any
 
-from console.config import Config, Profile
-from console.host import Host
-from console.run_host import (
-    LaunchHooks,
-    Run,
-    RunRecord,
-    host_records,
-    launch_on_hosts,
-    stop_on,
-)
+from console.errors import ConfigError
+from console.hosts.host import Host, host_of
+from console.hosts.push import PushReport
 from console.scheduler.base import Scheduler
+from console.scheduler.launch import (
+    LaunchHooks,
+    Rendezvous,
+    build_argv,
+    new_run_id,
+    push_for,
+    start_anyway,
+    substitute,
+)
+from console.scheduler.records import Run, RunRecord, host_records, runner, runs_dir
+from console.settings.config import Config, HostConfig, Profile
 
 
 class SshScheduler(Scheduler):
@@ -30,3 +39,96 @@ class SshScheduler(Scheduler):
 
     async def stop(self, host: Host, records: list[RunRecord], grace: float) -> list[RunRecord]:
         return list(await asyncio.gather(*(stop_on(host, r.id, grace) for r in records)))
+
+
+async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host], *,
+                          force: bool = False, hooks: LaunchHooks | None = None) -> Run:
+    """The plain-SSH launch: detached on every one of the profile's hosts, node 0 first."""
+    name = profile.name
+    nodes = [host_of(pool, config, h) for h in profile.hosts]
+    if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
+        raise ConfigError(f"[profiles.{name}] hosts: two nodes share one host and root")
+    await asyncio.gather(*(n.connect() for n in nodes))
+    if not force:  # early and friendly; the runner checks again, under its lock, at the start
+        found = await asyncio.gather(*(host_records(n) for n in nodes))
+        busy = [r for recs in found for r in recs if r.profile == name and r.status == "running"]
+        if busy:
+            where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
+            force = await start_anyway(name, busy, where, hooks)
+    pushes = list(await asyncio.gather(*(push_for(config, profile, n, hooks) for n in nodes)))
+    run_id = new_run_id(name)
+    rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
+    # node 0 first: of two launches racing for one profile, the one that starts there wins and
+    # the other is refused before it starts anything
+    first = await _start_node(profile, nodes[0], 0, run_id, rdzv, pushes[0], force)
+    starts = [_start_node(profile, nodes[rank], rank, run_id, rdzv, pushes[rank], force)
+              for rank in range(1, len(nodes))]
+    results = [first, *await asyncio.gather(*starts, return_exceptions=True)]
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        # one node could not start: take the others down rather than leave them waiting
+        started = [n for n, r in zip(nodes, results, strict=True)
+                   if not isinstance(r, BaseException)]
+        await asyncio.gather(*(stop_on(n, run_id, 5.0) for n in started), return_exceptions=True)
+        raise failed[0]
+    records = await asyncio.gather(*(host_records(n, run_id) for n in nodes))
+    return Run(run_id, [r for recs in records for r in recs], pushes)
+
+
+async def _rendezvous(profile: Profile, first: Host) -> Rendezvous:
+    addr = profile.env.get("MASTER_ADDR")
+    if addr is None:
+        addr = _ssh_hostname(first.cfg)
+        if addr is None:
+            res = await first.transport.run_script("hostname -I 2>/dev/null || hostname")
+            words = res.stdout.split()
+            addr = words[0] if words else first.cfg.ssh or "127.0.0.1"
+    port = profile.env.get("MASTER_PORT")
+    if port is None:
+        port = str(await runner(first, ["freeport"]))
+    return Rendezvous(addr, int(port))
+
+
+def _ssh_hostname(cfg: HostConfig) -> str | None:
+    """The host part of user@host[:port], or None for an ssh-config alias (not resolvable by
+    the other nodes in general)."""
+    if cfg.ssh is None:
+        return "127.0.0.1"
+    target = cfg.ssh.rsplit("@", 1)[-1]
+    if target.startswith("["):
+        return target[1:].split("]", 1)[0]
+    host = target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+    if "." in host or ":" in host or host == "localhost":
+        return host
+    return None
+
+
+async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
+                      rdzv: Rendezvous | None, report: PushReport,
+                      force: bool = False) -> dict[str, Any]:
+    run_dir = posixpath.join(await runs_dir(host), run_id)
+    argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv,
+                                 run_dir=run_dir)
+    env = {k: v for k, v in profile.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    spec = {
+        "id": run_id, "profile": profile.name, "host": host.name, "node_rank": rank,
+        "nnodes": len(profile.hosts), "argv": argv,
+        "cwd": (await host.resolve(substitute(profile.cwd, run_id, run_dir)) if profile.cwd
+                else await host.root()),
+        "env": env, "path_prepend": {"PYTHONPATH": await host.code_dir()},
+        "stdout": "events.jsonl" if is_engine else "output.log", "stderr": "output.log",
+        "engine": is_engine, "run_dir": run_dir, "push": report.record(),
+        "rendezvous": f"{rdzv.host}:{rdzv.port}" if rdzv else None,
+    }
+    # without --force the runner refuses, under a per-profile lock held until the new run is
+    # recorded, when the profile already runs there: two launches at once start one run
+    args = ["start", run_dir] if force else ["start", run_dir, "--unless-running"]
+    result = await runner(host, args, input=json.dumps(spec))
+    return dict(result or {})
+
+
+async def stop_on(host: Host, run_id: str, grace: float) -> RunRecord:
+    run_dir = posixpath.join(await runs_dir(host), run_id)
+    data = await runner(host, ["stop", run_dir, str(grace)], timeout=grace + 60)
+    return RunRecord.from_dict(data, host.name)

@@ -3,8 +3,8 @@ what vLLM measured while serving it (acceptance length, per-position acceptance,
 watched).
 
 Opened with `m` from the Checkpoints pane. Sessions whose run still runs are scraped through
-their host every few seconds in a worker (console/compare.py: Measurer); every scrape is kept,
-so the table shows finished sessions from what was recorded.
+their host every few seconds in a worker (console/checkpoints/compare.py: Measurer); every scrape is
+kept, so the table shows finished sessions from what was recorded.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from console.app_services import services
-from console.compare import Measurer, Row, table
+from console.checkpoints.compare import Measurer, Row, table
+from console.checkpoints.serve import read_sessions
 from console.errors import ConsoleError
-from console.keymap import bindings
-from console.runs import list_runs
-from console.serve import read_sessions
+from console.runs.service import list_runs
+from console.ui.keymap import bindings
+from console.ui.services import services
 
 MEASURE_EVERY_S = 5.0
 COLUMNS = ("Drafter", "Provenance", "k", "Acc len", "Per position", "Gen tok/s", "Watched")
@@ -44,7 +44,7 @@ def cells(r: Row) -> tuple[str, ...]:
 class CompareScreen(ModalScreen[None]):
     """The comparison table (module docstring)."""
 
-    KEY_SECTION: ClassVar[str] = "compare"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "compare"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("compare"))
 
     def __init__(self, measure: bool = True) -> None:

@@ -10,13 +10,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from console.keymap import bindings
+from console.ui.keymap import bindings
 
 
 class ConfirmScreen(ModalScreen[bool]):
     """Dismisses with True (y / the Yes button) or False (n / escape / No)."""
 
-    KEY_SECTION: ClassVar[str] = "confirm"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "confirm"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("confirm"))
 
     def __init__(self, question: str, yes: str = "Yes", no: str = "No") -> None:

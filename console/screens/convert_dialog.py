@@ -16,8 +16,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
-from console.checkpoints import DTYPES, STYLES
-from console.keymap import bindings
+from console.checkpoints.service import DTYPES, STYLES
+from console.ui.keymap import bindings
 
 STYLE_HELP = {
     "eagle": "EAGLE / SpecForge style (midlayer.* keys)",
@@ -67,7 +67,7 @@ def default_destination(src: str, to: str, converted_dir: str) -> str:
 class ConvertDialog(ModalScreen["ConvertRequest | None"]):
     """Dismisses with a ConvertRequest, or None when cancelled."""
 
-    KEY_SECTION: ClassVar[str] = "convert"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "convert"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("convert"))
 
     def __init__(self, src: str, converted_dir: str, to: str = "vllm",

@@ -1,4 +1,4 @@
-"""Help (`?`): every key, by pane, read from the key map (console/keymap.py).
+"""Help (`?`): every key, by pane, read from the key map (console/ui/keymap.py).
 
 Sections in the key map's order: keys that work everywhere on the main screen (the pane number
 keys folded into one `1-6` row, and how to switch hosts), then the pane on screen, then the
@@ -17,7 +17,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from console.keymap import KEYS, PANES, SECTIONS, bindings, key_display
+from console.ui.keymap import KEYS, PANES, SECTIONS, bindings, key_display
 
 Section = tuple[str, list[tuple[str, str]]]
 
@@ -67,7 +67,7 @@ def render_sections(secs: list[Section]) -> str:
 class HelpScreen(ModalScreen[None]):
     """Every key by pane; any of esc, q or ? closes it."""
 
-    KEY_SECTION: ClassVar[str] = "help"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "help"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("help"))
 
     def __init__(self, first: str | None = None) -> None:

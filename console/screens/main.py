@@ -12,10 +12,6 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
-from console.app_services import services
-from console.keymap import PANES as PANE_TITLES
-from console.keymap import bindings
-from console.messages import HostSelected, HostStateChanged, OpenRun
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
@@ -23,6 +19,10 @@ from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
 from console.panes.runs import RunsPane
 from console.screens.run_detail import RunDetailScreen
+from console.ui.keymap import PANES as PANE_TITLES
+from console.ui.keymap import bindings
+from console.ui.messages import HostSelected, HostStateChanged, OpenRun
+from console.ui.services import services
 from console.widgets.footer import Footer
 from console.widgets.host_list import HostList
 
@@ -30,7 +30,7 @@ _CLASSES: dict[str, type] = {
     "gpu": GpuPane, "overview": OverviewPane, "fleet": FleetPane, "logs": LogsPane,
     "runs": RunsPane, "checkpoints": CheckpointsPane,
 }
-# (tab id, title, pane class) in tab order (console/keymap.py's PANES): keys 1-6 select them
+# (tab id, title, pane class) in tab order (console/ui/keymap.py's PANES): keys 1-6 select them
 PANES: list[tuple[str, str, type]] = [(i, title, _CLASSES[i]) for i, title in PANE_TITLES]
 
 
@@ -41,7 +41,7 @@ class MainScreen(Screen):
     # the footer's keys, the widgets' own cursors) repaints itself, so a pane switch need not
     # draw the whole screen twice
     focused: Reactive[Widget | None] = Reactive(None, repaint=False)
-    KEY_SECTION: ClassVar[str] = "main"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "main"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("main"))
 
     def __init__(self, hosts: list[str], selected: str,

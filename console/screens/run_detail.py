@@ -1,7 +1,7 @@
 """An opened run: progress with step, total and ETA; live plots of the loss, acc_i per TTT step
 and the estimated acceptance length; the last log lines; provenance.
 
-The screen renders a RunFeed (console/run_watch.py) that the runs pane keeps following in the
+The screen renders a RunFeed (console/runs/watch.py) that the runs pane keeps following in the
 background; it redraws twice a second, only when the feed moved. `escape` goes back (the feed
 keeps following), `x` stops the run.
 """
@@ -20,11 +20,11 @@ from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
-from console.app_services import services
 from console.errors import ConsoleError
-from console.keymap import bindings
-from console.run_watch import RunFeed, describe_error
-from console.runs import stop_run
+from console.runs.service import stop_run
+from console.runs.watch import RunFeed, describe_error
+from console.ui.keymap import bindings
+from console.ui.services import services
 from console.widgets.footer import Footer
 from console.widgets.host_strip import short_path
 from console.widgets.line_plot import LinePlot
@@ -74,7 +74,7 @@ def provenance_text(rows: list[tuple[str, str]], width: int) -> str:
 class RunDetailScreen(Screen[None]):
     """One run, live (module docstring)."""
 
-    KEY_SECTION: ClassVar[str] = "run_detail"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "run_detail"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("run_detail"))
 
     def __init__(self, feed: RunFeed) -> None:

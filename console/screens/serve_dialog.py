@@ -11,14 +11,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from console.keymap import bindings
-from console.serve import ServeRequest
+from console.checkpoints.serve import ServeRequest
+from console.ui.keymap import bindings
 
 
 class ServeDialog(ModalScreen["ServeRequest | None"]):
     """Dismisses with a ServeRequest, or None when cancelled."""
 
-    KEY_SECTION: ClassVar[str] = "serve"   # its keys in console/keymap.py
+    KEY_SECTION: ClassVar[str] = "serve"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("serve"))
 
     def __init__(self, ckpt: str, verifier: str = "") -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from console.transport.base import CommandResult, FileStat, Transport, command_line, quote
 
 if TYPE_CHECKING:
-    from console.config import HostConfig
+    from console.settings.config import HostConfig
 
 __all__ = ["CommandResult", "FileStat", "Transport", "command_line", "quote", "open_transport"]
 

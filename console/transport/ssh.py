@@ -5,8 +5,8 @@ files over SFTP on the same connection.
   support; `ssh_config` overrides which file) or `user@host[:port]`. ProxyJump hops are dialled
   here, each verified against the same known_hosts files as a host, errors naming the hop.
   Keys and ssh-agent are asyncssh's defaults; `identity` names one key file instead.
-- Host keys are strict (console/known_hosts.py): an unknown host or a changed key refuses the
-  connection with HostKeyUnknown / HostKeyChanged naming the presented key's fingerprint.
+- Host keys are strict (console/transport/known_hosts.py): an unknown host or a changed key refuses
+  the connection with HostKeyUnknown / HostKeyChanged naming the presented key's fingerprint.
 - Keepalive notices a dead link; the next operation after a drop reconnects with backoff.
   Work in flight when the link drops raises Unreachable (a stream's caller resumes by offset).
 - Every command runs as `printf MARK $$ >&2; <command>`: sshd starts each session in its own
@@ -28,7 +28,7 @@ from typing import TypeVar
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
 
-from console import known_hosts as kh
+import console.transport.known_hosts as kh
 from console.errors import (
     AuthFailed,
     CommandFailed,
@@ -211,7 +211,8 @@ class SSHTransport(Transport):
         self._sftp_lock = asyncio.Lock()
         self._was_connected = False  # a drop after this means: reconnect with backoff
         #: connections opened so far: an upload retried after a reconnect may have orphaned a
-        #: temp file on the old link, which console/push.py then leaves to its next push to find
+        #: temp file on the old link, which console/hosts/push.py then leaves to its next push to
+        #find
         self.connects = 0
 
     # -- connection -------------------------------------------------------------------------

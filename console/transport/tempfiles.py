@@ -81,7 +81,7 @@ def is_own_process(name: str) -> bool:
 
 def is_stale(name: str) -> bool:
     """True only for a temp of our shape, written on this machine by a process that is gone
-    (not this process: callers decide about their own, see console/push.py)."""
+    (not this process: callers decide about their own, see console/hosts/push.py)."""
     m = _SHAPE.match(name)
     if m is None or m["machine"] != MACHINE or is_own_process(name):
         return False

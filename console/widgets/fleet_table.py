@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from console.monitor_service import HostMonitor, MonitorState
+from console.monitor.service import HostMonitor, MonitorState
 from console.widgets.gpu_table import _T_UTIL, GpuRow
 from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import bar, fmt_age, fmt_mem, fmt_num, level, spark

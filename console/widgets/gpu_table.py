@@ -12,9 +12,9 @@ from textual.binding import BindingType
 from textual.message import Message
 from textual.reactive import reactive
 
-from console.keymap import bindings
-from console.monitor_record import GpuStat
-from console.monitor_service import GpuPoint
+from console.monitor.record import GpuStat
+from console.monitor.service import GpuPoint
+from console.ui.keymap import bindings
 from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import bar, fmt_mem, fmt_num, level, spark
 

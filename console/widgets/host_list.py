@@ -5,8 +5,8 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import Label, ListItem, ListView
 
-from console.host import HostState
-from console.messages import HostSelected
+from console.hosts.host import HostState
+from console.ui.messages import HostSelected
 
 _MARK = {
     HostState.IDLE: "○",

@@ -3,7 +3,7 @@ root and network rates, in two lines."""
 
 from __future__ import annotations
 
-from console.monitor_record import HostStat
+from console.monitor.record import HostStat
 from console.widgets.meter_base import MeterLine, MeterText, MeterWidget
 from console.widgets.meters import bar, fmt_bytes, fmt_mem, level
 

@@ -2,7 +2,7 @@
 waiting requests, KV cache usage, mean acceptance length, and per-position acceptance over time
 (one shaded row per draft position). One column per stats line (vLLM logs one every 10 s by
 default), newest at the right; or, when the host's /metrics has answered, one column per scrape
-of its exact counters (console/vllm_metrics.py gives them the log records' shape)."""
+of its exact counters (console/logs/vllm_metrics.py gives them the log records' shape)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from console.log_model import LogModel
-from console.vllm_log import EngineStats, SpecDecodeStats
-from console.vllm_metrics import MetricsHistory
+from console.logs.log_model import LogModel
+from console.logs.vllm_log import EngineStats, SpecDecodeStats
+from console.logs.vllm_metrics import MetricsHistory
 from console.widgets.meter_base import MeterLine, MeterWidget
 from console.widgets.meters import columns, fmt_si, shade
 

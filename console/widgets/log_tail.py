@@ -10,7 +10,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widget import Widget
 
-from console.run_progress import LogLine
+from console.runs.progress import LogLine
 
 
 class LogTail(Widget):

@@ -20,8 +20,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from console.keymap import bindings
-from console.log_model import LogModel
+from console.logs.log_model import LogModel
+from console.ui.keymap import bindings
 
 
 class LogView(ScrollView, can_focus=True):

@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.binding import BindingType
 from textual.widgets import DataTable
 
-from console.keymap import bindings
-from console.monitor_record import GpuProcess
+from console.monitor.record import GpuProcess
+from console.ui.keymap import bindings
 from console.widgets.meters import fmt_bytes
 
 # (column label, sort key, largest first?)

@@ -11,10 +11,10 @@ from rich.text import Text
 from textual.binding import BindingType
 from textual.widgets import DataTable
 
-from console.config import Profile
-from console.keymap import bindings
-from console.run_progress import RunProgress
-from console.runs import RunRecord
+from console.runs.progress import RunProgress
+from console.scheduler.records import RunRecord
+from console.settings.config import Profile
+from console.ui.keymap import bindings
 
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
 RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")

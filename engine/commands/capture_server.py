@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     import shlex
     import shutil
 
-    from engine.capture_server import default_layer_ids, refuse_mla, serve_argv, target_config
+    from engine.capture.server import default_layer_ids, refuse_mla, serve_argv, target_config
     from engine.errors import EngineError
     if args.tp < 1:
         raise EngineError(f"--tp {args.tp}: must be >= 1")

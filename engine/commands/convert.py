@@ -3,7 +3,7 @@
 Streams tensor by tensor (peak memory near the largest tensor), keeps tensor bytes identical unless
 `--dtype` asks for a cast, writes into a temp dir beside DST and renames it at the end, and records
 provenance.json (source path and sha256, source format, key mapping, engine version, time).
-The work is engine/converter.py; this module is the command line.
+The work is engine/ckpt/converter.py; this module is the command line.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     import sys
     from pathlib import Path
 
-    from engine.converter import convert_checkpoint
+    from engine.ckpt.converter import convert_checkpoint
+    from engine.ckpt.output_dir import Terminated, termination_raises
     from engine.errors import UsageError
-    from engine.output_dir import Terminated, termination_raises
 
     if args.speculative_tokens < 1:
         raise UsageError("--speculative-tokens must be >= 1")

@@ -1,4 +1,5 @@
-"""`python -m engine demo init DIR`: build the offline demo workspace (see engine/demo.py)."""
+"""`python -m engine demo init DIR`: build the offline demo workspace (see
+engine/demo/workspace.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
-    from engine.demo import init_demo
+    from engine.demo.workspace import init_demo
     info = init_demo(args.dir, ev, seed=args.seed, force=args.force)
     ev.answer(info, args.json, lambda i: "\n".join(
         [f"demo workspace in {i['dir']} ({i['seconds']['total']}s)"]

@@ -29,7 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
-    from engine.evaluate import evaluate
+    from engine.training.evaluate import evaluate
     res = evaluate(args.draft, args.target, args.data, k=args.steps,
                    max_samples=args.max_samples, max_new_tokens=args.max_new_tokens,
                    device=args.device, ev=ev, batch_size=args.batch_size,

@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from engine.events import Emitter
+from engine.inspect_report import render
 
 HELP = "show a drafter checkpoint's format, tensors, config and checks (exit 1 on a failed check)"
 
@@ -25,8 +26,8 @@ def collect(path: str) -> dict[str, Any]:
     """The inspect report as plain data (raises EngineError when PATH cannot be read at all)."""
     from pathlib import Path
 
-    from engine.checks import run_checks
-    from engine.drafter_dir import open_checkpoint
+    from engine.ckpt.checks import run_checks
+    from engine.ckpt.drafter_dir import open_checkpoint
 
     ck = open_checkpoint(Path(path))
     cfg = ck.config
@@ -52,28 +53,6 @@ def collect(path: str) -> dict[str, Any]:
             "weights": ck.weights.kind, "files": [p.name for p in ck.weights.files],
             "tensors": tensors, "total_bytes": sum(t["bytes"] for t in tensors.values()),
             "config": summary, "checks": checks, "ok": all(c["ok"] for c in checks)}
-
-
-def render(r: dict[str, Any]) -> str:
-    lines = [f"{r['path']}: {r['format']} format (names {r['key_style']}, config "
-             f"{r['config_style']}, {r['weights']}: {', '.join(r['files'])})", ""]
-    w = max([len(n) for n in r["tensors"]] + [6])
-    lines.append(f"{'tensor':<{w}}  {'shape':<16} {'dtype':<6} {'bytes':>14}")
-    for name, t in sorted(r["tensors"].items()):
-        shape = "x".join(map(str, t["shape"])) or "scalar"
-        lines.append(f"{name:<{w}}  {shape:<16} {t['dtype']:<6} {t['bytes']:>14,}")
-    lines.append(f"{'total':<{w}}  {'':<16} {'':<6} {r['total_bytes']:>14,}")
-    c = r["config"]
-    rope = c["rope_scaling"]["rope_type"] if c["rope_scaling"] else "default"
-    lines += ["", f"H {c['hidden_size']}  Ht {c['target_hidden_size']}  I "
-              f"{c['intermediate_size']}  heads {c['num_attention_heads']}/"
-              f"{c['num_key_value_heads']}  head_dim {c['head_dim']}  V {c['vocab_size']}  Vd "
-              f"{c['draft_vocab_size']}",
-              f"aux layers {c['aux_layer_ids']}  rope {rope} theta {c['rope_theta']}  dtype "
-              f"{c['torch_dtype']}", ""]
-    for ch in r["checks"]:
-        lines.append(f"{'PASS' if ch['ok'] else 'FAIL'}  {ch['name']:<21} {ch['detail']}")
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:

@@ -32,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="refuse unless this much disk stays free after the estimated output")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    v = p.add_argument_group("capture through a vLLM server (engine/vllm_capture.py)")
+    v = p.add_argument_group("capture through a vLLM server (engine/capture/vllm_capture.py)")
     v.add_argument("--from-vllm", metavar="URL",
                    help="features from this vLLM server (started by `engine capture-server`) "
                    "instead of loading the target here")
@@ -47,7 +47,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ev: Emitter) -> int:
     if args.from_vllm:
         return _run_from_vllm(args, ev)
-    from engine.prepare import prepare
+    from engine.data.prepare import prepare
     manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
                        batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
                        device=args.device, ev=ev, overwrite=args.overwrite,
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
 
 
 def _run_from_vllm(args: argparse.Namespace, ev: Emitter) -> int:
-    from engine.vllm_capture import prepare_from_vllm
+    from engine.capture.vllm_capture import prepare_from_vllm
     manifest = prepare_from_vllm(
         args.target, args.data, args.out, args.from_vllm, model=args.model,
         concurrency=args.concurrency, max_len=args.max_len, dtype=args.dtype,

@@ -25,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
-    from engine.regen import Client, chat_url, regen
+    from engine.data.regen import Client, chat_url, regen
     client = Client(url=chat_url(args.endpoint), model=args.model, max_tokens=args.max_tokens,
                     temperature=args.temperature, api_key=os.environ.get("OPENAI_API_KEY"),
                     timeout=args.timeout, retries=args.retries)

@@ -1,4 +1,4 @@
-"""`python -m engine train`: train or finetune an EAGLE-3 drafter (see engine/train.py)."""
+"""`python -m engine train`: train or finetune an EAGLE-3 drafter (see engine/training/train.py)."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     import os
     import sys
 
-    from engine.train import train
-    from engine.train_config import TrainConfig
+    from engine.training.config import TrainConfig
+    from engine.training.train import train
     cfg = TrainConfig(target=args.target, data=args.data, out=args.out,
                       finetune_from=args.finetune_from, vocab=args.vocab,
                       rebuild_vocab=args.rebuild_vocab, draft_vocab_size=args.draft_vocab_size,

@@ -2,7 +2,7 @@
 
     vocab build --data DATA --draft-vocab-size N --out vocab.safetensors [--vocab-size V|--target T]
         DATA: a JSONL of {"input_ids", "loss_mask"} or a prepared data directory (manifest.json +
-        safetensors shards; exact format in engine/vocab.py). Counts only loss-masked tokens.
+        safetensors shards; exact format in engine/ckpt/vocab.py). Counts only loss-masked tokens.
     vocab remap CKPT --vocab NEW --out DST [--target TARGET_DIR] [--force]
         Moves lm_head rows of kept tokens exactly; new rows from the target's lm_head or the mean.
 """
@@ -67,7 +67,7 @@ def _target_vocab_size(target: str) -> int:
 def run(args: argparse.Namespace, ev: Emitter) -> int:
     from pathlib import Path
 
-    from engine import vocab
+    from engine.ckpt import vocab
 
     if args.vocab_cmd == "build":
         v = args.vocab_size if args.vocab_size else (

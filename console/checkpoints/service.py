@@ -1,0 +1,168 @@
+"""Checkpoints on a host: find them, inspect them, convert them (the checkpoints pane's service).
+
+Where it looks: the host's configured `checkpoints` folders, the outputs of its runs
+(ROOT/runs/<run-id>/..., e.g. `out/final`, `out/best`, `out/checkpoints/step_N`) and what was
+converted from the console (ROOT/converted/). A checkpoint is a folder holding `config.json`
+and weights (`*.safetensors`, a sharded index or `pytorch_model.bin`); the scan does not look
+inside one. It is one command on the host (a standard-library script run by the host's
+Python), bounded in depth and count.
+
+Inspect and convert are `python -m engine inspect|convert ... --events` through Host.engine, so
+the report is the engine's own (the same as `eagle3-console inspect`), progress comes as events,
+and the engine's error message reaches the caller whole.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from console.errors import CommandFailed, ConsoleError
+from console.hosts.engine_client import EngineError, run_engine
+from console.hosts.host import Host
+from engine import events
+
+STYLES = ("eagle", "speculators", "vllm", "sglang")
+DTYPES = ("keep", "bf16", "fp16", "fp32")
+MAX_DEPTH = 5
+MAX_ENTRIES = 500
+
+_SCAN = r'''
+import json, os, sys
+req = json.load(sys.stdin)
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+out, seen = [], set()
+def is_ckpt(d, names):
+    if "config.json" not in names:
+        return False
+    return any(n in names for n in WEIGHTS) or any(n.endswith(".safetensors") for n in names)
+def add(d, source):
+    real = os.path.realpath(d)
+    if real in seen or len(out) >= req["max"]:
+        return
+    seen.add(real)
+    try:
+        st = os.stat(d)
+        size = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)
+                   if os.path.isfile(os.path.join(d, n)))
+    except OSError:
+        return
+    out.append({"path": d, "source": source, "mtime": st.st_mtime, "bytes": size})
+def walk(d, source, depth):
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return
+    if is_ckpt(d, names):
+        add(d, source)
+        return
+    if depth <= 0:
+        return
+    for n in names:
+        p = os.path.join(d, n)
+        if not n.startswith(".") and os.path.isdir(p):
+            walk(p, source, depth - 1)
+for root, source, per_child in req["roots"]:
+    if not per_child:
+        walk(root, source, req["depth"])
+        continue
+    try:
+        kids = sorted(os.listdir(root))
+    except OSError:
+        continue
+    for k in kids:
+        if not k.startswith(".") and os.path.isdir(os.path.join(root, k)):
+            walk(os.path.join(root, k), source + " " + k, req["depth"])
+print(json.dumps(out))
+'''
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint folder on a host."""
+
+    path: str
+    source: str          # "configured", "run <run-id>" or "converted"
+    mtime: float
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/")) or self.path
+
+
+async def converted_dir(host: Host) -> str:
+    """Where conversions started from the console go by default: ROOT/converted."""
+    return posixpath.join(await host.root(), "converted")
+
+
+async def find_checkpoints(host: Host) -> list[Checkpoint]:
+    """Every checkpoint under the configured folders, the run outputs and ROOT/converted."""
+    await host.connect()
+    root = await host.root()
+    roots: list[tuple[str, str, bool]] = [
+        (await host.resolve(f), "configured", False) for f in host.cfg.checkpoints]
+    roots += [(posixpath.join(root, "runs"), "run", True),
+              (await converted_dir(host), "converted", False)]
+    req = {"roots": roots, "depth": MAX_DEPTH, "max": MAX_ENTRIES}
+    try:
+        res = await host.transport.run([host.cfg.python, "-c", _SCAN], input=json.dumps(req),
+                                       check=True, timeout=120)
+        data = json.loads(res.stdout)
+    except CommandFailed as e:
+        raise ConsoleError(f"{host.name}: cannot list checkpoints with {host.cfg.python}: "
+                           f"{e}") from e
+    except ValueError as e:
+        raise ConsoleError(f"{host.name}: the checkpoint scan printed no list") from e
+    return [Checkpoint(str(d["path"]), str(d["source"]), float(d["mtime"]), int(d["bytes"]))
+            for d in data]
+
+
+async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:
+    """The engine's inspect report (`ok` false when a check failed: the report says which).
+
+    Raises EngineError when the folder cannot be read as a checkpoint at all."""
+    got: dict[str, Any] = {}
+
+    def grab(ev: events.Event) -> None:
+        if ev.kind == "result" and isinstance(ev.get("data"), dict):
+            got["report"] = ev.get("data")
+
+    try:
+        # `--`: a folder named like an option (`--help`, `-x`) is still a folder
+        return await run_engine(host, ["inspect", "--", path], on_event=grab, timeout=600)
+    except EngineError:
+        if "report" in got:   # inspect exits 1 when a check fails, after its report
+            return dict(got["report"])
+        raise
+
+
+def convert_args(src: str, dst: str, to: str, dtype: str = "keep", force: bool = False,
+                 verifier: str | None = None, extra: list[str] | None = None) -> list[str]:
+    """The `engine convert` arguments (checked here so a typo never reaches the host)."""
+    if to not in STYLES:
+        raise ConsoleError(f"--to: {to!r} is not one of {', '.join(STYLES)}")
+    if dtype not in DTYPES:
+        raise ConsoleError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if not dst.strip():
+        raise ConsoleError("destination: empty path")
+    # options first, then `--` and the two folders, so a path like `-x` is never an option
+    return ["convert", "--to", to, "--dtype", dtype, *(["--force"] if force else []),
+            *([f"--verifier={verifier}"] if verifier else []), *(extra or []), "--", src, dst]
+
+
+async def convert_checkpoint(host: Host, src: str, dst: str, to: str, dtype: str = "keep",
+                             force: bool = False, verifier: str | None = None,
+                             on_event: Callable[[events.Event], None] | None = None,
+                             extra: list[str] | None = None) -> dict[str, Any]:
+    """Run `engine convert` on the host; its summary. Raises EngineError with the engine's
+    message (DST is then absent: the engine writes a temp folder and renames it at the end)."""
+    args = convert_args(src, dst, to, dtype, force, verifier, extra)
+    await host.connect()
+    parent = posixpath.dirname(dst.rstrip("/"))
+    if parent:
+        await host.transport.run(["mkdir", "-p", parent], check=True)
+    return await run_engine(host, args, on_event=on_event, timeout=None)

@@ -1,0 +1,141 @@
+"""Fetching a vLLM server's /metrics through the host's own connection.
+
+The server listens on the GPU host (usually its loopback only). The request goes through
+`Transport.open_tcp`: a direct-tcpip channel of the host's SSH connection (a plain loopback
+connection for the `local` host), so no port is opened anywhere and no HTTP crosses the network
+outside SSH. The request is a minimal HTTP/1.1 GET with `Connection: close`; the answer is read
+to its end (bounded), de-chunked and, if the server insists, gunzipped. The figures come from
+console/logs/vllm_metrics.py (pure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import time
+import zlib
+
+from console.errors import ConsoleError, TransportError
+from console.logs.vllm_metrics import Report, Series, Snapshot, parse_snapshot
+from console.settings.metrics_url import Endpoint, split_url
+from console.transport.base import Transport
+
+FETCH_TIMEOUT = 5.0
+#: a vLLM page is 50-200 KB (histogram buckets per model); anything this big is not one
+MAX_RESPONSE = 32 << 20
+
+
+class MetricsError(ConsoleError):
+    """The endpoint did not give a metrics page: one line naming host and URL, and why."""
+
+    def __init__(self, host: str, url: str, why: str) -> None:
+        super().__init__(f"{host}: cannot read {url}: {why}")
+        self.host, self.url, self.why = host, url, why
+
+
+def request_bytes(ep: Endpoint) -> bytes:
+    host = ep.host if ":" not in ep.host else f"[{ep.host}]"
+    return (f"GET {ep.path} HTTP/1.1\r\nHost: {host}:{ep.port}\r\n"
+            "User-Agent: eagle3-console\r\nAccept: text/plain\r\n"
+            "Accept-Encoding: identity\r\nConnection: close\r\n\r\n").encode("ascii")
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = bytearray()
+    i = 0
+    while True:
+        end = data.find(b"\r\n", i)
+        if end < 0:
+            raise ValueError("truncated chunked body")
+        size = int(data[i:end].split(b";")[0].strip() or b"x", 16)
+        if size == 0:
+            return bytes(out)
+        start = end + 2
+        if start + size > len(data):
+            raise ValueError("truncated chunked body")
+        out += data[start:start + size]
+        i = start + size + 2
+
+
+def response_body(raw: bytes) -> bytes:
+    """The body of a complete HTTP/1.x response (read until the server closed).
+    ValueError for anything but a 200 with a whole body."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        if not raw:
+            raise ValueError("the server closed the connection without an answer")
+        raise ValueError("not an HTTP response" if not raw.startswith(b"HTTP/")
+                         else "truncated HTTP response")
+    lines = head.decode("latin-1").split("\r\n")
+    status = lines[0].split(" ", 2)
+    if len(status) < 2 or not status[0].startswith("HTTP/1."):
+        raise ValueError("not an HTTP response")
+    if status[1] != "200":
+        raise ValueError(f"HTTP {' '.join(status[1:])}")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip().lower()
+    if "chunked" in headers.get("transfer-encoding", ""):
+        body = _dechunk(body)
+    elif "content-length" in headers:
+        n = int(headers["content-length"])
+        if len(body) < n:
+            raise ValueError(f"truncated body ({len(body)} of {n} bytes)")
+        body = body[:n]
+    encoding = headers.get("content-encoding", "identity")
+    if encoding == "gzip":
+        body = gzip.decompress(body)
+    elif encoding == "deflate":
+        body = zlib.decompress(body)
+    elif encoding != "identity":
+        raise ValueError(f"unsupported content encoding {encoding!r}")
+    return body
+
+
+async def fetch(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIMEOUT) -> str:
+    """The page at ep, fetched from the host's side. MetricsError (never another error) when
+    the host, the port or the answer fails."""
+
+    async def get() -> bytes:
+        async with await transport.open_tcp(ep.host, ep.port) as stream:
+            await stream.write(request_bytes(ep))
+            raw = bytearray()
+            while chunk := await stream.read():
+                raw += chunk
+                if len(raw) > MAX_RESPONSE:
+                    raise ValueError(f"answer larger than {MAX_RESPONSE >> 20} MiB")
+            return bytes(raw)
+
+    try:
+        raw = await asyncio.wait_for(get(), timeout)
+        return response_body(raw).decode("utf-8", errors="replace")
+    except asyncio.TimeoutError as e:
+        raise MetricsError(transport.name, ep.url, f"no answer within {timeout:g} s") from e
+    except TransportError as e:
+        # the transport's message starts with the host name: keep only its reason
+        why = str(e).removeprefix(f"{transport.name}: ")
+        raise MetricsError(transport.name, ep.url, why) from e
+    except (ValueError, OSError, EOFError, zlib.error) as e:
+        raise MetricsError(transport.name, ep.url, str(e)) from e
+
+
+async def scrape(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIMEOUT) -> Snapshot:
+    """Fetch and parse one page, stamped with the time it was asked for."""
+    t, clock = time.time(), time.monotonic()
+    text = await fetch(transport, ep, timeout)
+    try:
+        return parse_snapshot(text, t, clock)
+    except ValueError as e:
+        raise MetricsError(transport.name, ep.url, f"not a metrics page: {e}") from e
+
+
+class MetricsWatch:
+    """One endpoint scraped again and again: each scrape's Report in its series."""
+
+    def __init__(self, url: str) -> None:
+        self.endpoint = split_url(url)
+        self.series = Series()
+
+    async def poll(self, transport: Transport, timeout: float = FETCH_TIMEOUT) -> Report:
+        return self.series.add(await scrape(transport, self.endpoint, timeout))

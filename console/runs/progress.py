@@ -1,0 +1,153 @@
+"""What a run's event stream has said so far: progress, metric series, log lines, the outcome.
+
+Pure state, no I/O: console/runs/watch.py feeds it the lines of a run's `events.jsonl` and
+`output.log`; the run detail screen renders it. Memory stays bounded however long the run is:
+a series keeps at most MAX_POINTS points (when full, every other point is dropped and only every
+2nd, 4th, ... new step is kept, so the whole run stays in view at a coarser grain; the latest
+value is always kept apart), and the log keeps the last MAX_LINES lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import events
+
+MAX_POINTS = 2000
+MAX_LINES = 500
+#: metric names plotted: the weighted loss, the estimated acceptance length, acc_i per TTT step
+PLOTTED = re.compile(r"^(loss|tau|acc_\d+)$")
+
+
+@dataclass
+class Series:
+    """(step, value) points of one metric, decimated to stay under MAX_POINTS."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+    stride: int = 1
+    seen: int = 0
+    last: tuple[float, float] | None = None
+
+    def add(self, step: float, value: float) -> None:
+        self.last = (step, value)
+        if self.seen % self.stride == 0:
+            self.points.append((step, value))
+            if len(self.points) > MAX_POINTS:
+                self.points = self.points[::2]
+                self.stride *= 2
+        self.seen += 1
+
+    def view(self) -> list[tuple[float, float]]:
+        """The kept points plus the latest one (what a plot draws)."""
+        if self.last is not None and (not self.points or self.points[-1] != self.last):
+            return [*self.points, self.last]
+        return list(self.points)
+
+
+@dataclass
+class LogLine:
+    """One line shown in the run's log view."""
+
+    t: float | None
+    level: str          # info, warning, error, debug, or "out" for a plain output.log line
+    text: str
+
+
+class RunProgress:
+    """The run as its events describe it (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.done: int | None = None
+        self.total: int | None = None
+        self.unit = ""
+        self.desc = ""
+        self.eta_s: float | None = None
+        self.rate: float | None = None
+        self.progress_t: float | None = None
+        self.first_t: float | None = None
+        self.series: dict[str, Series] = {}
+        self.last_metrics: dict[str, Any] = {}
+        self.last_step: int | None = None
+        self.lines: deque[LogLine] = deque(maxlen=MAX_LINES)
+        self.result: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.events = 0
+        self.version = 0     # bumped on every change: widgets redraw only when it moved
+
+    # -- feeding -----------------------------------------------------------------------------
+    def ingest_event_line(self, text: str) -> None:
+        """One line of events.jsonl (anything that is not an event is kept as output)."""
+        ev = events.parse(text)
+        if ev is None:
+            if text.strip():
+                self.add_output(text)
+            return
+        self.ingest(ev)
+
+    def add_output(self, text: str) -> None:
+        """One line of output.log (stderr of an engine run, everything of a plain command)."""
+        self.lines.append(LogLine(None, "out", text))
+        self.version += 1
+
+    def ingest(self, ev: events.Event) -> None:
+        self.events += 1
+        if self.first_t is None and ev.t:
+            self.first_t = ev.t
+        if ev.kind == "progress":
+            self._progress(ev)
+        elif ev.kind == "metric":
+            self._metric(ev)
+        elif ev.kind == "log":
+            self.lines.append(LogLine(ev.t, str(ev.get("level", "info")), str(ev.get("msg", ""))))
+        elif ev.kind == "result":
+            data = ev.get("data")
+            self.result = data if isinstance(data, dict) else {}
+        elif ev.kind == "error":
+            self.error = str(ev.get("msg", "failed"))
+            self.lines.append(LogLine(ev.t, "error", self.error))
+        self.version += 1
+
+    def _progress(self, ev: events.Event) -> None:
+        done, total = ev.get("done"), ev.get("total")
+        if not isinstance(done, int):
+            return
+        self.done = done
+        self.total = total if isinstance(total, int) else None
+        self.unit = str(ev.get("unit") or "")
+        self.desc = str(ev.get("desc") or "")
+        eta, rate = ev.get("eta_s"), ev.get("rate")
+        self.eta_s = float(eta) if isinstance(eta, (int, float)) else None
+        self.rate = float(rate) if isinstance(rate, (int, float)) else None
+        self.progress_t = ev.t
+
+    def _metric(self, ev: events.Event) -> None:
+        values = ev.get("values")
+        if not isinstance(values, dict):
+            return
+        step = ev.get("step")
+        if not isinstance(step, (int, float)):
+            step = (self.last_step or 0) + 1
+        self.last_step = int(step)
+        self.last_metrics = values
+        for name, v in values.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and PLOTTED.match(name):
+                self.series.setdefault(name, Series()).add(float(step), float(v))
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def fraction(self) -> float | None:
+        if self.done is None or not self.total:
+            return None
+        return max(0.0, min(1.0, self.done / self.total))
+
+    def acc_names(self) -> list[str]:
+        """acc_0, acc_1, ... in TTT-step order."""
+        return sorted((n for n in self.series if n.startswith("acc_")),
+                      key=lambda n: int(n.split("_")[1]))
+
+    def points(self, name: str) -> list[tuple[float, float]]:
+        s = self.series.get(name)
+        return s.view() if s else []

@@ -1,0 +1,73 @@
+"""Runs: launch a profile, list a host's registry, find and stop a run, whatever places it.
+
+Each host's scheduler (console/scheduler: `ssh` runs detached processes through the host-side
+runner, `slurm` submits batch jobs) does the work; the records both read live in
+console/scheduler/records.py, the launch steps they share in console/scheduler/launch.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from console.errors import ConsoleError, TransportError
+from console.hosts.host import Host, host_of
+from console.scheduler import scheduler_for
+from console.scheduler.launch import LaunchHooks
+from console.scheduler.records import Run, RunRecord
+from console.settings.config import Config
+
+
+async def list_runs(host: Host, run_id: str | None = None) -> list[RunRecord]:
+    """The host's run records, oldest first, as its scheduler sees them (console/scheduler:
+    `lost` processes on an SSH host; squeue/sacct's word on a Slurm job)."""
+    return await scheduler_for(host.cfg).status(host, run_id)
+
+
+
+async def launch(config: Config, name: str, pool: dict[str, Host], *, force: bool = False,
+                 hooks: LaunchHooks | None = None) -> Run:
+    """Push what changed, then start the profile: detached on every one of its hosts, or
+    queued with the cluster's scheduler (console/scheduler). hooks: progress, and whether to
+    start a second copy of a running profile (console/scheduler/launch.py)."""
+    profile = config.profile(name)
+    cfg = config.host(profile.hosts[0])
+    return await scheduler_for(cfg).submit(config, profile, pool, force=force, hooks=hooks)
+
+
+
+async def find_run(config: Config, run_id: str, pool: dict[str, Host]
+                   ) -> list[tuple[Host, RunRecord]]:
+    """Every node record of run_id: the hosts of the profile the id names first, then the rest."""
+    preferred = list(dict.fromkeys(h for p in config.profiles.values()
+                                   if run_id.startswith(p.name + "-") for h in p.hosts))
+    rest = [h for h in config.hosts if h not in preferred]
+    for group in (preferred, rest):
+        found = await asyncio.gather(*(_records_on(host_of(pool, config, h), run_id)
+                                       for h in group))
+        hits = [hit for hs in found for hit in hs]
+        if hits:
+            return sorted(hits, key=lambda hr: hr[1].node_rank)
+    raise ConsoleError(f"no run {run_id!r} on any configured host")
+
+
+
+async def _records_on(host: Host, run_id: str) -> list[tuple[Host, RunRecord]]:
+    if "/" in run_id or run_id in ("", ".", ".."):
+        return []
+    try:
+        return [(host, r) for r in await list_runs(host, run_id)]
+    except TransportError:
+        return []  # an unreachable host cannot hold the run we can act on
+
+
+
+async def stop_run(config: Config, run_id: str, pool: dict[str, Host], grace: float = 10.0) -> Run:
+    """Stop every node: SIGTERM its process group, SIGKILL after grace (an SSH host), or
+    scancel (a Slurm job); records say `stopped`."""
+    nodes = await find_run(config, run_id, pool)
+    by_host: dict[str, tuple[Host, list[RunRecord]]] = {}
+    for h, rec in nodes:
+        by_host.setdefault(h.name, (h, []))[1].append(rec)
+    done = await asyncio.gather(*(scheduler_for(h.cfg).stop(h, recs, grace)
+                                  for h, recs in by_host.values()))
+    return Run(run_id, sorted((r for recs in done for r in recs), key=lambda r: r.node_rank))

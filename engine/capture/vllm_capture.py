@@ -1,0 +1,347 @@
+"""`engine prepare --from-vllm URL`: the data directory captured through a running vLLM server.
+
+    python -m engine prepare --target T --data conv.jsonl --out DATA --from-vllm http://127.0.0.1:8000
+        [--model NAME] [--concurrency 16] [--keep-server-files] [--max-failures 10]
+
+The output is the transformers path's data directory (engine/data/prepare.py: manifest v1 + shards),
+sample for sample: the same tokenisation, chat template and loss masks (`tokenize_all`), the same
+sample order (stable sort by length) and shard boundaries (`ShardWriter`), features that mean the
+same (engine/capture/vllm_client.py applies the final norm), plus a `capture` entry in the manifest.
+Only the target's config, tokenizer and final-norm weight are read here; the server (started by
+`python -m engine capture-server`) holds the model, e.g. with tensor parallelism.
+
+Shard boundaries follow the transformers path's plan (`shard_plan`: its --batch-tokens target
+batches grouped up to --shard-mb, known from the token counts). Requests go out in that order with
+at most `concurrency` in flight and at most 2 x concurrency samples ahead of the oldest unwritten
+one (memory stays bounded); results are written strictly in order, so the directory does not
+depend on timing.
+
+Resume: the work happens in OUT.partial/. `progress.json` (rewritten atomically after every
+shard) records the arguments and the shards written; `pending.jsonl` records each server file
+received but not yet in a shard. A run killed (or aborted because the server died) and started
+again with the same arguments keeps the shards, reads the server files it was already told about,
+and requests only the remaining samples; the finished directory equals an uninterrupted run's.
+Other arguments on a partial directory are refused, naming the one that differs.
+
+Server files (and their .lock) are deleted once a written shard holds their sample, unless
+--keep-server-files; a run killed between recording a shard and deleting its files leaves them
+in pending.jsonl, and the resumed run deletes them first. Before anything is requested, the
+output size is estimated and the run refused when OUT's filesystem cannot hold it
+(engine/data/disk_estimate.py, also --keep-free-gb).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine import __version__
+from engine.capture.vllm_client import (
+    DaemonPool,
+    FeatureSpec,
+    VllmClient,
+    read_features,
+    remove_server_file,
+)
+from engine.ckpt.target_config import config_hash
+from engine.data.chat import Tokenized
+from engine.data.conversations import read_conversations
+from engine.data.disk_estimate import check_free_space, estimate_bytes, human
+from engine.data.prepare import FORMAT, VERSION, ShardWriter, length_batches, publish, tokenize_all
+from engine.data.target import default_aux_ids, load_tokenizer, read_config
+from engine.errors import EngineError
+from engine.events import Emitter
+from engine.fileio import read_json, sha256_file, write_json, write_text
+
+PROGRESS_FORMAT = "eagle3-console-capture-progress"
+
+
+def stored_dtype(cfg: dict[str, Any], dtype: str | None) -> torch.dtype:
+    """--dtype, else the target's own dtype (what vLLM serves and writes)."""
+    name = dtype or str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    dt = getattr(torch, name.replace("torch.", ""), None)
+    return dt if isinstance(dt, torch.dtype) and dt.is_floating_point else torch.bfloat16
+
+
+def canonical_order(samples: list[tuple[str, Tokenized]]) -> list[int]:
+    """The transformers path's write order: a stable sort by length (prepare.length_batches)."""
+    return sorted(range(len(samples)), key=lambda i: len(samples[i][1].input_ids))
+
+
+def shard_plan(lengths: list[int], batch_tokens: int, token_bytes: int, shard_bytes: int
+               ) -> list[int]:
+    """Samples per shard, in the canonical order: the transformers path's plan (prepare.py
+    `plan_shards`): its target batches (`length_batches`) grouped in order until a group holds
+    `shard_bytes` (tokens x token_bytes), so both paths cut the same shards."""
+    counts: list[int] = []
+    n = size = 0
+    for b in length_batches(lengths, batch_tokens):
+        n += len(b)
+        size += sum(lengths[i] for i in b) * token_bytes
+        if size >= shard_bytes:
+            counts.append(n)
+            n = size = 0
+    if n:
+        counts.append(n)
+    return counts
+
+
+@dataclass
+class _Writer(ShardWriter):
+    """ShardWriter that reports each flushed shard (progress journal, server-file cleanup)."""
+
+    on_flush: Callable[[], None] | None = None
+
+    def flush(self, *name: str | None) -> None:
+        had = bool(self._buf)
+        super().flush(*name)
+        if had and self.on_flush is not None:
+            self.on_flush()
+
+
+def _read_pending(path: str) -> dict[int, tuple[str, str]]:
+    """pos -> (sample id, server file) from the journal; a torn last line is ignored."""
+    out: dict[int, tuple[str, str]] = {}
+    if not os.path.isfile(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+                out[int(e["pos"])] = (str(e["id"]), str(e["path"]))
+            except (ValueError, KeyError, TypeError):
+                break
+    return out
+
+
+class _Journal:
+    """pending.jsonl: server files received but not yet in a written shard (thread-safe). It
+    holds its own entries: a worker records a file before the main thread sees the result."""
+
+    def __init__(self, path: str, entries: dict[int, tuple[str, str]]) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._entries = dict(entries)
+        self._f = self._rewrite()
+
+    def _rewrite(self) -> Any:
+        write_text(self.path, "".join(
+            json.dumps({"pos": p, "id": self._entries[p][0], "path": self._entries[p][1]}) + "\n"
+            for p in sorted(self._entries)))
+        return open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+
+    def add(self, pos: int, sid: str, server_file: str) -> None:
+        with self._lock:
+            if self._f.closed:
+                return
+            self._entries[pos] = (sid, server_file)
+            self._f.write(json.dumps({"pos": pos, "id": sid, "path": server_file}) + "\n")
+            self._f.flush()
+
+    def drop_below(self, pos: int) -> None:
+        """Forget the samples before `pos`: written shards hold them."""
+        with self._lock:
+            self._entries = {p: v for p, v in self._entries.items() if p >= pos}
+            self._f.close()
+            self._f = self._rewrite()
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+def _resume_state(partial: str, fp: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shards a previous run with the same arguments wrote (empty for a fresh start)."""
+    ppath = os.path.join(partial, "progress.json")
+    if not os.path.isdir(partial):
+        return []
+    try:
+        prog = read_json(ppath, obj=False)
+    except EngineError:
+        raise EngineError(f"{partial}: exists but holds no capture in progress (no readable "
+                          "progress.json); remove it to start over") from None
+    if not isinstance(prog, dict) or prog.get("format") != PROGRESS_FORMAT:
+        raise EngineError(f"{ppath}: field 'format': expected {PROGRESS_FORMAT!r}")
+    old = prog.get("args", {})
+    for k in sorted(set(fp) | set(old)):
+        if old.get(k) != fp.get(k):
+            raise EngineError(f"{partial}: a capture started with other arguments ({k}: "
+                              f"{old.get(k)!r} then, {fp.get(k)!r} now); rerun it with those, "
+                              "or delete the directory to start over")
+    shards = list(prog.get("shards", []))
+    for s in shards:
+        if not os.path.isfile(os.path.join(partial, str(s.get("file")))):
+            raise EngineError(f"{ppath}: shard {s.get('file')!r} is missing; delete {partial} "
+                              "to start over")
+    return shards
+
+
+def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
+                      model: str | None = None, concurrency: int = 16, max_len: int = 2048,
+                      dtype: str | None = None, shard_mb: float = 1024,
+                      keep_server_files: bool = False, max_failures: int = 10,
+                      ev: Emitter | None = None, overwrite: bool = False,
+                      backoff: float = 0.2, batch_tokens: int = 16384,
+                      keep_free_gb: float = 0.0) -> dict[str, Any]:
+    """Write DATA_DIR from the server at `url` (module docstring); returns the manifest."""
+    if os.path.exists(out_dir) and not overwrite:
+        raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
+    if max_len < 4:
+        raise EngineError(f"--max-len {max_len}: must be at least 4")
+    if concurrency < 1:
+        raise EngineError(f"--concurrency {concurrency}: must be >= 1")
+    if shard_mb <= 0:
+        raise EngineError(f"--shard-mb {shard_mb}: must be positive")
+    client = VllmClient(url, model, max_failures=max_failures, backoff=backoff)
+    cfg = read_config(target_dir)
+    convs = read_conversations(data_path)
+    samples, skipped = tokenize_all(load_tokenizer(target_dir), convs, max_len, ev)
+    if not samples:
+        raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
+    store = stored_dtype(cfg, dtype)
+    n_layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    aux_ids = default_aux_ids(n_layers)
+    order = canonical_order(samples)
+    lengths = [len(samples[i][1].input_ids) for i in order]
+    width = torch.tensor([], dtype=store).element_size()
+    plan = shard_plan(lengths, batch_tokens, 4 * hidden * width + 5,
+                      max(1, int(shard_mb * (1 << 20))))
+    partial = out_dir.rstrip("/") + ".partial"
+    fp = {"target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
+          "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
+          "shard_plan": plan, "aux_layer_ids": aux_ids}
+    shards = _resume_state(partial, fp)
+    committed = sum(int(s["samples"]) for s in shards)
+    total = len(samples)
+    if shards != [] and [int(s["samples"]) for s in shards] != plan[:len(shards)]:
+        raise EngineError(f"{partial}: its shards do not follow the plan; delete it to start over")
+    left = sum(lengths[committed:])  # only what is still to be written must fit
+    need = estimate_bytes(left, 4, hidden, width)
+    check_free_space(os.path.dirname(os.path.abspath(out_dir)) or ".", need,
+                     int(keep_free_gb * 1e9),
+                     what=f"{left} tokens x 4 states x {hidden} hidden x {width} bytes")
+    spec = FeatureSpec.for_target(target_dir, cfg, aux_ids)
+    model_name = client.served_model()
+    fp_layer = {**fp, "layer_ids": spec.layer_ids}
+    os.makedirs(partial, exist_ok=True)
+    ppath, jpath = os.path.join(partial, "progress.json"), os.path.join(partial, "pending.jsonl")
+
+    def save_progress(done_shards: list[dict[str, Any]]) -> None:
+        write_json(ppath, {"format": PROGRESS_FORMAT, "args": fp, "layer_ids": spec.layer_ids,
+                           "shards": done_shards})
+
+    if not shards:
+        save_progress([])
+    pending = _read_pending(jpath)
+    for p, (_sid, server_file) in pending.items():
+        if p < committed:  # a kill after a shard was recorded, before its files were freed
+            remove_server_file(server_file, keep_server_files)
+    known = {p: v for p, v in pending.items()
+             if p >= committed and v[0] == samples[order[p]][0] and os.path.exists(v[1])}
+    paths: dict[int, str] = {}  # pos -> server file, until a written shard holds the sample
+    journal = _Journal(jpath, known)
+
+    def fetch(pos: int) -> tuple[int, str, Tensor, Tensor]:
+        sid, t = samples[order[pos]]
+        old = known.pop(pos, None)
+        if old is not None:  # received before a kill: read it instead of asking again
+            try:
+                return (pos, old[1], *read_features(old[1], sid, t.input_ids, spec))
+            except EngineError:
+                remove_server_file(old[1])
+        path = client.request(sid, t.input_ids)
+        journal.add(pos, sid, path)  # before reading: a kill now still leaves it reusable
+        return (pos, path, *read_features(path, sid, t.input_ids, spec))
+
+    added = committed
+    cleaned = committed
+
+    def on_flush() -> None:  # a shard is on disk: record it, free the server's files, and
+        nonlocal cleaned   # only then forget them (a kill in between: the resume frees them)
+        save_progress(writer.shards)
+        for p in range(cleaned, added):
+            remove_server_file(paths.pop(p), keep_server_files)
+        journal.drop_below(added)
+        cleaned = added
+
+    writer = _Writer(partial, store, 1 << 62, shards=list(shards), on_flush=on_flush)
+    ends = set(itertools.accumulate(plan))  # shard boundaries come from the plan
+    pool = DaemonPool(concurrency, "capture")
+    start = time.monotonic()
+    tokens_now = sum(lengths[committed:])
+    if ev is not None:
+        ev.log(f"capturing {total - committed} of {total} samples ({tokens_now} tokens, about "
+               f"{human(need)}) from {client.root} (model {model_name}, layer ids "
+               f"{spec.layer_ids})" + (f"; {committed} already in {partial}" if committed else ""))
+        ev.progress(committed, total, unit="sample", desc="capture", force=True)
+    inflight: dict[Future[Any], int] = {}
+    ready: dict[int, tuple[Tensor, Tensor]] = {}
+    nxt = committed
+    try:
+        while added < total:
+            while nxt < total and len(inflight) < concurrency and nxt - added < 2 * concurrency:
+                inflight[pool.submit(fetch, nxt)] = nxt
+                nxt += 1
+            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+            for fut in done:
+                del inflight[fut]
+                pos, path, aux, hid = fut.result()  # an EngineError aborts the run here
+                paths[pos] = path
+                ready[pos] = (aux, hid)
+            while added in ready:
+                aux, hid = ready.pop(added)
+                sid, t = samples[order[added]]
+                added += 1  # before the flush: on_flush frees the files up to `added`
+                writer.add(sid, torch.tensor(t.input_ids), torch.tensor(t.loss_mask), aux, hid)
+                if added in ends:
+                    writer.flush()
+                if ev is not None:
+                    ev.progress(added, total, unit="sample", desc="capture")
+        writer.flush()  # no-op: the last planned shard is written
+    except BaseException as e:
+        client.stopped.set()
+        for fut in inflight:
+            fut.cancel()
+        pool.close(wait=True)  # the stopped client ends them after their current request
+        journal.close()
+        if isinstance(e, EngineError):
+            kept = sum(int(x["samples"]) for x in writer.shards)
+            raise EngineError(f"{e} ({kept} of {total} samples kept in {partial}; rerun the "
+                              "same command to resume)") from None
+        raise
+    pool.close(wait=True)
+    journal.close()
+    seconds = time.monotonic() - start
+    manifest = {
+        "format": FORMAT, "version": VERSION,
+        "samples": total, "tokens": int(sum(lengths)),
+        "loss_tokens": int(sum(sum(t.loss_mask) for _, t in samples)),
+        "skipped": skipped, "max_len": max_len, "dtype": fp["dtype"],
+        "aux_layer_ids": aux_ids,
+        "aux_layer_convention": "vllm: id k is the input of decoder layer k",
+        "hidden_state": "final_norm",
+        "target": {"path": os.path.abspath(target_dir), "config_sha256": fp["target_config_sha256"],
+                   "num_hidden_layers": n_layers, "hidden_size": hidden,
+                   "vocab_size": int(cfg["vocab_size"])},
+        "source": {"path": os.path.abspath(data_path), "sha256": fp["source_sha256"]},
+        "shards": writer.shards,
+        "seconds": round(seconds, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "engine": __version__,
+        "capture": {"via": "vllm", "model": model_name, "layer_ids": fp_layer["layer_ids"],
+                    "tokens_per_s": round(tokens_now / seconds, 1) if seconds > 0 else None},
+    }
+    write_json(os.path.join(partial, "manifest.json"), manifest)
+    for name in ("progress.json", "pending.jsonl"):
+        os.remove(os.path.join(partial, name))
+    publish(partial, out_dir)
+    return manifest

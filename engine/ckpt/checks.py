@@ -1,0 +1,220 @@
+"""What `inspect` checks and `convert`/`save` refuse: a drafter's tensors against its config
+(names, shapes, dtypes, the vocab map), and what each export target would mis-load.
+
+    expected_tensors(cfg) -> {canonical name: Expect}
+    run_checks(ckpt) -> list[Check]      the `inspect` checks (loads only d2t/t2d)
+    require_checks(ckpt)                 the first failing check as the one-line error
+    load_drafter(dir) -> (Eagle3Config, canonical state dict, Detected)   raises on any failed check
+    export_checks(cfg, names, to) -> warnings   refuses what the chosen engine would mis-load
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.ckpt.drafter_dir import Checkpoint, open_checkpoint
+from engine.ckpt.key_map import (
+    EXPORT_TARGETS,
+    Detected,
+    from_canonical,
+    output_style,
+    to_canonical,
+)
+from engine.ckpt.safetensors_io import FLOAT_CODES
+from engine.errors import EngineError
+from engine.model.config import Eagle3Config
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What config.json implies for one canonical tensor."""
+
+    shape: tuple[int, ...]
+    formula: str  # the config fields the shape comes from, for error messages
+    kind: str  # "float" | "int64" | "bool"
+    required: bool
+
+
+def expected_tensors(cfg: Eagle3Config) -> dict[str, Expect]:
+    """Canonical name -> expected shape/kind for this config (spec sections 1, 3, 4)."""
+    H, Ht, Im, V, Vd = (cfg.hidden_size, cfg.target_hidden_size, cfg.intermediate_size,
+                       cfg.vocab_size, cfg.draft_vocab_size)
+    assert Ht is not None and Vd is not None and cfg.head_dim and cfg.num_key_value_heads
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    f = "float"
+    e: dict[str, Expect] = {
+        "fc.weight": Expect((H, 3 * Ht), "[hidden_size, 3*target_hidden_size]", f, True),
+        "midlayer.hidden_norm.weight": Expect((H,), "[hidden_size]", f, True),
+        "midlayer.input_layernorm.weight": Expect((H,), "[hidden_size]", f, True),
+        "midlayer.self_attn.q_proj.weight": Expect(
+            (q, 2 * H), "[num_attention_heads*head_dim, 2*hidden_size]", f, True),
+        "midlayer.self_attn.k_proj.weight": Expect(
+            (kv, 2 * H), "[num_key_value_heads*head_dim, 2*hidden_size]", f, True),
+        "midlayer.self_attn.v_proj.weight": Expect(
+            (kv, 2 * H), "[num_key_value_heads*head_dim, 2*hidden_size]", f, True),
+        "midlayer.self_attn.o_proj.weight": Expect(
+            (H, q), "[hidden_size, num_attention_heads*head_dim]", f, True),
+        "midlayer.post_attention_layernorm.weight": Expect((H,), "[hidden_size]", f, True),
+        "midlayer.mlp.gate_proj.weight": Expect((Im, H), "[intermediate_size, hidden_size]", f,
+                                                True),
+        "midlayer.mlp.up_proj.weight": Expect((Im, H), "[intermediate_size, hidden_size]", f, True),
+        "midlayer.mlp.down_proj.weight": Expect((H, Im), "[hidden_size, intermediate_size]", f,
+                                                True),
+        "norm.weight": Expect((H,), "[hidden_size]", f, True),
+        "lm_head.weight": Expect((Vd, H), "[draft_vocab_size, hidden_size]", f, True),
+        "d2t": Expect((Vd,), "[draft_vocab_size]", "int64", cfg.has_vocab_map),
+        "t2d": Expect((V,), "[vocab_size]", "bool", False),
+        "embed_tokens.weight": Expect((V, H), "[vocab_size, hidden_size]", f, False),
+        "input_norm.weight": Expect((3 * Ht,), "[3*target_hidden_size]", f, cfg.norm_before_fc),
+    }
+    for i in range(3):
+        e[f"fc_norm.{i}.weight"] = Expect((Ht,), "[target_hidden_size]", f, cfg.fc_norm)
+    return e
+
+
+@dataclass(frozen=True)
+class Check:
+    """One inspect check. `error` is the one line convert stops with when it fails."""
+
+    name: str
+    ok: bool
+    detail: str
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+def run_checks(ck: Checkpoint) -> list[Check]:
+    cfg = ck.config
+    exp = expected_tensors(cfg)
+    cfg_file = str(ck.path / "config.json")
+    checks: list[Check] = []
+
+    unknown = sorted(ck.stored[c] for c in ck.stored if c not in exp)
+    checks.append(Check("unknown_keys", not unknown,
+                        "none" if not unknown else ", ".join(unknown),
+                        None if not unknown else
+                        f"{ck.where(to_canonical(unknown[0], ck.detected.key_style))}: unknown "
+                        f"tensor {unknown[0]!r} (not an EAGLE-3 {ck.detected.key_style} name)"))
+
+    missing = [c for c, x in exp.items() if x.required and c not in ck.stored]
+    names = [from_canonical(c, ck.detected.key_style) for c in missing]
+    checks.append(Check("required", not missing, "all present" if not missing else
+                        "missing " + ", ".join(names),
+                        None if not missing else
+                        f"{ck.where()}: missing required tensor {names[0]!r}"))
+
+    bad: list[str] = []
+    first_err = None
+    for c, x in exp.items():
+        if c not in ck.stored:
+            continue
+        e = ck.entry(c)
+        kind_ok = {"float": e.dtype in FLOAT_CODES, "int64": e.dtype == "I64",
+                   "bool": e.dtype == "BOOL"}[x.kind]
+        if e.shape != x.shape or not kind_ok:
+            what = (f"shape {list(e.shape)} but config says {list(x.shape)} = {x.formula}"
+                    if e.shape != x.shape else f"dtype {e.dtype}, expected {x.kind}")
+            bad.append(f"{e.name}: {what}")
+            first_err = first_err or f"{e.file}: tensor {e.name!r} has {what} ({cfg_file})"
+    checks.append(Check("shapes", not bad, "all match config" if not bad else "; ".join(bad),
+                        first_err))
+    checks.append(_vocab_check(ck, shapes_ok=not bad))
+
+    if "embed_tokens.weight" in ck.stored:
+        e = ck.entry("embed_tokens.weight")
+        emb = f"present {list(e.shape)} {e.dtype}"
+    else:
+        emb = "absent (the serving engine takes the target's embedding)"
+    checks.append(Check("embedding", True, emb))
+
+    if ck.detected.format == "mixed" and ck.detected.config_style == "eagle":
+        checks.append(Check("serving_names", False, "EAGLE-style config with layers.0.* names: "
+                            "SGLang silently ignores them (convert --to sglang)",
+                            f"{ck.where()}: layers.0.* names under an EAGLE-style config"))
+    if ck.detected.config_style == "speculators":
+        has = "norm_before_residual" in ck.config_dict
+        checks.append(Check("norm_before_residual", has,
+                            f"{cfg.norm_before_residual}" if has else
+                            "absent: vLLM assumes true (write it explicitly)",
+                            None if has else
+                            f"{cfg_file}: field 'norm_before_residual' missing"))
+    return checks
+
+
+def _vocab_check(ck: Checkpoint, shapes_ok: bool) -> Check:
+    cfg = ck.config
+    V, Vd = cfg.vocab_size, cfg.draft_vocab_size
+    assert Vd is not None
+    if "d2t" not in ck.stored:
+        if cfg.has_vocab_map:
+            return Check("vocab_map", False, "d2t missing", f"{ck.where()}: missing tensor 'd2t'")
+        return Check("vocab_map", True, "no d2t: draft vocab is the target vocab")
+    if not shapes_ok and (ck.entry("d2t").shape != (Vd,) or ck.entry("d2t").dtype != "I64"):
+        return Check("vocab_map", False, "d2t has the wrong shape or dtype (see shapes)")
+    d2t = ck.load("d2t")
+    targets = d2t + torch.arange(Vd)
+    f = ck.where("d2t")
+    if bool((targets < 0).any() | (targets >= V).any()):
+        i = int(((targets < 0) | (targets >= V)).nonzero()[0])
+        msg = f"d2t[{i}] maps draft id {i} to target id {int(targets[i])}, outside [0, {V})"
+        return Check("vocab_map", False, msg, f"{f}: tensor 'd2t': {msg}")
+    if Vd > 1 and not bool((targets[1:] > targets[:-1]).all()):
+        i = int((targets[1:] <= targets[:-1]).nonzero()[0]) + 1
+        msg = f"d2t targets not strictly ascending at draft id {i}"
+        return Check("vocab_map", False, msg, f"{f}: tensor 'd2t': {msg}")
+    if "t2d" in ck.stored and ck.entry("t2d").shape == (V,) and ck.entry("t2d").dtype == "BOOL":
+        t2d = ck.load("t2d")
+        if not torch.equal(t2d.nonzero().flatten(), targets):
+            n = int(t2d.sum())
+            msg = f"nonzero(t2d) != d2t + arange(Vd) (t2d marks {n} ids, Vd is {Vd})"
+            return Check("vocab_map", False, msg, f"{ck.where('t2d')}: tensor 't2d': {msg}")
+        return Check("vocab_map", True, f"d2t/t2d consistent, Vd {Vd} of V {V}")
+    return Check("vocab_map", True, f"d2t valid, Vd {Vd} of V {V} (no t2d)")
+
+
+def require_checks(ck: Checkpoint) -> None:
+    """Raise the first failing check as the one-line error."""
+    for c in run_checks(ck):
+        if not c.ok:
+            raise EngineError(c.error or f"{ck.path}: check {c.name} failed: {c.detail}")
+
+
+def load_drafter(d: Path) -> tuple[Eagle3Config, dict[str, torch.Tensor], Detected]:
+    """Any style -> (config, canonical state dict, detected style). Raises on a failed check."""
+    ck = open_checkpoint(Path(d))
+    require_checks(ck)
+    sd = {c: ck.weights.load(n) for c, n in ck.stored.items()}
+    return ck.config, sd, ck.detected
+
+
+def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]:
+    """Refuse what the chosen engine would mis-load; returns warnings for what it may not read."""
+    if to not in EXPORT_TARGETS:
+        raise EngineError(f"unknown export target {to!r} (one of {', '.join(EXPORT_TARGETS)})")
+    warnings: list[str] = []
+    if to == "speculators" and not cfg.verifier:
+        raise EngineError("speculators: the verifier is unknown (pass --verifier NAME_OR_PATH; "
+                          "vLLM requires speculators_config.verifier.name_or_path)")
+    if output_style(to) == "eagle":
+        cfg.to_eagle_dict()  # raises for norm_before_residual: true
+    if to in ("vllm", "sglang"):
+        if cfg.has_vocab_map and "d2t" not in canonical:
+            raise EngineError(f"{to}: draft_vocab_size != vocab_size needs a d2t tensor")
+        extras = [c for c in canonical if c.startswith(("fc_norm.", "input_norm."))]
+        if extras:
+            warnings.append(f"{to}: {extras[0]} needs a {to} release that reads "
+                            "norm_before_fc/fc_norm")
+    if to == "sglang":
+        names = [from_canonical(c, "eagle") for c in canonical]
+        layer = [n for n in names if n.startswith("layers.")]
+        if layer:  # SGLang drops these silently and runs a random layer
+            raise EngineError(f"sglang: tensor {layer[0]!r} is not a midlayer.* name")
+        if cfg.aux_layer_ids is not None and "eagle_config" not in cfg.to_eagle_dict():
+            warnings.append("sglang: aux layer ids include 0; SGLang cannot express them")
+    return warnings

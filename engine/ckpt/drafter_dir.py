@@ -1,0 +1,81 @@
+"""A drafter checkpoint directory opened for reading: config.json, the weight index and the
+detected style; nothing but what a caller asks for is loaded (inspect loads only d2t/t2d).
+
+    read_config(dir) -> (dict, Eagle3Config)   errors name the file and the field
+    open_checkpoint(dir) -> Checkpoint          canonical name -> stored name, via
+    engine/ckpt/key_map.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.ckpt.key_map import IGNORED_SUFFIXES, Detected, detect, to_canonical
+from engine.ckpt.safetensors_io import Entry, WeightSet, open_weights
+from engine.errors import EngineError
+from engine.fileio import read_json
+from engine.model.config import Eagle3Config
+
+
+def read_config(d: Path) -> tuple[dict[str, Any], Eagle3Config]:
+    """config.json as a dict and as a validated Eagle3Config (errors name the file and field)."""
+    path = d / "config.json"
+    data = read_json(path, missing="missing")  # never blocks on a FIFO
+    try:
+        return data, Eagle3Config.from_dict(data)
+    except EngineError as e:
+        raise EngineError(f"{path}: {e}") from None
+
+
+@dataclass
+class Checkpoint:
+    """A drafter directory opened for reading: nothing but d2t/t2d is ever loaded eagerly."""
+
+    path: Path
+    config_dict: dict[str, Any]
+    config: Eagle3Config
+    detected: Detected
+    weights: WeightSet
+    stored: dict[str, str]  # canonical name -> stored name (ignored buffers left out)
+    ignored: list[str] = field(default_factory=list)
+
+    def entry(self, canonical: str) -> Entry:
+        return self.weights.entries[self.stored[canonical]]
+
+    def load(self, canonical: str) -> torch.Tensor:
+        return self.weights.load(self.stored[canonical])
+
+    def where(self, canonical: str | None = None) -> str:
+        """The file a tensor lives in (or the weight file for a missing one)."""
+        if canonical is not None and canonical in self.stored:
+            return str(self.entry(canonical).file)
+        return str(self.weights.files[0]) if len(self.weights.files) == 1 else str(
+            self.path / "model.safetensors.index.json")
+
+
+def open_checkpoint(d: Path) -> Checkpoint:
+    d = Path(d)
+    weights = open_weights(d)
+    config_dict, cfg = read_config(d)
+    names = weights.names()
+    det = detect(names, config_dict, str(d))
+    stored: dict[str, str] = {}
+    ignored: list[str] = []
+    for n in names:
+        if n.endswith(IGNORED_SUFFIXES):
+            ignored.append(n)
+            continue
+        stored[to_canonical(n, det.key_style)] = n
+    # Optional fc norms are recognised by their tensors even when the config is silent.
+    changes = {}
+    if "input_norm.weight" in stored and not cfg.norm_before_fc:
+        changes["norm_before_fc"] = True
+    if "fc_norm.0.weight" in stored and not cfg.fc_norm:
+        changes["fc_norm"] = True
+    if changes:
+        cfg = cfg.with_(**changes)
+    return Checkpoint(d, config_dict, cfg, det, weights, stored, ignored)

@@ -1,0 +1,412 @@
+"""The drafter's typed config (`Eagle3Config`), its two on-disk config styles, and named presets.
+
+Re-exported by engine/model/draft.py; kept apart so the model file reads as the math only.
+
+Config styles (spec section 4):
+- EAGLE style: a flat Llama config with `architectures: ["LlamaForCausalLMEagle3"]`,
+  `vocab_size` = TARGET vocab, `draft_vocab_size`, `tie_word_embeddings: false`,
+  `target_hidden_size` only when it differs from `hidden_size`, aux ids (vLLM convention) only when
+  they are not the defaults, never `norm_output`.
+- speculators style: `speculators_model_type: "eagle3"` with a full Llama dict under
+  `transformer_layer_config`, `norm_before_residual` written explicitly, `speculators_config`.
+
+`Eagle3Config.from_dict` reads either (and transformers 5's `rope_parameters` / `dtype` spellings);
+problems raise EngineError naming the field, callers prefix the file name.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from engine.errors import EngineError
+
+EAGLE_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCH = "Eagle3Speculator"
+SPECULATORS_VERSION = "0.3.0"
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+DTYPES = ("float32", "float16", "bfloat16")
+
+# Llama config keys we do not interpret but carry through both styles unchanged.
+PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
+                    "pretraining_tp", "use_cache", "attention_dropout")
+
+
+@dataclass
+class Eagle3Config:
+    """Everything that fixes the drafter's shapes and math. Notation as in the spec sheet."""
+
+    hidden_size: int
+    """H: the draft model's hidden width."""
+    intermediate_size: int
+    """I: MLP width (gate/up [I, H], down [H, I])."""
+    num_attention_heads: int
+    """nh: query heads."""
+    vocab_size: int
+    """V: the TARGET vocab (embedding rows, t2d length)."""
+    draft_vocab_size: int | None = None
+    """Vd: lm_head rows and d2t length; None means V (no vocab map)."""
+    num_key_value_heads: int | None = None
+    """nkv: key/value heads for grouped-query attention; None means nh."""
+    head_dim: int | None = None
+    """hd: per-head width; None means H // nh."""
+    target_hidden_size: int | None = None
+    """Ht: the target's hidden width (fc is [H, 3*Ht]); None means H."""
+    rms_norm_eps: float = 1e-5
+    """epsilon of every RMSNorm."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    rope_scaling: dict[str, Any] | None = None
+    """None (default RoPE) or a dict with `rope_type` in ROPE_TYPES and that type's fields."""
+    max_position_embeddings: int = 2048
+    """longest position the rope tables are sized for (yarn also reads it)."""
+    aux_layer_ids: list[int] | None = None
+    """three target layer ids (vLLM convention: id k = INPUT of layer k); None = 2, N//2, N-3."""
+    target_num_layers: int | None = None
+    """N: decoder layers of the target, when known (resolves the default aux ids)."""
+    torch_dtype: str = "bfloat16"
+    """dtype the weights are stored in."""
+    norm_before_residual: bool = False
+    """False is EAGLE math (residual = un-normalised h). True is a speculators variant."""
+    norm_before_fc: bool = False
+    """speculators `norm_before_fc`: an RMSNorm `input_norm` [3Ht] applied before fc."""
+    fc_norm: bool = False
+    """per-chunk RMSNorms `fc_norm.{0,1,2}` [Ht] before fc (seen in some public drafters)."""
+    verifier: str | None = None
+    """speculators_config.verifier.name_or_path (the target this drafter serves)."""
+    verifier_architectures: list[str] | None = None
+    """speculators_config.verifier.architectures."""
+    speculative_tokens: int = 3
+    """k of the greedy proposal written to speculators_config."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Llama keys we carry through untouched (PASSTHROUGH_KEYS)."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+            _positive_int(name, getattr(self, name))
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = self.vocab_size
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise EngineError(f"config field 'head_dim': missing and hidden_size "
+                                  f"{self.hidden_size} is not divisible by num_attention_heads "
+                                  f"{self.num_attention_heads}")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        for name in ("draft_vocab_size", "num_key_value_heads", "head_dim", "target_hidden_size",
+                     "max_position_embeddings", "speculative_tokens"):
+            _positive_int(name, getattr(self, name))
+        if self.draft_vocab_size > self.vocab_size:
+            raise EngineError(f"config field 'draft_vocab_size': {self.draft_vocab_size} exceeds "
+                              f"vocab_size {self.vocab_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise EngineError(f"config field 'num_key_value_heads': {self.num_key_value_heads} "
+                              f"does not divide num_attention_heads {self.num_attention_heads}")
+        if self.head_dim % 2:
+            raise EngineError(f"config field 'head_dim': {self.head_dim} must be even for RoPE")
+        if not (isinstance(self.rms_norm_eps, (int, float)) and self.rms_norm_eps > 0):
+            raise EngineError(f"config field 'rms_norm_eps': {self.rms_norm_eps!r} must be > 0")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            raise EngineError(f"config field 'rope_theta': {self.rope_theta!r} must be > 0")
+        self.rope_scaling = _check_rope(self.rope_scaling)
+        if self.aux_layer_ids is not None:
+            ids = self.aux_layer_ids
+            if (not isinstance(ids, list) or len(ids) != 3
+                    or not all(isinstance(i, int) and i >= 0 for i in ids)):
+                raise EngineError(f"config field 'eagle_aux_hidden_state_layer_ids': {ids!r} must "
+                                  "be a list of 3 non-negative layer ids")
+        if self.target_num_layers is not None:
+            _positive_int("target_num_layers", self.target_num_layers)
+        if self.torch_dtype not in DTYPES:
+            raise EngineError(f"config field 'torch_dtype': {self.torch_dtype!r} is not one of "
+                              f"{', '.join(DTYPES)}")
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def has_vocab_map(self) -> bool:
+        """True when the draft vocab is a subset of the target's (d2t/t2d are needed)."""
+        return self.draft_vocab_size != self.vocab_size
+
+    def resolved_aux_layer_ids(self, target_num_layers: int | None = None) -> list[int]:
+        """The aux ids in vLLM convention, resolving the defaults 2, N//2, N-3 from N."""
+        if self.aux_layer_ids is not None:
+            return list(self.aux_layer_ids)
+        n = target_num_layers or self.target_num_layers
+        if n is None:
+            raise EngineError("aux layer ids are the defaults but the target's layer count is "
+                              "unknown (pass the target)")
+        return default_aux_layer_ids(n)
+
+    def with_(self, **changes: Any) -> Eagle3Config:
+        """A copy with some fields changed (validated again)."""
+        return replace(copy.deepcopy(self), **changes)
+
+    # -- config styles -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
+        """Read an EAGLE-style (flat Llama) or speculators-style config dict."""
+        if not isinstance(d, dict):
+            raise EngineError("config is not a JSON object")
+        if config_style(d) == "speculators":
+            layer = d.get("transformer_layer_config")
+            if not isinstance(layer, dict):
+                raise EngineError("config field 'transformer_layer_config': missing or not an "
+                                  "object")
+            cfg = _from_llama(layer, top=d)
+            spec = d.get("speculators_config") or {}
+            if not isinstance(spec, dict):
+                raise EngineError("config field 'speculators_config': not an object")
+            verifier = spec.get("verifier") or {}
+            cfg.verifier = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+            archs = verifier.get("architectures") if isinstance(verifier, dict) else None
+            cfg.verifier_architectures = list(archs) if isinstance(archs, list) else None
+            for p in spec.get("proposal_methods") or []:
+                if isinstance(p, dict) and isinstance(p.get("speculative_tokens"), int):
+                    cfg.speculative_tokens = p["speculative_tokens"]
+                    break
+            # vLLM assumes true when the field is absent; follow the engine that will serve it.
+            nbr = d.get("norm_before_residual", True)
+            if not isinstance(nbr, bool):
+                raise EngineError(f"config field 'norm_before_residual': {nbr!r} is not a bool")
+            cfg.norm_before_residual = nbr
+            cfg.__post_init__()
+            return cfg
+        return _from_llama(d, top=d)
+
+    def _llama_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": copy.deepcopy(self.rope_scaling),
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": self.torch_dtype,
+        }
+        out.update(copy.deepcopy(self.extra))
+        return out
+
+    def to_eagle_dict(self) -> dict[str, Any]:
+        """The EAGLE-style config.json that vLLM and SGLang both load (spec section 4)."""
+        if self.norm_before_residual:
+            raise EngineError("config field 'norm_before_residual' is true: EAGLE-style engines "
+                              "(vLLM/SGLang llama_eagle3) cannot express it; keep speculators "
+                              "style")
+        out = {"architectures": [EAGLE_ARCH], **self._llama_dict(),
+               "draft_vocab_size": self.draft_vocab_size}
+        if self.target_hidden_size != self.hidden_size:
+            out["target_hidden_size"] = self.target_hidden_size
+        if self.aux_layer_ids is not None and not self._aux_are_defaults():
+            # vLLM reads the top-level field (id k = input of layer k); SGLang and SpecForge read
+            # eagle_config's (id k = output of layer k), so that copy is shifted down by one.
+            out["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
+            if min(self.aux_layer_ids) >= 1:
+                out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
+                                       [k - 1 for k in self.aux_layer_ids]}
+        out.update(self._extra_norm_flags())
+        if self.target_num_layers is not None:
+            out["target_num_hidden_layers"] = self.target_num_layers
+        return out
+
+    def _extra_norm_flags(self) -> dict[str, bool]:
+        # Written only when used: newer vLLM/SGLang read them, older ones never see them.
+        return {k: True for k in ("norm_before_fc", "fc_norm") if getattr(self, k)}
+
+    def to_speculators_dict(self, verifier: str | None = None,
+                            speculative_tokens: int | None = None,
+                            verifier_architectures: list[str] | None = None) -> dict[str, Any]:
+        """The speculators-style config.json; `norm_before_residual` always written explicitly."""
+        name = verifier if verifier is not None else self.verifier
+        k = speculative_tokens if speculative_tokens is not None else self.speculative_tokens
+        _positive_int("speculative_tokens", k)
+        archs = verifier_architectures or self.verifier_architectures or []
+        layer = {"architectures": ["LlamaForCausalLM"], **self._llama_dict()}
+        aux = None if self.aux_layer_ids is None or self._aux_are_defaults() else list(
+            self.aux_layer_ids)
+        out: dict[str, Any] = {
+            "speculators_model_type": "eagle3",
+            "architectures": [SPECULATORS_ARCH],
+            "transformer_layer_config": layer,
+            "draft_vocab_size": self.draft_vocab_size,
+            "norm_before_residual": self.norm_before_residual,
+            "target_hidden_size": (None if self.target_hidden_size == self.hidden_size
+                                   else self.target_hidden_size),
+            "eagle_aux_hidden_state_layer_ids": aux,
+            "speculators_version": SPECULATORS_VERSION,
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
+                                      "verifier_accept_k": 1}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": name, "architectures": list(archs)},
+            },
+            "torch_dtype": self.torch_dtype,
+        }
+        out.update(self._extra_norm_flags())
+        if self.target_num_layers is not None:
+            out["target_num_hidden_layers"] = self.target_num_layers
+        return out
+
+    def to_plain(self) -> dict[str, Any]:
+        """All fields as plain data (for --json output and provenance)."""
+        return asdict(self)
+
+    def _aux_are_defaults(self) -> bool:
+        return (self.target_num_layers is not None and self.aux_layer_ids is not None
+                and self.aux_layer_ids == default_aux_layer_ids(self.target_num_layers))
+
+
+def default_aux_layer_ids(n: int) -> list[int]:
+    """Spec section 2: the inputs of decoder layers 2, N//2 and N-3 (vLLM convention)."""
+    return [2, n // 2, n - 3]
+
+
+def config_style(d: dict[str, Any]) -> str:
+    """'speculators' when the dict carries speculators fields, else 'eagle'."""
+    if "speculators_model_type" in d or "speculators_config" in d or \
+            "transformer_layer_config" in d:
+        return "speculators"
+    return "eagle"
+
+
+def _from_llama(layer: dict[str, Any], top: dict[str, Any]) -> Eagle3Config:
+    """Build from a flat Llama dict (`layer`); draft-level fields come from `top`."""
+    def req(key: str) -> Any:
+        if key not in layer or layer[key] is None:
+            raise EngineError(f"config field {key!r}: missing")
+        return layer[key]
+
+    act = layer.get("hidden_act", "silu")
+    if act != "silu":
+        raise EngineError(f"config field 'hidden_act': {act!r} (only 'silu' is EAGLE-3)")
+    for key in ("attention_bias", "mlp_bias"):
+        if layer.get(key):
+            raise EngineError(f"config field {key!r}: true is not supported (EAGLE-3 has no bias)")
+    nl = layer.get("num_hidden_layers", 1)
+    if nl != 1:
+        raise EngineError(f"config field 'num_hidden_layers': {nl!r} (an EAGLE-3 drafter has 1)")
+    if top.get("tie_word_embeddings") or layer.get("tie_word_embeddings"):
+        raise EngineError("config field 'tie_word_embeddings': true would tie lm_head to the "
+                          "embedding in SGLang")
+    rope_theta = layer.get("rope_theta")
+    rope_scaling = layer.get("rope_scaling")
+    params = layer.get("rope_parameters")  # transformers 5 spelling
+    if isinstance(params, dict):
+        rope_theta = params.get("rope_theta", rope_theta)
+        if params.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    aux = top.get("eagle_aux_hidden_state_layer_ids")  # vLLM convention
+    eagle_cfg = top.get("eagle_config")
+    if aux is None and isinstance(eagle_cfg, dict):
+        sgl = eagle_cfg.get("eagle_aux_hidden_state_layer_ids")  # SGLang/SpecForge: outputs
+        if isinstance(sgl, list) and all(isinstance(k, int) for k in sgl):
+            aux = [k + 1 for k in sgl]
+        elif sgl is not None:
+            raise EngineError("config field 'eagle_config.eagle_aux_hidden_state_layer_ids': "
+                              f"{sgl!r} is not a list of layer ids")
+    kwargs: dict[str, Any] = {
+        "hidden_size": req("hidden_size"),
+        "intermediate_size": req("intermediate_size"),
+        "num_attention_heads": req("num_attention_heads"),
+        "vocab_size": req("vocab_size"),
+        "draft_vocab_size": top.get("draft_vocab_size", layer.get("draft_vocab_size")),
+        "num_key_value_heads": layer.get("num_key_value_heads"),
+        "head_dim": layer.get("head_dim"),
+        "target_hidden_size": top.get("target_hidden_size", layer.get("target_hidden_size")),
+        "rms_norm_eps": layer.get("rms_norm_eps", 1e-5),
+        "rope_theta": 10000.0 if rope_theta is None else rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": layer.get("max_position_embeddings", 2048),
+        "aux_layer_ids": list(aux) if isinstance(aux, (list, tuple)) else aux,
+        "target_num_layers": top.get("target_num_hidden_layers"),
+        "torch_dtype": str(top.get("torch_dtype") or layer.get("torch_dtype")
+                           or layer.get("dtype") or "bfloat16").replace("torch.", ""),
+        "extra": {k: copy.deepcopy(layer[k]) for k in PASSTHROUGH_KEYS if k in layer},
+    }
+    for flag in ("norm_before_fc", "fc_norm"):
+        v = top.get(flag, eagle_cfg.get(flag, False) if isinstance(eagle_cfg, dict) else False)
+        if not isinstance(v, bool):
+            raise EngineError(f"config field {flag!r}: {v!r} is not a bool")
+        kwargs[flag] = v
+    if top.get("norm_output") is not None:
+        pass  # ambiguous across projects (spec section 4): read as nothing, never written
+    try:
+        return Eagle3Config(**kwargs)
+    except TypeError as e:  # a field with a wrong JSON type reached a comparison
+        raise EngineError(f"config: {e}") from e
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise EngineError(f"config field {name!r}: {value!r} must be a positive integer")
+
+
+def _check_rope(rs: Any) -> dict[str, Any] | None:
+    if rs is None:
+        return None
+    if not isinstance(rs, dict):
+        raise EngineError(f"config field 'rope_scaling': {rs!r} is not an object")
+    rs = dict(rs)
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise EngineError(f"config field 'rope_scaling.rope_type': {kind!r} is not supported "
+                          f"({', '.join(ROPE_TYPES)})")
+    rs["rope_type"] = kind
+    if kind == "default":
+        return None
+    need = {"linear": ("factor",), "yarn": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                       "original_max_position_embeddings")}[kind]
+    for key in need:
+        v = rs.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise EngineError(f"config field 'rope_scaling.{key}': {v!r} must be a positive number")
+    return rs
+
+
+# Named sizes. "tiny" runs on CPU in milliseconds; the others match the spec sheet's examples.
+PRESETS: dict[str, Eagle3Config] = {
+    "tiny": Eagle3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=512, draft_vocab_size=128,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
+                         target_num_layers=8, torch_dtype="float32"),
+    "llama3-8b": Eagle3Config(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, vocab_size=128256, draft_vocab_size=32000, rms_norm_eps=1e-5,
+        rope_theta=500000.0, max_position_embeddings=131072, target_num_layers=32,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        verifier="meta-llama/Llama-3.1-8B-Instruct", verifier_architectures=["LlamaForCausalLM"]),
+    # DeepSeek-V3-style drafter for a Kimi-K2 target (hidden 7168, V 163840, 61 layers).
+    "kimi-k2": Eagle3Config(
+        hidden_size=7168, intermediate_size=40960, num_attention_heads=56, num_key_value_heads=8,
+        head_dim=128, vocab_size=163840, draft_vocab_size=32000, rms_norm_eps=1e-6,
+        rope_theta=50000.0, max_position_embeddings=131072, target_num_layers=61,
+        verifier="moonshotai/Kimi-K2-Instruct",
+        verifier_architectures=["DeepseekV3ForCausalLM"]),
+}
+
+
+def preset(name: str) -> Eagle3Config:
+    """A fresh copy of a named preset."""
+    if name not in PRESETS:
+        raise EngineError(f"unknown preset {name!r} (one of {', '.join(PRESETS)})")
+    return copy.deepcopy(PRESETS[name])
+
+
+CONFIG_FIELDS = tuple(f.name for f in fields(Eagle3Config))

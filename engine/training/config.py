@@ -1,0 +1,137 @@
+"""The trainer's typed settings: one dataclass, a docstring per field, validated on creation.
+
+`engine/commands/train.py` builds it from the command line; tests and the demo build it directly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine.errors import EngineError
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; see `python -m engine train --help`."""
+
+    target: str
+    """Target model directory (config.json, tokenizer, safetensors weights)."""
+    data: str
+    """Prepared data directory (engine/data/prepare.py) or SpecForge data_*.ckpt directory; with
+    `online`, a conversations JSONL file instead."""
+    out: str
+    """Run directory: checkpoints/, events.jsonl, run.json, final/, best/."""
+    finetune_from: str | None = None
+    """Drafter checkpoint to start from, any style engine/formats.py reads (auto-detected)."""
+    vocab: str | None = None
+    """Draft vocab file (from `python -m engine vocab build`) to train with."""
+    rebuild_vocab: bool = False
+    """Build the draft vocab from DATA's assistant tokens (spec section 3), even when finetuning."""
+    draft_vocab_size: int | None = None
+    """Vd for a vocab built here; default min(32000, V), or the finetune source's Vd."""
+    resume: bool = False
+    """Continue from RUN_DIR/checkpoints/latest (model, optimizer, schedule, data position, RNG)."""
+    ttt_steps: int = 7
+    """K: draft steps unrolled per batch (training-time test)."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW, betas 0.9/0.95, no weight decay)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    epochs: int = 10
+    """Passes over the training samples (the schedule spans all of them unless max_steps)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (the schedule is sized to it)."""
+    batch_tokens: int = 8192
+    """Padded tokens per micro-batch per rank (longest sample x samples)."""
+    grad_accum: int = 1
+    """Micro-batches per rank per optimizer step."""
+    warmup_ratio: float = 0.015
+    """Share of the steps spent warming the learning rate up linearly; cosine decay after."""
+    clip: float = 0.5
+    """Gradient-norm clip."""
+    save_every: int = 500
+    """Write a checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep: int = 3
+    """Step checkpoints kept (the oldest are deleted; best/ and final/ are separate)."""
+    seed: int = 0
+    """Seed of the initial weights and of the data order."""
+    holdout: int | None = None
+    """Samples held out to estimate acceptance at each checkpoint (picks best/); default
+    min(64, 5% of the data); 0 = choose best/ by the training estimate."""
+    online: bool = False
+    """Compute the target features inside the loop from conversations (`data` is a JSONL file)."""
+    max_len: int = 2048
+    """Token limit per conversation in online mode."""
+    from_vllm: str | None = None
+    """With `online`: fetch the features from this vLLM server (engine/capture/online_data.py)
+    instead of loading the target here."""
+    vllm_model: str | None = None
+    """The served model name at `from_vllm` (default: the server's first)."""
+    concurrency: int = 16
+    """Requests in flight to the `from_vllm` server."""
+    prefetch: int = 4
+    """Micro-batches requested ahead of the trainer from the `from_vllm` server."""
+    fsdp: bool = False
+    """Shard the drafter with FSDP instead of replicating it with DDP (multi-process only)."""
+    freeze_lm_head: bool = False
+    """Keep the drafter's lm_head as it starts (speculators' default); trained by default, the
+    EAGLE-3 paper's choice."""
+    compile: bool = False
+    """torch.compile the draft's TTT step (CPU and CUDA; the first steps pay the compile)."""
+    checkpoint_activations: bool = False
+    """Recompute the decoder layer of every TTT step in the backward instead of keeping its
+    activations (torch.utils.checkpoint): less memory for wide drafters, about one more
+    forward of the layer per step."""
+    precision: str = "bf16"
+    """On CUDA: "bf16" autocast (the default) or "fp32". CPU always trains in float32."""
+    device: str | None = None
+    """Torch device; default cuda:LOCAL_RANK when present, else cpu."""
+
+    def __post_init__(self) -> None:
+        if not self.online and not os.path.isdir(self.data):
+            raise EngineError(f"--data {self.data}: not a directory (prepare it first, or pass "
+                              "--online with a conversations JSONL file)")
+        if self.online and not os.path.isfile(self.data):
+            raise EngineError(f"--data {self.data}: --online needs a conversations JSONL file")
+        if not os.path.isdir(self.target):
+            raise EngineError(f"--target {self.target}: not a directory")
+        if self.from_vllm and not self.online:
+            raise EngineError("--from-vllm: streams features for --online training (pass "
+                              "--online), or capture first: engine prepare --from-vllm")
+        if self.vocab and self.rebuild_vocab:
+            raise EngineError("--vocab and --rebuild-vocab: choose one")
+        if self.vocab and not os.path.isfile(self.vocab):
+            raise EngineError(f"--vocab {self.vocab}: no such file")
+        if self.finetune_from and not os.path.isdir(self.finetune_from):
+            raise EngineError(f"--finetune-from {self.finetune_from}: not a directory")
+        for name in ("ttt_steps", "epochs", "batch_tokens", "grad_accum", "keep", "max_len",
+                     "concurrency", "prefetch"):
+            if getattr(self, name) < 1:
+                raise EngineError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise EngineError(f"--max-steps {self.max_steps}: must be >= 1")
+        if self.save_every < 0:
+            raise EngineError(f"--save-every {self.save_every}: must be >= 0")
+        if not 0 < self.lr < 1:
+            raise EngineError(f"--lr {self.lr}: must be in (0, 1)")
+        if not 0 <= self.warmup_ratio < 1:
+            raise EngineError(f"--warmup-ratio {self.warmup_ratio}: must be in [0, 1)")
+        if self.clip <= 0:
+            raise EngineError(f"--clip {self.clip}: must be > 0")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise EngineError(f"--draft-vocab-size {self.draft_vocab_size}: must be >= 1")
+        if self.holdout is not None and self.holdout < 0:
+            raise EngineError(f"--holdout {self.holdout}: must be >= 0")
+        if self.precision not in ("bf16", "fp32"):
+            raise EngineError(f"--precision {self.precision}: choose bf16 or fp32")
+
+    def to_plain(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # Settings that must match for --resume to continue the same run.
+    RESUME_KEYS = ("target", "data", "finetune_from", "vocab", "rebuild_vocab", "draft_vocab_size",
+                   "ttt_steps", "lr", "weight_decay", "epochs", "max_steps", "batch_tokens",
+                   "grad_accum", "warmup_ratio", "clip", "seed", "holdout", "online", "max_len",
+                   "fsdp", "freeze_lm_head", "precision")
