@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from console.errors import HostKeyChanged, HostKeyUnknown, Unreachable
-from console.transport.ssh import MAX_JUMPS, SSHTransport
+from console.transport.proxy_jump import MAX_JUMPS
+from console.transport.ssh import SSHTransport
 from tests.sshd import SSHD, keygen
 
 pytestmark = pytest.mark.timeout(60)

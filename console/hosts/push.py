@@ -1,45 +1,39 @@
 """Incremental push: send a host the files that changed, and nothing else.
 
-A push covers trees (local folder -> remote folder). The engine package (this checkout's
-`engine/`, found via `engine.__file__`) and the host helpers (`console/hostside/`) are always
-among them, to ROOT/code/engine and ROOT/code/eagle3_hostside; sync sets from the config go to
-their own remote folders (never `/`, ROOT or above it, nor inside ROOT/code, ROOT/runs or
-ROOT/manifests: console/settings/config.py refuses those, and sync_tree checks again once `~` is
-resolved). For each tree:
+A push covers trees (local folder -> remote folder): always this checkout's `engine/` (found
+without importing it) and `console/hostside/`, to ROOT/code/engine and ROOT/code/eagle3_hostside,
+plus sync sets from the config, each to its own remote folder (never `/`, ROOT or above it, nor
+inside ROOT/code, ROOT/runs or ROOT/manifests: console/settings/config.py refuses those, and
+sync_tree checks again once `~` is resolved). For each tree:
 
-1. the local side is walked with gitignore-style excludes into a manifest
-   {path: [size, mtime, sha256]}; the host's copy of the manifest is the record of the last
-   push, ROOT/manifests/<key>.json, read over SFTP (no command run, so a slow login shell on
-   the host costs nothing). A local file whose size and mtime equal its recorded entry keeps
-   the recorded hash (rsync's quick check, with git's guard for edits in the same clock tick);
-   any other file is hashed;
-2. files whose size or sha256 differ from the record (or are not in it) are uploaded over the
-   one connection, each to a temp name then renamed (Transport.upload), keeping mtime and mode.
-   Before the first upload of a tree a note, ROOT/manifests/<key>.pending, names the files
-   being sent; it is removed when the push has finished;
-3. with `delete`, files that vanished locally are removed remotely, but only files a push
-   wrote: the record's `files` (less its `foreign` list: files found already at the remote,
-   identical, which we never wrote) and `kept` (written earlier, gone locally, not yet
-   deleted). Anything else at the remote, excluded files, and files changed on the host since
-   we wrote them (seen by a scan) are left alone. Record entries that are not plain relative
-   paths inside the tree (`..`, absolute) are ignored with a warning;
-4. the record is rewritten (files, content hash, local git commit), so a run can say exactly
-   which code it ran.
+1. the local side is walked (gitignore-style excludes) into a manifest {path: [size, mtime,
+   sha256]} and compared with the record of the last push, ROOT/manifests/<key>.json, read over
+   SFTP (no command run, so a slow login shell costs nothing). A file whose size and mtime equal
+   its recorded entry keeps the recorded hash (rsync's quick check, with git's guard for edits
+   in the same clock tick); any other file is hashed;
+2. files whose size or sha256 differ from the record (or are not in it) are uploaded
+   (Transport.upload: a temp name, then a rename; mtime and mode kept). A note,
+   ROOT/manifests/<key>.pending, names them from before the first upload until the push is done;
+3. with `delete`, files gone locally are removed remotely, but only files a push wrote: the
+   record's `files` less its `foreign` list (found at the remote, identical, never written by
+   us) and `kept` (written earlier, gone locally, not yet deleted). Files changed on the host
+   since we wrote them (seen by a scan) are left alone; record entries that are not paths inside
+   the tree (`..`, absolute) are ignored with a warning;
+4. the record is rewritten (files, content hash, local git commit): a run can name its code.
 
-Without a record (a first push, a lost record), after an unfinished push (the .pending note),
-or with `verify`, the remote folder is scanned instead by console/hostside/manifest.py run with
-the host's Python (one command for all trees, skipped when the folder does not exist yet): that
-also repairs files edited on the host behind the console's back. `verify` re-reads every remote
-file (a same-size corruption is found too) and clears the bytecode caches of the code trees. A
-scan also lists the console's upload temps (console/transport/tempfiles.py): those whose
-console process is gone are removed. A second push with no local change reads one small file
-per tree (and checks for a .pending note) and sends nothing.
+Without a record, after an unfinished push (the .pending note) or with `verify`, the remote
+folder is scanned instead (console/hostside/manifest.py with the host's Python, one command for
+all trees, none when the folder does not exist yet), which also repairs files edited on the host;
+`verify` re-reads every file and clears the code trees' bytecode caches. A scan also finds the
+console's upload temps (console/transport/tempfiles.py): those of a console process that is gone
+are removed. With no local change a push reads one small file per tree and sends nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import posixpath
 import subprocess
@@ -51,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 import console.hostside
 import console.hostside.manifest as manifest_mod
-import engine
 from console.errors import CommandFailed, ConfigError, ConsoleError
 from console.hostside.manifest import Manifest, manifest_hash, sha256_file, walk
 from console.settings.config import Config, SyncSet, sync_remote_problem
@@ -60,7 +53,17 @@ from console.transport import tempfiles
 if TYPE_CHECKING:
     from console.hosts.host import Host
 
-ENGINE_DIR = Path(engine.__file__).resolve().parent
+
+def _package_dir(name: str) -> Path:
+    """A top-level package's folder, found without importing (running) it: the console imports
+    only the engine's contract modules."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"no package {name!r} beside the console")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+ENGINE_DIR = _package_dir("engine")
 HOSTSIDE_DIR = Path(console.hostside.__file__).resolve().parent
 #: remote package name of console/hostside (importable with PYTHONPATH=ROOT/code)
 HOSTSIDE_PACKAGE = "eagle3_hostside"
@@ -204,6 +207,70 @@ class _Record:
         return (set(self.files) - self.foreign) | set(self.kept)
 
 
+@dataclass
+class _TreePush:
+    """One tree on its way through a push: what each step found and decided for it."""
+
+    tree: Tree
+    record: str                          # its push record on the host
+    remote: _Remote                      # what the host has
+    local: dict[str, tuple[int, float]]  # the local walk: {rel: (size, mtime)}
+    cleaned: int = 0                     # leftovers removed (_clean_leftovers)
+    manifest: Manifest = field(default_factory=dict)  # the local manifest, as hashed so far
+    to_hash: list[str] = field(default_factory=list)  # same size as the remote's: hash decides
+    later: list[str] = field(default_factory=list)    # new or resized: sent, hashed meanwhile
+    changed: list[str] = field(default_factory=list)  # of to_hash, those whose hash differs
+    gone: list[str] = field(default_factory=list)     # remote only, a push wrote it: deletable
+    foreign_left: int = 0                # remote only, no push wrote them: never deleted
+    sent_bytes: int = 0                  # bytes uploaded
+
+    @property
+    def send(self) -> list[str]:
+        """The files to upload."""
+        return self.changed + self.later
+
+    def classify(self) -> None:
+        """Which local files need their hash before we can tell whether they changed (one whose
+        size and mtime equal its recorded entry keeps the recorded hash), and which remote-only
+        files an earlier push wrote (only those may be deleted)."""
+        rem = self.remote
+        extra = [rel for rel in rem.files if rel not in self.local]
+        self.gone = [rel for rel in extra if rel in rem.owned]
+        self.foreign_left = len(extra) - len(self.gone)
+        for rel, (size, mtime) in self.local.items():
+            r = rem.files.get(rel)
+            if (r and rem.from_record and r[0] == size and r[1] == mtime
+                    and mtime < rem.record_time - RACY_WINDOW):
+                self.manifest[rel] = [size, mtime, r[2]]  # unchanged since the last push
+            elif r and r[0] == size:
+                self.to_hash.append(rel)
+            else:
+                self.later.append(rel)
+
+    def finish(self, git: str | None, delete: bool, scan_time: float
+               ) -> tuple[TreeResult, dict[str, Any] | None]:
+        """What pushing the tree did, and its new record (None: the old one still holds)."""
+        tree, man, rem, gone = self.tree, self.manifest, self.remote, self.gone
+        sent = set(self.send)
+        h = manifest_hash(man)
+        removed = len(gone) if delete else 0
+        result = TreeResult(tree.name, tree.remote, len(man), len(sent), self.sent_bytes,
+                            removed, 0 if delete else len(gone), h, git, self.foreign_left,
+                            self.cleaned)
+        # files pushed before, gone locally but kept remotely: remembered for a later --delete
+        kept = {} if delete else {rel: rem.files[rel] for rel in gone}
+        # local files found already at the remote (same content) that no push of ours wrote
+        foreign = sorted(rel for rel in man if rel not in rem.owned and rel not in sent)
+        unchanged = (rem.from_record and rem.record_hash == h and not removed
+                     and rem.files == {**man, **kept} and set(foreign) == rem.foreign
+                     and not rem.pending and not rem.rewrite)
+        if unchanged:
+            return result, None
+        return result, {"v": RECORD_VERSION, "name": tree.name, "local": str(tree.local),
+                        "remote": tree.remote, "hash": h, "git": git, "time": scan_time,
+                        "files": man, "kept": kept, "foreign": foreign}
+
+
 #: pushes in flight in this process, per (host, remote folder): a temp file of this very process
 #: is an orphan (of a dropped connection) only when no other push of that tree is running
 _ACTIVE: dict[tuple[str, str], int] = {}
@@ -211,12 +278,7 @@ _ACTIVE: dict[tuple[str, str], int] = {}
 
 async def push(host: Host, trees: Sequence[Tree], *, delete: bool = False, verify: bool = False,
                on_progress: ProgressFn | None = None) -> PushReport:
-    """Bring every tree on host up to date with the local side (see the module docstring).
-
-    The host's copy of the manifest is the record of the last push (one SFTP read, no command
-    run). Where there is no record, or the last push did not finish, the remote folder is
-    scanned (or known empty); `verify` always scans, re-reading every file, to repair files
-    changed on the host behind the console's back."""
+    """Bring every tree on host up to date with the local side (the module docstring says how)."""
     await host.connect()
     root = await host.root()
     keys = [(host.name, t.remote) for t in trees]
@@ -234,88 +296,71 @@ async def push(host: Host, trees: Sequence[Tree], *, delete: bool = False, verif
 async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, verify: bool,
                 on_progress: ProgressFn | None) -> PushReport:
     report = PushReport(host.name)
-    records = [_record_path(root, t) for t in trees]
     scan_time = time.time()
-    local_task = asyncio.ensure_future(asyncio.to_thread(_walk_local, trees))
-    try:
-        remote = await _remote_state(host, trees, records, verify, report.warnings)
-    finally:
-        walked = await local_task
-    cleaned = await _clean_leftovers(host, trees, remote, verify)
-    # which files need their hash before we can tell whether they changed
-    known: list[Manifest] = []
-    to_hash: list[tuple[int, str]] = []
-    later: list[tuple[int, str]] = []            # sent whatever their hash: hashed meanwhile
-    for i, (files, rem) in enumerate(zip(walked, remote, strict=False)):
-        man: Manifest = {}
-        for rel, (size, mtime) in files.items():
-            r = rem.files.get(rel)
-            if (r and rem.from_record and r[0] == size and r[1] == mtime
-                    and mtime < rem.record_time - RACY_WINDOW):
-                man[rel] = [size, mtime, r[2]]    # quick check: unchanged since the last push
-            elif r and r[0] == size:
-                to_hash.append((i, rel))
-            else:
-                later.append((i, rel))
-        known.append(man)
-    await asyncio.to_thread(_hash_into, trees, walked, known, to_hash)
-    send = [(i, rel) for i, rel in to_hash if remote[i].files[rel][2] != known[i][rel][2]]
-    send += later
+    pushes = await _survey(host, root, trees, verify, report.warnings)
+    await asyncio.to_thread(_hash_all, [(p, p.to_hash) for p in pushes])
+    for p in pushes:
+        p.changed = [rel for rel in p.to_hash if p.remote.files[rel][2] != p.manifest[rel][2]]
     # an interrupted push leaves this note: the next push scans (and cleans up its temps)
-    sending = sorted({i for i, _rel in send})
-    await asyncio.gather(*(host.transport.write_bytes(
-        _pending_path(records[i]), json.dumps({"owner": tempfiles.owner(), "time": scan_time,
-                                               "send": [r for j, r in send if j == i]}).encode())
-        for i in sending))
-    uploads = [(str(trees[i].local / rel), posixpath.join(trees[i].remote, rel)) for i, rel in send]
-    sizes = {str(trees[i].local / rel): (trees[i].name, walked[i][rel][0]) for i, rel in send}
-    hashing = asyncio.ensure_future(asyncio.to_thread(_hash_into, trees, walked, known, later))
-    connects = getattr(host.transport, "connects", 0)
-    try:
-        per_tree = await _upload(host, uploads, sizes, on_progress)
-    finally:
-        await hashing
-    # the link dropped and uploads were retried on a new one: temps of the old link may be
-    # left, so the .pending note stays and the next push scans for them
-    relinked = getattr(host.transport, "connects", 0) != connects
-    sent_rels = [{rel for j, rel in send if j == i} for i in range(len(trees))]
-    # remote files not in the local tree: only those an earlier push wrote may be deleted
-    gone = [[rel for rel in rem.files if rel not in walked[i] and rel in rem.owned]
-            for i, rem in enumerate(remote)]
-    foreign_left = [sum(1 for rel in rem.files if rel not in walked[i] and rel not in rem.owned)
-                    for i, rem in enumerate(remote)]
+    await asyncio.gather(*(host.transport.write_bytes(_pending_path(p.record), json.dumps(
+        {"owner": tempfiles.owner(), "time": scan_time, "send": p.send}).encode())
+        for p in pushes if p.send))
+    relinked = await _send(host, pushes, on_progress)
     if delete:
-        removals = [posixpath.join(trees[i].remote, rel) for i, g in enumerate(gone) for rel in g]
+        removals = [posixpath.join(p.tree.remote, rel) for p in pushes for rel in p.gone]
         if removals:
             await host.transport.remove(removals)
-    gits = await asyncio.gather(*(asyncio.to_thread(git_commit, t.local) for t in trees))
-    writes = []
-    rows = zip(trees, known, remote, records, gits, strict=True)
-    for i, (tree, man, rem, rec, git) in enumerate(rows):
-        h = manifest_hash(man)
-        removed = len(gone[i]) if delete else 0
-        report.trees.append(TreeResult(tree.name, tree.remote, len(man), len(sent_rels[i]),
-                                       per_tree.get(tree.name, 0), removed,
-                                       0 if delete else len(gone[i]), h, git,
-                                       foreign_left[i], cleaned[i]))
-        # files pushed before, gone locally but kept remotely: remembered for a later --delete
-        kept = {} if delete else {rel: rem.files[rel] for rel in gone[i]}
-        # local files found already at the remote (same content) that no push of ours wrote
-        foreign = sorted(rel for rel in man if rel not in rem.owned and rel not in sent_rels[i])
-        unchanged = (rem.from_record and rem.record_hash == h and not removed
-                     and rem.files == {**man, **kept} and set(foreign) == rem.foreign
-                     and not rem.pending and not rem.rewrite)
-        if not unchanged:
-            body = {"v": RECORD_VERSION, "name": tree.name, "local": str(tree.local),
-                    "remote": tree.remote, "hash": h, "git": git, "time": scan_time,
-                    "files": man, "kept": kept, "foreign": foreign}
-            writes.append(host.transport.write_bytes(rec, json.dumps(body).encode()))
-    await asyncio.gather(*writes)
-    done = [_pending_path(records[i]) for i, rem in enumerate(remote)
-            if (rem.pending or i in sending) and not (relinked and i in sending)]
+    await _write_records(host, pushes, delete, scan_time, report)
+    # after a relink the note of a tree that sent files stays: the next push scans for temps
+    done = [_pending_path(p.record) for p in pushes
+            if (p.remote.pending or p.send) and not (relinked and p.send)]
     if done:
         await host.transport.remove(done)
     return report
+
+
+async def _survey(host: Host, root: str, trees: Sequence[Tree], verify: bool,
+                  warnings: list[str]) -> list[_TreePush]:
+    """Walk the local trees while the host's state of each is read, clean up the leftovers a
+    scan found, and sort each tree's files: known unchanged, to hash, to send."""
+    records = [_record_path(root, t) for t in trees]
+    local_task = asyncio.ensure_future(asyncio.to_thread(_walk_local, trees))
+    try:
+        remote = await _remote_state(host, trees, records, verify, warnings)
+    finally:
+        walked = await local_task
+    cleaned = await _clean_leftovers(host, trees, remote, verify)
+    pushes = [_TreePush(*row) for row in zip(trees, records, remote, walked, cleaned, strict=True)]
+    for p in pushes:
+        p.classify()
+    return pushes
+
+
+async def _send(host: Host, pushes: Sequence[_TreePush], on_progress: ProgressFn | None) -> bool:
+    """Upload every tree's files to send, hashing the new ones meanwhile. True when the link
+    dropped and uploads were retried on a new one: temps of the old link may be left."""
+    files = [(p, rel) for p in pushes for rel in p.changed] + \
+        [(p, rel) for p in pushes for rel in p.later]
+    hashing = asyncio.ensure_future(asyncio.to_thread(_hash_all, [(p, p.later) for p in pushes]))
+    connects = host.transport.connects
+    try:
+        await _upload(host, files, on_progress)
+    finally:
+        await hashing
+    return host.transport.connects != connects
+
+
+async def _write_records(host: Host, pushes: Sequence[_TreePush], delete: bool,
+                         scan_time: float, report: PushReport) -> None:
+    """Report every tree; rewrite the record of each that changed."""
+    gits = await asyncio.gather(*(asyncio.to_thread(git_commit, p.tree.local) for p in pushes))
+    writes = []
+    for p, git in zip(pushes, gits, strict=True):
+        result, body = p.finish(git, delete, scan_time)
+        report.trees.append(result)
+        if body is not None:
+            writes.append(host.transport.write_bytes(p.record, json.dumps(body).encode()))
+    await asyncio.gather(*writes)
 
 
 #: 2: `foreign` lists files push did not write; `kept` holds only files it did
@@ -342,11 +387,11 @@ def _walk_local(trees: Sequence[Tree]) -> list[dict[str, tuple[int, float]]]:
     return out
 
 
-def _hash_into(trees: Sequence[Tree], walked: list[dict[str, tuple[int, float]]],
-               known: list[Manifest], which: Sequence[tuple[int, str]]) -> None:
-    for i, rel in which:
-        size, mtime = walked[i][rel]
-        known[i][rel] = [size, mtime, sha256_file(str(trees[i].local / rel))]
+def _hash_all(work: Sequence[tuple[_TreePush, Sequence[str]]]) -> None:
+    for p, rels in work:
+        for rel in rels:
+            size, mtime = p.local[rel]
+            p.manifest[rel] = [size, mtime, sha256_file(str(p.tree.local / rel))]
 
 
 def safe_rel(rel: object) -> bool:
@@ -521,33 +566,23 @@ async def _clean_leftovers(host: Host, trees: Sequence[Tree], remote: Sequence[_
     return out
 
 
-async def _upload(host: Host, uploads: list[tuple[str, str]], sizes: dict[str, tuple[str, int]],
-                  on_progress: ProgressFn | None) -> dict[str, int]:
-    """Upload in batches (for progress); bytes sent per tree name."""
-    per_tree: dict[str, int] = {}
-    done = sent = 0
-    batch: list[tuple[str, str]] = []
-    batch_bytes = 0
-
-    async def flush() -> None:
-        nonlocal done, sent, batch, batch_bytes
-        n = await host.transport.upload(batch)
-        for src, _dst in batch:
-            name, size = sizes[src]
-            per_tree[name] = per_tree.get(name, 0) + size
-        done, sent = done + len(batch), sent + n
-        batch, batch_bytes = [], 0
+async def _upload(host: Host, files: Sequence[tuple[_TreePush, str]],
+                  on_progress: ProgressFn | None) -> None:
+    """Upload in batches (progress is reported between them), counting each tree's bytes."""
+    done = sent = batch_bytes = 0
+    for end, (p, rel) in enumerate(files, 1):
+        batch_bytes += p.local[rel][0]
+        if (end - done < UPLOAD_BATCH_FILES and batch_bytes < UPLOAD_BATCH_BYTES
+                and end < len(files)):
+            continue
+        batch = files[done:end]
+        sent += await host.transport.upload(
+            [(str(q.tree.local / r), posixpath.join(q.tree.remote, r)) for q, r in batch])
+        for q, r in batch:
+            q.sent_bytes += q.local[r][0]
+        done, batch_bytes = end, 0
         if on_progress is not None:
-            on_progress(done, len(uploads), sent)
-
-    for item in uploads:
-        batch.append(item)
-        batch_bytes += sizes[item[0]][1]
-        if len(batch) >= UPLOAD_BATCH_FILES or batch_bytes >= UPLOAD_BATCH_BYTES:
-            await flush()
-    if batch:
-        await flush()
-    return per_tree
+            on_progress(done, len(files), sent)
 
 
 def git_commit(folder: Path) -> str | None:

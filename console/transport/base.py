@@ -140,6 +140,14 @@ class Transport(abc.ABC):
     def connected(self) -> bool:
         """True while a live connection is held."""
 
+    @property
+    @abc.abstractmethod
+    def connects(self) -> int:
+        """How many times the connection was (re)established: 0 before the first connect, one
+        more for each reconnect after a drop; constant where there is no link to drop. Work
+        spanning several calls compares it before and after: a change means operations were
+        retried on a new link and may have left something on the old one (an upload's temp)."""
+
     @abc.abstractmethod
     async def run(self, argv: Sequence[str], *, cwd: str | None = None,
                   env: Mapping[str, str] | None = None, input: str | bytes | None = None,

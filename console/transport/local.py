@@ -100,6 +100,10 @@ class LocalTransport(Transport):
     def connected(self) -> bool:
         return True
 
+    @property
+    def connects(self) -> int:
+        return 1  # always connected, never dropped
+
     # -- commands ---------------------------------------------------------------------------
 
     async def _spawn(self, argv: Sequence[str], cwd: str | None, env: Mapping[str, str] | None,

@@ -3,10 +3,12 @@ files over SFTP on the same connection.
 
 - `ssh` is an ~/.ssh/config alias (HostName, User, Port, IdentityFile through asyncssh's config
   support; `ssh_config` overrides which file) or `user@host[:port]`. ProxyJump hops are dialled
-  here, each verified against the same known_hosts files as a host, errors naming the hop.
-  Keys and ssh-agent are asyncssh's defaults; `identity` names one key file instead.
+  by console/transport/proxy_jump.py, each verified against the same known_hosts files as a
+  host, errors naming the hop. Keys and ssh-agent are asyncssh's defaults; `identity` names one
+  key file instead.
 - Host keys are strict (console/transport/known_hosts.py): an unknown host or a changed key refuses
-  the connection with HostKeyUnknown / HostKeyChanged naming the presented key's fingerprint.
+  the connection with HostKeyUnknown / HostKeyChanged naming the presented key's fingerprint
+  (console/transport/host_key_errors.py).
 - Keepalive notices a dead link; the next operation after a drop reconnects with backoff.
   Work in flight when the link drops raises Unreachable (a stream's caller resumes by offset).
 - Every command runs as `printf MARK $$ >&2; <command>`: sshd starts each session in its own
@@ -26,18 +28,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import TypeVar
 
 import asyncssh
-from asyncssh.encryption import get_default_encryption_algs
 
 import console.transport.known_hosts as kh
-from console.errors import (
-    AuthFailed,
-    CommandFailed,
-    HostKeyChanged,
-    HostKeyTypeMismatch,
-    HostKeyUnknown,
-    TransportError,
-    Unreachable,
-)
+from console.errors import CommandFailed, TransportError, Unreachable
 from console.transport.base import (
     CommandResult,
     FileStat,
@@ -47,14 +40,11 @@ from console.transport.base import (
     gather_all_or_none,
 )
 from console.transport.local import STDERR_TAIL, temp_name
+from console.transport.proxy_jump import CONNECT_TIMEOUT, Client, Dialer
 
 T = TypeVar("T")
 
 PGID_MARK = b"__eagle3_pgid__ "
-KEEPALIVE_INTERVAL = 15.0
-KEEPALIVE_COUNT_MAX = 3
-CONNECT_TIMEOUT = 15.0
-MAX_JUMPS = 8  # ProxyJump nesting (OpenSSH has no limit; a loop in ssh_config would spin)
 #: reconnect after a drop: first try at once, then wait 0.2 s doubling up to 5 s
 BACKOFF_FIRST, BACKOFF_MAX, RECONNECT_TRIES = 0.2, 5.0, 6
 KILL_TIMEOUT = 5.0
@@ -64,9 +54,6 @@ TERM_GRACE = 5.0
 SMALL_FILE = 1 << 20
 #: uploads in flight at once on the one SFTP session (hides round trips; measured 16-32 best)
 SFTP_CONCURRENCY = 16
-#: AES-GCM first: in asyncssh it moves bulk data about twice as fast as chacha20-poly1305
-#: (measured: 100 MB over SFTP 2.4 s vs 4.4 s); the rest of asyncssh's defaults follow
-_FAST_FIRST = [b"aes128-gcm@openssh.com", b"aes256-gcm@openssh.com"]
 
 # what a dropped link looks like to the code using it
 _LINK_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, asyncssh.SFTPConnectionLost,
@@ -87,29 +74,12 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-class _Client(asyncssh.SSHClient):
-    """Notices a lost connection, and keeps the host key asyncssh refused (to name it)."""
-
-    def __init__(self) -> None:
-        self.lost = False
-        self.refused: tuple[str, str, int, asyncssh.SSHKey] | None = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-
-    def validate_host_public_key(self, host: str, addr: str, port: int,
-                                 key: asyncssh.SSHKey) -> bool:
-        # asyncssh asks only when known_hosts did not accept the key: note it, still refuse
-        self.refused = (host, addr, port, key)
-        return False
-
-
 class _Remote:
     """A started remote command: its stderr is read in the background, where the first line
     (our marker) gives the process group to kill."""
 
     def __init__(self, transport: SSHTransport, process: asyncssh.SSHClientProcess,
-                 client: _Client, stderr_limit: int | None) -> None:
+                 client: Client, stderr_limit: int | None) -> None:
         self.t, self.process, self.client = transport, process, client
         self.pgid: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self.stderr = bytearray()
@@ -205,21 +175,22 @@ class SSHTransport(Transport):
         self.connect_timeout = connect_timeout
         self._conn: asyncssh.SSHClientConnection | None = None
         self._jumps: list[asyncssh.SSHClientConnection] = []  # ProxyJump hops, outermost first
-        self._client: _Client | None = None
+        self._client: Client | None = None
         self._sftp: asyncssh.SFTPClient | None = None
         self._lock = asyncio.Lock()
         self._sftp_lock = asyncio.Lock()
         self._was_connected = False  # a drop after this means: reconnect with backoff
-        #: connections opened so far: an upload retried after a reconnect may have orphaned a
-        #: temp file on the old link, which console/hosts/push.py then leaves to its next push to
-        #find
-        self.connects = 0
+        self._connects = 0
 
     # -- connection -------------------------------------------------------------------------
 
     @property
     def connected(self) -> bool:
         return self._conn is not None and self._client is not None and not self._client.lost
+
+    @property
+    def connects(self) -> int:
+        return self._connects
 
     async def connect(self) -> None:
         await self._ensure()
@@ -265,175 +236,23 @@ class SSHTransport(Transport):
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX)
 
+    def _dialer(self) -> Dialer:
+        return Dialer(self.name, self.ssh, self.known_hosts, self.ssh_config, self.identity,
+                      self.connect_timeout)
+
     async def _open(self) -> None:
-        jumps: list[asyncssh.SSHClientConnection] = []
-        try:
-            conn, client = await self._dial(self.ssh, jumps, depth=0, via=None)
-        except BaseException:
-            for j in reversed(jumps):
-                j.close()
-            raise
+        conn, client, jumps = await self._dialer().host()
         self._conn, self._client, self._sftp, self._jumps = conn, client, None, jumps
         self._was_connected = True
-        self.connects += 1
-
-    async def _resolve(self, spec: str, who: str) -> tuple[kh.Target, kh.Resolved]:
-        """spec as ssh_config makes it (HostName, Port, HostKeyAlias, ProxyJump, ...)."""
-        try:
-            target = kh.parse_target(spec)
-        except ValueError as e:
-            raise Unreachable(who, str(e)) from e
-        if self.ssh_config and not os.path.isfile(os.path.expanduser(self.ssh_config)):
-            raise Unreachable(self.name, f"ssh config {self.ssh_config} does not exist")
-        try:
-            resolved = await kh.resolve(target, self.ssh_config)
-        except (OSError, ValueError, asyncssh.Error) as e:
-            raise Unreachable(who, f"ssh config for {spec}: {e}") from e
-        return target, resolved
-
-    async def _dial_hops(self, spec: str, resolved: kh.Resolved,
-                         jumps: list[asyncssh.SSHClientConnection], depth: int
-                         ) -> asyncssh.SSHClientConnection | None:
-        """Dial spec's ProxyJump hops in order (each through the one before, each verified like
-        a host); the last one, to tunnel through, or None for a direct connection."""
-        if not resolved.proxy_jump:
-            return None
-        if depth >= MAX_JUMPS:
-            raise Unreachable(self.name, f"ProxyJump from {spec} goes more than {MAX_JUMPS} "
-                                         "hops deep (a loop in ssh_config?)")
-        via: asyncssh.SSHClientConnection | None = None
-        for hop in resolved.proxy_jump.split(","):
-            via, _ = await self._dial(hop.strip(), jumps, depth + 1, via)
-            jumps.append(via)
-        return via
+        self._connects += 1
 
     async def open_jumps(self) -> tuple[kh.Target, kh.Resolved,
                                         asyncssh.SSHClientConnection | None]:
         """Dial only this host's ProxyJump hops, exactly as connect() does (same known_hosts,
         errors naming the hop); they stay open until close(). For `trust`, which must reach
         the host the way connections do: (target, resolved, the hop to tunnel through)."""
-        target, resolved = await self._resolve(self.ssh, self.name)
-        jumps: list[asyncssh.SSHClientConnection] = []
-        try:
-            via = await self._dial_hops(self.ssh, resolved, jumps, 0)
-        except BaseException:
-            for j in reversed(jumps):
-                j.close()
-            raise
-        self._jumps = jumps
+        target, resolved, via, self._jumps = await self._dialer().hops_only()
         return target, resolved, via
-
-    async def _dial(self, spec: str, jumps: list[asyncssh.SSHClientConnection], depth: int,
-                    via: asyncssh.SSHClientConnection | None
-                    ) -> tuple[asyncssh.SSHClientConnection, _Client]:
-        """Connect to `spec` (the host itself at depth 0, else a ProxyJump hop), through `via`.
-        Jump hosts are dialled here, not by asyncssh, so that they are verified against the
-        same known_hosts files as any host and an error names the hop that caused it."""
-        who = self.name if depth == 0 else f"{self.name}: jump host {spec}"
-        target, resolved = await self._resolve(spec, who)
-        if via is None:
-            via = await self._dial_hops(spec, resolved, jumps, depth)
-        files = kh.known_hosts_files(self.known_hosts, resolved)
-        try:
-            known = kh.load(files)
-        except ValueError as e:
-            raise Unreachable(who, str(e)) from e
-        where = f"{resolved.host}:{resolved.port}"
-
-        options: dict[str, object] = {}
-        if target.port is not None:
-            options["port"] = target.port
-        if target.username is not None:
-            options["username"] = target.username
-        if self.identity and depth == 0:
-            ident = os.path.expanduser(self.identity)
-            if not os.access(ident, os.R_OK):
-                raise AuthFailed(who, f"identity file {ident} is missing or unreadable")
-            options["client_keys"] = [ident]
-        if not resolved.ciphers_configured:
-            defaults = get_default_encryption_algs()
-            order = [a for a in _FAST_FIRST if a in defaults] + \
-                [a for a in defaults if a not in _FAST_FIRST]
-            options["encryption_algs"] = [a.decode() for a in order]
-        client = _Client()
-        try:
-            conn = await asyncssh.connect(
-                target.host, config=kh.config_arg(self.ssh_config), known_hosts=known,
-                client_factory=lambda: client, keepalive_interval=KEEPALIVE_INTERVAL,
-                keepalive_count_max=KEEPALIVE_COUNT_MAX, connect_timeout=self.connect_timeout,
-                tunnel=via, **options)
-        except asyncssh.HostKeyNotVerifiable as e:
-            raise await self._host_key_error(who, spec, client, known, files, resolved,
-                                             via) from e
-        except asyncssh.PermissionDenied as e:
-            raise AuthFailed(who, f"{where} refused our keys ({e.reason})") from e
-        except asyncssh.KeyImportError as e:
-            raise AuthFailed(who, f"cannot load identity {self.identity}: {e}") from e
-        except asyncio.TimeoutError as e:
-            raise Unreachable(who, f"no SSH answer from {where} within "
-                                   f"{self.connect_timeout:g} s") from e
-        except (OSError, asyncssh.Error) as e:
-            # asyncssh offers only the recorded key types; a server with none of them hangs
-            # up during key exchange, which looks like a dropped link: tell it apart
-            mismatch = await self._key_type_mismatch(who, spec, known, files, resolved, via)
-            if mismatch is not None:
-                raise mismatch from e
-            if isinstance(e, asyncssh.Error):  # a disconnect, channel failures through a hop
-                raise Unreachable(who, f"{where}: {e.reason}") from e
-            raise Unreachable(who, f"cannot reach {where}: {e.strerror or e}") from e
-        return conn, client
-
-    async def _key_type_mismatch(self, who: str, spec: str, known: asyncssh.SSHKnownHosts,
-                                 files: Sequence[os.PathLike[str]], resolved: kh.Resolved,
-                                 via: asyncssh.SSHClientConnection | None
-                                 ) -> HostKeyTypeMismatch | None:
-        """When known_hosts records keys for the host and the server presents a key of none of
-        their types, the error that says so (None when that is not what happened)."""
-        keys, has_ca, _ = kh.recorded(known, resolved.key_name, "", resolved.port)
-        if not keys or has_ca:
-            return None
-        try:
-            key = await asyncio.wait_for(asyncssh.get_server_host_key(
-                resolved.host, resolved.port, config=kh.config_arg(self.ssh_config),
-                tunnel=via), self.connect_timeout)
-        except (OSError, asyncio.TimeoutError, asyncssh.Error):
-            return None
-        recorded = sorted({k.get_algorithm() for k in keys})
-        if key is None or key.get_algorithm() in recorded:
-            return None
-        how = (f"run `eagle3-console trust {self.name}`" if who == self.name else
-               f"record the new key with `ssh {spec}` or `eagle3-console trust` on a host entry "
-               f"for {spec}")
-        return HostKeyTypeMismatch(who, recorded, kh.fingerprint(key), str(files[0]), how)
-
-    async def _host_key_error(self, who: str, spec: str, client: _Client,
-                              known: asyncssh.SSHKnownHosts, files: Sequence[os.PathLike[str]],
-                              resolved: kh.Resolved, via: asyncssh.SSHClientConnection | None
-                              ) -> TransportError:
-        """Unknown host or changed key? Judge the key the server presented against the file."""
-        file = str(files[0])
-        if client.refused is not None:
-            name, addr, port, key = client.refused
-        else:
-            # refused before asking us (a revoked key, a certificate): fetch the key to name it
-            try:
-                fetched = await asyncssh.get_server_host_key(
-                    resolved.host, resolved.port, config=kh.config_arg(self.ssh_config),
-                    tunnel=via)
-            except (OSError, asyncio.TimeoutError, asyncssh.Error) as e:
-                return Unreachable(who, f"host key not accepted and not readable: {e}")
-            if fetched is None:
-                return HostKeyChanged(who, "(no key presented)", file)
-            key = fetched
-            name, addr, port = resolved.key_name, "", resolved.port
-        fp = kh.fingerprint(key)
-        if kh.verdict(known, name, addr, port, key) == "unknown":
-            how = (f"trust it with `eagle3-console trust {self.name}`" if who == self.name else
-                   f"record it with `ssh {spec}` (OpenSSH asks) or `eagle3-console trust` on a "
-                   f"host entry for {spec}")
-            return HostKeyUnknown(who, fp, f"if that is the server's key, {how} (adds it to "
-                                           f"{file})")
-        return HostKeyChanged(who, fp, file)
 
     # -- commands ---------------------------------------------------------------------------
 
