@@ -15,7 +15,7 @@ from typing import Any
 
 from console.errors import TransportError
 from console.settings.config import Config, HostConfig
-from console.transport import CommandResult, Transport, open_transport
+from console.transport import CommandResult, FileStat, Transport, open_transport
 
 
 class HostState(enum.Enum):
@@ -73,6 +73,11 @@ class Host:
     async def run(self, argv: Sequence[str], **kw: Any) -> CommandResult:
         await self.connect()
         return await self.transport.run(argv, **kw)
+
+    async def stat(self, path: str) -> FileStat | None:
+        """The host file's size, mtime and kind; None when there is nothing at path."""
+        await self.connect()
+        return await self.transport.stat(path)
 
 
 class HostPool:

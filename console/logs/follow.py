@@ -21,11 +21,14 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from itertools import accumulate, repeat
 from operator import add
-from typing import NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from console.errors import CommandFailed, TransportError
 from console.logs.vllm_log import strip_ansi
 from console.transport.base import Transport
+
+if TYPE_CHECKING:
+    from console.hosts.host import Host
 
 #: bytes per read: large enough that one round trip carries many thousands of lines
 CHUNK = 4 * 1024 * 1024
@@ -192,6 +195,11 @@ class LogFollower:
         self._ahead: tuple[int, asyncio.Task[bytes]] | None = None  # the next read, started early
         self.lines_read = 0
         self.bytes_read = 0
+
+    @classmethod
+    def on_host(cls, host: Host, path: str, **kw: Any) -> LogFollower:
+        """A follower of `path` through the host's connection (the keywords of __init__)."""
+        return cls(host.transport, path, **kw)
 
     def stop(self) -> None:
         """End `batches()` at its next turn."""

@@ -14,11 +14,15 @@ import asyncio
 import gzip
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 from console.errors import ConsoleError, TransportError
 from console.logs.vllm_metrics import Report, Series, Snapshot, parse_snapshot
 from console.settings.metrics_url import Endpoint, split_url
 from console.transport.base import Transport
+
+if TYPE_CHECKING:
+    from console.hosts.host import Host
 
 FETCH_TIMEOUT = 5.0
 #: a vLLM page is 50-200 KB (histogram buckets per model); anything this big is not one
@@ -128,6 +132,12 @@ async def scrape(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIME
         return parse_snapshot(text, t, clock)
     except ValueError as e:
         raise MetricsError(transport.name, ep.url, f"not a metrics page: {e}") from e
+
+
+async def scrape_host(host: Host, url: str, timeout: float = FETCH_TIMEOUT) -> Snapshot:
+    """One page of the endpoint at `url`, fetched through the host's own connection."""
+    await host.connect()
+    return await scrape(host.transport, split_url(url), timeout)
 
 
 class MetricsWatch:

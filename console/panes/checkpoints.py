@@ -306,7 +306,7 @@ class CheckpointsPane(ShownTimers, Vertical):
 
         try:
             h = await services(self).pool.ensure(host)
-            if not req.force and await h.transport.stat(req.dst) is not None:
+            if not req.force and await h.stat(req.dst) is not None:
                 view.show_error(f"convert not started: {exists_message(req.dst)}", heading)
                 return
             summary = await convert_checkpoint(h, req.src, req.dst, req.to, req.dtype,

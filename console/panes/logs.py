@@ -28,10 +28,9 @@ from textual.widgets import Input
 from console.errors import ConsoleError
 from console.logs.follow import LogFollower
 from console.logs.log_model import LogModel
-from console.logs.metrics_service import MetricsError, scrape
+from console.logs.metrics_service import MetricsError, scrape_host
 from console.logs.vllm_metrics import MetricsHistory
 from console.panes.timers import ShownTimers
-from console.settings.metrics_url import split_url
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.host_strip import short_path
@@ -129,8 +128,8 @@ class LogsPane(ShownTimers, Vertical):
                 h = await pool.ensure(host)
                 real = await h.resolve(path)
                 # read as often as the text can redraw: reads in between only wake the app
-                follower = LogFollower(h.transport, real, tail_lines=TAIL_LINES, poll=REDRAW_S,
-                                       on_notice=self._on_notice)
+                follower = LogFollower.on_host(h, real, tail_lines=TAIL_LINES, poll=REDRAW_S,
+                                               on_notice=self._on_notice)
                 async for batch in follower.batches():
                     self.model.add(batch)
                     if self.notice.startswith(("reconnecting", "error")):
@@ -165,7 +164,7 @@ class LogsPane(ShownTimers, Vertical):
     async def scrape_metrics(self, host: str, url: str, history: MetricsHistory) -> None:
         try:
             h = await services(self).pool.ensure(host)
-            snap = await scrape(h.transport, split_url(url), METRICS_TIMEOUT_S)
+            snap = await scrape_host(h, url, METRICS_TIMEOUT_S)
             history.add(snap)
         except MetricsError as e:
             history.fail(e.why)
