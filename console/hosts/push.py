@@ -46,6 +46,15 @@ from typing import TYPE_CHECKING, Any
 import console.hostside
 import console.hostside.manifest as manifest_mod
 from console.errors import CommandFailed, ConfigError, ConsoleError
+from console.hosts.push_records import (
+    RECORD_VERSION,
+    Record,
+    pending_path,
+    read_pending,
+    read_record,
+    record_path,
+    safe_rel,
+)
 from console.hostside.manifest import Manifest, manifest_hash, sha256_file, walk
 from console.settings.config import Config, SyncSet, sync_remote_problem
 from console.transport import tempfiles
@@ -192,22 +201,6 @@ class _Remote:
 
 
 @dataclass
-class _Record:
-    """A push record as read back, entries that could leave the tree already dropped."""
-
-    files: Manifest
-    kept: Manifest
-    foreign: set[str]
-    hash: str | None
-    time: float
-    stale: bool = False          # an older format, or entries were dropped: write it anew
-
-    @property
-    def owned(self) -> set[str]:
-        return (set(self.files) - self.foreign) | set(self.kept)
-
-
-@dataclass
 class _TreePush:
     """One tree on its way through a push: what each step found and decided for it."""
 
@@ -302,7 +295,7 @@ async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, veri
     for p in pushes:
         p.changed = [rel for rel in p.to_hash if p.remote.files[rel][2] != p.manifest[rel][2]]
     # an interrupted push leaves this note: the next push scans (and cleans up its temps)
-    await asyncio.gather(*(host.transport.write_bytes(_pending_path(p.record), json.dumps(
+    await asyncio.gather(*(host.transport.write_bytes(pending_path(p.record), json.dumps(
         {"owner": tempfiles.owner(), "time": scan_time, "send": p.send}).encode())
         for p in pushes if p.send))
     relinked = await _send(host, pushes, on_progress)
@@ -312,7 +305,7 @@ async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, veri
             await host.transport.remove(removals)
     await _write_records(host, pushes, delete, scan_time, report)
     # after a relink the note of a tree that sent files stays: the next push scans for temps
-    done = [_pending_path(p.record) for p in pushes
+    done = [pending_path(p.record) for p in pushes
             if (p.remote.pending or p.send) and not (relinked and p.send)]
     if done:
         await host.transport.remove(done)
@@ -323,7 +316,7 @@ async def _survey(host: Host, root: str, trees: Sequence[Tree], verify: bool,
                   warnings: list[str]) -> list[_TreePush]:
     """Walk the local trees while the host's state of each is read, clean up the leftovers a
     scan found, and sort each tree's files: known unchanged, to hash, to send."""
-    records = [_record_path(root, t) for t in trees]
+    records = [record_path(root, t.remote) for t in trees]
     local_task = asyncio.ensure_future(asyncio.to_thread(_walk_local, trees))
     try:
         remote = await _remote_state(host, trees, records, verify, warnings)
@@ -363,21 +356,6 @@ async def _write_records(host: Host, pushes: Sequence[_TreePush], delete: bool,
     await asyncio.gather(*writes)
 
 
-#: 2: `foreign` lists files push did not write; `kept` holds only files it did
-RECORD_VERSION = 2
-
-
-def _record_path(root: str, tree: Tree) -> str:
-    key = hashlib.sha1(tree.remote.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-    base = posixpath.basename(tree.remote.rstrip("/")) or "root"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)
-    return posixpath.join(root, "manifests", f"{safe}-{key}.json")
-
-
-def _pending_path(record: str) -> str:
-    return record[:-len(".json")] + ".pending"
-
-
 def _walk_local(trees: Sequence[Tree]) -> list[dict[str, tuple[int, float]]]:
     out = []
     for t in trees:
@@ -394,100 +372,13 @@ def _hash_all(work: Sequence[tuple[_TreePush, Sequence[str]]]) -> None:
             p.manifest[rel] = [size, mtime, sha256_file(str(p.tree.local / rel))]
 
 
-def safe_rel(rel: object) -> bool:
-    """Whether a path from a record or a scan names a file inside its tree: relative, no `.`,
-    `..` or empty parts, no NUL, and representable as bytes on the host."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
-        return False
-    if any(part in ("", ".", "..") for part in rel.split("/")):
-        return False
-    try:
-        rel.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _entries(raw: object, what: str, warn: Callable[[str], None]) -> Manifest:
-    """A record's {rel: [size, mtime, sha256]}, entries that are malformed or would leave the
-    tree dropped with a warning."""
-    if not isinstance(raw, dict):
-        if raw is not None:
-            warn(f"{what} is not a table; ignored")
-        return {}
-    out: Manifest = {}
-    for rel, v in raw.items():
-        ok = (isinstance(v, list) and len(v) >= 3 and isinstance(v[0], int)
-              and isinstance(v[1], (int, float)) and isinstance(v[2], str))
-        if not safe_rel(rel):
-            warn(f"{what}: ignoring {_show(rel)}: not a path inside the tree")
-        elif not ok:
-            warn(f"{what}: ignoring {_show(rel)}: malformed entry")
-        else:
-            out[rel] = [v[0], v[1], v[2]]
-    return out
-
-
-def _show(rel: object) -> str:
-    """A path for a one-line message: odd bytes and controls as backslash escapes."""
-    if isinstance(rel, str):
-        return ascii(rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
-    return repr(rel)
-
-
-async def _read_record(host: Host, path: str, warn: Callable[[str], None]) -> _Record | None:
-    """The record at path; None when there is none or it cannot be used (then nothing in the
-    tree counts as written by push)."""
-    st = await host.transport.stat(path)
-    if st is None:
-        return None
-    try:
-        rec = json.loads(await host.transport.read_range(path, 0, st.size))
-        if not isinstance(rec, dict) or not isinstance(rec.get("files"), dict):
-            raise ValueError("no files table")
-    except (ValueError, CommandFailed) as e:
-        warn(f"push record {host.name}:{path} is unreadable ({e}); the folder is scanned "
-             f"and no file in it counts as pushed")
-        return None
-    what = f"push record {host.name}:{path}"
-    files = _entries(rec.get("files"), what, warn)
-    legacy = rec.get("v") is None
-    # before version 2, `kept` also took in files found at the remote that push never wrote
-    kept = {} if legacy else _entries(rec.get("kept"), what, warn)
-    foreign = rec.get("foreign") or []
-    if not isinstance(foreign, list):
-        foreign = []
-    h = rec.get("hash")
-    try:
-        t = float(rec.get("time", 0))
-    except (TypeError, ValueError):
-        t = 0.0
-    dropped = len(files) != len(rec["files"]) or (
-        not legacy and len(kept) != len(rec.get("kept") or {}))
-    return _Record(files, kept, {f for f in foreign if isinstance(f, str)},
-                   h if isinstance(h, str) else None, t, stale=legacy or dropped)
-
-
-async def _read_pending(host: Host, path: str) -> list[str] | None:
-    """The files an unfinished push was sending (None: no such push)."""
-    st = await host.transport.stat(path)
-    if st is None:
-        return None
-    try:
-        data = json.loads(await host.transport.read_range(path, 0, st.size))
-        send = data.get("send") if isinstance(data, dict) else None
-        return [r for r in send if safe_rel(r)] if isinstance(send, list) else []
-    except (ValueError, CommandFailed):
-        return []
-
-
 async def _remote_state(host: Host, trees: Sequence[Tree], records: Sequence[str],
                         verify: bool, warnings: list[str]) -> list[_Remote]:
     """The record of each tree; a scan (one command for all) where there is none, the last
     push did not finish, or verify. Which files push wrote comes from the record either way."""
     async def one(tree: Tree, path: str) -> tuple[_Remote, bool]:
-        rec, pending = await asyncio.gather(_read_record(host, path, warnings.append),
-                                            _read_pending(host, _pending_path(path)))
+        rec, pending = await asyncio.gather(read_record(host, path, warnings.append),
+                                            read_pending(host, pending_path(path)))
         state = _Remote({}, rec.hash if rec else None, owned=rec.owned if rec else set(),
                         pending=pending is not None, foreign=rec.foreign if rec else set(),
                         rewrite=rec is None or rec.stale)
@@ -500,7 +391,7 @@ async def _remote_state(host: Host, trees: Sequence[Tree], records: Sequence[str
         # nothing there yet: no need to scan
         return state, await host.transport.stat(tree.remote) is not None
 
-    recorded: dict[str, _Record | None] = {}
+    recorded: dict[str, Record | None] = {}
     found = await asyncio.gather(*(one(t, r) for t, r in zip(trees, records, strict=False)))
     states = [s for s, _scan in found]
     missing = [i for i, (_s, scan) in enumerate(found) if scan]
