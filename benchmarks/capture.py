@@ -178,7 +178,7 @@ def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None
             "data_share": round(wait / step_s, 3)}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--demo", help="existing demo workspace (default: build one)")
     ap.add_argument("--repeat", type=int, default=3, help="copies of the demo conversations")
@@ -192,33 +192,41 @@ def main() -> int:
     ap.add_argument("--target", help=argparse.SUPPRESS)
     ap.add_argument("--storage", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.serve_cached:
-        torch.set_num_threads(args.threads)
-        return serve_cached(args.target, args.storage, args.threads)
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-    work = Path(tempfile.mkdtemp(prefix="eagle3-bench-capture-"))
-    server = None
+    return ap.parse_args()
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """(a) and (b) in `work`: the demo (given or built), its long conversations, then the live
+    stand-in's measurements and the warm one's."""
+    if args.demo:
+        demo = Path(args.demo)
+    else:
+        from engine.demo.workspace import init_demo
+        demo = work / "demo"
+        init_demo(str(demo), quiet())
+    conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
+                              args.repeat, args.merge)
+    threads = torch.get_num_threads()
+    # Same compute on both sides of each ratio: the features are computed with `st` threads
+    # here or in the server, and the trainer keeps the other core(s) in both modes (on a GPU
+    # host the server has GPUs of its own). Two processes whose OpenMP teams both want every
+    # core spin against each other.
+    st = max(1, threads - 1)
+    res: dict[str, Any] = {"threads": threads, "server_threads": st}
+    prepared, offline = bench_live(demo, conv, work, args.steps, res)
+    bench_warm(demo, conv, prepared, work, args, offline, res)
+    return res
+
+
+def bench_live(demo: Path, conv: Path, work: Path, steps: int, res: dict[str, Any]
+               ) -> tuple[Path, list[dict[str, Any]]]:
+    """Against the live stand-in: capture (a), then the trainer offline once and streamed (b).
+    Fills `res`; returns the prepared directory and the offline run."""
+    threads, st = res["threads"], res["server_threads"]
+    server = Server(demo / "target", work / "hs", st)
     try:
-        if args.demo:
-            demo = Path(args.demo)
-        else:
-            from engine.demo.workspace import init_demo
-            demo = work / "demo"
-            init_demo(str(demo), quiet())
-        conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
-                                  args.repeat, args.merge)
-        threads = torch.get_num_threads()
-        # Same compute on both sides of each ratio: the features are computed with `st` threads
-        # here or in the server, and the trainer keeps the other core(s) in both modes (on a GPU
-        # host the server has GPUs of its own). Two processes whose OpenMP teams both want every
-        # core spin against each other.
-        st = max(1, threads - 1)
-        server = Server(demo / "target", work / "hs", st)
         torch.set_num_threads(st)
-        res: dict[str, Any] = {"threads": threads, "server_threads": st,
-                               "capture": bench_capture(demo, conv, work, server.url)}
+        res["capture"] = bench_capture(demo, conv, work, server.url)
         torch.set_num_threads(max(1, threads - st))
         res["trainer_threads"] = torch.get_num_threads()
         # (b) trains on the same long conversations as (a), offline from their prepared
@@ -226,10 +234,19 @@ def main() -> int:
         from engine.data.prepare import prepare
         prepared = work / "prepared"
         prepare(str(demo / "target"), str(conv), str(prepared), max_len=512, ev=quiet())
-        offline = [bench_train(demo, prepared, work, args.steps, None)]
-        res["train_streamed"] = bench_train(demo, conv, work, args.steps, server.url)
+        offline = [bench_train(demo, prepared, work, steps, None)]
+        res["train_streamed"] = bench_train(demo, conv, work, steps, server.url)
+    finally:
         server.close()
-        server = Server(demo / "target", work / "hs-cached", st, cached=True)
+    return prepared, offline
+
+
+def bench_warm(demo: Path, conv: Path, prepared: Path, work: Path, args: argparse.Namespace,
+               offline: list[dict[str, Any]], res: dict[str, Any]) -> None:
+    """Against the stand-in with a warm cache: `args.rounds` offline / streamed pairs (the
+    first offline run is the live phase's). Fills `res`."""
+    server = Server(demo / "target", work / "hs-cached", res["server_threads"], cached=True)
+    try:
         warm_up(demo, conv, server.url)
         # offline and warm streamed alternate, so a shared machine's load hits both; medians
         cached = []
@@ -237,17 +254,15 @@ def main() -> int:
             if r:
                 offline.append(bench_train(demo, prepared, work, args.steps, None))
             cached.append(bench_train(demo, conv, work, args.steps, server.url))
-        res["train_offline"] = median_run(offline)
-        res["train_streamed_cached"] = median_run(cached)
-        res["cached_ratios"] = [round(c["tokens_per_s"] / o["tokens_per_s"], 3)
-                                for o, c in zip(offline, cached, strict=True)]
     finally:
-        if server is not None:
-            server.close()
-        shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps(res, indent=2))
-        return 0
+        server.close()
+    res["train_offline"] = median_run(offline)
+    res["train_streamed_cached"] = median_run(cached)
+    res["cached_ratios"] = [round(c["tokens_per_s"] / o["tokens_per_s"], 3)
+                            for o, c in zip(offline, cached, strict=True)]
+
+
+def print_report(res: dict[str, Any]) -> None:
     c = res["capture"]
     print(f"(a) capture, {c['tokens']} tokens, demo target; features computed with "
           f"{res['server_threads']} thread(s) on both paths, {res['threads']} core(s)")
@@ -272,6 +287,24 @@ def main() -> int:
           "from features computed before timing, so the figure is the client's cost)")
     print(f"    offline and warm alternated {len(res['cached_ratios'])} times: medians; "
           f"warm/offline per round {', '.join(f'{x:.2f}' for x in res['cached_ratios'])}")
+
+
+def main() -> int:
+    args = parse_args()
+    if args.serve_cached:
+        torch.set_num_threads(args.threads)
+        return serve_cached(args.target, args.storage, args.threads)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    work = Path(tempfile.mkdtemp(prefix="eagle3-bench-capture-"))
+    try:
+        res = measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print_report(res)
     return 0
 
 

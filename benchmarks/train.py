@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,21 +112,23 @@ STEP_SHAPE = {"t": 1024, "v": 32000, "vd": 8000, "heads": 8, "kv_heads": 4, "thr
 
 def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One process, one (impl, hidden, k, freeze) measurement (section (c) of the docstring)."""
-    import torch.nn.functional as F
     from step_timing import rss_kb, time_steps  # benchmarks/ is sys.path[0]
 
-    from engine.model.draft import Eagle3Draft, preset, shift_left
-    from engine.model.ttt_loss import (
-        STEP_WEIGHT,
-        draft_head,
-        step_rows,
-        target_argmax,
-        target_distribution,
-        ttt_loss,
-    )
+    # what the steps below import, imported before the RSS baseline is taken
+    import engine.model.draft  # noqa: F401
+    import engine.model.ttt_loss  # noqa: F401
     torch.set_num_threads(STEP_SHAPE["threads"])
     base_kb = rss_kb()
-    h, k, t, v, vd = spec["hidden"], spec["k"], STEP_SHAPE["t"], STEP_SHAPE["v"], STEP_SHAPE["vd"]
+    draft = step_draft(spec)
+    step = make_step(spec, draft, step_inputs(spec, draft))
+    return time_steps(step, spec["steps"], STEP_SHAPE["t"], base_kb)
+
+
+def step_draft(spec: dict[str, Any]) -> Any:
+    """The draft measured: STEP_SHAPE at spec's hidden size, seeded, its draft vocab spread over
+    the target vocab, with the old (dense) or new (split) attention, the lm head frozen or not."""
+    from engine.model.draft import Eagle3Draft, preset
+    h, v, vd = spec["hidden"], STEP_SHAPE["v"], STEP_SHAPE["vd"]
     cfg = preset("tiny").with_(hidden_size=h, intermediate_size=h * 7 // 2,
                                 num_attention_heads=STEP_SHAPE["heads"],
                                 num_key_value_heads=STEP_SHAPE["kv_heads"],
@@ -136,10 +139,17 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
     draft.d2t.copy_(torch.arange(vd) * (v // vd) - torch.arange(vd))  # spread over the vocab
     draft.t2d.zero_()
     draft.t2d[torch.arange(vd) * (v // vd)] = True
-    old = spec["impl"] == "old"
-    draft.attn_impl = "dense" if old else "split"
+    draft.attn_impl = "dense" if spec["impl"] == "old" else "split"
     if spec.get("freeze"):
         draft.lm_head.weight.requires_grad_(False)
+    return draft
+
+
+def step_inputs(spec: dict[str, Any], draft: Any) -> dict[str, Any]:
+    """One batch of random features and targets for the step (drawn after the draft's weights,
+    from the same seeded generator), the stored argmax forced to spec's coverage if given."""
+    from engine.model.ttt_loss import draft_head, target_argmax
+    h, t, v, vd = spec["hidden"], STEP_SHAPE["t"], STEP_SHAPE["v"], STEP_SHAPE["vd"]
     lm_head = torch.randn(v, h) * 0.05
     draft_ids = draft.d2t + torch.arange(vd)
     head_d = draft_head(lm_head, draft_ids)
@@ -157,11 +167,28 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
         outs = torch.nonzero(~draft.t2d).squeeze(1)
         outs = outs[torch.randint(0, outs.numel(), stored_top.shape, generator=g)]
         stored_top = torch.where(inside, ins, outs)
-    if not old:  # the trainer reads only the draft rows when the data stores the argmax
-        del lm_head
+    # the trainer reads only the draft rows when the data stores the argmax: the new step
+    # keeps no full lm head (returned to the caller only for the old one)
+    return {"lm_head": lm_head if spec["impl"] == "old" else None, "draft_ids": draft_ids,
+            "head_d": head_d, "aux": aux, "hidden": hidden, "ids": ids, "att": att,
+            "loss_mask": loss_mask, "stored_top": stored_top}
+
+
+def make_step(spec: dict[str, Any], draft: Any, inputs: dict[str, Any]) -> Callable[[], float]:
+    """The timed training step (target side, TTT forward, loss, backward, optimizer), old or new
+    as spec says; returns the loss."""
+    import torch.nn.functional as F
+
+    from engine.model.draft import shift_left
+    from engine.model.ttt_loss import STEP_WEIGHT, step_rows, target_distribution, ttt_loss
+    old, k = spec["impl"] == "old", spec["k"]
+    lm_head, draft_ids, head_d = inputs["lm_head"], inputs["draft_ids"], inputs["head_d"]
+    aux, hidden, ids, att = inputs["aux"], inputs["hidden"], inputs["ids"], inputs["att"]
+    loss_mask, stored_top = inputs["loss_mask"], inputs["stored_top"]
+    del inputs
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-4,
                             betas=(0.9, 0.95))
-    denom = float(t - 2)
+    denom = float(STEP_SHAPE["t"] - 2)
 
     def step() -> float:
         with torch.no_grad():
@@ -189,7 +216,7 @@ def step_worker(spec: dict[str, Any]) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    return time_steps(step, spec["steps"], t, base_kb)
+    return step
 
 
 def step_compare(hiddens: list[int], ks: list[int], repeats: int, steps: int,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from console.app import create_app
+from console.errors import Unreachable
 from console.hosts.host import HostState
 from console.settings.config import Config, HostConfig, local_host
 from console.widgets.host_list import HostItem
@@ -18,10 +21,11 @@ async def test_states_follow_the_pool(tmp_path: Path) -> None:
     app = create_app(cfg)
     async with app.run_test(size=(120, 40)) as pilot:
         await app.pool.ensure("local")
-        try:
+        # a refused connection is Unreachable (console/errors.py), raised after the pool set
+        # FAILED; any other error (auth, host key, a bug) fails the test
+        with pytest.raises(Unreachable) as failed:
             await app.pool.ensure("dead")
-        except Exception:
-            pass
+        assert type(failed.value) is Unreachable and failed.value.host == "dead", failed.value
         await pilot.pause(0.2)
         items = {i.host: i for i in app.screen.query(HostItem)}
         assert app.pool.state["local"] is HostState.CONNECTED

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
 
 from console.app import Eagle3App
-from console.logs.follow import Line
+from console.logs.follow import Line, LogFollower
 from console.logs.log_model import MAX_LINES, LogModel
-from console.panes.logs import LogsPane
+from console.panes import logs as logs_pane
+from console.panes.logs import FLOOD_REDRAW_S, REDRAW_S, LogsPane
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine
 from tests.replay import FIXTURES, fleet_app
@@ -111,44 +112,103 @@ async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None
         assert pane.model.at(view.cursor).text == "line 199"  # type: ignore[union-attr]
 
 
+class _TickedPane:
+    """The logs pane with its redraw timer replaced by ticks the test makes: `tick()` moves the
+    pane's clock (a fake one) on REDRAW_S and calls `redraw()`, what the timer calls. Counts
+    `refreshes`: view syncs that took in new lines (a new model version). `append(n)` writes n
+    lines in one call from the app's own thread, where the follower reads too (so a chunk is
+    read whole or not at all), then polls until the pane's model has them all."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
+        self.log, self.clock, self.written, self.refreshes = log, 0.0, 0, 0
+        self.timers: list[tuple[float, Any]] = []
+        self.pane: LogsPane | None = None
+        monkeypatch.setattr(logs_pane, "time", SimpleNamespace(monotonic=lambda: self.clock))
+        monkeypatch.setattr(LogsPane, "set_shown_interval",
+                            lambda _pane, interval, callback: self.timers.append(
+                                (interval, callback)))
+        monkeypatch.setattr(logs_pane, "LogFollower", _PromptFollower)
+        real_sync = LogView.sync
+
+        def counting_sync(view: LogView, force: bool = False) -> None:
+            before = view._seen
+            real_sync(view, force)
+            self.refreshes += view._seen != before
+
+        monkeypatch.setattr(LogView, "sync", counting_sync)
+
+    async def append(self, n: int) -> None:
+        with self.log.open("a") as f:
+            f.write("".join(f"INFO 11-30 12:00:00 [x.py:1] request {i} done\n"
+                            for i in range(self.written, self.written + n)))
+        self.written += n
+        assert self.pane is not None
+        pane = self.pane
+        await _wait(lambda: pane.model.total == self.written)
+
+    def tick(self) -> None:
+        assert self.pane is not None
+        self.clock += REDRAW_S
+        self.pane.redraw()
+
+
+class _PromptFollower(LogFollower):
+    """Polls every 20 ms instead of REDRAW_S: only how soon each wait of _TickedPane ends."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **{**kw, "poll": 0.02})
+
+
 async def test_fast_log_is_bounded_and_redrawn_in_batches(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """40,000 lines written as fast as possible: every line read, at most MAX_LINES (20,000)
-    kept, and the view redrawn a few times a second, not per line."""
+    """A log growing by thousands of lines a tick: every line read, at most MAX_LINES (20,000)
+    kept; the view takes in several batches per redraw tick, and a flood (more new lines than
+    the view shows) is redrawn once per FLOOD_REDRAW_S, not on every tick or batch.
+
+    No wall clock in the counts: the ticks are the test's (_TickedPane), and each waits until
+    the follower has read everything written, so the redraw counts below follow from the code
+    whatever the machine's speed. The real timer's interval (REDRAW_S) is checked to be the one
+    the ticks stand for."""
     app, log = _app(tmp_path, "")
-    refreshes = 0
-    real_sync = LogView.sync
-
-    def counting_sync(self: LogView, force: bool = False) -> None:
-        nonlocal refreshes
-        before = self._seen
-        real_sync(self, force)
-        refreshes += self._seen != before
-
-    monkeypatch.setattr(LogView, "sync", counting_sync)
-
-    def writer() -> None:
-        with log.open("a") as f:
-            for i in range(40_000):
-                f.write(f"INFO 11-30 12:00:00 [x.py:1] request {i} done\n")
-                if i % 4000 == 0:
-                    f.flush()
-                    time.sleep(0.05)
-
+    ticked = _TickedPane(monkeypatch, log)
     async with app.run_test(size=SIZE) as pilot:
-        pane = await _open_logs(pilot, 0)
-        started = time.monotonic()
-        t = threading.Thread(target=writer)
-        t.start()
-        await _wait(lambda: pane.model.total == 40_000, 30)
-        t.join()
-        elapsed = time.monotonic() - started
-        pane.redraw()
+        pane = ticked.pane = await _open_logs(pilot, 0)
+        assert (REDRAW_S, pane.redraw) in ticked.timers  # the ticks stand for this timer
+        view = pane.query_one(LogView)
+        height = view.size.height
+        assert height >= 3 and FLOOD_REDRAW_S > REDRAW_S
+
+        # a slow log: three batches a tick, together fewer lines than the view shows: each tick
+        # redraws once, taking in all three (redrawing per batch would make 3 per tick)
+        ticked.refreshes, version = 0, pane.model.version
+        for _ in range(3):
+            for _ in range(3):
+                await ticked.append(height // 3)
+            ticked.tick()
+        assert pane.model.version - version >= 9  # batches read (a chunk may take more reads)
+        assert ticked.refreshes == 3, ticked.refreshes
+        newest = pane.model.at(view.cursor)
+        assert newest is not None and newest.text.endswith(f"request {ticked.written - 1} done")
+
+        # a flood: 7,000 lines a tick, six ticks. Redrawn once per FLOOD_REDRAW_S of the pane's
+        # clock: over the ticks' span (6 x REDRAW_S) at most span / FLOOD_REDRAW_S + 1 redraws,
+        # i.e. at least ~10,000 lines per redraw. Without the flood limit every tick would
+        # redraw (6 > 4); redrawing per batch or per line would be more still.
+        ticked.refreshes, ticks = 0, 6
+        for _ in range(ticks):
+            await ticked.append(7_000)
+            ticked.tick()
+        assert 1 <= ticked.refreshes <= ticks * REDRAW_S / FLOOD_REDRAW_S + 1, ticked.refreshes
+        # and the end of a flood is shown: once FLOOD_REDRAW_S has passed, the next tick draws
+        ticked.clock += FLOOD_REDRAW_S
+        ticked.tick()
         await pilot.pause()
-        m = pane.model
-        assert len(m.lines) == MAX_LINES and m.lines[-1].text.endswith("request 39999 done")
-        assert m.lines[0].text.endswith(f"request {40_000 - MAX_LINES} done")
-        assert refreshes <= elapsed / 0.25 + 4, (refreshes, elapsed)
+        m, written = pane.model, ticked.written
+        assert m.total == written == 3 * 3 * (height // 3) + ticks * 7_000
+        assert len(m.lines) == MAX_LINES
+        assert m.lines[-1].text.endswith(f"request {written - 1} done")
+        assert m.lines[0].text.endswith(f"request {written - MAX_LINES} done")
+        assert view.following and view.cursor == MAX_LINES - 1
 
 
 async def _wait(pred: Any, timeout: float = 20) -> None:
