@@ -1,5 +1,6 @@
 """An installed (non-editable) wheel carries everything the console needs at run time: the
-theme styles and palettes, and the host-side helpers it pushes to servers."""
+theme styles and palettes, and the host-side helpers it pushes to servers (the shell script of
+the monitor fallback among them: package data, not a module)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ def test_wheel_finds_themes_and_hostside(tmp_path: Path) -> None:
         names = [p.name for p in t.load_palettes()]
         assert len(names) >= 4, names
         assert (t.THEMES_DIR / "base.tcss").is_file()
+        # the host-side helpers, the Slurm and records modules the runner loads beside it
+        # included, and the monitor fallback's shell script (package data, not a module)
+        from importlib import resources
+        import console.hostside.slurm_job, console.hostside.run_records
+        import console.hostside.checkpoint_scan as scan, console.monitor.nvidia_smi as smi
+        here = resources.files("console.hostside")
+        assert str(here).startswith(sys.argv[1]), here
+        for name in ("runner.py", "slurm_job.py", "run_records.py", "checkpoint_scan.py",
+                     "nvidia_smi_fallback.sh"):
+            assert here.joinpath(name).is_file(), name
+        assert scan.__file__.startswith(sys.argv[1]), scan.__file__
+        text = smi.script("/data")
+        assert text.startswith("g=$(nvidia-smi --query-gpu=index,"), text[:80]
+        assert "df -Pk /data" in text and "@QUERY" not in text and "@DISK" not in text
         print("OK", names)
     """)
     # run from an empty folder with only the installed copy on the path (not the repo)

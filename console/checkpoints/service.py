@@ -18,8 +18,10 @@ import json
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import console.hostside.checkpoint_scan as checkpoint_scan
 from console.errors import CommandFailed, ConsoleError
 from console.hosts.engine_client import EngineError, run_engine
 from console.hosts.host import Host
@@ -30,54 +32,9 @@ DTYPES = ("keep", "bf16", "fp16", "fp32")
 MAX_DEPTH = 5
 MAX_ENTRIES = 500
 
-_SCAN = r'''
-import json, os, sys
-req = json.load(sys.stdin)
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-out, seen = [], set()
-def is_ckpt(d, names):
-    if "config.json" not in names:
-        return False
-    return any(n in names for n in WEIGHTS) or any(n.endswith(".safetensors") for n in names)
-def add(d, source):
-    real = os.path.realpath(d)
-    if real in seen or len(out) >= req["max"]:
-        return
-    seen.add(real)
-    try:
-        st = os.stat(d)
-        size = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)
-                   if os.path.isfile(os.path.join(d, n)))
-    except OSError:
-        return
-    out.append({"path": d, "source": source, "mtime": st.st_mtime, "bytes": size})
-def walk(d, source, depth):
-    try:
-        names = sorted(os.listdir(d))
-    except OSError:
-        return
-    if is_ckpt(d, names):
-        add(d, source)
-        return
-    if depth <= 0:
-        return
-    for n in names:
-        p = os.path.join(d, n)
-        if not n.startswith(".") and os.path.isdir(p):
-            walk(p, source, depth - 1)
-for root, source, per_child in req["roots"]:
-    if not per_child:
-        walk(root, source, req["depth"])
-        continue
-    try:
-        kids = sorted(os.listdir(root))
-    except OSError:
-        continue
-    for k in kids:
-        if not k.startswith(".") and os.path.isdir(os.path.join(root, k)):
-            walk(os.path.join(root, k), source + " " + k, req["depth"])
-print(json.dumps(out))
-'''
+#: the checkpoint scan, run by the host's Python through `python -c` (its source, so nothing
+#: needs to be pushed first): console/hostside/checkpoint_scan.py
+_SCAN = Path(checkpoint_scan.__file__).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ sample (the pane then shows its last data as stale) and the line is kept in `Sam
 from __future__ import annotations
 
 import csv
+import functools
+import re
 from dataclasses import replace
+from importlib import resources
 from typing import Any
 
 from console.monitor.proc_stats import ProcStats
@@ -25,29 +28,28 @@ QUERY_GPU = ("index", "name", "uuid", "utilization.gpu", "utilization.memory", "
 QUERY_APPS = ("gpu_uuid", "pid", "process_name", "used_memory")
 MIB = 2 ** 20
 
-# one round trip; every section is printed even when a command fails, so the host part still
-# arrives on a machine without a driver
-_SCRIPT = """\
-g=$(nvidia-smi --query-gpu={gpu} --format=csv,noheader,nounits 2>&1); rc=$?
-printf '@@gpu %s\\n%s\\n' "$rc" "$g"
-a=$(nvidia-smi --query-compute-apps={apps} --format=csv,noheader,nounits 2>/dev/null)
-printf '@@apps\\n%s\\n' "$a"
-pids=$(printf '%s\\n' "$a" | awk -F', ' 'NF>=2 && $2 ~ /^[0-9]+$/ {{printf "%s%s", s, $2; s=","}}')
-echo @@ps
-[ -n "$pids" ] && ps -o pid=,user=,args= -p "$pids" 2>/dev/null
-echo @@stat; grep '^cpu' /proc/stat 2>/dev/null
-echo @@load; cat /proc/loadavg 2>/dev/null
-echo @@mem; cat /proc/meminfo 2>/dev/null
-echo @@net; cat /proc/net/dev 2>/dev/null
-echo @@df; df -Pk {path} 2>/dev/null
-exit 0
-"""
+#: the fallback's one round trip, a template in the package data (the host-side folder): see
+#: script()
+SCRIPT_PACKAGE, SCRIPT_NAME = "console.hostside", "nvidia_smi_fallback.sh"
+_TOKEN = re.compile(r"@(QUERY_GPU|QUERY_APPS|DISK_PATH)@")
+
+
+@functools.cache
+def _template() -> str:
+    """console/hostside/nvidia_smi_fallback.sh less its leading comment lines."""
+    text = resources.files(SCRIPT_PACKAGE).joinpath(SCRIPT_NAME).read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    while lines and lines[0].startswith("#"):
+        del lines[0]
+    return "".join(lines)
 
 
 def script(disk_path: str) -> str:
-    """The fallback's shell script for a host (disk use reported for disk_path)."""
-    return _SCRIPT.format(gpu=",".join(QUERY_GPU), apps=",".join(QUERY_APPS),
-                          path=quote(disk_path))
+    """The fallback's shell script for a host (disk use reported for disk_path): the template
+    with its @NAME@ tokens filled in one pass (a value is never read as a token)."""
+    values = {"QUERY_GPU": ",".join(QUERY_GPU), "QUERY_APPS": ",".join(QUERY_APPS),
+              "DISK_PATH": quote(disk_path)}
+    return _TOKEN.sub(lambda m: values[m.group(1)], _template())
 
 
 def _value(text: str) -> str | None:

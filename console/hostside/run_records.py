@@ -1,0 +1,395 @@
+"""Run records and the process plumbing that runner.py and slurm_job.py share (standard
+library only; runs on the host).
+
+Records: run.json written atomically and private (write_json), read back and checked field by
+field before anything acts on it (record_problem, load_record: a pid that is not a process id
+never reaches kill(2)), listed with lost runs marked (list_runs, effective) and, for a Slurm
+run, with what its other nodes recorded (with_nodes). Processes: a pid is ours only while its
+start time is the recorded one (proc_start, ours), a group is alive while a member is not a
+zombie (group_alive). Starting: the profile lock (lock_profile), the forked command's side of a
+start (run_command: own session and group, waits until it is recorded, then exec) and the
+reaping loop (reap_until). See runner.py for the whole design.
+
+Imported as a sibling: `from . import run_records` in a package (console.hostside in the
+console), compiled from source by runner.py when that runs as a script on the host.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import signal
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:  # typing.TypeGuard is 3.10+; hosts may run 3.8, annotations stay strings
+    from typing import TypeGuard
+
+RECORD = "run.json"
+SPEC = "spec.json"
+STOP_MARKER = "stop"
+RUNNER_LOG = "runner.log"
+STATUSES = ("pending", "running", "succeeded", "failed", "stopped", "lost")
+PID_MAX = 4194304            # PID_MAX_LIMIT on 64-bit Linux: no pid is larger
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+MASK = "***"
+HAVE_PROC = os.path.isdir("/proc/self")
+
+
+class RunnerError(Exception):
+    """A one-line failure for the console (printed as {"error": ...})."""
+
+
+# -- records -------------------------------------------------------------------------------------
+
+def write_json(path: str, obj: Any) -> None:
+    """Write obj to path atomically, private to the user (0600); no temp file is left behind."""
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(fd, 0o600)  # a stale temp file of a dead process may have other bits
+            json.dump(obj, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+        return obj if isinstance(obj, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def is_secret(key: Any) -> bool:
+    """Whether an env key names a secret (its value is never written to disk)."""
+    name = str(key).upper()
+    return any(word in name for word in SECRET_WORDS)
+
+
+def masked(env: Any) -> Any:
+    """env with the values of secret-looking keys replaced by ***, for the records."""
+    if not isinstance(env, dict):
+        return env
+    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+
+
+def is_int(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_time(v: Any) -> bool:
+    # seconds since the epoch that time.localtime can show (1e400 reads as inf)
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 <= v < 253402300800)
+
+
+def record_problem(rec: Any, name: Optional[str] = None) -> Optional[str]:
+    """Why a run record cannot be trusted (None when it can). name: its directory's name.
+
+    Every field the console or `stop` acts on is checked by type and range: a record with a
+    pid that is not a process id must never reach kill(2)."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    rid = rec.get("id")
+    if not isinstance(rid, str) or not rid:
+        return "id: expected a run id, got %.40r" % (rid,)
+    if name is not None and rid != name:
+        return "id %.40r does not match its directory %.40r" % (rid, name)
+    status = rec.get("status")
+    if status not in STATUSES:
+        return "status: %.40r is not one of %s" % (status, ", ".join(STATUSES))
+    for key in ("pid", "pgid", "monitor_pid"):
+        v = rec.get(key)
+        if v is None and not (status == "running" and key != "monitor_pid"):
+            continue
+        if not is_int(v) or not 0 < v <= PID_MAX:
+            return "%s: %.40r is not a process id" % (key, v)
+    for key in ("pid_start", "monitor_start", "exit_code"):
+        v = rec.get(key)
+        if v is not None and not is_int(v):
+            return "%s: expected an integer, got %.40r" % (key, v)
+    for key in ("start", "end"):
+        v = rec.get(key)
+        if v is not None and not _is_time(v):
+            return "%s: %.40r is not a time" % (key, v)
+    for key, default, low in (("node_rank", 0, 0), ("nnodes", 1, 1)):
+        v = rec.get(key, default)
+        if v is not None and (not is_int(v) or v < low):
+            return "%s: expected an integer >= %d, got %.40r" % (key, low, v)
+    for key in ("profile", "host", "cwd", "run_dir", "stdout", "stderr"):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            return "%s: expected a string, got %.40r" % (key, v)
+    job = rec.get("job_id")
+    if job is not None and not (isinstance(job, str) and job.isdigit() and len(job) < 20):
+        return "job_id: %.40r is not a Slurm job id" % (job,)
+    for key, kind, what in (("argv", list, "a list"), ("env", dict, "an object"),
+                            ("push", dict, "an object")):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, kind):
+            return "%s: expected %s, got %.40r" % (key, what, v)
+    return None
+
+
+def load_record(run_dir: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(record, None) for a trustworthy run.json, (None, reason) otherwise; a missing one
+    raises FileNotFoundError (a start still in progress, or no run at all)."""
+    path = os.path.join(run_dir, RECORD)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        return None, "cannot read %s: %s" % (RECORD, e.strerror or e)
+    try:
+        rec = json.loads(data.decode("utf-8"))
+    except ValueError as e:  # also bad UTF-8
+        return None, "%s is not valid JSON: %s" % (RECORD, e)
+    problem = record_problem(rec, os.path.basename(os.path.normpath(run_dir)))
+    if problem is not None:
+        return None, problem
+    return rec, None
+
+
+def corrupt(run_dir: str, reason: str) -> Dict[str, Any]:
+    """What `list` reports for a record it cannot trust."""
+    name = os.path.basename(os.path.normpath(run_dir))
+    return {"id": name, "status": "corrupt", "error": reason, "run_dir": run_dir,
+            "profile": name.rsplit("-", 3)[0] if name.count("-") >= 3 else ""}
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+def proc_start(pid: int) -> Optional[int]:
+    """Start time of pid in clock ticks since boot (Linux), to tell a reused pid apart."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read().decode("ascii", "replace")
+        return int(data[data.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ours(pid: Any, start: Any) -> bool:
+    """Whether pid is still the process a record names: it exists (a zombie counts: its pid
+    cannot be reused yet) and its start time is the recorded one. A pid whose start time we
+    cannot read (gone, or hidden from us) is not ours."""
+    if not is_int(pid) or not 0 < pid <= PID_MAX:
+        return False
+    if HAVE_PROC:
+        now = proc_start(pid)
+        return now is not None and now == start
+    try:  # no /proc (not Linux): existence is all there is to check
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def group_alive(pgid: Optional[int]) -> bool:
+    """Whether the process group has a member that is not a zombie (a dead process its parent
+    has not reaped yet still counts for kill(2), but it is gone for us). Only meaningful for
+    a group already known to be ours (see stop)."""
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return True  # no /proc: trust kill(2)
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                data = f.read().decode("ascii", "replace")
+            fields = data[data.rindex(")") + 2:].split()
+        except (OSError, ValueError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def exit_code(status: int) -> int:
+    """Like subprocess: the exit status, or -N when killed by signal N."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- listing -------------------------------------------------------------------------------------
+
+def is_slurm(rec: Dict[str, Any]) -> bool:
+    return rec.get("scheduler") == "slurm"
+
+
+def effective(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """The record as it stands now: a `running` one whose command and monitor are both gone
+    (or whose pids now belong to other processes) is `lost`."""
+    if rec.get("status") != "running" or is_slurm(rec):
+        return rec  # a Slurm job's pids are on a compute node: the console asks the scheduler
+    if ours(rec.get("pid"), rec.get("pid_start")) or ours(rec.get("monitor_pid"),
+                                                          rec.get("monitor_start")):
+        return rec
+    out = dict(rec)
+    out["status"] = "lost"
+    return out
+
+
+def with_nodes(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
+    """A Slurm record with what its other nodes recorded (node-R.json), as "nodes"."""
+    n = rec.get("nnodes")
+    if not is_int(n) or n <= 1:
+        return rec
+    nodes = []
+    for rank in range(1, min(n, 4096)):
+        other = read_json(os.path.join(run_dir, "node-%d.json" % rank))
+        if other is None or record_problem(other) is not None:
+            continue
+        nodes.append({k: other.get(k) for k in ("node_rank", "status", "exit_code",
+                                                "node_host", "start", "end")})
+    return dict(rec, nodes=nodes)
+
+
+def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Every run's record as it stands now; one that cannot be trusted as `corrupt` (with
+    the reason in "error"), so one bad file never hides the others."""
+    try:
+        names = [run_id] if run_id else sorted(os.listdir(runs_dir))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        run_dir = os.path.join(runs_dir, name)
+        if name.startswith(".") or not os.path.isdir(run_dir):
+            continue
+        try:
+            rec, problem = load_record(run_dir)
+        except FileNotFoundError:
+            continue  # no record yet: a start in progress (or one that never happened)
+        if rec is not None and is_slurm(rec):
+            rec = with_nodes(run_dir, rec)
+        out.append(effective(rec) if rec is not None else corrupt(run_dir, problem or "?"))
+    return out
+
+
+# -- starting a command (both runner.start and slurm_job.node) ----------------------------------
+
+def answer(what: str, run_dir: str, work: Callable[[], Dict[str, Any]]) -> int:
+    """Print work()'s report (an OSError becomes its {"error": ...}); 1 when it is an error."""
+    try:
+        report = work()
+    except OSError as e:
+        report = {"error": "cannot %s a run in %s: %s" % (what, run_dir, e.strerror or e)}
+    print(json.dumps(report))
+    return 1 if "error" in report else 0
+
+
+def lock_profile(root: str, profile: str) -> int:
+    """An exclusive flock on ROOT/.launch-PROFILE.lock (blocks while another start holds it)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in profile) or "_"
+    fd = os.open(os.path.join(root, ".launch-%s.lock" % safe),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_unrecorded(run_dir: str) -> None:
+    """A run that never got its record leaves nothing: remove the files we wrote there (and
+    the directory, when nothing else is in it)."""
+    if os.path.exists(os.path.join(run_dir, RECORD)):
+        return  # recorded (e.g. as failed): the registry keeps it
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return
+    for name in names:
+        if name in (SPEC, RUNNER_LOG) or name.startswith(RECORD + ".tmp-"):
+            try:
+                os.unlink(os.path.join(run_dir, name))
+            except OSError:
+                pass
+    try:
+        os.rmdir(run_dir)
+    except OSError:
+        pass
+
+
+def run_command(spec: Dict[str, Any], out_path: str, err_path: str, go_r: int,
+             exec_w: int) -> None:
+    """In the forked command process: own session and group, wait until the monitor has
+    recorded us, redirect, exec. Never returns."""
+    try:
+        os.setsid()
+        for sig in (signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        if os.read(go_r, 1) != b"g":
+            os._exit(126)  # the monitor died before recording the run: never start it
+        os.close(go_r)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        out = os.open(out_path, flags, 0o600)
+        err = out if err_path == out_path else os.open(err_path, flags, 0o600)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+        for key, value in (spec.get("path_prepend") or {}).items():
+            env[key] = value + (os.pathsep + env[key] if env.get(key) else "")
+        cwd = os.path.expanduser(spec.get("cwd") or "~")
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            raise OSError("cannot enter working directory %s: %s" % (cwd, e.strerror)) from e
+        argv = [str(a) for a in spec["argv"]]
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            raise OSError("cannot run %s: %s" % (argv[0], e.strerror)) from e
+    except BaseException as e:  # noqa: BLE001
+        try:
+            os.write(exec_w, str(e).encode())
+        except OSError:
+            pass
+        os._exit(127)
+
+
+def reap_until(pid: int) -> int:
+    """Reap every child (the command and adopted orphans) until the command ends; its status."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:  # cannot happen before pid is reaped; be safe anyway
+            _, status = os.waitpid(pid, os.WNOHANG)
+            return status
+        if done == pid:
+            return status
