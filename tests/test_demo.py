@@ -10,10 +10,11 @@ import torch
 from safetensors import safe_open
 
 from engine.ckpt.checks import load_drafter
+from engine.ckpt.target_config import config_hash
 from engine.ckpt.vocab import build_vocab
 from engine.data.conversations import read_conversations
 from engine.data.readers import open_data
-from engine.data.target import config_hash, load_tokenizer
+from engine.data.target import load_tokenizer
 from tests.engine_helpers import run_engine
 
 pytest_plugins = ("tests.demo_workspace",)

@@ -45,7 +45,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine import __version__
 from engine.capture.vllm_client import (
     DaemonPool,
     FeatureSpec,
@@ -56,8 +55,16 @@ from engine.capture.vllm_client import (
 from engine.ckpt.target_config import config_hash
 from engine.data.chat import Tokenized
 from engine.data.conversations import read_conversations
-from engine.data.disk_estimate import check_free_space, estimate_bytes, human
-from engine.data.prepare import FORMAT, VERSION, ShardWriter, length_batches, publish, tokenize_all
+from engine.data.disk_estimate import human
+from engine.data.prepare import (
+    ShardWriter,
+    check_args,
+    check_disk,
+    data_manifest,
+    finish,
+    shard_layout,
+    tokenize_all,
+)
 from engine.data.target import default_aux_ids, load_tokenizer, read_config
 from engine.errors import EngineError
 from engine.events import Emitter
@@ -78,22 +85,13 @@ def canonical_order(samples: list[tuple[str, Tokenized]]) -> list[int]:
     return sorted(range(len(samples)), key=lambda i: len(samples[i][1].input_ids))
 
 
-def shard_plan(lengths: list[int], batch_tokens: int, token_bytes: int, shard_bytes: int
-               ) -> list[int]:
+def shard_plan(lengths: list[int], batch_tokens: int, hidden: int, store: torch.dtype,
+               shard_mb: float) -> list[int]:
     """Samples per shard, in the canonical order: the transformers path's plan (prepare.py
-    `plan_shards`): its target batches (`length_batches`) grouped in order until a group holds
-    `shard_bytes` (tokens x token_bytes), so both paths cut the same shards."""
-    counts: list[int] = []
-    n = size = 0
-    for b in length_batches(lengths, batch_tokens):
-        n += len(b)
-        size += sum(lengths[i] for i in b) * token_bytes
-        if size >= shard_bytes:
-            counts.append(n)
-            n = size = 0
-    if n:
-        counts.append(n)
-    return counts
+    `shard_layout`: its target batches grouped in order up to --shard-mb), so both paths cut
+    the same shards."""
+    return [sum(len(b) for b in chunk)
+            for chunk in shard_layout(lengths, batch_tokens, hidden, store, shard_mb)]
 
 
 @dataclass
@@ -183,6 +181,8 @@ def _resume_state(partial: str, fp: dict[str, Any]) -> list[dict[str, Any]]:
         if not os.path.isfile(os.path.join(partial, str(s.get("file")))):
             raise EngineError(f"{ppath}: shard {s.get('file')!r} is missing; delete {partial} "
                               "to start over")
+    if shards != [] and [int(s["samples"]) for s in shards] != fp["shard_plan"][:len(shards)]:
+        raise EngineError(f"{partial}: its shards do not follow the plan; delete it to start over")
     return shards
 
 
@@ -194,14 +194,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
                       backoff: float = 0.2, batch_tokens: int = 16384,
                       keep_free_gb: float = 0.0) -> dict[str, Any]:
     """Write DATA_DIR from the server at `url` (module docstring); returns the manifest."""
-    if os.path.exists(out_dir) and not overwrite:
-        raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
-    if max_len < 4:
-        raise EngineError(f"--max-len {max_len}: must be at least 4")
-    if concurrency < 1:
-        raise EngineError(f"--concurrency {concurrency}: must be >= 1")
-    if shard_mb <= 0:
-        raise EngineError(f"--shard-mb {shard_mb}: must be positive")
+    check_args(out_dir, overwrite, max_len, shard_mb, concurrency)
     client = VllmClient(url, model, max_failures=max_failures, backoff=backoff)
     cfg = read_config(target_dir)
     convs = read_conversations(data_path)
@@ -213,135 +206,145 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     aux_ids = default_aux_ids(n_layers)
     order = canonical_order(samples)
     lengths = [len(samples[i][1].input_ids) for i in order]
-    width = torch.tensor([], dtype=store).element_size()
-    plan = shard_plan(lengths, batch_tokens, 4 * hidden * width + 5,
-                      max(1, int(shard_mb * (1 << 20))))
+    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb)
     partial = out_dir.rstrip("/") + ".partial"
-    fp = {"target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
-          "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
-          "shard_plan": plan, "aux_layer_ids": aux_ids}
+    fp: dict[str, Any] = {
+        "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
+        "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
+        "shard_plan": plan, "aux_layer_ids": aux_ids}
     shards = _resume_state(partial, fp)
     committed = sum(int(s["samples"]) for s in shards)
-    total = len(samples)
-    if shards != [] and [int(s["samples"]) for s in shards] != plan[:len(shards)]:
-        raise EngineError(f"{partial}: its shards do not follow the plan; delete it to start over")
     left = sum(lengths[committed:])  # only what is still to be written must fit
-    need = estimate_bytes(left, 4, hidden, width)
-    check_free_space(os.path.dirname(os.path.abspath(out_dir)) or ".", need,
-                     int(keep_free_gb * 1e9),
-                     what=f"{left} tokens x 4 states x {hidden} hidden x {width} bytes")
+    need = check_disk(out_dir, left, hidden, store, keep_free_gb)
     spec = FeatureSpec.for_target(target_dir, cfg, aux_ids)
     model_name = client.served_model()
-    fp_layer = {**fp, "layer_ids": spec.layer_ids}
-    os.makedirs(partial, exist_ok=True)
-    ppath, jpath = os.path.join(partial, "progress.json"), os.path.join(partial, "pending.jsonl")
-
-    def save_progress(done_shards: list[dict[str, Any]]) -> None:
-        write_json(ppath, {"format": PROGRESS_FORMAT, "args": fp, "layer_ids": spec.layer_ids,
-                           "shards": done_shards})
-
-    if not shards:
-        save_progress([])
-    pending = _read_pending(jpath)
-    for p, (_sid, server_file) in pending.items():
-        if p < committed:  # a kill after a shard was recorded, before its files were freed
-            remove_server_file(server_file, keep_server_files)
-    known = {p: v for p, v in pending.items()
-             if p >= committed and v[0] == samples[order[p]][0] and os.path.exists(v[1])}
-    paths: dict[int, str] = {}  # pos -> server file, until a written shard holds the sample
-    journal = _Journal(jpath, known)
-
-    def fetch(pos: int) -> tuple[int, str, Tensor, Tensor]:
-        sid, t = samples[order[pos]]
-        old = known.pop(pos, None)
-        if old is not None:  # received before a kill: read it instead of asking again
-            try:
-                return (pos, old[1], *read_features(old[1], sid, t.input_ids, spec))
-            except EngineError:
-                remove_server_file(old[1])
-        path = client.request(sid, t.input_ids)
-        journal.add(pos, sid, path)  # before reading: a kill now still leaves it reusable
-        return (pos, path, *read_features(path, sid, t.input_ids, spec))
-
-    added = committed
-    cleaned = committed
-
-    def on_flush() -> None:  # a shard is on disk: record it, free the server's files, and
-        nonlocal cleaned   # only then forget them (a kill in between: the resume frees them)
-        save_progress(writer.shards)
-        for p in range(cleaned, added):
-            remove_server_file(paths.pop(p), keep_server_files)
-        journal.drop_below(added)
-        cleaned = added
-
-    writer = _Writer(partial, store, 1 << 62, shards=list(shards), on_flush=on_flush)
-    ends = set(itertools.accumulate(plan))  # shard boundaries come from the plan
+    cap = _Capture(client, spec, samples, order, plan, partial, fp, shards, store,
+                   keep_server_files)
     pool = DaemonPool(concurrency, "capture")
     start = time.monotonic()
-    tokens_now = sum(lengths[committed:])
+    total = len(samples)
     if ev is not None:
-        ev.log(f"capturing {total - committed} of {total} samples ({tokens_now} tokens, about "
+        ev.log(f"capturing {total - committed} of {total} samples ({left} tokens, about "
                f"{human(need)}) from {client.root} (model {model_name}, layer ids "
                f"{spec.layer_ids})" + (f"; {committed} already in {partial}" if committed else ""))
         ev.progress(committed, total, unit="sample", desc="capture", force=True)
-    inflight: dict[Future[Any], int] = {}
-    ready: dict[int, tuple[Tensor, Tensor]] = {}
-    nxt = committed
-    try:
-        while added < total:
-            while nxt < total and len(inflight) < concurrency and nxt - added < 2 * concurrency:
-                inflight[pool.submit(fetch, nxt)] = nxt
-                nxt += 1
-            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-            for fut in done:
-                del inflight[fut]
-                pos, path, aux, hid = fut.result()  # an EngineError aborts the run here
-                paths[pos] = path
-                ready[pos] = (aux, hid)
-            while added in ready:
-                aux, hid = ready.pop(added)
-                sid, t = samples[order[added]]
-                added += 1  # before the flush: on_flush frees the files up to `added`
-                writer.add(sid, torch.tensor(t.input_ids), torch.tensor(t.loss_mask), aux, hid)
-                if added in ends:
-                    writer.flush()
-                if ev is not None:
-                    ev.progress(added, total, unit="sample", desc="capture")
-        writer.flush()  # no-op: the last planned shard is written
-    except BaseException as e:
-        client.stopped.set()
-        for fut in inflight:
-            fut.cancel()
-        pool.close(wait=True)  # the stopped client ends them after their current request
-        journal.close()
-        if isinstance(e, EngineError):
-            kept = sum(int(x["samples"]) for x in writer.shards)
-            raise EngineError(f"{e} ({kept} of {total} samples kept in {partial}; rerun the "
-                              "same command to resume)") from None
-        raise
-    pool.close(wait=True)
-    journal.close()
+    cap.run(pool, concurrency, ev)
     seconds = time.monotonic() - start
-    manifest = {
-        "format": FORMAT, "version": VERSION,
-        "samples": total, "tokens": int(sum(lengths)),
-        "loss_tokens": int(sum(sum(t.loss_mask) for _, t in samples)),
-        "skipped": skipped, "max_len": max_len, "dtype": fp["dtype"],
-        "aux_layer_ids": aux_ids,
-        "aux_layer_convention": "vllm: id k is the input of decoder layer k",
-        "hidden_state": "final_norm",
-        "target": {"path": os.path.abspath(target_dir), "config_sha256": fp["target_config_sha256"],
-                   "num_hidden_layers": n_layers, "hidden_size": hidden,
-                   "vocab_size": int(cfg["vocab_size"])},
-        "source": {"path": os.path.abspath(data_path), "sha256": fp["source_sha256"]},
-        "shards": writer.shards,
-        "seconds": round(seconds, 3),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "engine": __version__,
-        "capture": {"via": "vllm", "model": model_name, "layer_ids": fp_layer["layer_ids"],
-                    "tokens_per_s": round(tokens_now / seconds, 1) if seconds > 0 else None},
-    }
-    write_json(os.path.join(partial, "manifest.json"), manifest)
-    for name in ("progress.json", "pending.jsonl"):
-        os.remove(os.path.join(partial, name))
-    publish(partial, out_dir)
+    manifest = data_manifest(samples, skipped, max_len, store, aux_ids, target_dir=target_dir,
+                             config_sha256=fp["target_config_sha256"], num_layers=n_layers,
+                             hidden=hidden, vocab_size=int(cfg["vocab_size"]),
+                             data_path=data_path, source_sha256=fp["source_sha256"],
+                             shards=cap.writer.shards, seconds=seconds)
+    manifest["capture"] = {"via": "vllm", "model": model_name, "layer_ids": spec.layer_ids,
+                           "tokens_per_s": round(left / seconds, 1) if seconds > 0 else None}
+    finish(partial, out_dir, manifest, "progress.json", "pending.jsonl")
     return manifest
+
+
+class _Capture:
+    """One capture into OUT.partial: requests in the canonical order, results written strictly
+    in order, each shard recorded in progress.json before its server files are freed."""
+
+    def __init__(self, client: VllmClient, spec: FeatureSpec,
+                 samples: list[tuple[str, Tokenized]], order: list[int], plan: list[int],
+                 partial: str, fp: dict[str, Any], shards: list[dict[str, Any]],
+                 store: torch.dtype, keep_server_files: bool) -> None:
+        self.client, self.spec, self.samples, self.order = client, spec, samples, order
+        self.plan, self.fp, self.partial = plan, fp, partial
+        self.keep_server_files = keep_server_files
+        self.committed = sum(int(s["samples"]) for s in shards)
+        os.makedirs(partial, exist_ok=True)
+        self.ppath = os.path.join(partial, "progress.json")
+        self.jpath = os.path.join(partial, "pending.jsonl")
+        if not shards:
+            self.save_progress([])
+        self.known = self._reusable()
+        self.paths: dict[int, str] = {}  # pos -> server file, until a written shard holds it
+        self.journal = _Journal(self.jpath, self.known)
+        self.added = self.cleaned = self.committed
+        self.writer = _Writer(partial, store, 1 << 62, shards=list(shards),
+                              on_flush=self.on_flush)
+
+    def save_progress(self, done_shards: list[dict[str, Any]]) -> None:
+        write_json(self.ppath, {"format": PROGRESS_FORMAT, "args": self.fp,
+                                "layer_ids": self.spec.layer_ids, "shards": done_shards})
+
+    def _reusable(self) -> dict[int, tuple[str, str]]:
+        """The journal's server files still to be written (a kill after a shard was recorded,
+        before its files were freed: those are freed now)."""
+        pending = _read_pending(self.jpath)
+        for p, (_sid, server_file) in pending.items():
+            if p < self.committed:
+                remove_server_file(server_file, self.keep_server_files)
+        return {p: v for p, v in pending.items() if p >= self.committed
+                and v[0] == self.samples[self.order[p]][0] and os.path.exists(v[1])}
+
+    def fetch(self, pos: int) -> tuple[int, str, Tensor, Tensor]:
+        sid, t = self.samples[self.order[pos]]
+        old = self.known.pop(pos, None)
+        if old is not None:  # received before a kill: read it instead of asking again
+            try:
+                return (pos, old[1], *read_features(old[1], sid, t.input_ids, self.spec))
+            except EngineError:
+                remove_server_file(old[1])
+        path = self.client.request(sid, t.input_ids)
+        self.journal.add(pos, sid, path)  # before reading: a kill now still leaves it reusable
+        return (pos, path, *read_features(path, sid, t.input_ids, self.spec))
+
+    def on_flush(self) -> None:  # a shard is on disk: record it, free the server's files, and
+        # only then forget them (a kill in between: the resume frees them)
+        self.save_progress(self.writer.shards)
+        for p in range(self.cleaned, self.added):
+            remove_server_file(self.paths.pop(p), self.keep_server_files)
+        self.journal.drop_below(self.added)
+        self.cleaned = self.added
+
+    def run(self, pool: DaemonPool, concurrency: int, ev: Emitter | None) -> None:
+        """Every sample not yet in a shard: at most `concurrency` requests in flight and 2 x
+        concurrency samples ahead of the oldest unwritten one."""
+        total = len(self.samples)
+        ends = set(itertools.accumulate(self.plan))  # shard boundaries come from the plan
+        inflight: dict[Future[Any], int] = {}
+        ready: dict[int, tuple[Tensor, Tensor]] = {}
+        nxt = self.committed
+        try:
+            while self.added < total:
+                while (nxt < total and len(inflight) < concurrency
+                       and nxt - self.added < 2 * concurrency):
+                    inflight[pool.submit(self.fetch, nxt)] = nxt
+                    nxt += 1
+                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    del inflight[fut]
+                    pos, path, aux, hid = fut.result()  # an EngineError aborts the run here
+                    self.paths[pos] = path
+                    ready[pos] = (aux, hid)
+                self._write_ready(ready, ends, ev)
+            self.writer.flush()  # no-op: the last planned shard is written
+        except BaseException as e:
+            self.client.stopped.set()
+            for fut in inflight:
+                fut.cancel()
+            pool.close(wait=True)  # the stopped client ends them after their current request
+            self.journal.close()
+            if isinstance(e, EngineError):
+                kept = sum(int(x["samples"]) for x in self.writer.shards)
+                raise EngineError(f"{e} ({kept} of {total} samples kept in {self.partial}; "
+                                  "rerun the same command to resume)") from None
+            raise
+        pool.close(wait=True)
+        self.journal.close()
+
+    def _write_ready(self, ready: dict[int, tuple[Tensor, Tensor]], ends: set[int],
+                     ev: Emitter | None) -> None:
+        """Write the received samples that are next in order, flushing at planned ends."""
+        total = len(self.samples)
+        while self.added in ready:
+            aux, hid = ready.pop(self.added)
+            sid, t = self.samples[self.order[self.added]]
+            self.added += 1  # before the flush: on_flush frees the files up to `added`
+            self.writer.add(sid, torch.tensor(t.input_ids), torch.tensor(t.loss_mask), aux, hid)
+            if self.added in ends:
+                self.writer.flush()
+            if ev is not None:
+                ev.progress(self.added, total, unit="sample", desc="capture")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from engine.ckpt.target_weights import target_embedding_entry
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.fileio import read_json
+from engine.model.config import Eagle3Config
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 AUX_CONVENTION = "vLLM: id k is the input of decoder layer k (HF hidden_states index k)"
@@ -87,14 +88,58 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
         raise EngineError(f"--dtype {dtype!r}: one of keep, bf16, fp16, fp32")
     ck = open_checkpoint(src)
     require_checks(ck)
+    cfg = _output_config(ck, verifier, dtype, speculative_tokens)
+    plan = _plan(ck, to, dtype, cfg, embed_from, drop_embed)
+    items, embed_info = plan.items, plan.embed_info
+    warnings = export_checks(cfg, plan.canonical_out, to)
+    conf = config_for(cfg, to, verifier=verifier, speculative_tokens=speculative_tokens)
+
+    total = sum(_nbytes(i) for i in items)
+    hasher = HashInBackground(ck.weights.files)
+    report = _progress(total, ev)
+    log = (lambda m: ev.log(m, level="warning")) if ev else None
+    with atomic_output_dir(dst, force=force, log=log) as tmp:
+        _write_weights(tmp / "model.safetensors", items, report)
+        write_json(tmp / "config.json", conf)
+        sha = hasher.result()
+        if embed_info is not None:
+            embed_info["note"] = "the target file is not hashed (it can be very large)"
+        prov = _provenance(ck, to, dtype, items, sha, plan.embed_action, embed_info, cfg,
+                           warnings)
+        write_json(tmp / "provenance.json", prov)
+    for w in warnings:
+        if ev:
+            ev.log(w, level="warning")
+    return {"src": str(src), "dst": str(dst), "to": to, "source_format": ck.detected.format,
+            "tensors": len(items), "bytes": total, "seconds": round(time.monotonic() - t0, 3),
+            "embed": plan.embed_action, "warnings": warnings}
+
+
+def _output_config(ck: Checkpoint, verifier: str | None, dtype: str,
+                   speculative_tokens: int) -> Eagle3Config:
+    """The source's drafter config with what the conversion changes (verifier, dtype, K)."""
     cfg = ck.config.with_(speculative_tokens=speculative_tokens)
     if verifier:
         cfg.verifier = verifier
         cfg.verifier_architectures = _local_architectures(verifier) or cfg.verifier_architectures
     if dtype != "keep":
         cfg.torch_dtype = DTYPE_NAMES[dtype]
+    return cfg
 
-    # Plan: source tensors in file order (sequential reads), then the target's embedding.
+
+@dataclass
+class _Plan:
+    """The output tensors in write order, and what happens to the embedding."""
+
+    items: list[_Item]
+    canonical_out: list[str]
+    embed_action: str
+    embed_info: dict[str, Any] | None
+
+
+def _plan(ck: Checkpoint, to: str, dtype: str, cfg: Eagle3Config, embed_from: Path | None,
+          drop_embed: bool) -> _Plan:
+    """Source tensors in file order (sequential reads), then the target's embedding."""
     style = output_style(to)
     files = {p: i for i, p in enumerate(ck.weights.files)}
     canon = sorted(ck.stored, key=lambda c: (files[ck.entry(c).file], ck.entry(c).offset))
@@ -116,54 +161,45 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
         embed_info = {"path": str(Path(embed_from).resolve()), "file": te.file.name,
                       "tensor": te.name, "file_size": te.file.stat().st_size}
     canonical_out = list(canon) + (["embed_tokens.weight"] if embed_from else [])
-    warnings = export_checks(cfg, canonical_out, to)
-    conf = config_for(cfg, to, verifier=verifier, speculative_tokens=speculative_tokens)
+    return _Plan(items, canonical_out, embed_action, embed_info)
 
-    total = sum(_nbytes(i) for i in items)
-    hasher = HashInBackground(ck.weights.files)
-    done = 0
-    total_mib = max(1, -(-total // (1 << 20)))  # progress in whole MiB, at least one unit
 
-    def mib(n: int) -> int:
-        return total_mib if n >= total else n * total_mib // max(total, 1)
+def _progress(total: int, ev: Emitter | None) -> Callable[[int], None]:
+    """Progress in whole MiB (at least one unit): starts it, returns `report(bytes_done)`."""
+    total_mib = max(1, -(-total // (1 << 20)))
+
+    def report(done: int) -> None:
+        if ev:
+            mib = total_mib if done >= total else done * total_mib // max(total, 1)
+            ev.progress(mib, total_mib, unit="MiB", desc="convert")
 
     if ev:
         ev.progress(0, total_mib, unit="MiB", desc="convert", force=True)
-    log = (lambda m: ev.log(m, level="warning")) if ev else None
-    with atomic_output_dir(dst, force=force, log=log) as tmp:
-        specs = [(i.out, i.out_code, i.shape) for i in items]
-        writer = SafetensorsWriter(tmp / "model.safetensors", specs)
-        try:
-            for it in items:
-                base = done
-                if it.in_code == it.out_code and it.src.kind == "safetensors":
-                    e = it.src.entries[it.name]  # same bytes: copy them in the kernel
-                    for n in writer.copy_from(it.out, e.file, e.offset, e.nbytes):
-                        done = base + n
-                        if ev:
-                            ev.progress(mib(done), total_mib, unit="MiB", desc="convert")
-                    continue
-                for chunk in _bytes_of(it):
-                    writer.write(it.out, chunk)
-                    done += len(chunk)
-                    if ev:
-                        ev.progress(mib(done), total_mib, unit="MiB", desc="convert")
-            writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        write_json(tmp / "config.json", conf)
-        sha = hasher.result()
-        if embed_info is not None:
-            embed_info["note"] = "the target file is not hashed (it can be very large)"
-        prov = _provenance(ck, to, dtype, items, sha, embed_action, embed_info, cfg, warnings)
-        write_json(tmp / "provenance.json", prov)
-    for w in warnings:
-        if ev:
-            ev.log(w, level="warning")
-    return {"src": str(src), "dst": str(dst), "to": to, "source_format": ck.detected.format,
-            "tensors": len(items), "bytes": total, "seconds": round(time.monotonic() - t0, 3),
-            "embed": embed_action, "warnings": warnings}
+    return report
+
+
+def _write_weights(path: Path, items: list[_Item], report: Callable[[int], None]) -> None:
+    """model.safetensors: each item's bytes in order, reported as they are written."""
+    specs = [(i.out, i.out_code, i.shape) for i in items]
+    writer = SafetensorsWriter(path, specs)
+    done = 0
+    try:
+        for it in items:
+            base = done
+            if it.in_code == it.out_code and it.src.kind == "safetensors":
+                e = it.src.entries[it.name]  # same bytes: copy them in the kernel
+                for n in writer.copy_from(it.out, e.file, e.offset, e.nbytes):
+                    done = base + n
+                    report(done)
+                continue
+            for chunk in _bytes_of(it):
+                writer.write(it.out, chunk)
+                done += len(chunk)
+                report(done)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def _places(p: Path) -> list[Path]:

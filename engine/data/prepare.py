@@ -195,6 +195,29 @@ def plan_shards(lengths: list[int], batches: list[list[int]], token_bytes: int,
     return shards
 
 
+def shard_layout(lengths: list[int], batch_tokens: int, hidden: int, store: torch.dtype,
+                 shard_mb: float) -> list[list[list[int]]]:
+    """The shard plan both paths write (this module and engine/capture/vllm_capture.py): the
+    --batch-tokens target batches (`length_batches`) grouped up to --shard-mb, sized by what a
+    token takes in a shard (4 feature rows of `hidden` in `store`, plus its id and mask)."""
+    token_bytes = 4 * hidden * torch.tensor([], dtype=store).element_size() + 5
+    return plan_shards(lengths, length_batches(lengths, batch_tokens), token_bytes,
+                       max(1, int(shard_mb * (1 << 20))))
+
+
+def check_args(out_dir: str, overwrite: bool, max_len: int, shard_mb: float,
+               concurrency: int | None = None) -> None:
+    """The refusals both paths make before reading anything (`concurrency`: --from-vllm's)."""
+    if os.path.exists(out_dir) and not overwrite:
+        raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
+    if max_len < 4:
+        raise EngineError(f"--max-len {max_len}: must be at least 4")
+    if concurrency is not None and concurrency < 1:
+        raise EngineError(f"--concurrency {concurrency}: must be >= 1")
+    if shard_mb <= 0:
+        raise EngineError(f"--shard-mb {shard_mb}: must be positive")
+
+
 def _agree(dist: Dist, fn: Any) -> Any:
     """Run `fn` on rank 0 and hand its result (or its EngineError, raised on every rank) to all
     ranks, so a refusal is one clean error everywhere instead of ranks hanging in a barrier."""
@@ -232,6 +255,14 @@ def publish(tmp: str, out_dir: str) -> None:
     replace_dir(Path(tmp), Path(out_dir.rstrip("/") or out_dir))
 
 
+def finish(tmp: str, out_dir: str, manifest: dict[str, Any], *scratch: str) -> None:
+    """Write the manifest, remove the resume bookkeeping files `scratch` and publish."""
+    write_manifest(tmp, manifest)
+    for name in scratch:
+        os.remove(os.path.join(tmp, name))
+    publish(tmp, out_dir)
+
+
 def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
             batch_tokens: int = 16384, dtype: str | None = None, shard_mb: float = 1024,
             device: str | None = None, ev: Emitter | None = None, overwrite: bool = False,
@@ -265,84 +296,29 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
              batch_tokens: int, dtype: str | None, shard_mb: float, device: str | None,
              ev: Emitter | None, overwrite: bool, target: Target | None,
              device_map: str | None, keep_free_gb: float) -> dict[str, Any]:
-    if os.path.exists(out_dir) and not overwrite:
-        raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
-    if max_len < 4:
-        raise EngineError(f"--max-len {max_len}: must be at least 4")
-    if shard_mb <= 0:
-        raise EngineError(f"--shard-mb {shard_mb}: must be positive")
+    check_args(out_dir, overwrite, max_len, shard_mb)
     convs = read_conversations(data_path)
-    if target is None:
-        target = Target.load(target_dir, device=device, device_map=device_map,
-                             dtype=getattr(torch, dtype) if dtype else None)
-    store = getattr(torch, dtype) if dtype else target.dtype
-    if device_map and ev is not None:
-        devices = sorted(set(target.device_map.values()))
-        ev.log(f"--device-map {device_map}: target on {', '.join(devices)}")
+    target, store = _load_target(target, target_dir, device, device_map, dtype, ev)
     samples, skipped = tokenize_all(target.tokenizer, convs, max_len, ev)
     if not samples:
         raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
     lengths = [len(t.input_ids) for _, t in samples]
-    token_bytes = 4 * target.hidden_size * torch.tensor([], dtype=store).element_size() + 5
-    plan = plan_shards(lengths, length_batches(lengths, batch_tokens), token_bytes,
-                       max(1, int(shard_mb * (1 << 20))))
+    plan = shard_layout(lengths, batch_tokens, target.hidden_size, store, shard_mb)
     key = plan_key(data_path, target_dir, target, store, max_len,
                    [[[samples[i][0] for i in b] for b in chunk] for chunk in plan])
-
-    def shard_tokens(k: int) -> int:
-        return sum(lengths[i] for b in plan[k] for i in b)
-
-    def open_partial() -> tuple[str, list[int]]:
-        tmp, have = _open_partial(out_dir, key, len(plan))
-        try:  # only what is still to be written must fit
-            check_disk(out_dir, sum(shard_tokens(k) for k in range(len(plan)) if k not in have),
-                       target.hidden_size, store, keep_free_gb)
-        except EngineError:
-            if not have:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tmp, have
-
     start = time.monotonic()
-    tmp, have = _agree(dist, open_partial)
+    tmp, have = _agree(dist, lambda: _open_checked(out_dir, key, plan, lengths,
+                                                   target.hidden_size, store, keep_free_gb))
     if have and ev is not None:
         ev.log(f"{out_dir}: resuming, {len(have)} of {len(plan)} shards already written")
     try:
-        mine = [k for k in range(dist.rank, len(plan), dist.world) if k not in have]
-        total = sum(len(b) for k in mine for b in plan[k])
-        writer = ShardWriter(tmp, store, 1 << 62,  # boundaries come from the plan
-                             head=target.lm_head_weight().detach())
-        done = 0
-        for k in mine:
-            for batch in plan[k]:
-                ids, att = pad_batch([samples[i][1].input_ids for i in batch])
-                aux, hidden = target.features(ids, att)
-                for r, i in enumerate(batch):
-                    n = lengths[i]
-                    sid, t = samples[i]
-                    writer.add(sid, ids[r, :n], torch.tensor(t.loss_mask), aux[r, :n],
-                               hidden[r, :n])
-                done += len(batch)
-                if ev is not None:
-                    desc = "prepare" if dist.world == 1 else f"prepare (rank 0 of {dist.world})"
-                    ev.progress(done, total, unit="sample", desc=desc)
-            writer.flush(shard_name(k))
+        _write_shards(dist, tmp, plan, have, samples, lengths, target, store, ev)
         dist.barrier()  # every rank's shards are in place
         if dist.main:
-            shards: list[dict[str, Any]] = [
-                {"file": shard_name(k), "samples": sum(len(b) for b in chunk),
-                 "tokens": int(sum(lengths[i] for b in chunk for i in b))}
-                for k, chunk in enumerate(plan)]
-            missing = [s["file"] for s in shards
-                       if not os.path.isfile(os.path.join(tmp, s["file"]))]
-            if missing:  # e.g. ranks on other nodes writing to a disk rank 0 does not see
-                raise EngineError(f"{tmp}: shard {missing[0]} was not written (do all ranks "
-                                  "share the output filesystem?)")
+            shards = _written_shards(tmp, plan, lengths)
             manifest = _manifest(target_dir, data_path, target, samples, skipped, max_len,
                                  store, shards, time.monotonic() - start)
-            write_manifest(tmp, manifest)
-            os.remove(os.path.join(tmp, PLAN_FILE))
-            publish(tmp, out_dir)
+            finish(tmp, out_dir, manifest, PLAN_FILE)
         dist.barrier()
     except EngineError:
         if dist.main:  # bad input: nothing worth resuming
@@ -354,6 +330,75 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
             ev.log(f"{tmp}: {kept} shard(s) kept; the same command resumes", level="warning")
         raise
     return _agree(dist, lambda: _read_manifest(out_dir))
+
+
+def _load_target(target: Target | None, target_dir: str, device: str | None,
+                 device_map: str | None, dtype: str | None, ev: Emitter | None
+                 ) -> tuple[Target, torch.dtype]:
+    """The target (loaded unless given) and the dtype the shards store."""
+    if target is None:
+        target = Target.load(target_dir, device=device, device_map=device_map,
+                             dtype=getattr(torch, dtype) if dtype else None)
+    store = getattr(torch, dtype) if dtype else target.dtype
+    if device_map and ev is not None:
+        devices = sorted(set(target.device_map.values()))
+        ev.log(f"--device-map {device_map}: target on {', '.join(devices)}")
+    return target, store
+
+
+def _open_checked(out_dir: str, key: str, plan: list[list[list[int]]], lengths: list[int],
+                  hidden: int, store: torch.dtype, keep_free_gb: float) -> tuple[str, list[int]]:
+    """OUT.partial and the shards it holds, once the shards still to write fit on its disk (a
+    fresh OUT.partial that does not is removed again)."""
+    tmp, have = _open_partial(out_dir, key, len(plan))
+    left = sum(lengths[i] for k, chunk in enumerate(plan) if k not in have
+               for b in chunk for i in b)
+    try:  # only what is still to be written must fit
+        check_disk(out_dir, left, hidden, store, keep_free_gb)
+    except EngineError:
+        if not have:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp, have
+
+
+def _write_shards(dist: Dist, tmp: str, plan: list[list[list[int]]], have: list[int],
+                  samples: list[tuple[str, Tokenized]], lengths: list[int], target: Target,
+                  store: torch.dtype, ev: Emitter | None) -> None:
+    """This rank's round-robin share of the planned shards not yet in `tmp`."""
+    mine = [k for k in range(dist.rank, len(plan), dist.world) if k not in have]
+    total = sum(len(b) for k in mine for b in plan[k])
+    writer = ShardWriter(tmp, store, 1 << 62,  # boundaries come from the plan
+                         head=target.lm_head_weight().detach())
+    done = 0
+    for k in mine:
+        for batch in plan[k]:
+            ids, att = pad_batch([samples[i][1].input_ids for i in batch])
+            aux, hidden = target.features(ids, att)
+            for r, i in enumerate(batch):
+                n = lengths[i]
+                sid, t = samples[i]
+                writer.add(sid, ids[r, :n], torch.tensor(t.loss_mask), aux[r, :n],
+                           hidden[r, :n])
+            done += len(batch)
+            if ev is not None:
+                desc = "prepare" if dist.world == 1 else f"prepare (rank 0 of {dist.world})"
+                ev.progress(done, total, unit="sample", desc=desc)
+        writer.flush(shard_name(k))
+
+
+def _written_shards(tmp: str, plan: list[list[list[int]]], lengths: list[int]
+                    ) -> list[dict[str, Any]]:
+    """The manifest's shard list, once every planned shard is in `tmp` (rank 0, after all)."""
+    shards: list[dict[str, Any]] = [
+        {"file": shard_name(k), "samples": sum(len(b) for b in chunk),
+         "tokens": int(sum(lengths[i] for b in chunk for i in b))}
+        for k, chunk in enumerate(plan)]
+    missing = [s["file"] for s in shards if not os.path.isfile(os.path.join(tmp, s["file"]))]
+    if missing:  # e.g. ranks on other nodes writing to a disk rank 0 does not see
+        raise EngineError(f"{tmp}: shard {missing[0]} was not written (do all ranks "
+                          "share the output filesystem?)")
+    return shards
 
 
 PLAN_FILE = ".plan.json"
@@ -393,19 +438,32 @@ def _manifest(target_dir: str, data_path: str, target: Target,
               samples: list[tuple[str, Tokenized]], skipped: dict[str, int], max_len: int,
               store: torch.dtype, shards: list[dict[str, Any]], seconds: float
               ) -> dict[str, Any]:
+    return data_manifest(samples, skipped, max_len, store, target.aux_layer_ids,
+                         target_dir=target_dir, config_sha256=config_hash(target_dir),
+                         num_layers=target.num_layers, hidden=target.hidden_size,
+                         vocab_size=int(target.model.config.vocab_size),
+                         data_path=data_path, source_sha256=sha256_file(data_path),
+                         shards=shards, seconds=seconds)
+
+
+def data_manifest(samples: list[tuple[str, Tokenized]], skipped: dict[str, int], max_len: int,
+                  store: torch.dtype, aux_ids: list[int], *, target_dir: str,
+                  config_sha256: str, num_layers: int, hidden: int, vocab_size: int,
+                  data_path: str, source_sha256: str, shards: list[dict[str, Any]],
+                  seconds: float) -> dict[str, Any]:
+    """manifest.json (module docstring), as both paths write it (--from-vllm adds `capture`)."""
     return {
         "format": FORMAT, "version": VERSION,
         "samples": len(samples), "tokens": int(sum(len(t.input_ids) for _, t in samples)),
         "loss_tokens": int(sum(sum(t.loss_mask) for _, t in samples)),
         "skipped": skipped, "max_len": max_len, "dtype": str(store).replace("torch.", ""),
-        "aux_layer_ids": target.aux_layer_ids,
+        "aux_layer_ids": aux_ids,
         "aux_layer_convention": "vllm: id k is the input of decoder layer k",
         "hidden_state": "final_norm",
-        "target": {"path": os.path.abspath(target_dir),
-                   "config_sha256": config_hash(target_dir),
-                   "num_hidden_layers": target.num_layers, "hidden_size": target.hidden_size,
-                   "vocab_size": int(target.model.config.vocab_size)},
-        "source": {"path": os.path.abspath(data_path), "sha256": sha256_file(data_path)},
+        "target": {"path": os.path.abspath(target_dir), "config_sha256": config_sha256,
+                   "num_hidden_layers": num_layers, "hidden_size": hidden,
+                   "vocab_size": vocab_size},
+        "source": {"path": os.path.abspath(data_path), "sha256": source_sha256},
         "shards": shards,
         "seconds": round(seconds, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "engine": __version__,

@@ -24,13 +24,16 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.data.conversations import Conversation, write_conversations
 from engine.demo.target import TASKS, build_target, build_tokenizer, chats
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.fileio import atomic_dir, json_text
+
+if TYPE_CHECKING:
+    from engine.data.target import Target
 
 # Sizes chosen so that `demo init` takes well under a minute and a demo finetune about two
 # minutes on 2 CPU cores (see the report in the project README).
@@ -84,11 +87,6 @@ def suggested_commands(d: str) -> dict[str, str]:
 def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict[str, Any]:
     """Build the workspace (module docstring) atomically: DIR appears complete or not at all."""
     from transformers.utils import logging as hf_logging
-
-    from engine.data.prepare import prepare
-    from engine.data.target import Target
-    from engine.training.config import TrainConfig
-    from engine.training.train import train
     hf_logging.disable_progress_bar()
     if os.path.exists(out) and not force:
         raise EngineError(f"{out}: already exists (pass --force to rebuild it)")
@@ -100,71 +98,95 @@ def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict
     with atomic_dir(Path(out), tmp):  # OUT is replaced only once the workspace is complete
         (tmp / "conversations").mkdir()
         t0 = time.monotonic()
-        corpus = chats(1500, seed)
-        tok = build_tokenizer(corpus)
-        model = build_target(tok, corpus, TARGET_STEPS, seed, ev)
-        model.save_pretrained(tmp / "target")
-        tok.save_pretrained(tmp / "target")
+        _build_target(tmp, seed, ev)
         timings["target"] = time.monotonic() - t0
-
         t0 = time.monotonic()
-        target = Target.load(str(tmp / "target"), device="cpu")
-        prompts = chats(N_TRAIN + N_EVAL, seed + 1, answers=False)
-        public_prompts = chats(N_PUBLIC, seed + 2, kinds=PUBLIC_KINDS, answers=False)
-        write_conversations(str(tmp / "conversations" / "prompts.jsonl"),
-                            _convs("demo", prompts))
-        convs = _convs("demo", _replies(target, prompts, ev, "demo replies"))
-        public = _convs("public", _replies(target, public_prompts, ev, "public replies"))
-        write_conversations(str(tmp / "conversations" / "train.jsonl"), convs[:N_TRAIN])
-        write_conversations(str(tmp / "conversations" / "eval.jsonl"), convs[N_TRAIN:])
-        write_conversations(str(tmp / "conversations" / "public.jsonl"), public)
+        target = _write_conversations(tmp, seed, ev)
         timings["replies"] = time.monotonic() - t0
-
         t0 = time.monotonic()
-        for name, src in (("data", "train"), ("eval", "eval"), ("public-data", "public")):
-            prepare(str(tmp / "target"), str(tmp / "conversations" / f"{src}.jsonl"),
-                    str(tmp / name), max_len=512, target=target)
+        _prepare_data(tmp, target)
         timings["prepare"] = time.monotonic() - t0
-
         t0 = time.monotonic()
-        quiet = Emitter("train", out=io.StringIO(), err=io.StringIO())
-        ev.log("demo: pre-training the public drafter", level="debug")
-        run = tmp / "public-run"
-        args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=False))
-        cfg = TrainConfig(target=str(tmp / "target"), data=str(tmp / "public-data"), out=str(run),
-                          draft_vocab_size=PUBLIC_DRAFT_VOCAB, max_steps=PUBLIC_STEPS,
-                          lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
-                          ttt_steps=int(args["--ttt-steps"]), epochs=40, save_every=0,
-                          holdout=0, seed=seed + 7, device="cpu")
-        try:
-            train(cfg, quiet, argv=["demo", "public drafter"])
-        finally:
-            quiet.close()
-        shutil.move(str(run / "final"), str(tmp / "public-drafter"))
-        shutil.rmtree(run)
-        shutil.rmtree(tmp / "public-data")
+        _public_drafter(tmp, seed, ev)
         timings["public_drafter"] = time.monotonic() - t0
-
-        d = os.path.abspath(out)
-        info: dict[str, Any] = {
-            "demo": 1, "seed": seed,
-            "target": "target/", "data": "data/", "eval": "eval/",
-            "public_drafter": "public-drafter/",
-            "conversations": {"prompts": "conversations/prompts.jsonl",
-                              "train": "conversations/train.jsonl",
-                              "eval": "conversations/eval.jsonl",
-                              "public": "conversations/public.jsonl"},
-            "samples": {"train": N_TRAIN, "eval": N_EVAL, "public": N_PUBLIC},
-            "draft_vocab_size": DRAFT_VOCAB, "public_draft_vocab_size": PUBLIC_DRAFT_VOCAB,
-            "tasks": list(TASKS), "public_tasks": list(PUBLIC_KINDS),
-            "commands": suggested_commands(d),
-            "seconds": {k: round(v, 1) for k, v in timings.items()},
-        }
+        info = _info(os.path.abspath(out), seed, timings)
         (tmp / "demo.json").write_text(json_text(info), encoding="utf-8")
         (tmp / "README.txt").write_text(_readme(info), encoding="utf-8")
     info["seconds"]["total"] = round(time.monotonic() - started, 1)
     info["dir"] = os.path.abspath(out)
     return info
+
+
+def _build_target(tmp: Path, seed: int, ev: Emitter) -> None:
+    """TMP/target: the tiny target, trained on synthetic chats, and its tokenizer."""
+    corpus = chats(1500, seed)
+    tok = build_tokenizer(corpus)
+    model = build_target(tok, corpus, TARGET_STEPS, seed, ev)
+    model.save_pretrained(tmp / "target")
+    tok.save_pretrained(tmp / "target")
+
+
+def _write_conversations(tmp: Path, seed: int, ev: Emitter) -> Target:
+    """TMP/conversations/*.jsonl with the target's own replies; returns the loaded target."""
+    from engine.data.target import Target
+    target = Target.load(str(tmp / "target"), device="cpu")
+    prompts = chats(N_TRAIN + N_EVAL, seed + 1, answers=False)
+    public_prompts = chats(N_PUBLIC, seed + 2, kinds=PUBLIC_KINDS, answers=False)
+    write_conversations(str(tmp / "conversations" / "prompts.jsonl"), _convs("demo", prompts))
+    convs = _convs("demo", _replies(target, prompts, ev, "demo replies"))
+    public = _convs("public", _replies(target, public_prompts, ev, "public replies"))
+    write_conversations(str(tmp / "conversations" / "train.jsonl"), convs[:N_TRAIN])
+    write_conversations(str(tmp / "conversations" / "eval.jsonl"), convs[N_TRAIN:])
+    write_conversations(str(tmp / "conversations" / "public.jsonl"), public)
+    return target
+
+
+def _prepare_data(tmp: Path, target: Target) -> None:
+    """TMP/data, TMP/eval and (for the public drafter only) TMP/public-data."""
+    from engine.data.prepare import prepare
+    for name, src in (("data", "train"), ("eval", "eval"), ("public-data", "public")):
+        prepare(str(tmp / "target"), str(tmp / "conversations" / f"{src}.jsonl"),
+                str(tmp / name), max_len=512, target=target)
+
+
+def _public_drafter(tmp: Path, seed: int, ev: Emitter) -> None:
+    """TMP/public-drafter: a drafter trained on TMP/public-data (removed after) quietly."""
+    from engine.training.config import TrainConfig
+    from engine.training.train import train
+    quiet = Emitter("train", out=io.StringIO(), err=io.StringIO())
+    ev.log("demo: pre-training the public drafter", level="debug")
+    run = tmp / "public-run"
+    args = dict(zip(TRAIN_ARGS[::2], TRAIN_ARGS[1::2], strict=False))
+    cfg = TrainConfig(target=str(tmp / "target"), data=str(tmp / "public-data"), out=str(run),
+                      draft_vocab_size=PUBLIC_DRAFT_VOCAB, max_steps=PUBLIC_STEPS,
+                      lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
+                      ttt_steps=int(args["--ttt-steps"]), epochs=40, save_every=0,
+                      holdout=0, seed=seed + 7, device="cpu")
+    try:
+        train(cfg, quiet, argv=["demo", "public drafter"])
+    finally:
+        quiet.close()
+    shutil.move(str(run / "final"), str(tmp / "public-drafter"))
+    shutil.rmtree(run)
+    shutil.rmtree(tmp / "public-data")
+
+
+def _info(d: str, seed: int, timings: dict[str, float]) -> dict[str, Any]:
+    """demo.json for the workspace at (absolute) `d`."""
+    return {
+        "demo": 1, "seed": seed,
+        "target": "target/", "data": "data/", "eval": "eval/",
+        "public_drafter": "public-drafter/",
+        "conversations": {"prompts": "conversations/prompts.jsonl",
+                          "train": "conversations/train.jsonl",
+                          "eval": "conversations/eval.jsonl",
+                          "public": "conversations/public.jsonl"},
+        "samples": {"train": N_TRAIN, "eval": N_EVAL, "public": N_PUBLIC},
+        "draft_vocab_size": DRAFT_VOCAB, "public_draft_vocab_size": PUBLIC_DRAFT_VOCAB,
+        "tasks": list(TASKS), "public_tasks": list(PUBLIC_KINDS),
+        "commands": suggested_commands(d),
+        "seconds": {k: round(v, 1) for k, v in timings.items()},
+    }
 
 
 def _readme(info: dict[str, Any]) -> str:

@@ -1,12 +1,20 @@
 """The trainer's typed settings: one dataclass, a docstring per field, validated on creation.
 
-`engine/commands/train.py` builds it from the command line; tests and the demo build it directly.
+`engine/commands/train.py` builds it from the command line, whose options are generated from the
+fields: `--field-name` for `field_name`, its type, default and, as help, the field's docstring
+(`field_docs`). A field's `metadata["cli"]` holds what argparse needs beyond that: `flags` (other
+option strings), `metavar`, `choices`, `exclusive` (a mutually exclusive group's name). Tests
+and the demo build it directly.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import os
-from dataclasses import asdict, dataclass
+import textwrap
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.errors import EngineError
@@ -23,11 +31,12 @@ class TrainConfig:
     `online`, a conversations JSONL file instead."""
     out: str
     """Run directory: checkpoints/, events.jsonl, run.json, final/, best/."""
-    finetune_from: str | None = None
+    finetune_from: str | None = field(default=None, metadata={"cli": {"metavar": "CKPT"}})
     """Drafter checkpoint to start from, any style engine/formats.py reads (auto-detected)."""
-    vocab: str | None = None
+    vocab: str | None = field(default=None, metadata={"cli": {"metavar": "FILE",
+                                                              "exclusive": "vocab"}})
     """Draft vocab file (from `python -m engine vocab build`) to train with."""
-    rebuild_vocab: bool = False
+    rebuild_vocab: bool = field(default=False, metadata={"cli": {"exclusive": "vocab"}})
     """Build the draft vocab from DATA's assistant tokens (spec section 3), even when finetuning."""
     draft_vocab_size: int | None = None
     """Vd for a vocab built here; default min(32000, V), or the finetune source's Vd."""
@@ -64,10 +73,10 @@ class TrainConfig:
     """Compute the target features inside the loop from conversations (`data` is a JSONL file)."""
     max_len: int = 2048
     """Token limit per conversation in online mode."""
-    from_vllm: str | None = None
+    from_vllm: str | None = field(default=None, metadata={"cli": {"metavar": "URL"}})
     """With `online`: fetch the features from this vLLM server (engine/capture/online_data.py)
     instead of loading the target here."""
-    vllm_model: str | None = None
+    vllm_model: str | None = field(default=None, metadata={"cli": {"flags": ("--model",)}})
     """The served model name at `from_vllm` (default: the server's first)."""
     concurrency: int = 16
     """Requests in flight to the `from_vllm` server."""
@@ -84,7 +93,7 @@ class TrainConfig:
     """Recompute the decoder layer of every TTT step in the backward instead of keeping its
     activations (torch.utils.checkpoint): less memory for wide drafters, about one more
     forward of the layer per step."""
-    precision: str = "bf16"
+    precision: str = field(default="bf16", metadata={"cli": {"choices": ("bf16", "fp32")}})
     """On CUDA: "bf16" autocast (the default) or "fp32". CPU always trains in float32."""
     device: str | None = None
     """Torch device; default cuda:LOCAL_RANK when present, else cpu."""
@@ -135,3 +144,18 @@ class TrainConfig:
                    "ttt_steps", "lr", "weight_decay", "epochs", "max_steps", "batch_tokens",
                    "grad_accum", "warmup_ratio", "clip", "seed", "holdout", "online", "max_len",
                    "fsdp", "freeze_lm_head", "precision")
+
+
+@functools.cache
+def field_docs(cls: type = TrainConfig) -> dict[str, str]:
+    """Each field's docstring, whitespace collapsed: the string literal right after the field in
+    the class body, read with `ast` from the class's source."""
+    cdef = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(cdef, ast.ClassDef)
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(cdef.body, cdef.body[1:], strict=False):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
