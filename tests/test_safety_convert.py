@@ -319,7 +319,9 @@ def start_and_stop_midway(src: Path, w: Path) -> subprocess.Popen[str]:
     then check it really is mid-way: temp present, DST absent."""
     p = subprocess.Popen([sys.executable, "-m", "engine", "convert", str(src), str(w / "out"),
                           "--to", "eagle"], cwd=REPO, env=engine_env(EAGLE3_HASH_CACHE="0"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a runner under nohup hands SIGHUP down ignored: the convert must see it
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not temps(w) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)

@@ -226,7 +226,8 @@ class RunsPane(ShownTimers, Vertical):
         if self.list_error:
             status += f"\n[$error]{self.list_error}[/]"
         self.query_one("#runs-status", Static).update(status)
-        if self.busy is None and self.demo_state != "building" and not profiles:
+        # while the demo builds, and after it failed, the activity line says so instead
+        if self.busy is None and self.demo_state not in ("building", "failed") and not profiles:
             hidden = " (demo profiles hidden: your config defines hosts)" \
                 if self.config.path is not None and self.config.demo is None else ""
             self.activity(f"No profile runs on this host{hidden}: add [profiles.NAME] with "

@@ -18,9 +18,10 @@ N, ascending (`capture_layer_ids`); the client (engine/capture/vllm_client.py) p
 and the final slot out of the file's [T, L, H] tensor by the same list and applies the final norm
 itself.
 
-MLA targets (`kv_lora_rank` in config.json: DeepSeek-V3 / Kimi-K2 style) are refused: the
+MLA targets (`kv_lora_rank` in config.json: DeepSeek-V3 / Kimi-K2 style) are refused here: the
 connector keeps the hidden states in a KV-cache group of its own, which vLLM cannot build beside an
-MLA cache. Standard library only: this runs where vLLM runs.
+MLA cache; `engine prepare --vllm-engine` (engine/capture/vllm_engine.py) captures them instead.
+Standard library only: this runs where vLLM runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from engine.ckpt.target_config import read_config
 from engine.errors import EngineError
+from engine.model.config import default_aux_layer_ids
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 METHOD = "extract_hidden_states"
@@ -53,8 +55,9 @@ def target_config(target_dir: str) -> dict[str, Any]:
 
 
 def default_layer_ids(num_layers: int) -> list[int]:
-    """Spec section 2's aux ids (2, N//2, N-3; engine.data.target.default_aux_ids) plus N."""
-    return capture_layer_ids([2, num_layers // 2, num_layers - 3], num_layers)
+    """The engine's aux ids (engine/model/config.py `default_aux_layer_ids`: spec section 2's
+    2, N//2, N-3, distinct) plus N."""
+    return capture_layer_ids(default_aux_layer_ids(num_layers), num_layers)
 
 
 def refuse_mla(cfg: dict[str, Any], target_dir: str) -> None:
@@ -62,8 +65,8 @@ def refuse_mla(cfg: dict[str, Any], target_dir: str) -> None:
         raise EngineError(
             f"{target_dir}: an MLA target (kv_lora_rank {cfg['kv_lora_rank']} in config.json, "
             f"DeepSeek-V3 / Kimi-K2 style): vLLM's {CONNECTOR} does not support MLA attention; "
-            "capture with the transformers path instead: engine prepare --target TARGET --data "
-            "CONV --out DATA (--device-map auto spreads a large target over the node's GPUs)")
+            "capture through vLLM's executor instead: engine prepare --target TARGET --data "
+            "CONV --out DATA --vllm-engine --tp N (the engine starts vLLM in-process)")
 
 
 def speculative_config(layer_ids: list[int]) -> dict[str, Any]:

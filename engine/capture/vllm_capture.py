@@ -158,7 +158,7 @@ class _Journal:
             self._f.close()
 
 
-def _resume_state(partial: str, fp: dict[str, Any]) -> list[dict[str, Any]]:
+def resume_state(partial: str, fp: dict[str, Any]) -> list[dict[str, Any]]:
     """The shards a previous run with the same arguments wrote (empty for a fresh start)."""
     ppath = os.path.join(partial, "progress.json")
     if not os.path.isdir(partial):
@@ -212,7 +212,7 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
         "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
         "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
         "shard_plan": plan, "aux_layer_ids": aux_ids}
-    shards = _resume_state(partial, fp)
+    shards = resume_state(partial, fp)
     committed = sum(int(s["samples"]) for s in shards)
     left = sum(lengths[committed:])  # only what is still to be written must fit
     need = check_disk(out_dir, left, hidden, store, keep_free_gb)

@@ -26,7 +26,7 @@ from engine.ckpt.key_map import (
 )
 from engine.ckpt.safetensors_io import FLOAT_CODES
 from engine.errors import EngineError
-from engine.model.config import Eagle3Config
+from engine.model.config import Eagle3Config, repeated_aux_ids
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,7 @@ def run_checks(ck: Checkpoint) -> list[Check]:
     checks.append(Check("shapes", not bad, "all match config" if not bad else "; ".join(bad),
                         first_err))
     checks.append(_vocab_check(ck, shapes_ok=not bad))
+    checks.append(_aux_check(cfg, cfg_file))
 
     if "embed_tokens.weight" in ck.stored:
         e = ck.entry("embed_tokens.weight")
@@ -145,6 +146,23 @@ def run_checks(ck: Checkpoint) -> list[Check]:
                             None if has else
                             f"{cfg_file}: field 'norm_before_residual' missing"))
     return checks
+
+
+def _aux_check(cfg: Eagle3Config, cfg_file: str) -> Check:
+    """The aux layer ids must be distinct: vLLM de-duplicates them and would hand fewer states
+    than fc was built for (the first speculative step fails)."""
+    n = cfg.target_num_layers
+    if cfg.aux_layer_ids is None and n is None:
+        return Check("aux_layer_ids", True, "defaults 2, N//2, N-3 (target layers not recorded)")
+    ids = cfg.resolved_aux_layer_ids(n)
+    rep = repeated_aux_ids(ids)
+    if not rep:
+        return Check("aux_layer_ids", True, f"{ids} distinct")
+    where = ("eagle_aux_hidden_state_layer_ids" if cfg.aux_layer_ids is not None
+             else f"the defaults for {n} target layers")
+    msg = (f"{ids} repeat {rep} ({where}): vLLM de-duplicates them and feeds "
+           f"{len(set(ids))} states to an fc built for {len(ids)}")
+    return Check("aux_layer_ids", False, msg, f"{cfg_file}: aux layer ids {msg}")
 
 
 def _vocab_check(ck: Checkpoint, shapes_ok: bool) -> Check:

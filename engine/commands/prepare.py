@@ -2,6 +2,8 @@
 
     python -m engine prepare --target T --data conv.jsonl --out DATA [--device-map auto]
     torchrun --nproc-per-node 8 -m engine prepare --target T --data conv.jsonl --out DATA
+    python -m engine prepare --target T --data conv.jsonl --out DATA --vllm-engine --tp 8
+    python -m engine prepare --target T --data conv.jsonl --out DATA --from-vllm URL
 """
 
 from __future__ import annotations
@@ -42,11 +44,30 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="keep the server's hidden-state files once a shard holds them")
     v.add_argument("--max-failures", type=int, default=10,
                    help="failed requests in a row before giving up (default 10)")
+    e = p.add_argument_group("capture through vLLM's executor in this process "
+                             "(engine/capture/vllm_engine.py; any model vLLM runs, MLA included)")
+    e.add_argument("--vllm-engine", action="store_true",
+                   help="start vLLM here with the target and capture through its workers")
+    e.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="the GPUs' share vLLM takes (default 0.9)")
+    e.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="another vLLM engine argument (VALUE as JSON if it parses), e.g. "
+                        "quantization=fp8 or max_model_len=8192; repeatable")
+    e.add_argument("--check-every", type=int, default=16, metavar="N",
+                   help="self-check the first sample of every Nth batch against vLLM's own "
+                        "log-probs (0: never; default 16)")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
+    if args.from_vllm and args.vllm_engine:
+        from engine.errors import UsageError
+        raise UsageError("--from-vllm and --vllm-engine: pick one (a server elsewhere, or an "
+                         "engine in this process)")
     if args.from_vllm:
         return _run_from_vllm(args, ev)
+    if args.vllm_engine:
+        return _run_vllm_engine(args, ev)
     from engine.data.prepare import prepare
     manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
                        batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
@@ -72,4 +93,20 @@ def _run_from_vllm(args: argparse.Namespace, ev: Emitter) -> int:
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out} from {args.from_vllm}; "
         f"skipped {m['skipped']}"))
+    return 0
+
+
+def _run_vllm_engine(args: argparse.Namespace, ev: Emitter) -> int:
+    from engine.capture.vllm_engine import keep_stdout_for, parse_engine_args, prepare_from_engine
+    keep_stdout_for(ev)
+    manifest = prepare_from_engine(
+        args.target, args.data, args.out, tp=args.tp,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_len=args.max_len,
+        dtype=args.dtype, shard_mb=args.shard_mb, batch_tokens=args.batch_tokens,
+        engine_args=parse_engine_args(args.engine_arg), check_every=args.check_every, ev=ev,
+        overwrite=args.overwrite, keep_free_gb=args.keep_free_gb)
+    ev.answer(manifest, args.json, lambda m: (
+        f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
+        f"{len(m['shards'])} shard(s) at {args.out} through vLLM's executor "
+        f"({m['capture']['tokens_per_s']} tokens/s); skipped {m['skipped']}"))
     return 0

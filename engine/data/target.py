@@ -25,11 +25,14 @@ from torch import Tensor, nn
 
 from engine.ckpt.target_config import read_config
 from engine.errors import EngineError
+from engine.model.config import default_aux_layer_ids
 
 
 def default_aux_ids(num_layers: int) -> list[int]:
-    """Spec section 2 defaults, vLLM convention (id k = input of decoder layer k)."""
-    return [2, num_layers // 2, num_layers - 3]
+    """The aux ids captured and trained with (vLLM convention, id k = input of decoder layer
+    k): spec section 2's 2, N//2, N-3, or the nearest distinct layers where those meet
+    (engine/model/config.py `default_aux_layer_ids`)."""
+    return default_aux_layer_ids(num_layers)
 
 
 def pick_device(device: str | None = None) -> torch.device:

@@ -1,10 +1,10 @@
 """The demo's tiny target: a synthetic chat task mix, a locally trained tokenizer, a small Llama.
 
-Nothing is downloaded. The target is a transformers `LlamaForCausalLM` (6 layers, hidden 64) trained
-for a few seconds (200 steps of 8 x 96 tokens) on synthetic chats (counting, spelling, weekdays,
-colours, greetings, letters, word reversal), so that its greedy replies are structured, mostly
-right and sometimes wrong: text a drafter can learn to predict, with real disagreements between a
-weak and a good drafter.
+Nothing is downloaded. The target is a transformers `LlamaForCausalLM` (7 layers, hidden 64, 2
+heads of 32) trained for a few seconds (200 steps of 8 x 96 tokens) on synthetic chats (counting,
+spelling, weekdays, colours, greetings, letters, word reversal), so that its greedy replies are
+structured, mostly right and sometimes wrong: text a drafter can learn to predict, with real
+disagreements between a weak and a good drafter.
 Tokenizer: byte-level BPE trained with the `tokenizers` library, wrapped as a
 `PreTrainedTokenizerFast` with a ChatML-style chat template; saved with `save_pretrained`.
 """
@@ -104,13 +104,16 @@ def build_tokenizer(corpus: list[list[dict[str, str]]]):  # -> PreTrainedTokeniz
 def build_target(tok, corpus: list[list[dict[str, str]]], steps: int, seed: int,
                  ev: Emitter | None = None, seq_len: int = 96, batch: int = 8,
                  lr: float = 1e-2, warmup: int = 10):
-    """A 6-layer Llama (hidden 64) trained with next-token loss on the rendered corpus."""
+    """A 7-layer Llama (hidden 64, 2 heads of 32, 1 key/value head) trained with next-token loss
+    on the rendered corpus. Shapes a real vLLM serves on a CPU: its CPU attention takes head
+    sizes 32, 64, 80, ... only, and with 7 layers the default aux ids 2, N//2, N-3 are distinct
+    (vLLM de-duplicates repeated ones)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     # rope_theta: transformers 4.x's field; 5.x still takes it and files it under rope_parameters
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64,
-                      intermediate_size=192, num_hidden_layers=6, num_attention_heads=4,
-                      num_key_value_heads=2,
+                      intermediate_size=192, num_hidden_layers=7, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32,
                       max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
                       tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
                       eos_token_id=tok.eos_token_id, bos_token_id=None)

@@ -193,7 +193,7 @@ def _readme(info: dict[str, Any]) -> str:
     cmds = info["commands"]
     return f"""eagle3 demo workspace (built offline by `python -m engine demo init`)
 
-target/           a tiny Llama (6 layers, hidden 64) and its tokenizer; it answers synthetic chats
+target/           a tiny Llama (7 layers, hidden 64) and its tokenizer; it answers synthetic chats
 conversations/    prompts.jsonl (user turns), train/eval.jsonl (target replies), public.jsonl
 data/, eval/      prepared training / held-out shards (aux + final hidden states of the target)
 public-drafter/   an EAGLE-style drafter (midlayer.* keys) trained on public.jsonl with a

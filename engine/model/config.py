@@ -133,14 +133,15 @@ class Eagle3Config:
         return self.draft_vocab_size != self.vocab_size
 
     def resolved_aux_layer_ids(self, target_num_layers: int | None = None) -> list[int]:
-        """The aux ids in vLLM convention, resolving the defaults 2, N//2, N-3 from N."""
+        """The aux ids in vLLM convention; a config without them means what the serving engines
+        compute, 2, N//2, N-3 from N (repeats included: inspect's `aux_layer_ids` check fails)."""
         if self.aux_layer_ids is not None:
             return list(self.aux_layer_ids)
         n = target_num_layers or self.target_num_layers
         if n is None:
             raise EngineError("aux layer ids are the defaults but the target's layer count is "
                               "unknown (pass the target)")
-        return default_aux_layer_ids(n)
+        return serving_default_aux_ids(n)
 
     def with_(self, **changes: Any) -> Eagle3Config:
         """A copy with some fields changed (validated again)."""
@@ -267,13 +268,38 @@ class Eagle3Config:
         return asdict(self)
 
     def _aux_are_defaults(self) -> bool:
+        """Whether the ids are what a serving engine computes when the config omits them (so
+        they may be omitted): 2, N//2, N-3, and distinct."""
         return (self.target_num_layers is not None and self.aux_layer_ids is not None
-                and self.aux_layer_ids == default_aux_layer_ids(self.target_num_layers))
+                and self.aux_layer_ids == serving_default_aux_ids(self.target_num_layers)
+                and not repeated_aux_ids(self.aux_layer_ids))
+
+
+def serving_default_aux_ids(n: int) -> list[int]:
+    """Spec section 2: the inputs of decoder layers 2, N//2 and N-3 (vLLM convention), what vLLM
+    and SGLang compute when a drafter's config names no ids. Below 7 layers two of them meet."""
+    return [2, n // 2, n - 3]
+
+
+def repeated_aux_ids(ids: list[int]) -> list[int]:
+    """The ids that occur more than once. vLLM de-duplicates a drafter's aux ids
+    (`sorted(set(...))`) and hands fewer states than fc was built for: its first speculative
+    step then fails."""
+    return sorted({i for i in ids if ids.count(i) > 1})
 
 
 def default_aux_layer_ids(n: int) -> list[int]:
-    """Spec section 2: the inputs of decoder layers 2, N//2 and N-3 (vLLM convention)."""
-    return [2, n // 2, n - 3]
+    """The ids the engine captures and trains with: the serving defaults, or, where two of them
+    meet (fewer than 7 layers), the nearest distinct layers (6 layers: 2, 3, 4)."""
+    if n < 3:
+        raise EngineError(f"a target with {n} decoder layer(s) has no 3 distinct aux layers")
+    ids = serving_default_aux_ids(n)
+    for i in (1, 2):
+        ids[i] = max(ids[i], ids[i - 1] + 1)
+    ids[2] = min(ids[2], n - 1)
+    ids[1] = min(ids[1], ids[2] - 1)
+    ids[0] = max(0, min(ids[0], ids[1] - 1))
+    return ids
 
 
 def config_style(d: dict[str, Any]) -> str:

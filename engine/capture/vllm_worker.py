@@ -1,0 +1,175 @@
+"""Our part inside vLLM's workers for `engine prepare --vllm-engine`: vLLM mixes this class into
+every worker (`ParallelConfig.worker_extension_cls`), and the driver (engine/capture/vllm_engine.py)
+calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patched.
+
+- `eagle3_capture_start(layer_ids, out_dir)`: a model that implements vLLM's `SupportsEagle3`
+  (Llama, Qwen, DeepSeek-V2/V3, Kimi-K2.5's multimodal wrapper, ...) is asked for the aux states
+  with its own `set_aux_hidden_state_layers`; its forward then returns (hidden, [aux ...]), each
+  aux `hidden_states + residual` at the INPUT of that layer id (id N: the last layer's output
+  before the final norm), and a forward hook on the model hands vLLM the hidden part alone and
+  keeps the rest. Any other model gets hooks on its decoder layers that take the same sums.
+- Each forward is one engine step: its tokens, their positions and the states [T, L, H] are kept
+  (on CPU) by TP rank 0 only; the other ranks hold identical copies and keep nothing.
+- `eagle3_capture_take()`: rank 0 writes what it kept as one safetensors file per step in
+  out_dir (the data plane: collective_rpc carries only the file names) and returns their names.
+- `eagle3_capture_stop()`: hooks removed, the model's aux layers reset.
+
+The vLLM runner's `input_ids` buffer gives the step's tokens when a multimodal model is fed
+embeddings instead of ids. Imports of vLLM stay inside the methods: this module is imported by
+the engine's import checks, where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+STEP_FILE = "step_{:06d}.safetensors"
+
+
+class CaptureExtension:
+    """The methods every vLLM worker gains (their names are prefixed: they share the worker's
+    namespace)."""
+
+    model_runner: Any  # the worker's, set by vLLM
+
+    def eagle3_capture_start(self, layer_ids: list[int], out_dir: str) -> dict[str, Any]:
+        from vllm.distributed import get_pp_group, get_tp_group
+        from vllm.model_executor.models.interfaces import supports_eagle3
+
+        if get_pp_group().world_size > 1:
+            raise RuntimeError("pipeline parallelism is not supported for capture: use "
+                               "--tp (tensor parallelism) only")
+        self._e3_ids = sorted(set(int(i) for i in layer_ids))
+        self._e3_dir = out_dir
+        self._e3_rank0 = get_tp_group().rank_in_group == 0
+        self._e3_steps: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._e3_written = 0
+        self._e3_handles: list[Any] = []
+        model = self.model_runner.get_model()
+        if supports_eagle3(model):
+            model.set_aux_hidden_state_layers(tuple(self._e3_ids))
+            self._e3_handles.append(model.register_forward_hook(self._e3_on_model,
+                                                                with_kwargs=True))
+            how = "SupportsEagle3"
+        else:
+            self._e3_hook_layers(model)
+            how = "decoder-layer hooks"
+        if self._e3_rank0:
+            os.makedirs(out_dir, exist_ok=True)
+        return {"model": type(model).__name__, "how": how, "rank0": self._e3_rank0}
+
+    # -- collecting -------------------------------------------------------------------------------
+    def _e3_step_ids(self, kwargs: dict[str, Any], args: tuple[Any, ...], n: int) -> Tensor:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:  # fed embeddings (a multimodal wrapper): the runner keeps the ids
+            buf = getattr(self.model_runner, "input_ids", None)
+            ids = getattr(buf, "gpu", buf)
+            if ids is None:
+                raise RuntimeError("capture: the step's token ids are not available")
+        return ids[:n]
+
+    def _e3_keep(self, ids: Tensor, positions: Tensor, states: list[Tensor]) -> None:
+        if not self._e3_rank0:
+            return
+        if len(states) != len(self._e3_ids):
+            raise RuntimeError(f"capture: the model returned {len(states)} hidden states for "
+                               f"layer ids {self._e3_ids}")
+        n = positions.shape[0]
+        stacked = torch.stack([s[:n] for s in states], dim=1)  # [T, L, H]
+        # copies: on a CPU `.to` of an int64 CPU tensor is the runner's own buffer, rewritten
+        # by the next step
+        self._e3_steps.append((ids[:n].to("cpu", torch.int64, copy=True),
+                               positions.to("cpu", torch.int64, copy=True),
+                               stacked.to("cpu", copy=True)))
+
+    def _e3_on_model(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     out: Any) -> Any:
+        if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], list):
+            return out  # a forward without aux states (vLLM's own dummy runs before start)
+        hidden, aux = out
+        positions: Tensor = kwargs["positions"] if "positions" in kwargs else args[1]
+        self._e3_keep(self._e3_step_ids(kwargs, args, positions.shape[0]), positions, aux)
+        return hidden
+
+    def _e3_hook_layers(self, model: Any) -> None:
+        """Hooks on the decoder layers of a model without SupportsEagle3: the input of each
+        requested layer (hidden + residual), and the last layer's output for id N."""
+        layers = _decoder_layers(model)
+        n_layers = len(layers)
+        bad = [i for i in self._e3_ids if not 0 <= i <= n_layers]
+        if bad:
+            raise RuntimeError(f"capture: layer ids {bad} outside 0..{n_layers}")
+        pending: dict[int, Tensor] = {}
+        step: dict[str, Any] = {}
+
+        def value(hs: Tensor, res: Tensor | None) -> Tensor:
+            return hs + res if res is not None else hs
+
+        def before(i: int) -> Any:
+            def hook(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                positions = kwargs.get("positions", args[0] if args else None)
+                hs: Tensor = kwargs["hidden_states"] if "hidden_states" in kwargs else args[1]
+                res = kwargs.get("residual", args[2] if len(args) > 2 else None)
+                if i == 0:
+                    step["positions"] = positions
+                pending[i] = value(hs, res)
+            return hook
+
+        def after_last(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            if n_layers in self._e3_ids:
+                pending[n_layers] = value(*out) if isinstance(out, tuple) else out
+            positions = step.pop("positions")
+            states = [pending.pop(i) for i in self._e3_ids]
+            self._e3_keep(self._e3_step_ids({}, (), positions.shape[0]), positions, states)
+
+        for i in sorted(set(self._e3_ids) | {0}):
+            if i < n_layers:
+                self._e3_handles.append(layers[i].register_forward_pre_hook(before(i),
+                                                                           with_kwargs=True))
+        self._e3_handles.append(layers[-1].register_forward_hook(after_last, with_kwargs=True))
+
+    # -- handing over -----------------------------------------------------------------------------
+    def eagle3_capture_take(self) -> list[str] | None:
+        """Rank 0: the files of the steps since the last take (names in out_dir), else None."""
+        if not self._e3_rank0:
+            return None
+        from safetensors.torch import save_file
+
+        names = []
+        for ids, positions, states in self._e3_steps:
+            name = STEP_FILE.format(self._e3_written)
+            tmp = os.path.join(self._e3_dir, f".{name}.tmp")
+            save_file({"input_ids": ids, "positions": positions, "hidden_states": states}, tmp)
+            os.replace(tmp, os.path.join(self._e3_dir, name))
+            names.append(name)
+            self._e3_written += 1
+        self._e3_steps = []
+        return names
+
+    def eagle3_capture_stop(self) -> None:
+        for h in self._e3_handles:
+            h.remove()
+        self._e3_handles = []
+        self._e3_steps = []
+        model = self.model_runner.get_model()
+        from vllm.model_executor.models.interfaces import supports_eagle3
+        if supports_eagle3(model):
+            model.set_aux_hidden_state_layers(())
+
+
+def _decoder_layers(model: Any) -> Any:
+    """The decoder layer list of a vLLM model (text model inside a multimodal wrapper too)."""
+    for path in ("model.layers", "language_model.model.layers", "model.language_model.layers",
+                 "language_model.layers"):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    raise RuntimeError(f"capture: no decoder layers found in {type(model).__name__}")
