@@ -379,7 +379,7 @@ def test_capture_server_execs_that_command_and_refuses_mla(demo_dir: Path, tmp_p
     assert p.returncode == 1
     line = p.stderr.strip()
     assert line.startswith(f"error: {mla}: an MLA target (kv_lora_rank 512 in config.json")
-    assert "does not support MLA" in line and "engine prepare --target" in line
+    assert "does not support MLA" in line and "--vllm-engine" in line
 
 
 # -- streamed training --------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def test_prepare_writes_shards_with_the_targets_features(tiny_target: Path, prep
     out, convs, manifest = prepared
     assert manifest == json.loads((out / "manifest.json").read_text())
     assert manifest["samples"] == len(convs) and manifest["skipped"]["no_assistant_tokens"] == 1
-    assert manifest["aux_layer_ids"] == [2, 3, 3] and manifest["dtype"] == "float32"
+    assert manifest["aux_layer_ids"] == [2, 3, 4] and manifest["dtype"] == "float32"  # distinct
     assert manifest["target"]["hidden_size"] == 32 and manifest["max_len"] == 64
     with safe_open(str(out / manifest["shards"][0]["file"]), "pt") as f:
         assert f.get_tensor("aux_hidden_states").shape[1] == 96

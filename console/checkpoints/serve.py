@@ -17,21 +17,28 @@ drafter, its provenance (run, step), k, the metrics URL, start time; the compari
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import json
 import os
 import posixpath
+import re
 import shlex
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from console.checkpoints.service import inspect_checkpoint
-from console.errors import ConsoleError
+from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host
-from console.runs.service import launch
+from console.logs.metrics_service import MetricsError, fetch
+from console.logs.vllm_log import strip_ansi
+from console.runs.service import launch, list_runs
 from console.scheduler.records import Run
 from console.settings.config import Config, Profile, data_dir
+from console.settings.metrics_url import split_url
 
 # SpeculativeConfig fields vLLM documents (vllm/config/speculative.py); we write only these.
 SPEC_CONFIG_FIELDS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size")
@@ -206,3 +213,290 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: dict[st
                     "draft_vocab_size": (report.get("config") or {}).get("draft_vocab_size"),
                     "started": time.time(), "request": asdict(req)})
     return run
+
+
+# -- what vLLM actually loaded --------------------------------------------------------------------
+#
+# Fields of a drafter have reached vLLM silently wrong before (vLLM issues 38111, 42143, 46488:
+# a field dropped on the way, e.g. norm_before_fc in 38111; acceptance lower, nothing logged). So
+# once the server answers, the run's output.log and /v1/models are read back and compared with
+# what was asked. What vLLM 0.32 prints about the speculative config (recorded from a real
+# server in tests/fixtures/vllm/serve-0.32.0-cpu.log):
+#
+#   (EngineCore pid=N) INFO ... [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config:
+#       model='TARGET', speculative_config=SpeculativeConfig(method='eagle3', model='DRAFTER',
+#       num_spec_tokens=3), tokenizer=...
+#   (Worker pid=N) INFO ... [gpu_model_runner.py:5243] Using auxiliary layers from speculative
+#       config: (1, 3, 5)
+#
+# The second line is printed only when the drafter's config names its aux layer ids; without
+# them vLLM captures the target's defaults and says nothing. norm_before_fc, norm_output and
+# the draft vocab size are not printed at all, and /v1/models names only the target (id,
+# root, max_model_len): those fields are reported as "not shown by vLLM", never as a warning.
+
+#: seconds `serve` waits for the server to answer /v1/models before it checks (a large verifier
+#: takes minutes to load on 8 GPUs)
+CHECK_TIMEOUT = 900.0
+CHECK_POLL = 3.0
+#: the startup log is read up to here (its config lines come in the first few hundred KB)
+LOG_LIMIT = 8 << 20
+NOT_SHOWN = "not shown by vLLM"
+#: from this version on vLLM logs the aux layer ids it takes from the drafter's config (added in
+#: vllm PR 25961, autumn 2025); before it, the line's absence says nothing
+AUX_LOGGED_SINCE = (0, 12, 0)
+
+_SPEC_REPR = re.compile(r"speculative_config=(None|SpeculativeConfig\((.*?)\))(?=,\s*\w+=|\s*$)")
+_SPEC_PAIR = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,]*)")
+_AUX = re.compile(r"Using auxiliary layers from speculative config: \(([\d,\s]*)\)")
+_VERSION = re.compile(r"(?:\bversion |LLM engine \(v)(\d+\.\d+\.\d+)")
+_READY = ("Starting vLLM server on", "Application startup complete")
+
+
+@dataclass(frozen=True)
+class StartupLog:
+    """What a vLLM server's output log says about the speculative config it loaded."""
+
+    version: str | None                     # "0.32.0" (banner, or the engine's config line)
+    spec: dict[str, Any] | None             # SpeculativeConfig(...) as printed; {} for None
+    aux_layer_ids: tuple[int, ...] | None   # "Using auxiliary layers from speculative config"
+    ready: bool                             # the API server started (all config lines are in)
+
+    @property
+    def version_tuple(self) -> tuple[int, ...] | None:
+        return tuple(int(x) for x in self.version.split(".")) if self.version else None
+
+
+def _literal(text: str) -> Any:
+    text = text.strip()
+    if text[:1] in "'\"":
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text[1:-1]
+    if text == "None":
+        return None
+    return int(text) if text.isdigit() else text
+
+
+def parse_startup_log(lines: Iterable[str]) -> StartupLog:
+    """The speculative config a vLLM log prints while it starts (pure; ANSI colours ignored).
+    The first of each line counts (each data-parallel engine and TP worker prints its own)."""
+    version: str | None = None
+    spec: dict[str, Any] | None = None
+    aux: tuple[int, ...] | None = None
+    ready = False
+    for raw in lines:
+        line = strip_ansi(raw)
+        if version is None and (m := _VERSION.search(line)):
+            version = m.group(1)
+        if spec is None and "speculative_config=" in line and (m := _SPEC_REPR.search(line)):
+            spec = {} if m.group(1) == "None" else {
+                k: _literal(v) for k, v in _SPEC_PAIR.findall(m.group(2) or "")}
+        if aux is None and (m := _AUX.search(line)):
+            aux = tuple(int(x) for x in m.group(1).replace(",", " ").split())
+        ready = ready or any(marker in line for marker in _READY)
+    if spec is not None:  # older releases: draft_model=, num_speculative_tokens=
+        if "model" not in spec and "draft_model" in spec:
+            spec["model"] = spec["draft_model"]
+        if "num_spec_tokens" not in spec and "num_speculative_tokens" in spec:
+            spec["num_spec_tokens"] = spec["num_speculative_tokens"]
+    return StartupLog(version=version, spec=spec, aux_layer_ids=aux, ready=ready)
+
+
+@dataclass(frozen=True)
+class FieldCheck:
+    """One asked field against what vLLM shows of it."""
+
+    field: str
+    asked: Any
+    served: Any
+    source: str    # where `served` comes from: "log", "/v1/models", or "" (nowhere)
+    status: str    # ok | mismatch | missing | not shown by vLLM | not checked
+
+    @property
+    def warning(self) -> str | None:
+        """One line, for a field that did not reach vLLM as asked (None when it did or when
+        vLLM does not show it)."""
+        if self.status == "mismatch":
+            return f"{self.field}: asked {self.asked!r}, vLLM loaded {self.served!r} " \
+                   f"({self.source})"
+        if self.status == "missing":
+            return f"{self.field}: asked {self.asked!r}, not in vLLM's {self.source} " \
+                   f"({self.served})"
+        return None
+
+
+@dataclass(frozen=True)
+class ServedCheck:
+    """What vLLM loaded, field by field, and the warnings for what did not reach it."""
+
+    run_id: str
+    ready: bool                    # the server answered /v1/models
+    version: str | None
+    fields: list[FieldCheck]
+    problems: list[str]            # why some fields could not be checked
+    models: list[dict[str, Any]]   # /v1/models' entries: id, root, max_model_len
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.problems + [w for f in self.fields if (w := f.warning)]
+
+    @property
+    def not_shown(self) -> list[str]:
+        return [f.field for f in self.fields if f.status == NOT_SHOWN]
+
+    def summary(self) -> str:
+        """One line: what vLLM was seen to load, and what it does not show."""
+        seen = ", ".join(f"{f.field} {f.asked if f.served is None else f.served!r}"
+                         for f in self.fields if f.status == "ok")
+        out = f"vLLM {self.version or '?'} loaded: {seen or 'nothing checked'}"
+        return out + (f"; {NOT_SHOWN}: {', '.join(self.not_shown)}" if self.not_shown else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "ready": self.ready, "version": self.version,
+                "fields": [asdict(f) for f in self.fields], "warnings": self.warnings,
+                "not_shown_by_vllm": self.not_shown, "models": self.models}
+
+
+def drafter_fields(draft_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What the drafter's config.json asks vLLM for, read the way vLLM reads it: aux ids from
+    the top level, else eagle_config's (None: the target's defaults); norm_before_fc from
+    eagle_config, else the top level; norm_output only when the config has it."""
+    nested = draft_cfg.get("eagle_config")
+    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    aux = draft_cfg.get("eagle_aux_hidden_state_layer_ids") or \
+        eagle.get("eagle_aux_hidden_state_layer_ids")
+    out: dict[str, Any] = {
+        "aux_layer_ids": [int(i) for i in aux] if isinstance(aux, list) and aux else None,
+        "norm_before_fc": bool(eagle.get("norm_before_fc", draft_cfg.get("norm_before_fc",
+                                                                         False))),
+        "draft_vocab_size": draft_cfg.get("draft_vocab_size") or draft_cfg.get("vocab_size")}
+    if "norm_output" in draft_cfg:
+        out["norm_output"] = bool(draft_cfg["norm_output"])
+    return out
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    return isinstance(a, str) and isinstance(b, str) and \
+        posixpath.normpath(a) == posixpath.normpath(b)
+
+
+def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog | None,
+                   models: list[dict[str, Any]] | None) -> list[FieldCheck]:
+    """Each asked field against the log and /v1/models (pure). req carries resolved paths.
+    A source that is None was not read: its fields are `not checked`; so is a field absent
+    from a log that does not show the server started (it may not have come to that line)."""
+    out: list[FieldCheck] = []
+
+    def put(name: str, asked: Any, served: Any, source: str, same: bool, shown: bool) -> None:
+        if source == "log" and log is None or source == "/v1/models" and models is None:
+            status = "not checked"
+        elif not shown:
+            status = "missing" if source != "log" or log is not None and log.ready \
+                else "not checked"
+        else:
+            status = "ok" if same else "mismatch"
+        out.append(FieldCheck(name, asked, served, source, status))
+
+    spec = None if log is None else log.spec
+    shown = spec is not None and bool(spec)
+    why = "no speculative config: speculative decoding is off" if spec == {} else \
+        "no SpeculativeConfig(...) in its config line"
+    for name, key, asked in (("method", "method", "eagle3"), ("model", "model", req.ckpt),
+                             ("num_speculative_tokens", "num_spec_tokens", req.k)):
+        got = spec.get(key) if spec else None
+        same = _same_path(asked, got) if name == "model" else got == asked
+        put(name, asked, got if shown else why, "log", same, shown and key in (spec or {}))
+    roots = [m.get("root") or m.get("id") for m in models or []]
+    put("verifier", req.verifier, roots[0] if roots else "no model listed", "/v1/models",
+        any(_same_path(req.verifier, r) or r == req.verifier for r in roots), bool(roots))
+    want = drafter_fields(draft_cfg)
+    aux = want["aux_layer_ids"]
+    got_aux = None if log is None or log.aux_layer_ids is None else list(log.aux_layer_ids)
+    logs_aux = log is not None and (log.version_tuple or (0,)) >= AUX_LOGGED_SINCE
+    if aux is None:  # the target's defaults: vLLM says nothing when it picks them
+        out.append(FieldCheck("aux_layer_ids", "the target's defaults", got_aux, "log",
+                              "not checked" if log is None or not log.ready and got_aux is None
+                              else "ok" if got_aux is None else "mismatch"))
+    elif got_aux is None and not logs_aux and log is not None:
+        out.append(FieldCheck("aux_layer_ids", aux, None, "", NOT_SHOWN))
+    else:
+        put("aux_layer_ids", aux, got_aux if got_aux is not None else
+            "no 'Using auxiliary layers from speculative config' line: vLLM captures the "
+            "target's default layers", "log", got_aux == aux, got_aux is not None)
+    for name in ("norm_before_fc", "norm_output", "draft_vocab_size"):
+        if name in want:
+            out.append(FieldCheck(name, want[name], None, "", NOT_SHOWN))
+    return out
+
+
+async def _models(host: Host, port: int) -> list[dict[str, Any]]:
+    """/v1/models' entries, fetched through the host's own connection (MetricsError when the
+    server does not answer; ValueError when the answer is not its JSON)."""
+    text = await fetch(host.transport, split_url(f"http://127.0.0.1:{port}/v1/models"))
+    doc = json.loads(text)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("no `data` list in /v1/models' answer")
+    return [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in data
+            if isinstance(m, dict)]
+
+
+async def wait_until_served(host: Host, run: Run, port: int, timeout: float = CHECK_TIMEOUT,
+                            poll: float = CHECK_POLL) -> tuple[list[dict[str, Any]] | None, str]:
+    """/v1/models' entries once the server answers, or None and why it never did (the run
+    ended, or `timeout` seconds went by)."""
+    deadline = time.monotonic() + timeout
+    why = ""
+    while True:
+        try:
+            return await _models(host, port), ""
+        except (MetricsError, ValueError) as e:
+            why = e.why if isinstance(e, MetricsError) else str(e)
+        recs = await list_runs(host, run.id)
+        if recs and all(r.status != "running" for r in recs):
+            return None, f"the run {recs[0].status} before vLLM answered /v1/models " \
+                         f"(`follow {run.id}` shows its log)"
+        if time.monotonic() + poll > deadline:
+            return None, f"vLLM did not answer /v1/models within {timeout:g} s ({why})"
+        await asyncio.sleep(poll)
+
+
+async def read_startup_log(host: Host, run: Run) -> StartupLog | None:
+    """The speculative config in the run's output.log (None when it cannot be read)."""
+    rec = run.records[0] if run.records else None
+    if rec is None or not rec.run_dir:
+        return None
+    try:
+        data = await host.transport.read_range(posixpath.join(rec.run_dir, "output.log"), 0,
+                                               LOG_LIMIT)
+    except TransportError:
+        return None
+    return parse_startup_log(data.decode("utf-8", errors="replace").splitlines())
+
+
+async def check_served(host: Host, req: ServeRequest, run: Run, *,
+                       timeout: float = CHECK_TIMEOUT, poll: float = CHECK_POLL) -> ServedCheck:
+    """Wait for the started server, then compare what it loaded with what was asked."""
+    await host.connect()
+    # as serve() wrote them into the command line: the drafter resolved, the verifier as given
+    req = replace(req, ckpt=await host.resolve(req.ckpt))
+    models, why = await wait_until_served(host, run, req.port, timeout, poll)
+    log = await read_startup_log(host, run)
+    res = await host.transport.run(["cat", posixpath.join(req.ckpt, "config.json")], check=False)
+    try:
+        draft_cfg = json.loads(res.stdout) if res.returncode == 0 else {}
+    except ValueError:
+        draft_cfg = {}
+    problems = [f"served config not fully checked: {why}"] if why else []
+    if log is None:
+        problems.append("served config not checked in the log: the run's output.log cannot "
+                        "be read")
+    elif models is not None and not log.ready:
+        problems.append("vLLM answers /v1/models but its log shows no startup: the log may "
+                        "be another server's")
+    return ServedCheck(run_id=run.id, ready=models is not None,
+                       version=log.version if log else None,
+                       fields=compare_served(req, draft_cfg if isinstance(draft_cfg, dict)
+                                             else {}, log, models),
+                       problems=problems, models=models or [])

@@ -1,13 +1,23 @@
 """`eagle3-console serve HOST CKPT --verifier V [--tp N] [--k K] [--port P] [-- EXTRA...]`:
 inspect the drafter on HOST, refuse what vLLM would not load, then start `vllm serve` with it as
-a detached run (stop it with `stop RUN`, watch its log with `follow RUN`)."""
+a detached run (stop it with `stop RUN`, watch its log with `follow RUN`). Then, until the
+server answers (at most --check-timeout seconds), wait and read back what vLLM loaded (its
+startup log and /v1/models): a field that did not reach it is a warning (`warnings` in --json)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from console.checkpoints.serve import ServeRequest, serve, vllm_argv
+from console.checkpoints.serve import (
+    CHECK_TIMEOUT,
+    ServedCheck,
+    ServeRequest,
+    check_served,
+    serve,
+    vllm_argv,
+)
 from console.hosts.host import Host, close_hosts, host_of
 from console.settings.config import Config
 
@@ -25,6 +35,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="server port on the host (default 8000)")
     p.add_argument("--force", action="store_true", help="start even if it is already served")
     p.add_argument("--json", action="store_true", help="print the run and the command as JSON")
+    p.add_argument("--check-timeout", type=float, default=CHECK_TIMEOUT, metavar="SECONDS",
+                   help="how long to wait for the server before checking what it loaded "
+                        f"(default {CHECK_TIMEOUT:g})")
+    p.add_argument("--no-check", action="store_true",
+                   help="return once started, without reading back what vLLM loaded")
     p.epilog = "Words after `--` go to `vllm serve` as they are."
 
 
@@ -32,18 +47,28 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     req = ServeRequest(ckpt=args.ckpt, verifier=args.verifier, tp=args.tp, k=args.k,
                        port=args.port, extra=list(args.passthrough))
     pool: dict[str, Host] = {}
+    checked: ServedCheck | None = None
     try:
         host_of(pool, config, args.host)
         started = await serve(config, args.host, req, pool, force=args.force)
+        if not args.no_check:
+            checked = await check_served(pool[args.host], req, started,
+                                         timeout=args.check_timeout)
     finally:
         await close_hosts(pool)
+    warnings = checked.warnings if checked else []
     if args.json:
         print(json.dumps({"id": started.id, "status": started.status,
-                          "argv": vllm_argv(req), "records": [r.raw for r in started.records]},
-                         indent=2))
+                          "argv": vllm_argv(req), "records": [r.raw for r in started.records],
+                          "served": checked.to_dict() if checked else None,
+                          "warnings": warnings}, indent=2))
         return 0
     print(started.id)
     for r in started.records:
         print(f"  {r.host}: pid {r.raw.get('pid')} {r.status}  {r.run_dir}")
     print(f"  metrics: http://127.0.0.1:{args.port}/metrics on {args.host}")
+    if checked:
+        print(f"  served: {checked.summary()}")
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     return 0

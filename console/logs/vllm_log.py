@@ -194,13 +194,16 @@ def _pop(parts: dict[str, str], *names: str) -> str | None:
 
 def _engine(prefix: str, body: str) -> EngineStats:
     parts = _labels(body)
+    kv = _pop(parts, "gpu kv cache usage", "kv cache usage")
+    if kv is None:  # vLLM's CPU build prints "CPU KV cache usage" (v0's CPU one was swap space)
+        kv = _pop(parts, *[k for k in parts if k.endswith(" kv cache usage")])
     return EngineStats(
         **_head(prefix),
         prompt_throughput=_num(_pop(parts, "avg prompt throughput")),
         generation_throughput=_num(_pop(parts, "avg generation throughput")),
         running=_int(_pop(parts, "running")),
         waiting=_int(_pop(parts, "waiting", "pending")),
-        kv_cache_usage_pct=_pct(_pop(parts, "gpu kv cache usage", "kv cache usage")),
+        kv_cache_usage_pct=_pct(kv),
         prefix_cache_hit_rate_pct=_pct(_pop(parts, "prefix cache hit rate")),
         extra={k: _value(v) for k, v in parts.items()})
 

@@ -20,9 +20,16 @@ drafts counter: its acceptance length and per-position rates are None, its rate 
 
 Every sample name is read with `_total` stripped, because prometheus_client's parser strips it
 from counter *family* names but not from sample names, and an untyped page keeps it everywhere.
+A counter's `_created` samples (its creation time, ~1.7e9: prometheus_client writes one per
+label set) are never read as its value.
 Several engines (data parallel) each label their own series: counters are summed, so are the
 request gauges; the KV-cache fraction is their mean. A counter that goes down (a restarted
 server) starts a new series: figures never span a restart, so they are never negative.
+
+Generation and prompt tokens/s are the two counters' own differences over the span. They read
+the same in an idle span (0 and 0) and in one whose requests produced as many tokens as their
+prompts held (a benchmark with input length = output length): vLLM's log line then prints the
+same pair (recorded: tests/fixtures/vllm/metrics-0.32.0-cpu-{1,2}.txt, 16 and 16 tokens).
 """
 
 from __future__ import annotations
@@ -98,6 +105,8 @@ def parse_snapshot(text: str, t: float, clock: float | None = None) -> Snapshot:
     ours = "\n".join(m.group(0) for m in _OURS.finditer(text)) + "\n"
     for family in text_string_to_metric_families(ours):
         for s in family.samples:
+            if s.name.endswith("_created"):  # the filter keeps them out already; never a value
+                continue
             name = s.name[:-6] if s.name.endswith("_total") else s.name
             if name not in _WANTED or not math.isfinite(s.value):
                 continue

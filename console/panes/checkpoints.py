@@ -5,7 +5,8 @@
                engine's progress events, then the result's own inspect report is shown
     v          serve it in vLLM (dialog: verifier, TP, k, port, extra args): checked, then
                started as a detached run (console/checkpoints/serve.py); the Runs pane follows and
-               stops it
+               stops it. Once the server answers, what vLLM loaded is read back and a field that
+               did not reach it is shown as a warning
     m          compare the served drafters by vLLM's measured acceptance (screens/compare.py)
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
@@ -27,7 +28,7 @@ from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from console.checkpoints.serve import ServeRequest, serve
+from console.checkpoints.serve import ServeRequest, check_served, serve
 from console.checkpoints.service import (
     Checkpoint,
     convert_checkpoint,
@@ -359,9 +360,20 @@ class CheckpointsPane(ShownTimers, Vertical):
         except ConsoleError as e:
             view.show_error(f"serve refused: {describe_error(e)}", heading)
             return
-        view.show_text(f"{heading}\nstarted as run {run.id} ({run.status}); follow or stop it in "
-                       f"the Runs pane (5); metrics at http://127.0.0.1:{req.port}/metrics")
+        started = (f"{heading}\nstarted as run {run.id} ({run.status}); follow or stop it in "
+                   f"the Runs pane (5); metrics at http://127.0.0.1:{req.port}/metrics")
+        view.show_text(started + "\nwaiting for the server to read back what vLLM loaded…")
         self.notify(f"Serving {req.ckpt} as run {run.id}")
+        try:
+            checked = await check_served(pool.hosts[host], req, run)
+        except ConsoleError as e:
+            view.show_text(f"{started}\nserved config not checked: {describe_error(e)}")
+            return
+        view.show_text("\n".join([started, checked.summary(),
+                                  *(f"warning: {w}" for w in checked.warnings)]))
+        if checked.warnings:
+            self.notify(f"served config: {len(checked.warnings)} warning(s): "
+                        f"{checked.warnings[0]}", severity="warning")
 
     def action_compare(self) -> None:
         self.app.push_screen(CompareScreen())
