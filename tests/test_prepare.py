@@ -111,11 +111,12 @@ def test_truncation_keeps_mask_aligned(tok: Any) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Path:
-    """A random-init 6-layer transformers Llama with the demo tokenizer (no quality needed)."""
+    """A random-init 7-layer transformers Llama with the demo tokenizer (no quality needed): the
+    fewest layers whose default aux ids 2, N//2, N-3 are distinct."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=256, tie_word_embeddings=False,
                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     d = tmp_path_factory.mktemp("tiny") / "target"
@@ -155,7 +156,7 @@ def test_prepare_writes_shards_with_the_targets_features(tiny_target: Path, prep
     out, convs, manifest = prepared
     assert manifest == json.loads((out / "manifest.json").read_text())
     assert manifest["samples"] == len(convs) and manifest["skipped"]["no_assistant_tokens"] == 1
-    assert manifest["aux_layer_ids"] == [2, 3, 4] and manifest["dtype"] == "float32"  # distinct
+    assert manifest["aux_layer_ids"] == [2, 3, 4] and manifest["dtype"] == "float32"
     assert manifest["target"]["hidden_size"] == 32 and manifest["max_len"] == 64
     with safe_open(str(out / manifest["shards"][0]["file"]), "pt") as f:
         assert f.get_tensor("aux_hidden_states").shape[1] == 96
@@ -170,8 +171,8 @@ def test_prepare_writes_shards_with_the_targets_features(tiny_target: Path, prep
         assert s.loss_mask.tolist() == tokenize_conversation(tok, turns, 64).loss_mask
         with torch.no_grad():
             hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
-        # aux = inputs of layers 2, N//2, N-3 = HF hidden_states[2], [3], [3]; final = post-norm
-        ref = torch.cat([hs[2], hs[3], hs[3]], -1)[0]
+        # aux = inputs of layers 2, N//2, N-3 = HF hidden_states[2], [3], [4]; final = post-norm
+        ref = torch.cat([hs[2], hs[3], hs[4]], -1)[0]
         torch.testing.assert_close(s.aux, ref, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(s.hidden, hs[-1][0], atol=1e-4, rtol=1e-4)
     assert manifest["loss_tokens"] == sum(int(data[i].loss_mask.sum()) for i in range(len(data)))

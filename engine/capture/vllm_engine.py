@@ -16,7 +16,7 @@ only for the rest) and the same disk estimate before anything is asked.
 
 Trust: for the first sample of every --check-every'th batch vLLM also returns its prompt
 log-probs, and the target's log-prob of each next token is rebuilt from the captured final state
-(final norm + lm_head): a median difference above the tolerance stops the capture naming the
+(final norm + lm_head): a mean difference above the tolerance stops the capture naming the
 sample (a backbone that hands back the wrong layer, as vLLM's DeepSeek-V2 did before PR 46973,
 fails it by whole nats).
 
@@ -66,9 +66,11 @@ from engine.events import Emitter
 from engine.fileio import sha256_file, write_json
 
 EXTENSION = "engine.capture.vllm_worker.CaptureExtension"
-#: median |log-prob difference| (nats) the self-check accepts, by stored dtype
+#: mean |log-prob difference| (nats) the self-check accepts, by stored dtype. The mean, not the
+#: median: where a target is sure of most tokens a wrong layer still gets those right, and
+#: shows in the others (the demo target: mean 0.49 for the layer before, 0.0 for the right one)
 CHECK_TOLERANCE = {torch.float32: 0.02, torch.float16: 0.25, torch.bfloat16: 0.25}
-CHECK_POSITIONS = 32  # positions compared per checked sample
+CHECK_POSITIONS = 64  # positions compared per checked sample
 
 
 def keep_stdout_for(ev: Emitter) -> None:
@@ -221,10 +223,10 @@ def _take_segment(segments: list[tuple[list[int], Tensor]], prompt: list[int]) -
 def self_check(sid: str, ids: list[int], hidden: Tensor, logprobs: list[float | None],
                head: Tensor, tol: float) -> dict[str, float]:
     """Rebuild log p(next token) from the final-norm state and compare with vLLM's prompt
-    log-probs at up to CHECK_POSITIONS positions; raise when the median differs by > tol."""
+    log-probs at up to CHECK_POSITIONS positions; raise when the mean differs by > tol."""
     n = len(ids) - 1
     if n < 1:
-        return {"median": 0.0, "max": 0.0, "positions": 0}
+        return {"mean": 0.0, "max": 0.0, "positions": 0}
     at = sorted({round(i * (n - 1) / max(CHECK_POSITIONS - 1, 1)) for i in range(CHECK_POSITIONS)}
                 if n > CHECK_POSITIONS else range(n))
     ours = torch.log_softmax(hidden[at].float() @ head.T, dim=-1)
@@ -234,15 +236,15 @@ def self_check(sid: str, ids: list[int], hidden: Tensor, logprobs: list[float | 
         if theirs is not None:
             diffs.append(abs(float(ours[row, ids[t + 1]]) - theirs))
     if not diffs:
-        return {"median": 0.0, "max": 0.0, "positions": 0}
-    med = float(torch.tensor(diffs).median())
-    if med > tol:
+        return {"mean": 0.0, "max": 0.0, "positions": 0}
+    mean = sum(diffs) / len(diffs)
+    if mean > tol:
         raise EngineError(
             f"capture self-check failed on sample {sid!r}: the target's log-probs rebuilt from "
-            f"the captured final layer differ from vLLM's own by {med:.3f} nats (median over "
-            f"{len(diffs)} positions; tolerance {tol}): the hidden states do not come from the "
-            "layer they claim (a vLLM backbone returning another layer?)")
-    return {"median": med, "max": max(diffs), "positions": len(diffs)}
+            f"the captured final layer differ from vLLM's own by {mean:.3f} nats (mean over "
+            f"{len(diffs)} positions, max {max(diffs):.2f}; tolerance {tol}): the hidden states "
+            "do not come from the layer they claim (a vLLM backbone returning another layer?)")
+    return {"mean": mean, "max": max(diffs), "positions": len(diffs)}
 
 
 def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: int = 1,

@@ -26,7 +26,7 @@ from engine.ckpt.key_map import (
 )
 from engine.ckpt.safetensors_io import FLOAT_CODES
 from engine.errors import EngineError
-from engine.model.config import Eagle3Config, repeated_aux_ids
+from engine.model.config import Eagle3Config, aux_ids_problem
 
 
 @dataclass(frozen=True)
@@ -155,13 +155,12 @@ def _aux_check(cfg: Eagle3Config, cfg_file: str) -> Check:
     if cfg.aux_layer_ids is None and n is None:
         return Check("aux_layer_ids", True, "defaults 2, N//2, N-3 (target layers not recorded)")
     ids = cfg.resolved_aux_layer_ids(n)
-    rep = repeated_aux_ids(ids)
-    if not rep:
-        return Check("aux_layer_ids", True, f"{ids} distinct")
+    problem = aux_ids_problem(ids)
+    if problem is None:
+        return Check("aux_layer_ids", True, f"{ids} distinct, ascending")
     where = ("eagle_aux_hidden_state_layer_ids" if cfg.aux_layer_ids is not None
              else f"the defaults for {n} target layers")
-    msg = (f"{ids} repeat {rep} ({where}): vLLM de-duplicates them and feeds "
-           f"{len(set(ids))} states to an fc built for {len(ids)}")
+    msg = f"{ids} ({where}) {problem}"
     return Check("aux_layer_ids", False, msg, f"{cfg_file}: aux layer ids {msg}")
 
 

@@ -272,7 +272,7 @@ class Eagle3Config:
         they may be omitted): 2, N//2, N-3, and distinct."""
         return (self.target_num_layers is not None and self.aux_layer_ids is not None
                 and self.aux_layer_ids == serving_default_aux_ids(self.target_num_layers)
-                and not repeated_aux_ids(self.aux_layer_ids))
+                and aux_ids_problem(self.aux_layer_ids) is None)
 
 
 def serving_default_aux_ids(n: int) -> list[int]:
@@ -288,9 +288,22 @@ def repeated_aux_ids(ids: list[int]) -> list[int]:
     return sorted({i for i in ids if ids.count(i) > 1})
 
 
+def aux_ids_problem(ids: list[int]) -> str | None:
+    """What vLLM would get wrong about these ids: repeats (it de-duplicates them) or an order
+    other than ascending (it sorts them, so fc's column blocks would meet other layers)."""
+    rep = repeated_aux_ids(ids)
+    if rep:
+        return f"repeat {rep}: vLLM de-duplicates them and feeds {len(set(ids))} states to an " \
+               f"fc built for {len(ids)}"
+    if ids != sorted(ids):
+        return "are not ascending: vLLM sorts them, so fc's column blocks would meet other layers"
+    return None
+
+
 def default_aux_layer_ids(n: int) -> list[int]:
     """The ids the engine captures and trains with: the serving defaults, or, where two of them
-    meet (fewer than 7 layers), the nearest distinct layers (6 layers: 2, 3, 4)."""
+    meet or fall out of order (fewer than 7 layers), the nearest distinct ascending layers (6
+    layers: 2, 3, 4)."""
     if n < 3:
         raise EngineError(f"a target with {n} decoder layer(s) has no 3 distinct aux layers")
     ids = serving_default_aux_ids(n)

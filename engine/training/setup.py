@@ -29,7 +29,7 @@ from engine.data.target import Target, read_config
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.fileio import sha256_file
-from engine.model.config import repeated_aux_ids, serving_default_aux_ids
+from engine.model.config import aux_ids_problem, serving_default_aux_ids
 from engine.model.draft import Eagle3Config, Eagle3Draft
 from engine.training.config import TrainConfig
 
@@ -72,7 +72,7 @@ def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int]) -> Eagle3Confi
     stored = str(tcfg.get("torch_dtype") or tcfg.get("dtype") or "bfloat16").replace("torch.", "")
     d.update(num_hidden_layers=1, draft_vocab_size=vd, tie_word_embeddings=False,
              target_num_hidden_layers=n, torch_dtype=stored)
-    if aux != serving_default_aux_ids(n) or repeated_aux_ids(aux):
+    if aux != serving_default_aux_ids(n) or aux_ids_problem(aux) is not None:
         d["eagle_aux_hidden_state_layer_ids"] = aux  # what serving engines compute, else named
     return Eagle3Config.from_dict(d)
 
@@ -167,12 +167,11 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     n = int(tcfg["num_hidden_layers"])
     # data without ids (another tool's) holds the standard layers: what serving engines compute
     aux = list(data.aux_layer_ids) if data.aux_layer_ids else serving_default_aux_ids(n)
-    if repeated_aux_ids(aux):
+    problem = aux_ids_problem(aux)
+    if problem is not None:
         raise EngineError(
-            f"--data {cfg.data}: aux layer ids {aux} repeat {repeated_aux_ids(aux)} (a "
-            f"{n}-layer target): vLLM de-duplicates them and a drafter trained on them fails at "
-            "its first speculative step; prepare the data again (the engine now picks distinct "
-            "layers)")
+            f"--data {cfg.data}: aux layer ids {aux} (a {n}-layer target) {problem}; prepare "
+            "the data again (the engine picks distinct ascending layers)")
     prov: dict[str, Any] = {"data_sha256": data_hash(data), "aux_layer_ids": aux}
     if cfg.finetune_from:
         dcfg, sd, prov["finetune"] = _finetune(cfg, tcfg, aux, head, data, ev)
