@@ -146,22 +146,52 @@ class _OneBatch:
 
 def check_bf16_train_step(cpu: bool) -> dict[str, Any]:
     import torch
-    from torch.optim.lr_scheduler import LambdaLR
-
-    sys.path.insert(0, str(BENCH))
-    import train as bench  # benchmarks/train.py: step_draft, step_inputs, STEP_SHAPE
-
-    from engine.dist import Dist
-    from engine.model.config import preset
-    from engine.model.ttt_loss import step_rows
-    from engine.training.config import TrainConfig
-    from engine.training.plan import Step
-    from engine.training.train import Trainer, Unroll, lr_factor
 
     if not cpu and not torch.cuda.is_available():
         return {"status": "fail", "reason": f"no CUDA device (torch {torch.__version__}, "
                                             f"CUDA {torch.version.cuda})"}
     dev = torch.device("cpu" if cpu else "cuda")
+    t0 = time.perf_counter()
+    built = _step_inputs(cpu)
+    if "status" in built:
+        return built
+    setup_s = time.perf_counter() - t0
+    tr = _trainer(built, dev)
+    base_kb = _rss_kb()
+    if not cpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    from engine.training.plan import Step
+    step = Step(epoch=0, index=0, micro=((0,),))
+    metrics = []
+    for _ in range(built["warm"] + built["timed"]):
+        metrics.append(tr.train_step(step))
+        tr.step += 1
+    last = metrics[-1]
+    if not (math.isfinite(last["loss"]) and math.isfinite(last["grad_norm"])):
+        return {"status": "fail", "reason": f"loss {last['loss']} grad_norm {last['grad_norm']}"}
+    out = _step_report(built, metrics, dev, cpu, bool(tr.amp), setup_s)
+    if cpu:
+        import resource
+        out["peak_rss_mb"] = round(
+            (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_kb) / 1024)
+    else:
+        out["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
+    return out
+
+
+def _step_inputs(cpu: bool) -> dict[str, Any]:
+    """The drafter and one batch at the check's shape (benchmarks/train.py builds both), or a
+    failure when the drafter is not the llama3-8b preset's shape."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    import train as bench  # benchmarks/train.py: step_draft, step_inputs, STEP_SHAPE
+
+    from engine.model.config import preset
+    from engine.model.ttt_loss import step_rows
+    from engine.training.config import TrainConfig
+
     k = TrainConfig.__dataclass_fields__["ttt_steps"].default  # the trainer's default K
     if cpu:
         h, t, v, vd, nh, nkv, warm, timed = 128, 128, 4096, 1024, 4, 2, 1, 3
@@ -172,7 +202,6 @@ def check_bf16_train_step(cpu: bool) -> dict[str, Any]:
         torch.set_num_threads(min(16, os.cpu_count() or 1))  # the CPU-side input building
     bench.STEP_SHAPE.update(t=t, v=v, vd=vd, heads=nh, kv_heads=nkv)
     spec = {"impl": "new", "hidden": h, "k": k, "coverage": 0.9}
-    t0 = time.perf_counter()
     draft = bench.step_draft(spec)  # fp32 on the CPU, as the trainer builds it
     inputs = bench.step_inputs(spec, draft)
     cfg_d = draft.config
@@ -189,48 +218,57 @@ def check_bf16_train_step(cpu: bool) -> dict[str, Any]:
              "hidden": inputs["hidden"].to(stored), "target_argmax": inputs["stored_top"]}
     in_vocab = draft.t2d[inputs["stored_top"]]
     rows = [int(r.numel()) for r in step_rows(inputs["loss_mask"], in_vocab, k)]
-    head_d = inputs["head_d"]
-    del inputs
-    setup_s = time.perf_counter() - t0
+    return {"draft": draft, "head_d": inputs["head_d"], "batch": batch, "rows": rows, "k": k,
+            "h": h, "t": t, "v": v, "vd": vd, "nh": nh, "nkv": nkv, "warm": warm,
+            "timed": timed}
 
+
+def _trainer(built: dict[str, Any], dev: Any) -> Any:
+    """The trainer's own step on an in-memory one-batch data source: what Trainer.setup() does
+    after building (engine/training/train.py), one process."""
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from engine.dist import Dist
+    from engine.training.config import TrainConfig
+    from engine.training.train import Trainer, Unroll, lr_factor
+
+    k, steps = built["k"], built["warm"] + built["timed"]
     work = tempfile.mkdtemp(prefix="gpu-check-train-")
     cfg = TrainConfig(target=work, data=work, out=work, ttt_steps=k, precision="bf16",
-                      max_steps=warm + timed)
+                      max_steps=steps)
     tr = Trainer(cfg, Dist(device=dev), _quiet(), [])  # tr.amp: bf16 autocast on CUDA only
-    tr.setup_ = type("S", (), {"data": _OneBatch(batch)})()  # type: ignore[assignment]
-    # What Trainer.setup() does after building (engine/training/train.py), one process.
-    tr.draft = draft.to(dev)
-    tr.head_d = head_d.to(dev)
+    tr.setup_ = type("S", (), {"data": _OneBatch(built["batch"])})()  # type: ignore[assignment]
+    tr.draft = built["draft"].to(dev)
+    tr.head_d = built["head_d"].to(dev)
     tr.lm_head = None
     tr.module = Unroll(tr.draft, k)
     tr.opt = torch.optim.AdamW([p for p in tr.module.parameters() if p.requires_grad],
                                lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    tr.total, tr.warmup, tr.step = warm + timed, 0, 0
+    tr.total, tr.warmup, tr.step = steps, 0, 0
     tr.sched = LambdaLR(tr.opt, lambda s: lr_factor(s, tr.total, tr.warmup))
-    step = Step(epoch=0, index=0, micro=((0,),))
-    base_kb = _rss_kb()
-    if not cpu:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    metrics = []
-    for _ in range(warm + timed):
-        metrics.append(tr.train_step(step))
-        tr.step += 1
-    last = metrics[-1]
-    if not (math.isfinite(last["loss"]) and math.isfinite(last["grad_norm"])):
-        return {"status": "fail", "reason": f"loss {last['loss']} grad_norm {last['grad_norm']}"}
+    return tr
+
+
+def _step_report(built: dict[str, Any], metrics: list[dict[str, Any]], dev: Any, cpu: bool,
+                 amp: bool, setup_s: float) -> dict[str, Any]:
+    import torch
+
+    warm, timed, k, t, rows = built["warm"], built["timed"], built["k"], built["t"], built["rows"]
+    cfg_d = built["draft"].config
     times = [m["step_time_s"] for m in metrics[warm:]]
     med = statistics.median(times)
-    flops = step_flops(h, cfg_d.intermediate_size, nh, nkv, cfg_d.head_dim, vd, t, k, rows)
+    flops = step_flops(built["h"], cfg_d.intermediate_size, built["nh"], built["nkv"],
+                       cfg_d.head_dim, built["vd"], t, k, rows)
     name = "cpu" if cpu else torch.cuda.get_device_name(dev)
     peak = None if cpu else peak_bf16(name)
-    share = {}
-    for phase in ("data", "target", "draft", "backward", "optimizer"):
-        share[phase] = round(statistics.median(m.get(f"t_{phase}_s", 0.0)
-                                               for m in metrics[warm:]) / med, 3)
-    out: dict[str, Any] = {
-        "status": "ok", "device": name, "precision": "bf16-autocast" if tr.amp else "fp32",
-        "hidden": h, "t": t, "k": k, "vocab": v, "draft_vocab": vd,
+    share = {phase: round(statistics.median(m.get(f"t_{phase}_s", 0.0)
+                                            for m in metrics[warm:]) / med, 3)
+             for phase in ("data", "target", "draft", "backward", "optimizer")}
+    last = metrics[-1]
+    return {
+        "status": "ok", "device": name, "precision": "bf16-autocast" if amp else "fp32",
+        "hidden": built["h"], "t": t, "k": k, "vocab": built["v"], "draft_vocab": built["vd"],
         "tokens_per_s": round(t / med, 1), "step_ms": round(1000 * med, 2),
         "step_ms_min": round(1000 * min(times), 2), "steps_timed": timed, "warmup": warm,
         "lm_head_rows_per_step": round(sum(rows) / (k * t), 3),
@@ -241,13 +279,6 @@ def check_bf16_train_step(cpu: bool) -> dict[str, Any]:
         "loss": round(last["loss"], 4), "share": share, "setup_s": round(setup_s, 1),
         "torch": torch.__version__, "cuda": torch.version.cuda,
     }
-    if cpu:
-        import resource
-        out["peak_rss_mb"] = round(
-            (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_kb) / 1024)
-    else:
-        out["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
-    return out
 
 
 def _rss_kb() -> int:
