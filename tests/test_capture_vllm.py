@@ -134,7 +134,7 @@ def full_capture(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory
 def test_from_vllm_equals_the_transformers_path(demo_dir: Path, full_capture: Any) -> None:
     out, evs, left = full_capture
     want, got = (json.loads((d / "manifest.json").read_text()) for d in (demo_dir / "data", out))
-    assert got["capture"]["via"] == "vllm" and got["capture"]["layer_ids"] == [2, 3, 6]
+    assert got["capture"]["via"] == "vllm" and got["capture"]["layer_ids"] == [2, 3, 4, 7]
     for m in (want, got):
         for k in ("seconds", "created", "capture"):
             m.pop(k, None)
@@ -281,7 +281,7 @@ def test_wrong_token_ids_and_nan_are_rejected_naming_the_sample(
     nan_ids, nan_sid = sorted(ids.items())[7]
     s2 = standin(nan_for={nan_ids}, storage=str(tmp_path / "hs2"))
     with pytest.raises(EngineError, match=f"sample {nan_sid!r}: non-finite values in "
-                       r"hidden_states of .* \(position \d+, layer id 6\)"):
+                       r"hidden_states of .* \(position \d+, layer id 7\)"):
         prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(tmp_path / "d2"),
                           s2.url, max_len=int(MAX_LEN), ev=quiet())
 
@@ -339,10 +339,10 @@ def parse_serve(argv: list[str]) -> dict[str, Any]:
     return opts
 
 
-@pytest.mark.parametrize("layers,want", [(6, [2, 3, 6]), (61, [2, 30, 58, 61])])
+@pytest.mark.parametrize("layers,want", [(7, [2, 3, 4, 7]), (61, [2, 30, 58, 61])])
 def test_capture_server_print_parses_back(demo_dir: Path, tmp_path: Path, layers: int,
                                           want: list[int]) -> None:
-    target = demo_dir / "target" if layers == 6 else config_target(
+    target = demo_dir / "target" if layers == 7 else config_target(
         tmp_path / "glm", model_type="glm4_moe", hidden_size=5120, num_hidden_layers=61)
     p = run_engine("capture-server", "--target", str(target), "--tp", "8", "--port", "8123",
                    "--storage", str(tmp_path / "hs"), "--print")

@@ -20,9 +20,9 @@ K = 3
 def test_eval_json(demo_dir: Path) -> None:
     p = run_engine("eval", "--draft", str(demo_dir / "public-drafter"), "--target",
                    str(demo_dir / "target"), "--data", str(demo_dir / "eval"), "--steps", str(K),
-                   "--max-samples", "8", "--max-new-tokens", "32", "--json")
+                   "--max-samples", "40", "--max-new-tokens", "32", "--json")
     res = json.loads(p.stdout)
-    assert res["samples"] == 8 and res["steps"] == K and res["drafts"] > 0
+    assert res["samples"] == 40 and res["steps"] == K and res["drafts"] > 0
     pos = res["per_position"]
     assert len(pos) == K and all(1 >= a >= b >= 0 for a, b in zip(pos, pos[1:], strict=False))
     # vLLM: mean acceptance length = 1 + accepted / drafts = 1 + sum of per-position rates
@@ -61,7 +61,7 @@ def test_replay_counts_what_speculative_decoding_accepts(demo_dir: Path) -> None
         aux, _ = target.features(torch.tensor([full]))
         replay(draft, aux.float(), torch.tensor(full), len(prompt) - 1, K, replayed)
         seq = speculative_decode(target, draft, prompt, len(full), real)
-        assert seq == full[:len(seq)]  # greedy speculation never changes the text
+        assert seq[:len(full)] == full[:len(seq)]  # greedy speculation never changes the text
         assert real.drafts > 0 and replayed.report() == real.report()
 
 

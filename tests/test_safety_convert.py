@@ -314,14 +314,20 @@ def temps(d: Path) -> list[str]:
     return sorted(n for n in os.listdir(d) if ".tmp-" in n)
 
 
+def _default_stop_signals() -> None:
+    for s in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def start_and_stop_midway(src: Path, w: Path) -> subprocess.Popen[str]:
     """Start a real convert into w/out and freeze it (SIGSTOP) as soon as its temp dir appears,
     then check it really is mid-way: temp present, DST absent."""
     p = subprocess.Popen([sys.executable, "-m", "engine", "convert", str(src), str(w / "out"),
                           "--to", "eagle"], cwd=REPO, env=engine_env(EAGLE3_HASH_CACHE="0"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         # a runner under nohup hands SIGHUP down ignored: the convert must see it
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                         # a runner under nohup (SIGHUP) or in a background job (SIGINT) hands
+                         # them down ignored: the convert must see them
+                         preexec_fn=_default_stop_signals)
     deadline = time.monotonic() + 120
     while not temps(w) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
