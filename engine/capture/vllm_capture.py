@@ -186,6 +186,74 @@ def resume_state(partial: str, fp: dict[str, Any]) -> list[dict[str, Any]]:
     return shards
 
 
+@dataclass
+class CapturePlan:
+    """What both vLLM paths settle before asking for anything: the samples in the transformers
+    path's order and shard plan, the resume state of OUT.partial, the disk estimate."""
+
+    target_dir: str
+    data_path: str
+    max_len: int
+    cfg: dict[str, Any]
+    samples: list[tuple[str, Tokenized]]
+    skipped: dict[str, int]
+    store: torch.dtype
+    aux_ids: list[int]
+    order: list[int]
+    plan: list[int]
+    partial: str
+    fp: dict[str, Any]
+    shards: list[dict[str, Any]]
+    need: int
+    spec: FeatureSpec
+    committed: int   # samples already in OUT.partial's shards
+    left: int        # tokens still to capture (only these must fit on the disk)
+
+    def manifest(self, shards: list[dict[str, Any]], seconds: float,
+                 capture: dict[str, Any]) -> dict[str, Any]:
+        m = data_manifest(self.samples, self.skipped, self.max_len, self.store, self.aux_ids,
+                          target_dir=self.target_dir,
+                          config_sha256=self.fp["target_config_sha256"],
+                          num_layers=int(self.cfg["num_hidden_layers"]),
+                          hidden=int(self.cfg["hidden_size"]),
+                          vocab_size=int(self.cfg["vocab_size"]), data_path=self.data_path,
+                          source_sha256=self.fp["source_sha256"], shards=shards,
+                          seconds=seconds)
+        m["capture"] = {**capture, "layer_ids": self.spec.layer_ids,
+                        "tokens_per_s": round(self.left / seconds, 1) if seconds > 0 else None}
+        return m
+
+
+def plan_capture(target_dir: str, data_path: str, out_dir: str, max_len: int, dtype: str | None,
+                 shard_mb: float, batch_tokens: int, keep_free_gb: float, ev: Emitter | None,
+                 **fingerprint: Any) -> CapturePlan:
+    """Tokenise, order and plan the samples, pick up OUT.partial and refuse what won't fit.
+    `fingerprint`: more arguments a partial directory must have been started with."""
+    cfg = read_config(target_dir)
+    samples, skipped = tokenize_all(load_tokenizer(target_dir), read_conversations(data_path),
+                                    max_len, ev)
+    if not samples:
+        raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
+    store = stored_dtype(cfg, dtype)
+    hidden = int(cfg["hidden_size"])
+    aux_ids = default_aux_ids(int(cfg["num_hidden_layers"]))
+    order = canonical_order(samples)
+    lengths = [len(samples[i][1].input_ids) for i in order]
+    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb)
+    partial = out_dir.rstrip("/") + ".partial"
+    fp: dict[str, Any] = {
+        "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
+        "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
+        "shard_plan": plan, "aux_layer_ids": aux_ids, **fingerprint}
+    shards = resume_state(partial, fp)
+    committed = sum(int(s["samples"]) for s in shards)
+    left = sum(lengths[committed:])
+    need = check_disk(out_dir, left, hidden, store, keep_free_gb)
+    return CapturePlan(target_dir, data_path, max_len, cfg, samples, skipped, store, aux_ids,
+                       order, plan, partial, fp, shards, need,
+                       FeatureSpec.for_target(target_dir, cfg, aux_ids), committed, left)
+
+
 def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
                       model: str | None = None, concurrency: int = 16, max_len: int = 2048,
                       dtype: str | None = None, shard_mb: float = 1024,
@@ -196,48 +264,24 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
     """Write DATA_DIR from the server at `url` (module docstring); returns the manifest."""
     check_args(out_dir, overwrite, max_len, shard_mb, concurrency)
     client = VllmClient(url, model, max_failures=max_failures, backoff=backoff)
-    cfg = read_config(target_dir)
-    convs = read_conversations(data_path)
-    samples, skipped = tokenize_all(load_tokenizer(target_dir), convs, max_len, ev)
-    if not samples:
-        raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
-    store = stored_dtype(cfg, dtype)
-    n_layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-    aux_ids = default_aux_ids(n_layers)
-    order = canonical_order(samples)
-    lengths = [len(samples[i][1].input_ids) for i in order]
-    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb)
-    partial = out_dir.rstrip("/") + ".partial"
-    fp: dict[str, Any] = {
-        "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
-        "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
-        "shard_plan": plan, "aux_layer_ids": aux_ids}
-    shards = resume_state(partial, fp)
-    committed = sum(int(s["samples"]) for s in shards)
-    left = sum(lengths[committed:])  # only what is still to be written must fit
-    need = check_disk(out_dir, left, hidden, store, keep_free_gb)
-    spec = FeatureSpec.for_target(target_dir, cfg, aux_ids)
+    cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
+                      keep_free_gb, ev)
     model_name = client.served_model()
-    cap = _Capture(client, spec, samples, order, plan, partial, fp, shards, store,
-                   keep_server_files)
+    cap = _Capture(client, cp.spec, cp.samples, cp.order, cp.plan, cp.partial, cp.fp,
+                   cp.shards, cp.store, keep_server_files)
     pool = DaemonPool(concurrency, "capture")
     start = time.monotonic()
-    total = len(samples)
+    total, committed = len(cp.samples), cp.committed
     if ev is not None:
-        ev.log(f"capturing {total - committed} of {total} samples ({left} tokens, about "
-               f"{human(need)}) from {client.root} (model {model_name}, layer ids "
-               f"{spec.layer_ids})" + (f"; {committed} already in {partial}" if committed else ""))
+        ev.log(f"capturing {total - committed} of {total} samples ({cp.left} tokens, about "
+               f"{human(cp.need)}) from {client.root} (model {model_name}, layer ids "
+               f"{cp.spec.layer_ids})"
+               + (f"; {committed} already in {cp.partial}" if committed else ""))
         ev.progress(committed, total, unit="sample", desc="capture", force=True)
     cap.run(pool, concurrency, ev)
-    seconds = time.monotonic() - start
-    manifest = data_manifest(samples, skipped, max_len, store, aux_ids, target_dir=target_dir,
-                             config_sha256=fp["target_config_sha256"], num_layers=n_layers,
-                             hidden=hidden, vocab_size=int(cfg["vocab_size"]),
-                             data_path=data_path, source_sha256=fp["source_sha256"],
-                             shards=cap.writer.shards, seconds=seconds)
-    manifest["capture"] = {"via": "vllm", "model": model_name, "layer_ids": spec.layer_ids,
-                           "tokens_per_s": round(left / seconds, 1) if seconds > 0 else None}
-    finish(partial, out_dir, manifest, "progress.json", "pending.jsonl")
+    manifest = cp.manifest(cap.writer.shards, time.monotonic() - start,
+                           {"via": "vllm", "model": model_name})
+    finish(cp.partial, out_dir, manifest, "progress.json", "pending.jsonl")
     return manifest
 
 

@@ -41,29 +41,20 @@ from torch import Tensor
 
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
-    canonical_order,
-    resume_state,
-    shard_plan,
-    stored_dtype,
+    plan_capture,
 )
 from engine.capture.vllm_client import FeatureSpec
-from engine.ckpt.target_config import config_hash
 from engine.ckpt.target_weights import TargetHead
 from engine.data.chat import Tokenized
-from engine.data.conversations import read_conversations
 from engine.data.disk_estimate import human
 from engine.data.prepare import (
     ShardWriter,
     check_args,
-    check_disk,
-    data_manifest,
     finish,
-    tokenize_all,
 )
-from engine.data.target import default_aux_ids, load_tokenizer, read_config
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import sha256_file, write_json
+from engine.fileio import write_json
 
 EXTENSION = "engine.capture.vllm_worker.CaptureExtension"
 #: mean |log-prob difference| (nats) the self-check accepts, by stored dtype. The mean, not the
@@ -257,53 +248,28 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
     check_args(out_dir, overwrite, max_len, shard_mb)
     if tp < 1 or check_every < 0:
         raise EngineError(f"--tp {tp} / --check-every {check_every}: must be >= 1 / >= 0")
-    cfg = read_config(target_dir)
-    samples, skipped = tokenize_all(load_tokenizer(target_dir), read_conversations(data_path),
-                                    max_len, ev)
-    if not samples:
-        raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
-    store = stored_dtype(cfg, dtype)
-    n_layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
-    aux_ids = default_aux_ids(n_layers)
-    order = canonical_order(samples)
-    lengths = [len(samples[i][1].input_ids) for i in order]
-    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb)
-    partial = out_dir.rstrip("/") + ".partial"
-    fp: dict[str, Any] = {
-        "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
-        "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
-        "shard_plan": plan, "aux_layer_ids": aux_ids, "via": "vllm-engine"}
-    shards = resume_state(partial, fp)
-    committed = sum(int(s["samples"]) for s in shards)
-    left = sum(lengths[committed:])
-    need = check_disk(out_dir, left, hidden, store, keep_free_gb)
-    spec = FeatureSpec.for_target(target_dir, cfg, aux_ids)
-    kwargs = engine_kwargs(target_dir, cfg, store, tp, gpu_memory_utilization, max_len,
+    cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
+                      keep_free_gb, ev, via="vllm-engine")
+    kwargs = engine_kwargs(target_dir, cp.cfg, cp.store, tp, gpu_memory_utilization, max_len,
                            batch_tokens, engine_args or {})
-    run = _EngineRun(samples, order, plan, partial, fp, shards, store, spec,
-                     TargetHead(target_dir), CHECK_TOLERANCE.get(store, 0.25), check_every)
+    run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
+                     cp.spec, TargetHead(target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
+                     check_every)
     if ev is not None:
-        ev.log(f"capturing {len(samples) - committed} of {len(samples)} samples ({left} tokens, "
-               f"about {human(need)}) through vLLM's executor, layer ids {spec.layer_ids}"
-               + (f"; {committed} already in {partial}" if committed else ""))
-    engine = EngineCapture(kwargs, spec.layer_ids, ev)
+        n, done = len(cp.samples), cp.committed
+        ev.log(f"capturing {n - done} of {n} samples ({cp.left} tokens, about "
+               f"{human(cp.need)}) through vLLM's executor, layer ids {cp.spec.layer_ids}"
+               + (f"; {done} already in {cp.partial}" if done else ""))
+    engine = EngineCapture(kwargs, cp.spec.layer_ids, ev)
     start = time.monotonic()
     try:
         run.capture(engine, batch_tokens, ev)
     finally:
         engine.close()
-    seconds = time.monotonic() - start
-    manifest = data_manifest(samples, skipped, max_len, store, aux_ids, target_dir=target_dir,
-                             config_sha256=fp["target_config_sha256"], num_layers=n_layers,
-                             hidden=hidden, vocab_size=int(cfg["vocab_size"]),
-                             data_path=data_path, source_sha256=fp["source_sha256"],
-                             shards=run.writer.shards, seconds=seconds)
-    manifest["capture"] = {
+    manifest = cp.manifest(run.writer.shards, time.monotonic() - start, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
-        "tp": tp, "layer_ids": spec.layer_ids, "engine_start_s": round(engine.start_seconds, 1),
-        "tokens_per_s": round(left / seconds, 1) if seconds > 0 else None,
-        "self_check": run.checks}
-    finish(partial, out_dir, manifest, "progress.json")
+        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks})
+    finish(cp.partial, out_dir, manifest, "progress.json")
     return manifest
 
 
