@@ -112,6 +112,80 @@ async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None
         assert pane.model.at(view.cursor).text == "line 199"  # type: ignore[union-attr]
 
 
+# -- following shows the newest lines (issue 24, point 1) ------------------------------------------
+# These wait for the pane's own redraw timer (no forced redraw, unlike _open_logs): the view must
+# land on the end by itself, as a person sees it.
+
+def _bottom_row(view: LogView) -> str:
+    """The text on the view's last visible row, as drawn."""
+    return view.render_line(view.size.height - 1).text.rstrip()
+
+
+async def _shown(pilot: Pilot[Any], pane: LogsPane, lines: int) -> None:
+    """Until the status line, redrawn by the pane's timer, counts `lines` lines."""
+    await _wait(lambda: f"{lines:,} lines" in pane.query_one(StatusLine).plain)
+    await pilot.pause()
+
+
+def _assert_at_end(pane: LogsPane, last: str) -> None:
+    view = pane.query_one(LogView)
+    status = pane.query_one(StatusLine).plain
+    assert view.following and "● following" in status
+    assert view.max_scroll_y > 0  # longer than the view: the end is not the top
+    assert view.scroll_offset.y == view.max_scroll_y, (view.scroll_offset.y, view.max_scroll_y)
+    assert view.vertical_scrollbar.position == view.scroll_offset.y  # the thumb says so too
+    assert _bottom_row(view) == last[:view.size.width].rstrip()  # lines are cut, not wrapped
+
+
+async def test_following_opens_on_the_newest_lines(tmp_path: Path) -> None:
+    """`4` on a host with a long log: the view shows its end, not line 1."""
+    app, log = _app(tmp_path)
+    last = log.read_text().splitlines()[-1].rstrip()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        pane = app.screen.query_one(LogsPane)
+        await _shown(pilot, pane, N_LINES)
+        _assert_at_end(pane, last)
+
+
+async def test_next_log_and_back_shows_the_newest_lines(tmp_path: Path) -> None:
+    """`l` to another log and `l` back: each opens on its end."""
+    app, log = _app(tmp_path)
+    other = tmp_path / "other.log"
+    other.write_text("".join(f"INFO other line {i}\n" for i in range(300)))
+    app.config.hosts["gpu1"].logs.append(str(other))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        pane = app.screen.query_one(LogsPane)
+        await _shown(pilot, pane, N_LINES)
+        await pilot.press("l")
+        await _shown(pilot, pane, 300)
+        _assert_at_end(pane, "INFO other line 299")
+        await pilot.press("l")
+        await _shown(pilot, pane, N_LINES)
+        _assert_at_end(pane, log.read_text().splitlines()[-1].rstrip())
+
+
+async def test_clearing_a_filter_shows_the_newest_lines(tmp_path: Path) -> None:
+    """A filter with a few matches, then esc: back on the end of the whole log."""
+    app, log = _app(tmp_path)
+    last = log.read_text().splitlines()[-1].rstrip()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        pane = app.screen.query_one(LogsPane)
+        await _shown(pilot, pane, N_LINES)
+        await pilot.press("slash")  # the filter box takes three rows from the view
+        await pilot.pause()
+        _assert_at_end(pane, last)
+        await pilot.press(*"Traceback", "enter")
+        await _wait(lambda: "filter “Traceback”" in pane.query_one(StatusLine).plain)
+        assert 0 < pane.model.visible() < pane.query_one(LogView).size.height
+        await pilot.press("escape")
+        await _wait(lambda: "filter" not in pane.query_one(StatusLine).plain)
+        await pilot.pause()
+        _assert_at_end(pane, last)
+
+
 class _TickedPane:
     """The logs pane with its redraw timer replaced by ticks the test makes: `tick()` moves the
     pane's clock (a fake one) on REDRAW_S and calls `redraw()`, what the timer calls. Counts

@@ -67,22 +67,34 @@ class LogView(ScrollView, can_focus=True):
         self._set_rows(rows)
         if self.following:
             self.cursor = rows - 1
-            self.scroll_to(y=max(0, rows - self.size.height), animate=False, immediate=True)
+            self._to_end()
         self.refresh()
+
+    def _to_end(self) -> None:
+        """Show the newest line. Forced: Textual drops a scroll while the view shows no
+        scrollbar (rows that just outgrew it, before _set_rows updated the scrollbar, left
+        the view on line 1)."""
+        self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True, force=True)
+
+    def on_resize(self) -> None:
+        # the view changes height (the filter box opens, the terminal resizes): keep the end
+        if self.following:
+            self._to_end()
 
     def _set_rows(self, rows: int) -> None:
         """Grow the scroll range. Assigning virtual_size makes Textual lay out the whole screen;
         while the scrollbar is shown before and after, updating it alone is enough (width 0: no
-        horizontal scroll, long lines are cut)."""
+        horizontal scroll, long lines are cut). Either way the scrollbar is updated at once, so
+        that a scroll to the end right after lands, and its thumb with it."""
         new = Size(0, rows)
         if new == self.virtual_size:
             return
         height = self.size.height
         if self.virtual_size.height > height and rows > height:
             self.set_reactive(LogView.virtual_size, new)
-            self._scroll_update(new)
         else:
             self.virtual_size = new
+        self._scroll_update(new)
 
     # -- drawing --------------------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
