@@ -9,6 +9,7 @@ is available (one GPU per local rank) and gloo on CPU. Only rank 0 writes files 
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -72,5 +73,12 @@ def maybe_init_dist(device: str | None = None) -> Dist:
 
 
 def shutdown(d: Dist) -> None:
+    """Destroy the process group while the interpreter is whole. FSDP's modules, device mesh and
+    DTensor states keep references to the group (and gloo's pending work to tensors) in reference
+    cycles: collected only at interpreter exit, gloo's destructors then abort the process
+    ("terminate called without an active exception", SIGABRT on a finished run). So: collect
+    what the caller dropped, destroy the group, and collect again."""
     if d.enabled and torch_dist.is_initialized():
+        gc.collect()
         torch_dist.destroy_process_group()
+        gc.collect()

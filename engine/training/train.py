@@ -423,6 +423,7 @@ class Trainer:
 def train(cfg: TrainConfig, ev: Emitter, argv: list[str] | None = None) -> dict[str, Any]:
     """Run training (distributed when launched by torchrun). Rank 0 reports through `ev`."""
     dist = maybe_init_dist(cfg.device)
+    trainer: Trainer | None = None
     try:
         if dist.main:
             os.makedirs(cfg.out, exist_ok=True)
@@ -432,4 +433,5 @@ def train(cfg: TrainConfig, ev: Emitter, argv: list[str] | None = None) -> dict[
                           list(sys.argv if argv is None else argv))
         return trainer.run()
     finally:
+        del trainer  # FSDP's modules and DTensor states hold the group: freed before it goes
         shutdown(dist)
