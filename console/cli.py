@@ -31,7 +31,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from console import __version__
-from console.errors import ConsoleError
+from console.errors import ConfigError, ConsoleError
 from console.settings.demo_default import console_config
 
 COMMANDS: dict[str, str] = {
@@ -147,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.passthrough = theirs
     try:
         config = console_config(args.config)
+        if args.host is not None and args.host not in config.hosts:
+            where = config.path or "the built-in config"
+            raise ConfigError(f"--host {args.host}: no such host in {where}; "
+                              f"configured: {', '.join(config.hosts)}")
         if not args.command:
             from console.app import run_app
             return run_app(config, theme=args.theme, host=args.host)

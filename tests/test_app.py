@@ -1,19 +1,22 @@
-"""The app driven with Pilot through the same factory as the CLI: quitting, the pane keys, and the
-hosts list steering the panes."""
+"""The app driven with Pilot through the same factory as the CLI: quitting, the pane keys, the
+hosts list steering the panes (folded into the header on a narrow screen), footers and help."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from textual.geometry import Region
 from textual.widgets import ProgressBar, TabbedContent
 from textual.widgets._footer import FooterKey
 from textual.widgets._progress_bar import Bar
 
 from console.panes.gpu import GpuPane
+from console.screens.compare import CompareScreen
+from console.screens.help import sections
 from console.screens.main import PANES
 from console.widgets.footer import Footer
 from console.widgets.gpu_table import GpuTable
-from console.widgets.host_list import HostList
+from console.widgets.host_list import HostItem, HostList, state_text
 from console.widgets.status_line import StatusLine
 from tests.replay import fleet_app
 
@@ -52,7 +55,7 @@ async def test_host_list_selects_the_host_for_every_pane(tmp_path: Path) -> None
         hosts.focus()
         await pilot.press("down")
         await pilot.pause()
-        assert app.screen.sub_title == "gpu2"
+        assert app.screen.sub_title.split()[0] == "gpu2"
         gpu = app.screen.query_one(GpuPane)
         assert gpu.host == "gpu2" and "reconnecting" in app.screen.query_one(StatusLine).plain
         await pilot.press("down")
@@ -93,3 +96,48 @@ async def test_hidden_progress_bars_keep_no_timers_running(tmp_path: Path) -> No
         for bar in bars:
             timers = [*bar._timers, *bar.query_one(Bar)._timers]  # noqa: SLF001
             assert not [t for t in timers if t._active.is_set()], bar.id  # noqa: SLF001
+
+
+async def test_a_narrow_screen_folds_the_hosts_list_into_the_header(tmp_path: Path) -> None:
+    """Below 100 columns the hosts list gives its columns to the panes and the header names
+    the host and its state; widening the terminal brings the list back."""
+    app = fleet_app(tmp_path, host="gpu2")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        hosts, tabs = app.screen.query_one(HostList), app.screen.query_one(TabbedContent)
+        assert not hosts.display and tabs.size.width == 80
+        state = app.pool.state["gpu2"]
+        # the list's words for the state: "gpu2 ◌ reconnecting"
+        assert app.screen.sub_title == f"gpu2 {state_text(state)}"
+        assert state.value in str(hosts.query_one("#host-gpu2", HostItem).label.render())
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert hosts.display and tabs.size.width == 120 - hosts.outer_size.width
+
+
+async def test_the_compare_modal_footer_shows_its_own_keys(tmp_path: Path) -> None:
+    app = fleet_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        app.push_screen(CompareScreen(measure=False))
+        await pilot.pause()
+        footers = app.screen.query(Footer)
+        shown = [k.description for f in footers for k in f.query(FooterKey) if k.display]
+        assert "Close" in shown and "Measure now" in shown, shown
+        assert "Convert" not in shown and "Inspect" not in shown, shown
+
+
+async def test_help_wraps_descriptions_beside_their_keys(tmp_path: Path) -> None:
+    """At 80 columns a long description wraps in its own column: the only lines that start
+    at the left edge of help are the section titles."""
+    app = fleet_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        text = app.screen.query_one("#help-text")
+        lines = [s.text.rstrip() for s in
+                 text.render_lines(Region(0, 0, text.size.width, text.virtual_size.height))]
+        titles = {title for title, _keys in sections()}
+        assert len(lines) > len(titles) * 3
+        edge = [ln for ln in lines if ln and not ln.startswith(" ")]
+        assert sorted(edge) == sorted(titles), set(edge) - titles

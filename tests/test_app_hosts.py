@@ -1,16 +1,30 @@
-"""The hosts list shows each host's real connection state, driven by the host pool."""
+"""Hosts: the list shows each host's real connection state (driven by the host pool), `[` / `]`
+switch hosts from any pane, a failed host says why it has no data, `--host` must name one."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from textual.widgets._footer import FooterKey
 
 from console.app import create_app
 from console.errors import Unreachable
 from console.hosts.host import HostState
+from console.panes.gpu import GpuPane
+from console.screens.help import flat, sections
+from console.screens.main import PANES
 from console.settings.config import Config, HostConfig, local_host
-from console.widgets.host_list import HostItem
+from console.widgets.footer import Footer
+from console.widgets.gpu_table import GpuTable
+from console.widgets.host_list import HostItem, HostList
+from tests.replay import fleet_app
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 async def test_states_follow_the_pool(tmp_path: Path) -> None:
@@ -49,3 +63,73 @@ def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
     hub["local"].set_state(MonitorState.LIVE, "")
     assert pool.state["local"] is HostState.CONNECTED
     assert seen == [("local", HostState.RECONNECTING), ("local", HostState.CONNECTED)]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_brackets_switch_hosts_from_every_pane(tmp_path: Path) -> None:
+    """`]` / `[`: next / previous host in the list's order, wrapping, from each pane, with
+    focus left in the pane (the hosts list follows); the footer and help show the keys."""
+    app = fleet_app(tmp_path)          # gpu1, gpu2, local: three local-transport hosts
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        hosts = screen.query_one(HostList)
+        assert screen.selected == "gpu1"
+        for n, (tab_id, _title, _cls) in enumerate(PANES, start=1):
+            await pilot.press(str(n))
+            focused = app.focused
+            await pilot.press("]")
+            assert screen.selected == "gpu2", tab_id
+            assert screen.query_one(GpuPane).host == "gpu2"
+            assert hosts.index == 1 and screen.sub_title.startswith("gpu2 ")
+            assert app.focused is focused and not isinstance(app.focused, HostList), tab_id
+            await pilot.press("[", "[")          # back past gpu1: wraps to the last host
+            assert screen.selected == "local", tab_id
+            await pilot.press("]")
+            assert screen.selected == "gpu1", tab_id
+        keys = [(k.key_display, k.description) for k in screen.query_one(Footer)
+                .query(FooterKey) if k.display]
+        assert ("[ ]", "Host") in keys
+    rows = flat(sections())
+    assert {("Everywhere", "["), ("Everywhere", "]")} <= {(t, k) for t, k, _d in rows}
+
+
+async def test_a_failed_hosts_gpu_pane_says_why_it_has_no_data(tmp_path: Path) -> None:
+    """An ssh host on a loopback port nothing listens on: the GPUs pane names its state and
+    the connection error where the GPUs would be, not "Waiting for the first sample…"."""
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    dead = HostConfig(name="dead", ssh=f"nobody@127.0.0.1:{_closed_port()}",
+                      known_hosts=str(known), root="/tmp/eagle3-dead")
+    app = create_app(Config(hosts={"dead": dead, "local": local_host()}), host="dead")
+    async with app.run_test(size=(120, 40)) as pilot:
+        end = time.monotonic() + 30
+        while app.pool.state.get("dead") is not HostState.FAILED:
+            assert time.monotonic() < end, app.pool.state
+            await pilot.pause(0.1)
+        pane = app.screen.query_one(GpuPane)
+        pane.refresh_view(force=True)
+        await pilot.pause()
+        table = "\n".join(app.screen.query_one(GpuTable).plain_lines())
+        assert "Waiting for the first sample" not in table
+        assert "dead ✖ failed" in table and app.pool.detail["dead"] in table, table
+        assert "refused" in table or "cannot reach" in table, table
+        assert "dead ✖ failed" in app.screen.sub_title
+
+
+def test_an_unknown_host_flag_is_refused_naming_the_hosts(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[hosts.alpha]\nroot = "/tmp/a"\n[hosts.beta]\nroot = "/tmp/b"\n')
+    out = subprocess.run([sys.executable, "-m", "console", "--config", str(cfg),
+                          "--host", "nosuch"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL, cwd=REPO)
+    assert out.returncode != 0 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: --host nosuch") and "alpha, beta" in lines[0], lines

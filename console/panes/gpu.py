@@ -67,6 +67,18 @@ def status_parts(mon: HostMonitor, now: float,
     return parts
 
 
+def no_data(mon: HostMonitor, failed: str | None) -> tuple[str, str] | None:
+    """Why a host has no samples to show (None: the first is on its way): its state and its
+    error. Its connection failed (the pool's error) or its monitor lost it (the monitor's)."""
+    if mon.sample is not None:
+        return None
+    if failed is not None:
+        return ("✖ failed, retrying", failed)
+    if mon.state is MonitorState.RECONNECTING:
+        return ("◌ unreachable, retrying", mon.detail or "no answer")
+    return None
+
+
 class GpuPane(ShownTimers, Vertical):
     """GPUs, processes and host of the selected host; `d` toggles the GPU detail view."""
 
@@ -121,11 +133,13 @@ class GpuPane(ShownTimers, Vertical):
         self.set_class(down, "-down")
         self.query_one(StatusLine).show(status_parts(mon, now, failed))
         s = mon.sample
-        self.query_one(HostStrip).show(s.host if s else None,
-                                       s.host_reason if s else None, down)
+        why = no_data(mon, failed)
+        self.query_one(HostStrip).show(s.host if s else None, s.host_reason if s else
+                                       why and f"no data ({why[0]})", down)
         rows = gpu_rows(mon, now)
         window = (now - WINDOW_S, now)
-        empty = f"No GPUs: {s.reason}" if s and s.reason else "Waiting for the first sample…"
+        empty = f"No GPUs: {s.reason}" if s and s.reason else \
+            f"No data: {self.host} {why[0]}\n{why[1]}" if why else "Waiting for the first sample…"
         table = self.query_one(GpuTable)
         table.show(rows, window, "UTIL, LAST 5 MIN", empty)
         detail = self.query_one(GpuDetail)

@@ -24,6 +24,7 @@ from console.errors import ConsoleError
 from console.runs.service import list_runs
 from console.ui.keymap import bindings
 from console.ui.services import services
+from console.widgets.footer import Footer
 
 MEASURE_EVERY_S = 5.0
 COLUMNS = ("Drafter", "Provenance", "k", "Acc len", "Per position", "Gen tok/s", "Watched")
@@ -59,6 +60,7 @@ class CompareScreen(ModalScreen[None]):
             yield Static("Served drafters, as vLLM measured them", id="compare-title")
             yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="compare-status")
+        yield Footer()   # its own keys: the Checkpoints pane's footer below is not for it
 
     def on_mount(self) -> None:
         t = self.query_one(DataTable)

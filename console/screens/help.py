@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
@@ -53,15 +56,22 @@ def sections(first: str | None = None) -> list[Section]:
     return out
 
 
-def render_sections(secs: list[Section]) -> str:
-    lines: list[str] = []
+def render_sections(secs: list[Section]) -> Group:
+    """Each section: its title, then a two-column grid of keys and what they do. A long
+    description wraps inside its own column (a hanging indent), never under the keys, so the
+    titles stay the only lines at the left edge however narrow the screen."""
+    parts: list[Text | Table] = []
     for title, keys in secs:
-        if lines:
-            lines.append("")
-        lines.append(f"[b]{title}[/b]")
-        width = max((len(k) for k, _ in keys), default=0)
-        lines += [f"  [b]{k.ljust(width)}[/b]  {d}" for k, d in keys]
-    return "\n".join(lines)
+        if parts:
+            parts.append(Text(""))
+        parts.append(Text(title, style="bold"))
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True, style="bold")
+        grid.add_column(ratio=1)
+        for k, d in keys:
+            grid.add_row(f"  {k}", d)
+        parts.append(grid)
+    return Group(*parts)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -78,8 +88,7 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="help-box", classes="dialog"):
             yield Static("[b]eagle3-console keys[/b]", id="help-title")
             with VerticalScroll(id="help-scroll"):
-                yield Static(render_sections(sections(self.first)), id="help-text",
-                             markup=True)
+                yield Static(render_sections(sections(self.first)), id="help-text")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -1,4 +1,8 @@
-"""The main screen: hosts on the left, the panes of the selected host as tabs, key footer."""
+"""The main screen: hosts on the left, the panes of the selected host as tabs, key footer.
+
+`[` / `]` switch to the previous / next host from any pane (the hosts list is there for the
+mouse). Below NARROW columns the hosts list is hidden (the `-narrow` class, themes/base.tcss):
+the header names the selected host and its state, as it does at any width."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
+from console.hosts.host import HostState
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
@@ -23,8 +28,8 @@ from console.ui.keymap import PANES as PANE_TITLES
 from console.ui.keymap import bindings
 from console.ui.messages import HostSelected, HostStateChanged, OpenRun
 from console.ui.services import services
-from console.widgets.footer import Footer
-from console.widgets.host_list import HostList
+from console.widgets.footer import NARROW, Footer
+from console.widgets.host_list import HostList, state_text
 
 _CLASSES: dict[str, type] = {
     "gpu": GpuPane, "overview": OverviewPane, "fleet": FleetPane, "logs": LogsPane,
@@ -43,6 +48,11 @@ class MainScreen(Screen):
     focused: Reactive[Widget | None] = Reactive(None, repaint=False)
     KEY_SECTION: ClassVar[str] = "main"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("main"))
+    # below NARROW columns the hosts list gives its 24 columns to the panes
+    HORIZONTAL_BREAKPOINTS = [
+        (0, "-narrow"), (NARROW, "-wide")]
+    # below 30 lines (80x24) the panes drop their spacer lines (themes/*.tcss)
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
 
     def __init__(self, hosts: list[str], selected: str,
                  notes: dict[str, str] | None = None) -> None:
@@ -67,6 +77,9 @@ class MainScreen(Screen):
         for name, state in services(self).pool.state.items():
             hosts.show_state(name, state)  # states set before this screen existed
         self._select(self.selected)
+        # keys go to the pane on screen from the start (hosts switch with [ and ]), not to the
+        # hosts list, which is hidden on a narrow screen
+        self.call_after_refresh(self._focus_shown_pane)
 
     def on_host_selected(self, message: HostSelected) -> None:
         if message.host != self.selected:
@@ -74,6 +87,15 @@ class MainScreen(Screen):
 
     def on_host_state_changed(self, message: HostStateChanged) -> None:
         self.query_one(HostList).show_state(message.host, message.state)
+        if message.host == self.selected:
+            self._title()
+
+    def action_cycle_host(self, step: int) -> None:
+        """`[` / `]`: the previous / next host, in the hosts list's order (wrapping)."""
+        names = self.host_names
+        host = names[(names.index(self.selected) + step) % len(names)]
+        self.query_one(HostList).index = names.index(host)  # the list follows, quietly
+        self._select(host)
 
     def on_open_run(self, message: OpenRun) -> None:
         self.app.push_screen(RunDetailScreen(message.feed))
@@ -81,6 +103,10 @@ class MainScreen(Screen):
     def action_show_pane(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = f"tab-{tab_id}"
         self._focus_pane(tab_id)
+
+    def _focus_shown_pane(self) -> None:
+        if self.focused is None or isinstance(self.focused, HostList):
+            self._focus_pane(self.query_one(TabbedContent).active.removeprefix("tab-"))
 
     def _focus_pane(self, tab_id: str) -> None:
         """Keys go to the pane just shown: focus its first focusable widget, now, so the tab
@@ -92,6 +118,11 @@ class MainScreen(Screen):
 
     def _select(self, host: str) -> None:
         self.selected = host
-        self.sub_title = host
+        self._title()
         for tab_id, _title, _cls in PANES:
             self.query_one(f"#pane-{tab_id}").show_host(host)  # type: ignore[attr-defined]
+
+    def _title(self) -> None:
+        """The header's host line: `gpu1 ● connected` (all a narrow screen has of the list)."""
+        state = services(self).pool.state.get(self.selected, HostState.IDLE)
+        self.sub_title = f"{self.selected} {state_text(state)}"

@@ -28,6 +28,7 @@ class Key:
     palette: bool = True   # a palette command ("Runs: Launch")
     help: str = ""         # the longer help text (the label when empty)
     bound: bool = True     # False: Textual's own key (tab, ctrl+p), listed in help only
+    display: str = ""      # how the footer shows the key ("" = Textual's own rendering)
 
     @property
     def text(self) -> str:
@@ -67,8 +68,13 @@ KEYS: list[Key] = [
           help=f"show the {title} pane") for n, (tab_id, title) in enumerate(PANES, start=1)],
     Key("ctrl+p", "command_palette", "Palette", "main", bound=False,
         help="command palette: every action by name, and the themes"),
+    # one footer entry for the pair ("[ ] Host"): the footer is short of columns at 80
+    Key("left_square_bracket", "cycle_host(-1)", "Host", "main", palette=False, display="[ ]",
+        help="switch host: the previous one (in the hosts list's order)"),
+    Key("right_square_bracket", "cycle_host(1)", "Next host", "main", footer=False,
+        palette=False, help="switch host: the next one"),
     Key("shift+tab", "", "Hosts", "main", bound=False,
-        help="switch host: focus the Hosts list (shift+tab or click), then up/down"),
+        help="focus the Hosts list (or click a host there)"),
     Key("tab", "", "Next", "main", bound=False, help="next widget"),
     Key("ctrl+q", "", "Quit", "main", bound=False, help="quit"),
     # -- GPUs --------------------------------------------------------------------------------
@@ -152,11 +158,13 @@ def keys_of(section: str, on: str = "") -> list[Key]:
 
 def bindings(section: str, on: str = "") -> list[Binding]:
     """Textual bindings of one class, from KEYS (what the class puts in BINDINGS)."""
-    return [Binding(k.keys, k.action, k.label, show=k.footer) for k in keys_of(section, on)]
+    return [Binding(k.keys, k.action, k.label, show=k.footer, key_display=k.display or None)
+            for k in keys_of(section, on)]
 
 
 def key_display(keys: str) -> str:
     """`question_mark` -> `?`, `up,k` -> `up k`: keys as help shows them."""
     names = {"question_mark": "?", "escape": "esc", "slash": "/", "pageup": "pgup",
+             "left_square_bracket": "[", "right_square_bracket": "]",
              "pagedown": "pgdn"}
     return " ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))

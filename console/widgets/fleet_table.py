@@ -124,7 +124,18 @@ class FleetTable(MeterWidget):
             t.append("      ")
         top = max(g.procs, key=lambda p: p.gpu_mem or 0, default=None)
         if top is not None:
-            more = f" +{len(g.procs) - 1}" if len(g.procs) > 1 else ""
-            t.append(f" {(top.cmd or '?').split()[0][-18:]} {(top.user or '?')[:8]}{more}",
+            t.append(_who(top.cmd, top.user, len(g.procs), width - len(t)),
                      self.mstyle("label"))
         return t
+
+
+def _who(cmd: str | None, user: str | None, procs: int, room: int) -> str:
+    """The GPU's biggest process (` vllm root +2`) in `room` columns: names are what a narrow
+    line gives up first (the user, then the command's start), never the figures before them."""
+    name = (cmd or "?").split()[0][-18:]
+    more = f" +{procs - 1}" if procs > 1 else ""
+    for text in (f" {name} {(user or '?')[:8]}{more}", f" {name}{more}"):
+        if len(text) <= room:
+            return text
+    keep = room - len(more) - 2
+    return f" …{name[-keep:]}{more}" if keep >= 4 else ""

@@ -6,7 +6,11 @@ extra screen updates after the switch itself. Here the keys are compared first (
 when they are the same), and a different set relabels the key widgets already mounted, at once,
 so the change is laid out in the same frame as the switch; keys left over are hidden, kept for
 the next pane that has more. Only a footer that must grow, or one with grouped keys, is rebuilt
-the stock way."""
+the stock way.
+
+Below NARROW columns (an 80-column terminal) the footer is compact: less space between keys,
+the palette key without its label, and no `q Quit` (q still quits; help lists it), so a pane's
+own keys and `? Help` fit."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from collections import defaultdict
 from itertools import groupby
 from typing import TYPE_CHECKING
 
+from textual import events
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer as _Footer
 from textual.widgets._footer import FooterKey
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
 
 # what one key shows: key, key display, description, action, disabled, tooltip
 Spec = tuple[str, str, str, str, bool, str]
+NARROW = 100                       # columns: below this the main screen folds its hosts list
+_NARROW_HIDDEN = {"app.quit"}      # actions a narrow footer leaves out
 
 
 class Footer(_Footer):
@@ -30,6 +38,13 @@ class Footer(_Footer):
 
     _pending = False
     _shown: tuple[object, ...] | None = None
+    _narrow = False
+
+    def on_resize(self, event: events.Resize) -> None:
+        narrow = event.size.width < NARROW
+        if narrow != self._narrow:
+            self._narrow = self.compact = narrow
+            self.bindings_changed(self.screen)
 
     def bindings_changed(self, screen: Screen) -> None:
         self._bindings_ready = True
@@ -44,6 +59,21 @@ class Footer(_Footer):
             self._pending = True
             self.call_after_refresh(self._rebuild)
 
+    def compose(self) -> ComposeResult:
+        """The stock keys, from _specs (so a narrow footer's rules hold from the start)."""
+        specs = self._specs() if self._bindings_ready else None
+        if specs is None:
+            yield from super().compose()
+            return
+        keys, palette = specs
+        for key, display, description, action, disabled, tooltip in keys:
+            yield FooterKey(key, display, description, action, disabled=disabled,
+                            tooltip=tooltip).data_bind(compact=_Footer.compact)
+        if palette is not None:
+            key, display, description, action, disabled, tooltip = palette
+            yield FooterKey(key, display, description, action, classes="-command-palette",
+                            disabled=disabled, tooltip=tooltip)
+
     async def _rebuild(self) -> None:
         self._pending = False
         keys = self._specs()
@@ -57,7 +87,7 @@ class Footer(_Footer):
         active = self.screen.active_bindings
         by_action: defaultdict[str, list[tuple[Binding, bool, str]]] = defaultdict(list)
         for _node, binding, enabled, tooltip in active.values():
-            if binding.show:
+            if binding.show and not (self._narrow and binding.action in _NARROW_HIDDEN):
                 by_action[binding.action].append((binding, enabled, tooltip))
         keys: list[Spec] = []
         for group, runs in groupby(by_action.values(), lambda bindings: bindings[0][0].group):
@@ -72,7 +102,8 @@ class Footer(_Footer):
         if self.show_command_palette and app.ENABLE_COMMAND_PALETTE \
                 and app.COMMAND_PALETTE_BINDING in active:
             _node, binding, enabled, _tooltip = active[app.COMMAND_PALETTE_BINDING]
-            palette = (binding.key, app.get_key_display(binding), binding.description,
+            palette = (binding.key, app.get_key_display(binding),
+                       "" if self._narrow else binding.description,
                        binding.action, not enabled, binding.tooltip or binding.description)
         return tuple(keys), palette
 

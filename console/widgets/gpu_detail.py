@@ -30,7 +30,9 @@ class GpuDetail(MeterWidget):
         lab, val = self.mstyle("label"), self.mstyle("stale") if grey else self.mstyle("spark")
         t = MeterText()
         t.append(f"GPU {g.index}  ", self.mstyle("header"))
-        t.append(f"{g.name or '?'}  {g.uuid or ''}  ", val)
+        # the uuid (40 columns) only where the line has room for it and the figures after it
+        uuid = f"{g.uuid}  " if g.uuid and self.size.width >= 120 else ""
+        t.append(f"{g.name or '?'}  {uuid}", val)
         if row.error:
             t.append(f" {row.error} ", self.mstyle("alert"))
         elif row.stale:

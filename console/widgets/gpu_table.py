@@ -29,8 +29,10 @@ class GpuRow:
     history: list[GpuPoint] = field(default_factory=list)
 
 
-# bar widths: utilisation, memory, power, temperature
-_UB, _MB, _PB, _TB = 8, 8, 6, 4
+# bar widths: utilisation, memory, power, temperature; a narrow pane (80 columns) takes the
+# second set, so the history keeps room for its label: figures and history before long bars
+_BARS = (8, 8, 6, 4)
+_NARROW_BARS = (5, 5, 3, 2)
 _T_UTIL = attrgetter("t", "util")  # a history point as the sparkline's (t, value)
 _TEMP_MAX = 100.0
 
@@ -90,17 +92,23 @@ class GpuTable(MeterWidget, can_focus=True):
     def lines(self) -> list[MeterLine]:
         width = max(40, self.size.width)
         idx_w = len(str(max((r.gpu.index for r in self.rows), default=0))) + 2
-        fixed = idx_w + (_UB + 5) + 1 + (_MB + 10) + 1 + (_PB + 9) + 1 + (_TB + 6) + 2 + 6
-        spark_w = max(0, width - fixed)
-        head = MeterLine(" " * idx_w + "UTIL".ljust(_UB + 6) + "MEMORY".ljust(_MB + 11)
-                    + "POWER".ljust(_PB + 10) + "TEMP".ljust(_TB + 7)
+        for bars in (_BARS, _NARROW_BARS):
+            ub, mb, pb, tb = bars
+            fixed = idx_w + (ub + 5) + 1 + (mb + 10) + 1 + (pb + 9) + 1 + (tb + 6) + 2 + 6
+            spark_w = max(0, width - fixed)
+            if spark_w >= len(self.history_label):
+                break
+        head = MeterLine(" " * idx_w + "UTIL".ljust(ub + 6) + "MEMORY".ljust(mb + 11)
+                    + "POWER".ljust(pb + 10) + "TEMP".ljust(tb + 7)
                     + self.history_label[:spark_w].ljust(spark_w), self.mstyle("header"))
         if not self.rows:
-            return [MeterLine(self.empty_text, self.mstyle("stale"))]
-        return [head] + [self._row(row, i == self.cursor, idx_w, spark_w)
+            # up to two lines (the table's empty height): what is missing, and why
+            return [MeterLine(t, self.mstyle("stale")) for t in self.empty_text.split("\n")[:2]]
+        return [head] + [self._row(row, i == self.cursor, idx_w, spark_w, bars)
                          for i, row in enumerate(self.rows)]
 
-    def _row(self, row: GpuRow, is_cursor: bool, idx_w: int, spark_w: int) -> MeterLine:
+    def _row(self, row: GpuRow, is_cursor: bool, idx_w: int, spark_w: int,
+             bars: tuple[int, int, int, int]) -> MeterLine:
         g = row.gpu
         grey = row.stale or row.error is not None
         t = MeterLine()
@@ -113,14 +121,15 @@ class GpuTable(MeterWidget, can_focus=True):
             t.append(" " + number.rjust(num_w), self.mstyle("stale") if grey else None)
             t.append(" ")
 
+        ub, mb, pb, tb = bars
         util = None if g.util is None else g.util / 100
-        meter(util, _UB, fmt_num(g.util, "%"), 4)
-        meter(g.mem_frac, _MB, fmt_mem(g.mem_used, g.mem_total), 9)
+        meter(util, ub, fmt_num(g.util, "%"), 4)
+        meter(g.mem_frac, mb, fmt_mem(g.mem_used, g.mem_total), 9)
         p = g.power / g.power_limit if g.power is not None and g.power_limit else None
         power = (f"{g.power:.0f}/{g.power_limit:.0f}W" if g.power is not None and g.power_limit
                  else fmt_num(g.power, "W"))
-        meter(p, _PB, power, 8)
-        meter(None if g.temp is None else g.temp / _TEMP_MAX, _TB, fmt_num(g.temp, "°C"), 4)
+        meter(p, pb, power, 8)
+        meter(None if g.temp is None else g.temp / _TEMP_MAX, tb, fmt_num(g.temp, "°C"), 4)
         t.append(" ")
         hist = spark(map(_T_UTIL, row.history), *self.window, spark_w, 100.0)
         t.append(hist, self.mstyle("stale" if grey else "spark"))

@@ -17,6 +17,11 @@ _MARK = {
 }
 
 
+def state_text(state: HostState) -> str:
+    """`● connected`: a host's state as the list marks it (the header says the same)."""
+    return f"{_MARK[state]} {state.value}"
+
+
 class HostItem(ListItem):
     """One host row."""
 

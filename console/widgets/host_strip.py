@@ -3,11 +3,15 @@ root and network rates, in two lines."""
 
 from __future__ import annotations
 
+from rich.style import Style
+
 from console.monitor.record import HostStat
 from console.widgets.meter_base import MeterLine, MeterText, MeterWidget
 from console.widgets.meters import bar, fmt_bytes, fmt_mem, level
 
 _SPARK = "▁▂▃▄▅▆▇█"
+# (disk path width, bar width, gap) of the resources line, widest first
+_LAYOUTS = [(20, 6, "  "), (12, 4, "  "), (10, 3, " "), (8, 0, " ")]
 
 
 def core_cells(cpu: tuple[float, ...], width: int) -> list[float]:
@@ -42,42 +46,50 @@ class HostStrip(MeterWidget):
             return [MeterLine(f"host: {self.reason or 'no data yet'}", self.mstyle("stale"))]
         lab = self.mstyle("label")
         t = MeterText()
-
-        def val(text: str, frac: float | None = None) -> None:
-            t.append(text, self.mstyle("stale" if self.grey else level(frac) if frac is not None
-                                       else "spark"))
-
         avg = h.cpu_avg
         t.append("CPU ", lab)
         tail = f" {avg:.0f}% of {len(h.cpu)}" if avg is not None else " —"
         load = "  load " + " ".join(f"{x:.1f}" for x in h.load) if h.load else ""
         cells = core_cells(h.cpu, max(8, self.size.width - 4 - len(tail) - len(load) - 1))
         for c in cells:
-            val(_SPARK[min(7, int(c / 100 * 8))], c / 100)
-        val(tail)
+            t.append(_SPARK[min(7, int(c / 100 * 8))], self._val(c / 100))
+        t.append(tail, self._val())
         t.append(load, lab)
-        t.append("\n")
+        for layout in _LAYOUTS:   # a narrow pane: shorter path and bars, figures kept
+            second = self._resources(h, *layout)
+            if len(second) <= self.size.width:
+                break
+        return [t.lines[0], second]
 
-        def meter(name: str, used: int | None, total: int | None, width: int = 6) -> None:
+    def _val(self, frac: float | None = None) -> Style:
+        return self.mstyle("stale" if self.grey else level(frac) if frac is not None
+                           else "spark")
+
+    def _resources(self, h: HostStat, path_w: int, bar_w: int, gap: str) -> MeterLine:
+        """Memory, swap, disk (its path cut to path_w) and network, on one line."""
+        lab = self.mstyle("label")
+        t = MeterLine()
+
+        def meter(name: str, used: int | None, total: int | None, width: int = bar_w) -> None:
             frac = used / total if used is not None and total else None
-            filled, empty = bar(frac, width)
+            filled, empty = bar(frac, width) if width else ("", "")
             t.append(f"{name} ", lab)
-            val(filled, frac)
-            t.append(empty, self.mstyle("empty"))
-            val(f" {fmt_mem(used, total)}  ")
+            t.append(filled, self._val(frac))
+            t.append(empty + " " if width else "", self.mstyle("empty"))
+            t.append(f"{fmt_mem(used, total)}{gap}", self._val())
 
         meter("MEM", h.mem_used, h.mem_total)
         if h.swap_total:
-            meter("SWAP", h.swap_used, h.swap_total, 4)
+            meter("SWAP", h.swap_used, h.swap_total, bar_w * 2 // 3)
         else:
             t.append("SWAP ", lab)
-            val("none  ")
-        path = short_path(h.disk_path or "?")
+            t.append(f"none{gap}", self._val())
+        path = short_path(h.disk_path or "?", path_w)
         if h.disk_error:
             t.append("DISK ", lab)
-            val(f"{path}: {h.disk_error}  ")
+            t.append(f"{path}: {h.disk_error}{gap}", self._val())
         else:
             meter(f"DISK {path}", h.disk_used, h.disk_total)
         t.append("NET ", lab)
-        val(f"↓{fmt_bytes(h.net_rx, '/s')} ↑{fmt_bytes(h.net_tx, '/s')}")
-        return t.lines
+        t.append(f"↓{fmt_bytes(h.net_rx, '/s')} ↑{fmt_bytes(h.net_tx, '/s')}", self._val())
+        return t

@@ -156,7 +156,9 @@ class MeterWidget(Widget):
             if cells < width:
                 segments.append(Segment(" " * (width - cells), base))
             return Strip(segments, width)
-        return Strip(segments).crop_extend(0, width, base)
+        # too long for the widget (a narrow terminal): cut, and say so with an ellipsis
+        cut = Strip(segments).crop_extend(0, max(0, width - 1), base)
+        return Strip([*cut, Segment("…" if width else "", base)], width)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
