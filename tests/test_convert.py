@@ -118,13 +118,13 @@ def test_embed_from_target_and_drop_embed(tmp_path: Path) -> None:
 
 def test_existing_dst_needs_force(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_drafter(tmp_path / "src")
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "old.txt").write_text("old")
+    assert convert(tmp_path / "src", tmp_path / "out", "--to", "sglang") == 0
+    first = (tmp_path / "out" / "config.json").read_bytes()
     assert convert(tmp_path / "src", tmp_path / "out", "--to", "eagle") == 1
     assert "already exists" in capsys.readouterr().err
-    assert (tmp_path / "out" / "old.txt").exists()
+    assert (tmp_path / "out" / "config.json").read_bytes() == first
     assert convert(tmp_path / "src", tmp_path / "out", "--to", "eagle", "--force") == 0
-    assert not (tmp_path / "out" / "old.txt").exists()
+    assert json.loads((tmp_path / "out" / "provenance.json").read_text())["format"] == "eagle"
     assert (tmp_path / "out" / "model.safetensors").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # no temp leftovers
 

@@ -99,39 +99,131 @@ def test_dst_containing_the_embed_target_is_refused(tmp_path: Path,
     assert snapshot(tmp_path / "models") == before
 
 
-# -- 15: --force over a file or a symlink leaves nothing behind ----------------------------------
+# -- 15 and issue 24 point 12: --force replaces a drafter directory, nothing else ---------------
 
 
-def test_force_over_a_plain_file_leaves_no_old_copy(tmp_path: Path) -> None:
-    w = tmp_path / "w"
-    write_drafter(w / "src")
-    (w / "out").write_text("a file in the way")
-    assert main(["convert", str(w / "src"), str(w / "out"), "--to", "eagle", "--force"]) == 0
-    assert (w / "out" / "model.safetensors").is_file()
-    assert sorted(p.name for p in w.iterdir()) == ["out", "src"]
+def console_convert(tmp_path: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`python -m console convert local ...` with a config whose `local` host is this Python."""
+    cfg = tmp_path / "console.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path / "root"}"\n')
+    env = engine_env(EAGLE3_HASH_CACHE="0")
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME"):
+        env[var] = str(tmp_path / var.lower())
+    return subprocess.run([sys.executable, "-m", "console", "--config", str(cfg), "convert",
+                           "local", *map(str, args)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
 
 
-def test_force_over_a_symlink_replaces_the_link_not_its_target(tmp_path: Path) -> None:
-    w = tmp_path / "w"
-    write_drafter(w / "src")
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "keep.txt").write_text("not ours")
-    (w / "out").symlink_to(tmp_path / "elsewhere")
-    assert main(["convert", str(w / "src"), str(w / "out"), "--to", "eagle", "--force"]) == 0
-    assert not (w / "out").is_symlink() and (w / "out" / "config.json").is_file()
-    assert (tmp_path / "elsewhere" / "keep.txt").read_text() == "not ours"
-    assert sorted(p.name for p in w.iterdir()) == ["out", "src"]
+def _notes_dir(w: Path) -> Path:
+    (w / "out").mkdir()
+    (w / "out" / "notes.txt").write_text("my notes")
+    return w / "out"
 
 
-def test_force_replaces_a_directory_without_leftovers(tmp_path: Path) -> None:
-    w = tmp_path / "w"
-    write_drafter(w / "src")
+def _nested_notes(w: Path) -> Path:
     (w / "out" / "deep").mkdir(parents=True)
     (w / "out" / "deep" / "old.txt").write_text("old")
-    assert main(["convert", str(w / "src"), str(w / "out"), "--to", "eagle", "--force"]) == 0
+    return w / "out"
+
+
+def _plain_file(w: Path) -> Path:
+    (w / "out").write_text("a file in the way")
+    return w / "out"
+
+
+def _symlink_to_drafter(w: Path) -> Path:
+    write_drafter(w / "elsewhere", seed=5)
+    (w / "out").symlink_to(w / "elsewhere")
+    return w / "out"
+
+
+def _drafter_plus_notes(w: Path) -> Path:
+    write_drafter(w / "out", seed=5)
+    (w / "out" / "notes.txt").write_text("my notes")
+    return w / "out"
+
+
+def _trainer_checkpoint(w: Path) -> Path:
+    write_drafter(w / "out", seed=5)
+    (w / "out" / "optimizer.pt").write_bytes(b"optimizer state")
+    (w / "out" / "trainer.json").write_text("{}")
+    return w / "out"
+
+
+NOT_OURS = {"notes": (_notes_dir, "notes.txt"), "nested": (_nested_notes, "deep/"),
+            "file": (_plain_file, "is not a directory"),
+            "symlink": (_symlink_to_drafter, "is a symlink"),
+            "drafter_plus_notes": (_drafter_plus_notes, "notes.txt"),
+            "trainer_checkpoint": (_trainer_checkpoint, "optimizer.pt")}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_OURS))
+def test_force_refuses_what_is_not_a_drafter_directory(tmp_path: Path, case: str) -> None:
+    """Issue 24 point 12: `convert --force` removed a plain directory holding notes.txt."""
+    w = tmp_path / "w"
+    write_drafter(w / "src")
+    make, named = NOT_OURS[case]
+    dst = make(w)
+    before, names = snapshot(w), sorted(p.name for p in w.iterdir())
+    r = engine("convert", w / "src", dst, "--to", "eagle", "--force")
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert str(dst) in line and named in line and "not replaced" in line, line
+    assert snapshot(w) == before and sorted(p.name for p in w.iterdir()) == names
+    assert os.path.islink(dst) == (case == "symlink")
+
+
+def test_console_convert_force_refuses_a_notes_folder(tmp_path: Path) -> None:
+    w = tmp_path / "w"
+    write_drafter(w / "src")
+    dst = _notes_dir(w)
+    r = console_convert(tmp_path, w / "src", dst, "--to", "vllm", "--force")
+    assert r.returncode == 1, r.stderr
+    line = one_line(r.stderr)
+    assert line.startswith("error: local: ") and "notes.txt" in line and str(dst) in line, line
+    assert (dst / "notes.txt").read_text() == "my notes" and os.listdir(dst) == ["notes.txt"]
+
+
+def _sharded_download(w: Path) -> Path:
+    write_drafter(w / "out", layout="sharded", seed=5)
+    (w / "out" / "generation_config.json").write_text("{}")
+    return w / "out"
+
+
+def _empty_dir(w: Path) -> Path:
+    (w / "out").mkdir()
+    return w / "out"
+
+
+def _earlier_conversion(w: Path) -> Path:
+    assert main(["convert", str(w / "src"), str(w / "out"), "--to", "sglang"]) == 0
+    return w / "out"
+
+
+OURS = {"sharded_download": _sharded_download, "empty": _empty_dir,
+        "earlier_conversion": _earlier_conversion}
+
+
+@pytest.mark.parametrize("case", sorted(OURS))
+def test_force_replaces_a_drafter_directory_without_leftovers(tmp_path: Path, case: str) -> None:
+    w = tmp_path / "w"
+    write_drafter(w / "src")
+    OURS[case](w)
+    r = engine("convert", w / "src", w / "out", "--to", "eagle", "--force")
+    assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in w.iterdir()) == ["out", "src"]
     assert sorted(p.name for p in (w / "out").iterdir()) == [
         "config.json", "model.safetensors", "provenance.json"]  # no owner file either
+
+
+def test_console_convert_force_replaces_an_earlier_conversion(tmp_path: Path) -> None:
+    w = tmp_path / "w"
+    write_drafter(w / "src")
+    _earlier_conversion(w)
+    r = console_convert(tmp_path, w / "src", w / "out", "--to", "vllm", "--force")
+    assert r.returncode == 0, r.stderr
+    prov = json.loads((w / "out" / "provenance.json").read_text())
+    assert prov["format"] == "vllm"
 
 
 # -- 15: hostile inputs: one clear line, no hang, for inspect and convert ------------------------

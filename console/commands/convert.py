@@ -26,7 +26,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier", metavar="NAME_OR_PATH",
                    help="the target model, recorded in a speculators config (needed for --to "
                         "speculators)")
-    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="replace DST if it is a drafter directory (config.json and weights, "
+                        "nothing else) or empty; anything else is refused")
     p.add_argument("--json", action="store_true",
                    help="print the summary and the result's report as one JSON object")
 

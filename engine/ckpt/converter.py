@@ -34,7 +34,11 @@ from engine.ckpt.drafter_save import (
 )
 from engine.ckpt.hash_cache import HashInBackground
 from engine.ckpt.key_map import LAYER_PREFIX, from_canonical, output_style
-from engine.ckpt.output_dir import atomic_output_dir
+from engine.ckpt.output_dir import (
+    DestinationError,
+    atomic_output_dir,
+    check_replaceable,
+)
 from engine.ckpt.safetensors_io import (
     SafetensorsWriter,
     WeightSet,
@@ -82,8 +86,7 @@ def convert_checkpoint(src: Path, dst: Path, to: str, *, verifier: str | None = 
     src, dst = Path(src), Path(dst)
     t0 = time.monotonic()
     dst = check_destination(src, dst, Path(embed_from) if embed_from else None)
-    if os.path.lexists(dst) and not force:
-        raise EngineError(f"{dst}: already exists (use --force to replace it)")
+    check_replaceable(dst, force)  # before any work: an existing DST that is not a drafter
     if dtype not in ("keep", *DTYPE_NAMES):
         raise EngineError(f"--dtype {dtype!r}: one of keep, bf16, fp16, fp32")
     ck = open_checkpoint(src)
@@ -236,7 +239,7 @@ def check_destination(src: Path, dst: Path, embed_from: Path | None = None) -> P
     if dst.name in ("", ".", ".."):
         dst = Path(os.path.realpath(dst))
         if not dst.name:
-            raise EngineError(f"{dst}: not a usable output directory")
+            raise DestinationError(f"{dst}: not a usable output directory")
     inputs = [(Path(os.path.realpath(src)), f"the source {src}", True)]
     if embed_from is not None:
         require_dir(embed_from)
@@ -247,12 +250,12 @@ def check_destination(src: Path, dst: Path, embed_from: Path | None = None) -> P
         for real, what, no_inside in inputs:
             rid, rup = _identity(real)
             if place == real or (pid is not None and pid == rid):
-                raise EngineError(f"{dst}: is {what} (choose another DST)")
+                raise DestinationError(f"{dst}: is {what} (choose another DST)")
             if place in real.parents or (pid is not None and pid in rup):
-                raise EngineError(f"{dst}: contains {what} (--force would delete it; choose "
-                                  "another DST)")
+                raise DestinationError(f"{dst}: contains {what} (--force would delete it; "
+                                       "choose another DST)")
             if no_inside and (real in place.parents or (rid is not None and rid in pup)):
-                raise EngineError(f"{dst}: is inside {what} (choose a DST outside it)")
+                raise DestinationError(f"{dst}: is inside {what} (choose a DST outside it)")
     return dst
 
 

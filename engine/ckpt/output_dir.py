@@ -5,8 +5,12 @@ file (our PID, its start time and the boot id); the block writes into it and it 
 at the end. Any failure, Ctrl-C, SIGTERM or SIGHUP (with `termination_raises()` around the work)
 removes it, so DST is complete or absent. What may be deleted, and nothing else:
   - our own temp dir, on failure;
-  - DST itself with `force` (a directory tree, or a single file or symlink: never what a symlink
-    points at), moved aside and removed only after the new DST is in place;
+  - DST itself with `force`, only when it is a drafter directory (a real directory holding
+    config.json, weights and nothing but drafter files: what save_drafter and convert write, or
+    a downloaded drafter) or an empty directory; moved aside and removed only after the new DST
+    is in place. Anything else (a file, a symlink, a folder holding a user's notes.txt, a
+    trainer checkpoint with its optimizer state) is refused, naming what is in the way, and
+    nothing is deleted (`replace_refusal`);
   - a stale temp dir of an earlier run beside DST: it must have our exact name shape, be a real
     directory holding only regular files with the names we write, and its owner must be gone
     (no process with that PID, or one whose start time differs from the owner file: a reused
@@ -37,6 +41,52 @@ from engine.fileio import signals_deferred as _signals_deferred  # noqa: F401 --
 OWNER_FILE = ".eagle3-owner"
 # Everything an output dir may hold while it is being written (save_drafter and convert).
 OUR_FILES = frozenset({OWNER_FILE, "model.safetensors", "config.json", "provenance.json"})
+# What `--force` may delete: the files of a drafter directory, ours or a downloaded one's.
+DRAFTER_FILE = re.compile(r"config\.json|generation_config\.json|provenance\.json|"
+                          r"[^/]+\.safetensors|model\.safetensors\.index\.json|"
+                          r"pytorch_model[^/]*\.bin|pytorch_model\.bin\.index\.json|"
+                          + re.escape(OWNER_FILE))
+WEIGHT_FILE = re.compile(r"[^/]+\.safetensors|pytorch_model[^/]*\.bin")
+
+
+class DestinationError(EngineError):
+    """DST may not be written: it exists, is not ours to replace, or is tied to an input. The
+    console reads this type from the `error` event to keep the user in the convert dialog."""
+
+
+def replace_refusal(dst: Path) -> str | None:
+    """Why `--force` may not replace `dst` (None: it is a drafter directory or an empty one)."""
+    if os.path.islink(dst):
+        return "is a symlink"
+    if not os.path.isdir(dst):
+        return "is not a directory"
+    try:
+        entries = sorted(os.scandir(dst), key=lambda e: e.name)
+    except OSError as e:
+        return f"cannot be listed ({e.strerror})"
+    names = [e.name for e in entries]
+    for ent in entries:
+        if ent.is_dir(follow_symlinks=False):
+            return f"holds the folder {ent.name}/"
+        if not ent.is_file(follow_symlinks=False) or not DRAFTER_FILE.fullmatch(ent.name):
+            return f"holds {ent.name}, which is not a drafter file"
+    if names and ("config.json" not in names or not any(WEIGHT_FILE.fullmatch(n)
+                                                         for n in names)):
+        return "is not a drafter directory (no config.json with weights)"
+    return None
+
+
+def check_replaceable(dst: Path, force: bool) -> None:
+    """Raise DestinationError unless `dst` is absent, or `force` and replace_refusal allows."""
+    if not os.path.lexists(dst):
+        return
+    if not force:
+        raise DestinationError(f"{dst}: already exists (use --force to replace it)")
+    why = replace_refusal(dst)
+    if why is not None:
+        raise DestinationError(
+            f"{dst}: not replaced, it {why}; --force replaces only a drafter directory "
+            "(config.json, weights, nothing else): choose another DST or move it away yourself")
 
 
 def _boot_id() -> str:
@@ -137,8 +187,7 @@ def atomic_output_dir(dst: Path, force: bool = False,
     """Yield a temp dir beside `dst` holding an owner file; it replaces `dst` (engine/fileio.py's
     atomic_dir) only if the block succeeds."""
     dst = Path(dst)
-    if os.path.lexists(dst) and not force:
-        raise EngineError(f"{dst}: already exists (use --force to replace it)")
+    check_replaceable(dst, force)
     dst.parent.mkdir(parents=True, exist_ok=True)
     for p in remove_stale_temps(dst):
         if log:

@@ -18,7 +18,8 @@ TARGETS = ("eagle", "speculators", "vllm", "sglang")
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="drafter directory (EAGLE or speculators style, any weight layout)")
-    p.add_argument("dst", help="output directory (must not exist unless --force)")
+    p.add_argument("dst", help="output directory (must not exist, or be a drafter directory "
+                               "with --force)")
     p.add_argument("--to", required=True, choices=TARGETS, help="output style / serving engine")
     p.add_argument("--verifier", metavar="NAME_OR_PATH",
                    help="the target model, recorded in the speculators config")
@@ -30,7 +31,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     emb.add_argument("--embed-from", metavar="TARGET_DIR",
                      help="add the target model's embedding as embed_tokens.weight")
     emb.add_argument("--drop-embed", action="store_true", help="leave embed_tokens.weight out")
-    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--force", action="store_true",
+                   help="replace DST if it is a drafter directory (config.json and weights, "
+                        "nothing else) or empty; anything else is refused")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
