@@ -26,8 +26,9 @@ from console.runs.service import list_runs
 from console.runs.watch import RunFeed
 from console.screens.main import PANES, MainScreen
 from console.screens.run_detail import RunDetailScreen
-from console.settings.config import Profile
+from console.settings.config import HostConfig, Profile
 from console.ui.keymap import KEYS
+from console.widgets.host_list import HostList
 from console.widgets.line_plot import LinePlot, braille_grid
 from console.widgets.run_tables import ProfileTable, RunTable
 from engine import events
@@ -164,7 +165,8 @@ async def test_pane_rows_and_detail_state() -> None:
         plots = {p.id: p for p in screen.query(LinePlot)}
         assert [len(pts) for _, pts in plots["plot-loss"].series] == [60]
         assert [name for name, _ in plots["plot-acc"].series] == [f"acc_{i}" for i in range(4)]
-        assert plots["plot-tau"].point_count == 60
+        # the training-batch estimate at every step, and step 50's held-out measurement
+        assert [len(pts) for _, pts in plots["plot-tau"].series] == [60, 1]
         prov = dict(screen.feed.provenance())
         assert prov["finetune"].startswith("/data/demo/public-drafter (eagle, sha256 ")
         assert prov["data"].startswith("/data/demo/data (sha256 5610ec719eb3")
@@ -407,3 +409,38 @@ async def test_no_profiles_with_a_config_file_says_the_demo_is_hidden(tmp_path: 
         await wait_for(pilot, lambda: pane.listed > 0)
         text = str(pane.query_one("#runs-activity", Static).render())
         assert "demo profiles hidden: your config defines hosts" in text
+
+
+async def test_switching_to_a_host_with_profiles_drops_the_no_profile_message(
+        tmp_path: Path) -> None:
+    """Two hosts of this machine: `bare` runs no profile, `local` runs the demo's. The hint
+    `No profile runs on this host … host = "bare"` belongs to `bare` alone: after switching to
+    `local` (and after `r`) it is gone, and it comes back, naming `bare`, on the way back."""
+    config = local_config(tmp_path / "local")
+    config.hosts = {"bare": HostConfig(name="bare", python=sys.executable,
+                                       root=str(tmp_path / "bare")), **config.hosts}
+    config.path = tmp_path / "config.toml"
+    app = local_app(config)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        await wait_for(pilot, lambda: pane.host == "bare" and pane.listed > 0)
+        activity = pane.query_one("#runs-activity", Static)
+        assert 'host = "bare"' in str(activity.render())
+        hosts = app.screen.query_one(HostList)
+        hosts.focus()
+        await pilot.press("down")
+        await wait_for(pilot, lambda: pane.host == "local" and pane.listed > 1)
+        await pilot.pause()
+        assert "No profile runs" not in str(activity.render())
+        pane.query_one(ProfileTable).focus()
+        await pilot.press("r")
+        await wait_for(pilot, lambda: pane.listed > 2)
+        await pilot.pause()
+        assert "No profile runs" not in str(activity.render())
+        assert "t launches finetune" in str(pane.query_one("#runs-status", Static).render())
+        hosts.focus()
+        await pilot.press("up")
+        await wait_for(pilot, lambda: pane.host == "bare" and pane.listed > 3)
+        await pilot.pause()
+        assert 'host = "bare"' in str(activity.render())

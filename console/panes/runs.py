@@ -43,7 +43,13 @@ from console.ui.messages import OpenRun
 from console.ui.services import services
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
-from console.widgets.run_tables import ProfileTable, RunTable, profile_row, run_row
+from console.widgets.run_tables import (
+    ProfileTable,
+    RunTable,
+    profile_row,
+    run_row,
+    stop_outcome,
+)
 from engine import events
 
 LIST_EVERY_S = 5.0
@@ -78,6 +84,7 @@ class RunsPane(ShownTimers, Vertical):
         self._listing = False
         self._caught_up: set[tuple[str, str]] = set()   # finished runs read once already
         self._drawn: tuple[object, ...] = ()
+        self._hint = False     # the activity line holds the "no profile runs here" hint
 
     # -- layout --------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -109,6 +116,7 @@ class RunsPane(ShownTimers, Vertical):
         w = self.query_one("#runs-activity", Static)
         w.update(text)
         w.set_class(error, "-error")
+        self._hint = False
 
     def bar(self, done: float | None, total: float | None) -> None:
         bar = self.query_one("#runs-bar", ProgressBar)
@@ -118,6 +126,8 @@ class RunsPane(ShownTimers, Vertical):
 
     # -- host selection and refresh ------------------------------------------------------------
     def show_host(self, host: str) -> None:
+        if host != self.host and self.busy is None and self.demo_state != "building":
+            self.activity("")   # what it said was about the previous host
         self.host = host
         self.refresh_view(force=True)
         if self.config.demo is not None and host == LOCAL and self.demo_state is None:
@@ -232,6 +242,9 @@ class RunsPane(ShownTimers, Vertical):
                 if self.config.path is not None and self.config.demo is None else ""
             self.activity(f"No profile runs on this host{hidden}: add [profiles.NAME] with "
                           f"host = \"{host}\" to the config.")
+            self._hint = True
+        elif self._hint and profiles:
+            self.activity("")
 
     # -- actions -------------------------------------------------------------------------------
     def _selected_run(self) -> RunRecord | None:
@@ -342,7 +355,11 @@ class RunsPane(ShownTimers, Vertical):
             self.notify("No run selected", severity="warning")
             return
         if rec.status not in ("running", "pending"):  # pending: a queued Slurm job (scancel)
-            self.notify(f"{rec.id} is not running ({rec.status})", severity="warning")
+            # on the activity line too: a toast is easy to miss, and x must never seem to do
+            # nothing
+            said = f"{rec.id} has already ended ({rec.status}): nothing to stop"
+            self.activity(said)
+            self.notify(said, severity="warning")
             return
         if self._start(f"stop {rec.id}"):
             self.do_stop(rec.id)
@@ -363,8 +380,7 @@ class RunsPane(ShownTimers, Vertical):
             hosts = services(self).pool.hosts
             run = await stop_run(self.config, run_id, hosts, grace=STOP_GRACE_S)
             refused = next((r.refused for r in run.records if r.refused), "")
-            self.activity(f"{run_id}: {run.status}" + (f" ({refused})" if refused else ""),
-                          error=bool(refused))
+            self.activity(stop_outcome(run_id, run.status, refused), error=bool(refused))
         except ConsoleError as e:
             self.activity(f"stop failed: {describe_error(e)}", error=True)
         finally:

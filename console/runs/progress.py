@@ -20,6 +20,10 @@ MAX_POINTS = 2000
 MAX_LINES = 500
 #: metric names plotted: the weighted loss, the estimated acceptance length, acc_i per TTT step
 PLOTTED = re.compile(r"^(loss|tau|acc_\d+)$")
+#: the trainer's checkpoint line: the acceptance length measured on held-out samples, kept as
+#: the series HELD_OUT beside `tau` (which is estimated on each training batch)
+HELD_OUT_LOG = re.compile(r"checkpoint step_0*(\d+) \(held-out tau (\d+(?:\.\d+)?)\)")
+HELD_OUT = "tau_held_out"
 
 
 @dataclass
@@ -101,7 +105,11 @@ class RunProgress:
         elif ev.kind == "metric":
             self._metric(ev)
         elif ev.kind == "log":
-            self.lines.append(LogLine(ev.t, str(ev.get("level", "info")), str(ev.get("msg", ""))))
+            msg = str(ev.get("msg", ""))
+            self.lines.append(LogLine(ev.t, str(ev.get("level", "info")), msg))
+            held = HELD_OUT_LOG.search(msg)
+            if held:
+                self.series.setdefault(HELD_OUT, Series()).add(float(held[1]), float(held[2]))
         elif ev.kind == "result":
             data = ev.get("data")
             self.result = data if isinstance(data, dict) else {}

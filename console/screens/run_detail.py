@@ -1,9 +1,11 @@
 """An opened run: progress with step, total and ETA; live plots of the loss, acc_i per TTT step
-and the estimated acceptance length; the last log lines; provenance.
+and the acceptance length (estimated on each training batch, and measured on the held-out
+samples at every checkpoint, labelled apart); the last log lines; provenance. A run that reports
+no metrics (a plain script) gets no plots: its log has the room.
 
 The screen renders a RunFeed (console/runs/watch.py) that the runs pane keeps following in the
 background; it redraws twice a second, only when the feed moved. `escape` goes back (the feed
-keeps following), `x` stops the run.
+keeps following), `x` stops the run (a run that has ended says so), `q` quits.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
 from console.errors import ConsoleError
+from console.runs.progress import HELD_OUT
 from console.runs.service import stop_run
 from console.runs.watch import RunFeed, describe_error
 from console.ui.keymap import bindings
@@ -29,9 +32,13 @@ from console.widgets.footer import Footer
 from console.widgets.host_strip import short_path
 from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail
-from console.widgets.run_tables import STATUS_MARK, fmt_duration
+from console.widgets.run_tables import STATUS_MARK, fmt_duration, stop_outcome
 
 STOP_GRACE_S = 10.0
+#: the two acceptance-length series: the trainer's estimate on each training batch (metric
+#: `tau`), and what it measured on held-out samples at each checkpoint (its log line)
+TAU_TRAIN = "train (est.)"
+TAU_HELD_OUT = "held-out"
 
 
 def progress_text(feed: RunFeed) -> str:
@@ -91,7 +98,7 @@ class RunDetailScreen(Screen[None]):
                 yield Static("", id="detail-progress")
             with Horizontal(id="detail-plots"):
                 yield LinePlot("loss", id="plot-loss")
-                yield LinePlot("estimated acceptance length", id="plot-tau")
+                yield LinePlot("acceptance length", id="plot-tau")
             yield LinePlot("acc_i per TTT step", id="plot-acc")
             with Horizontal(id="detail-bottom"):
                 yield LogTail(id="detail-log")
@@ -121,13 +128,7 @@ class RunDetailScreen(Screen[None]):
         else:
             bar.update(total=100, progress=100 if not running else 0)
         self.query_one("#detail-progress", Static).update(progress_text(feed))
-        x_range = (0.0, float(p.total)) if p.total and p.unit == "step" else None
-        self.query_one("#plot-loss", LinePlot).show([("loss", p.points("loss"))], x_range)
-        k = len(p.acc_names())
-        self.query_one("#plot-tau", LinePlot).show([("tau", p.points("tau"))], x_range,
-                                                    y_min=1.0, y_max=float(k + 1) if k else None)
-        self.query_one("#plot-acc", LinePlot).show(
-            [(n, p.points(n)) for n in p.acc_names()], x_range, y_min=0.0, y_max=1.0)
+        self._plots()
         self.query_one(LogTail).show(list(p.lines))
         rows = feed.provenance()
         final = p.result.get("final") if p.result else None
@@ -136,6 +137,23 @@ class RunDetailScreen(Screen[None]):
             rows.insert(at, ("final", str(final)))
         prov = self.query_one("#detail-prov", Static)
         prov.update(provenance_text(rows, prov.content_size.width))
+
+    def _plots(self) -> None:
+        """The three plots, shown once the run has reported a metric (never, for a script)."""
+        p = self.feed.progress
+        for w in (self.query_one("#detail-plots"), self.query_one("#plot-acc")):
+            w.display = bool(p.series)
+        if not p.series:
+            return
+        x_range = (0.0, float(p.total)) if p.total and p.unit == "step" else None
+        self.query_one("#plot-loss", LinePlot).show([("loss", p.points("loss"))], x_range)
+        k = len(p.acc_names())
+        # both series always: the plot then names each (an empty one draws nothing)
+        self.query_one("#plot-tau", LinePlot).show(
+            [(TAU_TRAIN, p.points("tau")), (TAU_HELD_OUT, p.points(HELD_OUT))], x_range,
+            y_min=1.0, y_max=float(k + 1) if k else None)
+        self.query_one("#plot-acc", LinePlot).show(
+            [(n, p.points(n)) for n in p.acc_names()], x_range, y_min=0.0, y_max=1.0)
 
     def on_resize(self) -> None:
         self.call_after_refresh(self.refresh_view, True)   # the provenance fits the new width
@@ -161,9 +179,9 @@ class RunDetailScreen(Screen[None]):
         self.dismiss(None)
 
     def action_stop(self) -> None:
-        if self.feed.status != "running":
-            self.notify(f"{self.feed.run_id} is not running ({self.feed.status})",
-                        severity="warning")
+        if self.feed.status not in ("running", "pending"):
+            self.notify(f"{self.feed.run_id} has already ended ({self.feed.status}): "
+                        "nothing to stop", severity="warning")
             return
         self.do_stop()
 
@@ -177,8 +195,10 @@ class RunDetailScreen(Screen[None]):
             return
         try:
             app = services(self)
-            await stop_run(app.config, run_id, app.pool.hosts, grace=STOP_GRACE_S)
+            run = await stop_run(app.config, run_id, app.pool.hosts, grace=STOP_GRACE_S)
             await self.feed.refresh_record()
+            self.notify(stop_outcome(run_id, run.status, run.records[0].refused
+                                     if run.records else ""))
         except ConsoleError as e:
             self.notify(f"stop failed: {describe_error(e)}", severity="error")
         self.refresh_view(force=True)

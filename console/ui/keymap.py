@@ -138,6 +138,8 @@ KEYS: list[Key] = [
         help="back to the runs (the run keeps being followed)"),
     Key("x", "stop", "Stop run", "run_detail"),
     Key("question_mark", "app.help", "Help", "run_detail", palette=False),
+    Key("q", "app.quit", "Quit", "run_detail", palette=False,
+        help="quit (runs keep running on their hosts)"),
     Key("escape", "cancel", "Cancel", "convert"),
     Key("ctrl+s", "convert", "Convert", "convert"),
     Key("escape", "cancel", "Cancel", "serve"),

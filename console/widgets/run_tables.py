@@ -33,6 +33,16 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
+def stop_outcome(run_id: str, status: str, refused: str = "") -> str:
+    """What a stop did, for the pane's activity line and run detail: `stopped`, or a run that
+    had ended before the signal (nothing was sent)."""
+    if refused:
+        return f"{run_id}: {status} ({refused})"
+    if status in ("stopped", "running", "pending"):
+        return f"{run_id}: {status}"
+    return f"{run_id} had already ended ({status}): nothing was signalled"
+
+
 def short_command(run: str, width: int = COMMAND_WIDTH) -> str:
     """The run string for a table cell: long absolute paths as …/last/two, then cut."""
     words = []
