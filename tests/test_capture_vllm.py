@@ -350,6 +350,8 @@ def test_capture_server_print_parses_back(demo_dir: Path, tmp_path: Path, layers
     o = parse_serve(argv)
     assert o["model"] == str(target) and o["--tensor-parallel-size"] == "8"
     assert o["--port"] == "8123" and o["--no-enable-chunked-prefill"] is True
+    # the config's dtype: vLLM's auto would serve the float32 demo target in 16 bits
+    assert o.get("--dtype") == ("float32" if layers == 7 else None)
     spec = json.loads(o["--speculative-config"])
     assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                     "draft_model_config": {"hf_config": {

@@ -7,41 +7,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from engine.data.readers import open_data
 from tests.engine_helpers import run_engine
-from tests.vllm_real import answer, engine_in_vllm
+from tests.vllm_real import answer, compare, engine_in_vllm
 
 pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-def by_ids(path: Path) -> dict[tuple[int, ...], Any]:
-    data = open_data(str(path))
-    return {tuple(data[i].input_ids.tolist()): data[i] for i in range(len(data))}
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
-
-
-def compare(ours: Path, ref: Path) -> dict[str, float]:
-    """Sample for sample (by token ids): the worst relative difference of aux and final states,
-    and of position 0 alone (no attention across positions there)."""
-    a, b = by_ids(ours), by_ids(ref)
-    assert a.keys() == b.keys() and len(a) > 0
-    out = {"aux": 0.0, "hidden": 0.0, "pos0": 0.0}
-    for k, s in a.items():
-        t = b[k]
-        assert s.loss_mask.tolist() == t.loss_mask.tolist()
-        out["aux"] = max(out["aux"], rel(s.aux, t.aux))
-        out["hidden"] = max(out["hidden"], rel(s.hidden, t.hidden))
-        out["pos0"] = max(out["pos0"], rel(s.aux[:1], t.aux[:1]), rel(s.hidden[:1], t.hidden[:1]))
-    return out
 
 
 def test_executor_capture_equals_the_transformers_path(vllm_python: str, demo_dir: Path,

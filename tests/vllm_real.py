@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+from engine.data.readers import open_data
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,3 +61,27 @@ def engine_in_vllm(py: str, *args: str, timeout: float = 600,
 def answer(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The --json answer: stdout must hold it alone (vLLM's own logs go to stderr)."""
     return dict(json.loads(p.stdout))
+
+
+def by_ids(path: Path) -> dict[tuple[int, ...], Any]:
+    data = open_data(str(path))
+    return {tuple(data[i].input_ids.tolist()): data[i] for i in range(len(data))}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def compare(ours: Path, ref: Path) -> dict[str, float]:
+    """Sample for sample (by token ids): the worst relative difference of aux and final states,
+    and of position 0 alone (no attention across positions there)."""
+    a, b = by_ids(ours), by_ids(ref)
+    assert a.keys() == b.keys() and len(a) > 0
+    out = {"aux": 0.0, "hidden": 0.0, "pos0": 0.0}
+    for k, s in a.items():
+        t = b[k]
+        assert s.loss_mask.tolist() == t.loss_mask.tolist()
+        out["aux"] = max(out["aux"], rel(s.aux, t.aux))
+        out["hidden"] = max(out["hidden"], rel(s.hidden, t.hidden))
+        out["pos0"] = max(out["pos0"], rel(s.aux[:1], t.aux[:1]), rel(s.hidden[:1], t.hidden[:1]))
+    return out
