@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 
 from console.app import Eagle3App
 from console.logs.follow import Line, LogFollower
-from console.logs.log_model import MAX_LINES, LogModel
+from console.logs.log_model import CONTROL, MAX_LINES, LogModel
 from console.panes import logs as logs_pane
 from console.panes.logs import FLOOD_REDRAW_S, REDRAW_S, LogsPane
 from console.widgets.log_view import LogView
@@ -184,6 +184,42 @@ async def test_clearing_a_filter_shows_the_newest_lines(tmp_path: Path) -> None:
         await _wait(lambda: "filter" not in pane.query_one(StatusLine).plain)
         await pilot.pause()
         _assert_at_end(pane, last)
+
+
+async def test_control_characters_never_reach_the_screen(tmp_path: Path) -> None:
+    """vLLM's recorded CPU log has tqdm bars (`\\rLoading safetensors ... 100%`): a carriage
+    return sent to the terminal moved the cursor and drew the line over the sidebar. Each is
+    drawn as a terminal shows it, and no drawn row holds a control character."""
+    app, log = _app(tmp_path, "")
+    log.write_bytes((FIXTURES / "vllm" / "serve-0.32.0-cpu.log").read_bytes())
+    n = log.read_bytes().count(b"\n")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        pane = app.screen.query_one(LogsPane)
+        await _shown(pilot, pane, n)
+        await pilot.press("slash", *"safetensors checkpoint", "enter")
+        await _wait(lambda: "filter “safetensors checkpoint”: 4 lines"
+                    in pane.query_one(StatusLine).plain)
+        view = pane.query_one(LogView)
+        rows = [view.render_line(y).text for y in range(view.size.height)]
+        assert [r.rstrip()[:48] for r in rows[:4]] == [
+            "Loading safetensors checkpoint shards:   0% Comp",
+            "Loading safetensors checkpoint shards: 100% Comp"] * 2
+        await pilot.press("escape", "home")
+        for top in range(0, n, view.size.height):
+            view.scroll_to(y=top, animate=False, immediate=True)
+            await pilot.pause()
+            drawn = "".join(view.render_line(y).text for y in range(view.size.height))
+            assert not CONTROL.search(drawn), (top, drawn)
+
+
+def test_lines_are_kept_as_a_terminal_shows_them() -> None:
+    m = LogModel()
+    m.add([Line(0, "\rLoading 0%\rLoading 50%\rLoading 100%"), Line(1, "abcdef\rXY"),
+           Line(2, "crlf line end\r"), Line(3, "bell\x07 backspace\x08 del\x7f\ttab"),
+           Line(4, "plain")])
+    assert [m.at(i).text for i in range(5)] == [  # type: ignore[union-attr]
+        "Loading 100%", "XYcdef", "crlf line end", "bell^G backspace^H del^?\ttab", "plain"]
 
 
 class _TickedPane:

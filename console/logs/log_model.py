@@ -9,6 +9,10 @@ A busy log brings a thousand lines a second and nearly all of them are plain tex
 taken in whole: its texts go into the deque as they are, and only the few lines that can matter
 (a severity hint, a metrics marker, a filter match), found by substring searches over the batch,
 get any per-line work. Entries (`LogEntry`) are made when asked for.
+
+Texts are kept as a terminal would show them (`terminal_text`): a progress bar's carriage
+returns overwrite (tqdm's `\rLoading ... 100%`), other control characters become `^X`; sent to
+the screen as they are, they moved the cursor and drew over the rest of the console.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ MAX_POINTS = 1_000       # metric lines kept (at vLLM's 10 s interval: about 2.8
 ERROR = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|Traceback \(most recent call last\)"
                    r"|CUDA out of memory|\b\w+Error: ")
 WARNING = re.compile(r"\bWARN(?:ING)?\b")
+#: control characters but the newline (the batch separator) and tab (expanded when drawn)
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 _HINTS = ("ERR", "Err", "CRIT", "FATAL", "Traceback", "out of memory", "WARN")
@@ -50,6 +56,17 @@ def severity(text: str) -> str:
     if WARNING.search(text):
         return "warning"
     return ""
+
+
+def terminal_text(text: str) -> str:
+    """text as a terminal shows it: each carriage return starts overwriting from the left (a
+    trailing one, as in CRLF line ends, changes nothing), other controls as `^X`."""
+    if "\r" in text:
+        shown = ""
+        for part in text.rstrip("\r").split("\r"):
+            shown = part + shown[len(part):]
+        text = shown
+    return CONTROL.sub(lambda m: "^?" if m[0] == "\x7f" else "^" + chr(ord(m[0]) + 64), text)
 
 
 def lines_containing(blob: str, needles: Iterable[str]) -> list[int]:
@@ -136,6 +153,9 @@ class LogModel:
         if "\x1b" in blob:
             for row in lines_containing(blob, ["\x1b"]):
                 texts[row] = strip_ansi(texts[row])
+            blob = "\n".join(texts)
+        if CONTROL.search(blob):
+            texts = [terminal_text(t) if CONTROL.search(t) else t for t in texts]
             blob = "\n".join(texts)
         seq0 = self.next_seq
         for row in lines_containing(blob, _HINTS):
