@@ -37,6 +37,8 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait here, then reuse
         if not (d / "demo.json").is_file():  # written last by a finished build
             run_engine("demo", "init", str(d), "--force", timeout=600)
+        elif not (d / "logs" / "vllm-serve.log").is_file():  # a kept one from an older engine
+            run_engine("demo", "update", str(d))
     yield d
 
 

