@@ -40,14 +40,25 @@ def _utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     time.tzset()
 
 
+# what training writes beside out/final (engine/training/train.py's export; fixed values)
+TRAINED_PROVENANCE = {"engine_version": "0.1.0", "time": "2026-11-30T14:30:00+0000",
+                      "format": "eagle", "step": 150, "held_out_tau": 3.441,
+                      "data_sha256": "552e8375cd4b" + "1" * 52,
+                      "vocab_sha256": "ce005e6fa3fa" + "2" * 52, "draft_vocab_size": 128}
+
+
 def checkpoints_tree(root: Path) -> Path:
     """A configured folder with two drafters (EAGLE single-file, speculators sharded) and a run
     output; returns the configured folder."""
     shelf = root / "shelf"
     write_drafter(shelf / "aq-medai-eagle3", seed=1)
     write_drafter(shelf / "speculators-sharded", style="speculators", layout="sharded", seed=2)
-    write_drafter(root / "host" / "runs" / "finetune-20261130-140141-0f0f" / "out" / "final",
-                  seed=3)
+    final = root / "host" / "runs" / "finetune-20261130-140141-0f0f" / "out" / "final"
+    write_drafter(final, seed=3)
+    (final / "provenance.json").write_text(json.dumps(TRAINED_PROVENANCE | {
+        "run": str(final.parent), "finetune": {
+            "path": str(shelf / "aq-medai-eagle3"), "format": "eagle",
+            "sha256": {"model.safetensors": "3f1c9a0b7d2e" + "0" * 52}}}))
     for dirpath, dirs, files in os.walk(root):
         for n in dirs + files:
             os.utime(os.path.join(dirpath, n), (MTIME, MTIME))
@@ -90,8 +101,8 @@ def test_snapshot_checkpoints_pane(snap_compare: Any) -> None:
 
     async def run_before(pilot: Pilot[Any]) -> None:
         pane = await open_pane(pilot)
-        await pilot.press("down")       # the sharded speculators drafter
-        target = str(shelf / "speculators-sharded")
+        await pilot.press("down", "down")   # the run's out/final: its provenance shows
+        target = str(root / "host" / "runs" / "finetune-20261130-140141-0f0f" / "out" / "final")
         await wait_for(pilot, lambda: report_shown(pane, target))
         await pilot.pause()
 
@@ -175,6 +186,26 @@ async def test_convert_dialog_requires_and_prefills_the_verifier_for_speculators
         verifier.value = "/data/demo/target"
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: app.screen is not dialog)
+
+
+async def test_the_inspect_view_shows_the_provenance(tmp_path: Path) -> None:
+    """Issue 24 point 8: step, held-out tau, finetune source and hashes, or that none is
+    recorded, where a checkpoint is chosen."""
+    shelf = checkpoints_tree(tmp_path)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        view = pane.query_one(InspectView)
+        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
+        assert "provenance  none recorded (not written by this engine)" in view.plain
+        final = pane.query_one(CheckpointTable).paths[2]
+        await pilot.press("down", "down")
+        await wait_for(pilot, lambda: report_shown(pane, final))
+        lines = [ln.strip() for ln in view.plain.splitlines()]
+        assert "step        150 · held-out tau 3.441" in lines
+        assert f"finetune    {shelf / 'aq-medai-eagle3'} (eagle, sha256 3f1c9a0b7d2e)" in lines
+        assert "hashes      data sha256 552e8375cd4b · vocab sha256 ce005e6fa3fa" in lines
+        assert view.report and view.report["provenance"]["step"] == 150
 
 
 async def test_a_corrupt_checkpoint_shows_the_engine_error(tmp_path: Path) -> None:

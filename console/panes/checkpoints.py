@@ -191,6 +191,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             return
         found = self.found.get(host, [])
         root = self.roots.get(host, "")
+        self.query_one(InspectView).root = root
         self.query_one(CheckpointTable).show([c.path for c in found],
                                              [ckpt_row(c, root) for c in found])
         config = services(self).config

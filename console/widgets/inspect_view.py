@@ -1,6 +1,8 @@
 """A checkpoint's inspect report (engine/commands/inspect.py's JSON) drawn for the pane: the
-verdict and checks first (PASS / FAIL in the theme's success / error colours), then format,
-config summary and the tensor table. An engine error is shown whole, in the error colour."""
+verdict and format first, then the provenance (run, step and held-out tau, finetune source,
+data and vocab hashes: what tells out/best from out/final), the checks (PASS / FAIL in the
+theme's success / error colours), config summary and the tensor table. An engine error is
+shown whole, in the error colour."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from console.widgets.meters import fmt_bytes
+from engine.inspect_report import provenance_rows
 
 
 def config_lines(c: dict[str, Any]) -> list[str]:
@@ -36,6 +39,7 @@ class InspectView(Widget):
         self.heading = ""
         self.error: str | None = None
         self.message = "Select a checkpoint to inspect it."
+        self.root = ""   # the host's root: provenance paths under it are shown relative to it
 
     @property
     def plain(self) -> str:
@@ -75,6 +79,12 @@ class InspectView(Widget):
         out.append(f"   {r.get('format')} format · names {r.get('key_style')} · config "
                    f"{r.get('config_style')} · {r.get('weights')}: "
                    f"{', '.join(r.get('files') or [])}\n", self._s("label"))
+        rows = provenance_rows(r.get("provenance"))
+        label = max(len(k) for k, _ in rows)
+        root = self.root.rstrip("/") + "/" if self.root.strip("/") else None
+        for k, v in rows:
+            out.append(f" {k.ljust(label)}  ", self._s("label"))
+            out.append((v[len(root):] if root and v.startswith(root) else v) + "\n")
         width = max((len(str(c.get("name", ""))) for c in checks), default=0)
         for c in checks:
             good = bool(c.get("ok"))

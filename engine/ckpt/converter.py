@@ -50,6 +50,7 @@ from engine.ckpt.target_weights import target_embedding_entry
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.fileio import read_json
+from engine.inspect_report import training_origin
 from engine.model.config import Eagle3Config
 
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -312,4 +313,7 @@ def _provenance(ck: Checkpoint, to: str, dtype: str, items: list[_Item],
                               "eagle_aux_hidden_state_layer_ids") is not None,
                           "convention": AUX_CONVENTION},
         "warnings": warnings,
+        # the run, step, held-out tau and hashes of the source's training, so inspect of the
+        # conversion (and of a conversion of it) still tells best from final
+        "origin": training_origin(ck.path),
     }, command=True)

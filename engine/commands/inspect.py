@@ -1,9 +1,11 @@
 """`python -m engine inspect PATH [--json]`: what a drafter checkpoint is, and whether it is sound.
 
-Prints the detected format, a table of tensors (name, shape, dtype, bytes), the config summary
-(H, Ht, I, heads, head dim, V, Vd, aux layer ids, rope) and checks with pass or fail: shapes agree
-with the config, the d2t/t2d invariant, embedding present or absent, unknown keys. `--json` prints
-one object with `format`, `tensors`, `config`, `checks` (and `ok`). Exit 1 when a check fails.
+Prints the detected format, the provenance (what wrote it; the run, step and held-out tau; the
+finetune source; the data and vocab hashes; what it was converted from), a table of tensors (name,
+shape, dtype, bytes), the config summary (H, Ht, I, heads, head dim, V, Vd, aux layer ids, rope)
+and checks with pass or fail: shapes agree with the config, the d2t/t2d invariant, embedding
+present or absent, unknown keys. `--json` prints one object with `format`, `provenance`,
+`tensors`, `config`, `checks` (and `ok`). Exit 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 from typing import Any
 
 from engine.events import Emitter
-from engine.inspect_report import render
+from engine.inspect_report import read_provenance, render
 
 HELP = "show a drafter checkpoint's format, tensors, config and checks (exit 1 on a failed check)"
 
@@ -52,7 +54,8 @@ def collect(path: str) -> dict[str, Any]:
             "key_style": ck.detected.key_style, "config_style": ck.detected.config_style,
             "weights": ck.weights.kind, "files": [p.name for p in ck.weights.files],
             "tensors": tensors, "total_bytes": sum(t["bytes"] for t in tensors.values()),
-            "config": summary, "checks": checks, "ok": all(c["ok"] for c in checks)}
+            "config": summary, "checks": checks, "ok": all(c["ok"] for c in checks),
+            "provenance": read_provenance(ck.path)}
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:

@@ -127,6 +127,7 @@ class Trainer:
         self.step, self.pos = 0, (0, 0)
         self.best_tau, self.best_step = -1.0, 0
         self.tau_ema: float | None = None
+        self.held_out: tuple[int, float | None] = (-1, None)  # (step, tau) of the last estimate
         ck = load_checkpoint(resume_from) if cfg.resume and resume_from is not None else None
         if ck is not None:  # weights go in before any wrapping: every rank reads the files
             self._restore_model(resume_from, ck)  # type: ignore[arg-type]
@@ -310,16 +311,19 @@ class Trainer:
             torch.distributed.all_gather_object(rngs, rng_state())
         else:
             rngs = [rng_state()]
+        self.held_out = (self.step, tau_est)  # exports and inspect show it (None: no holdout)
         if not self.dist.main:
             return
         score = tau_est if tau_est is not None else (self.tau_ema or 0.0)
         if score > self.best_tau:
             self.best_tau, self.best_step = score, self.step
-            self.export("best", model, {"step": self.step, "estimated_tau": score})
+            self.export("best", model, {"step": self.step, "estimated_tau": score,
+                                        "held_out_tau": tau_est})
         trainer = {"step": self.step, "epoch": self.pos[0], "step_in_epoch": self.pos[1],
                    "total_steps": self.total, "scheduler": self.sched.state_dict(),
                    "best_tau": self.best_tau, "best_step": self.best_step,
-                   "tau_ema": self.tau_ema, "world_size": self.dist.world,
+                   "tau_ema": self.tau_ema, "held_out_tau": tau_est,
+                   "world_size": self.dist.world,
                    "settings": self._settings(), "engine": __version__}
         path = save_checkpoint(self.ckpt_root, self.step, self.draft.config.to_eagle_dict(),
                                model, optim, trainer, rngs, self.cfg.keep)
@@ -396,7 +400,8 @@ class Trainer:
                 self.checkpoint(self.estimate())
             model, _ = self._full_state()  # a collective under FSDP: every rank calls it
             if self.dist.main:
-                self.export("final", model, {"step": self.step})
+                held_out = self.held_out[1] if self.held_out[0] == self.step else None
+                self.export("final", model, {"step": self.step, "held_out_tau": held_out})
             self.dist.barrier()
             final = {**last, "best_step": self.best_step, "best_estimated_tau": self.best_tau}
             self.write_run_json("done", started, final)
