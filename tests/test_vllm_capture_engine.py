@@ -12,18 +12,29 @@ import pytest
 import torch
 
 from tests.engine_helpers import run_engine
-from tests.vllm_real import answer, compare, engine_in_vllm
+from tests.vllm_real import answer, by_ids, compare, engine_in_vllm
 
 pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
+def with_a_full_length_sample(demo_dir: Path, path: Path) -> Path:
+    """The held-out chats and one conversation of 12 training chats joined: cut at 512 tokens,
+    the demo target's max_position_embeddings (vLLM also counts the token it samples)."""
+    lines = (demo_dir / "conversations" / "eval.jsonl").read_text().splitlines()
+    chats = [json.loads(x) for x in
+             (demo_dir / "conversations" / "train.jsonl").read_text().splitlines()[:12]]
+    joined = {"id": "joined", "conversations": [t for c in chats for t in c["conversations"]]}
+    path.write_text("\n".join([*lines, json.dumps(joined)]) + "\n")
+    return path
+
+
 def test_executor_capture_equals_the_transformers_path(vllm_python: str, demo_dir: Path,
                                                        tmp_path: Path) -> None:
-    conv = demo_dir / "conversations" / "eval.jsonl"
+    conv = with_a_full_length_sample(demo_dir, tmp_path / "conv.jsonl")
     p = engine_in_vllm(vllm_python, "prepare", "--target", str(demo_dir / "target"),
                        "--data", str(conv), "--out", str(tmp_path / "engine"), "--vllm-engine",
-                       "--check-every", "1", "--json")
+                       "--max-len", "512", "--check-every", "1", "--json")
     m = answer(p)
     cap = m["capture"]
     assert cap["via"] == "vllm-engine" and cap["how"] == "SupportsEagle3"
@@ -31,8 +42,9 @@ def test_executor_capture_equals_the_transformers_path(vllm_python: str, demo_di
     assert cap["self_check"] and all(c["positions"] > 0 and c["mean"] < 0.02
                                      for c in cap["self_check"])
     run_engine("prepare", "--target", str(demo_dir / "target"), "--data", str(conv),
-               "--out", str(tmp_path / "hf"))
+               "--out", str(tmp_path / "hf"), "--max-len", "512")
     ref = json.loads((tmp_path / "hf" / "manifest.json").read_text())
+    assert max(len(k) for k in by_ids(tmp_path / "engine")) == 512
     assert [s["samples"] for s in m["shards"]] == [s["samples"] for s in ref["shards"]]
     d = compare(tmp_path / "engine", tmp_path / "hf")
     print(f"executor vs transformers, demo target: max rel diff aux {d['aux']:.2e}, "

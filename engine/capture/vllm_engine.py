@@ -94,9 +94,16 @@ def engine_kwargs(target_dir: str, cfg: dict[str, Any], store: torch.dtype, tp: 
                   gpu_memory_utilization: float, max_len: int, batch_tokens: int,
                   extra: dict[str, Any]) -> dict[str, Any]:
     """vLLM's LLM(...) arguments: prefill only, whole prompts per step, in the stored dtype
-    (vLLM would run a float32 target in bfloat16 on a CPU), our worker extension."""
+    (vLLM would run a float32 target in bfloat16 on a CPU), our worker extension.
+
+    The model length is one past the longest prompt: vLLM counts the token sampled from the
+    prefill, which is never run through the model. A prompt as long as the target's
+    max_position_embeddings therefore needs one more than the target allows, and vLLM is told
+    to accept it (VLLM_ALLOW_LONG_MAX_MODEL_LEN): no position past the limit is computed."""
     limit = cfg.get("max_position_embeddings")
-    model_len = min(max_len + 1, int(limit)) if limit else max_len + 1
+    model_len = (min(max_len, int(limit)) if limit else max_len) + 1
+    if limit and model_len > int(limit):
+        os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
     kw: dict[str, Any] = {
         "model": os.path.abspath(target_dir), "tensor_parallel_size": tp,
         "dtype": str(store).replace("torch.", ""),

