@@ -31,6 +31,7 @@ from console.screens.main import MainScreen
 from console.screens.serve_dialog import ServeDialog
 from console.settings.config import Config, HostConfig
 from console.widgets.host_list import HostList
+from console.widgets.log_charts import CHART_ROWS, LogCharts
 from console.widgets.run_tables import RunTable
 from tests.replay import FrozenClock, fleet_app
 from tests.runs_registry import fresh_snap_root, local_app, local_config
@@ -156,6 +157,24 @@ def test_snapshot_logs_80x24(snap_compare: Any, tmp_path: Path) -> None:
         fits(pilot)
 
     assert snap_compare(app, terminal_size=SMALL, run_before=ready)
+
+
+async def test_log_chart_titles_keep_their_figures_at_80_columns(tmp_path: Path) -> None:
+    """Each chart's title line holds its whole current figure at 80 columns (a shorter wording
+    where the long one does not fit; never `mean acceptance length 2` for 2.13)."""
+    app, _log = logs_app(tmp_path)
+    async with app.run_test(size=SMALL) as pilot:
+        pane = await open_logs(pilot, N_LINES)
+        charts = pane.query_one(LogCharts)
+        e, sp = pane.model.engine[-1], pane.model.spec[-1]
+        text = [line.plain for line in charts.lines()]
+        heads = text[0] + " " + text[CHART_ROWS + 1]
+        want = [f"{e.generation_throughput:,.1f}", f"{e.prompt_throughput:,.1f}",
+                f"{e.running} run", f"{e.waiting} wait", f"{e.kv_cache_usage_pct:.1f}%",
+                f"{sp.mean_acceptance_length:.2f}",
+                " ".join(f"{p:.2f}" for p in sp.per_position[:3])]
+        missing = [w for w in want if w not in heads]
+        assert missing == [], (missing, heads)
 
 
 def test_snapshot_runs_80x24(snap_compare: Any, utc: None) -> None:

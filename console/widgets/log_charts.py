@@ -18,6 +18,9 @@ from console.widgets.meters import columns, fmt_si, shade
 
 CHART_ROWS = 3
 POSITIONS = 3  # draft positions drawn (the title says how many more there are)
+#: what a chart is called where its whole title, figure and peak do not fit (80 columns)
+SHORT_TITLES = {"generation tok/s": "gen tok/s", "prompt tok/s": "prompt t/s",
+                "mean acceptance length": "accept len"}
 
 
 def _fmt(v: float | None, digits: int = 0, unit: str = "") -> str:
@@ -61,15 +64,24 @@ class LogCharts(MeterWidget):
             self._seen, self._drawn_at = seen, now
             self.redraw()
 
+    def _fitting(self, width: int, *heads: list[tuple[str, str]]) -> MeterLine:
+        """The first head (runs of text and style name) that fits `width`, else the last: a
+        narrow terminal gets a shorter wording, never a figure cut in the middle."""
+        pick = next((h for h in heads if sum(len(t) for t, _ in h) <= width), heads[-1])
+        line = MeterLine()
+        for text, style in pick:
+            line.append(text, self.mstyle(style))
+        return line
+
     def _chart(self, title: str, now: str, values: list[float | None], width: int,
                vmax: float | None = None, style: str = "spark") -> list[MeterLine]:
         top = max((v for v in values if v is not None), default=0.0)
         scale = vmax if vmax is not None else (top * 1.1 or 1.0)
-        head = MeterLine()
-        head.append(title, self.mstyle("label"))
-        head.append(" " + now, self.mstyle("header"))
-        if vmax is None and top:
-            head.append(f" ↑{fmt_si(top)}", self.mstyle("label"))
+        peak = [(f" ↑{fmt_si(top)}", "label")] if vmax is None and top else []
+        short = SHORT_TITLES.get(title, title)
+        head = self._fitting(width, [(title, "label"), (" " + now, "header"), *peak],
+                             [(short, "label"), (" " + now, "header"), *peak],
+                             [(short, "label"), (" " + now, "header")])
         rows = [head] + [MeterLine(r, self.mstyle(style))
                          for r in columns(values, width, CHART_ROWS, scale)]
         return [t.pad(width) for t in rows]
@@ -79,11 +91,13 @@ class LogCharts(MeterWidget):
         run = [e.running for e in engine]
         wait = [e.waiting for e in engine]
         last = engine[-1] if engine else None
-        head = MeterLine()
-        head.append("requests ", self.mstyle("label"))
-        head.append(f"{_fmt(last.running if last else None)} running", self.mstyle("header"))
-        head.append(f" {_fmt(last.waiting if last else None)} waiting", self.mstyle("high" if last
-                    and last.waiting else "label"))
+        running, waiting = (_fmt(last.running if last else None),
+                            _fmt(last.waiting if last else None))
+        wait_style = "high" if last and last.waiting else "label"
+        head = self._fitting(width, [("requests ", "label"), (f"{running} running", "header"),
+                                     (f" {waiting} waiting", wait_style)],
+                             [("req ", "label"), (f"{running} run", "header"),
+                              (f" {waiting} wait", wait_style)])
         top = max([v for v in run + wait if v is not None] or [1])
         chart = columns([float(v) if v is not None else None for v in run], width, 2, top * 1.1)
         wait_row = columns([float(v) if v is not None else None for v in wait], width, 1, top * 1.1)
@@ -95,13 +109,14 @@ class LogCharts(MeterWidget):
     def _positions(self, width: int) -> list[MeterLine]:
         spec = self.source.spec
         k = max((len(s.per_position) for s in spec), default=0)
-        head = MeterLine()
-        head.append("accept/position ", self.mstyle("label"))
+        figures: list[tuple[str, str]] = []
         if spec and spec[-1].per_position:
-            head.append(" ".join(f"{p:.2f}" for p in spec[-1].per_position[:POSITIONS]),
-                        self.mstyle("header"))
+            figures.append((" ".join(f"{p:.2f}" for p in spec[-1].per_position[:POSITIONS]),
+                            "header"))
             if k > POSITIONS:
-                head.append(f" +{k - POSITIONS}", self.mstyle("label"))
+                figures.append((f" +{k - POSITIONS}", "label"))
+        head = self._fitting(width, [("accept/position ", "label"), *figures],
+                             [("acc/pos ", "label"), *figures])
         rows = [head]
         label_w = 3
         for i in range(POSITIONS):
