@@ -110,6 +110,38 @@ def test_snapshot_runs_pane_running_and_finished(snap_compare: Any) -> None:
                         run_before=run_before)
 
 
+LONG_FAILED = "serve-finetune-20261130-140141-0f0f-final-20261130-180000-abcd"
+
+
+def test_snapshot_runs_pane_80x24_with_a_long_named_failed_run(snap_compare: Any) -> None:
+    """A refused serve (exit 127) with a 62-character id: its name is cut in the middle and
+    every column stays where it is; at 80 columns STATUS is on screen for every run."""
+    root, clock = two_runs("runs-pane-80x24")
+    run_dir = write_run(root, LONG_FAILED, [], status="failed", start=clock() - 60,
+                        end=clock() - 59, exit_code=127, train_json=False)
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec.update(engine=False, argv=["vllm", "serve", "/data/demo/target"])
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    n = len(upto_step(recorded_events(), 60))
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await show_runs(pilot, n)
+        table = pilot.app.screen.query_one(RunTable)
+        # the finished run's progress is read once: wait for it, so what is drawn is settled
+        await wait_for(pilot, lambda: table.rows_shown[2][2] == "150/150")
+        runs_pane(pilot).refresh_view(force=True)
+        await pilot.pause()
+        assert table.ids[0] == LONG_FAILED
+        assert table.rows_shown[0][0] == "serve-finetune-20261…180000-abcd"
+        assert all(len(row[0]) <= 32 for row in table.rows_shown)
+        # the STATUS column ends inside the table's width
+        status_end = sum(c.get_render_width(table) for c in list(table.columns.values())[:2])
+        assert status_end <= table.size.width, (status_end, table.size.width)
+
+    assert snap_compare(local_app(local_config(root), clock), terminal_size=(80, 24),
+                        run_before=run_before)
+
+
 def test_snapshot_run_detail_running(snap_compare: Any) -> None:
     """Step 60 of 150: progress with ETA, loss / tau / acc_i plots, log lines, provenance."""
     root, clock = two_runs("run-detail-running")

@@ -1,4 +1,6 @@
-"""`eagle3-console runs HOST [--json]`: the run registry on HOST."""
+"""`eagle3-console runs HOST [--json] [--prune]`: the run registry on HOST; --prune forgets the
+runs that have ended (their records and logs; files they wrote and running runs stay, nothing is
+signalled)."""
 
 from __future__ import annotations
 
@@ -7,38 +9,66 @@ import json
 import time
 
 from console.hosts.host import open_host
-from console.runs.service import list_runs
-from console.scheduler.records import RunRecord, newest_first
+from console.runs.service import list_runs, prune_runs
+from console.scheduler.records import PruneReport, RunRecord, newest_first
 from console.settings.config import Config
 
-HELP = "list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, ...)"
+HELP = ("list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, "
+        "...); --prune forgets the ended ones")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("host", help="a configured host name")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
+    p.add_argument("--prune", action="store_true",
+                   help="forget the runs that have ended (succeeded, failed, stopped, lost): "
+                        "delete their records and logs; files they wrote (out/), running and "
+                        "queued runs stay; nothing is signalled")
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
     host = await open_host(config, args.host)
     try:
-        records = newest_first(await list_runs(host))   # the runs pane's order
+        if args.prune:
+            report = await prune_runs(host)
+        else:
+            records = newest_first(await list_runs(host))   # the runs pane's order
     finally:
         await host.close()
+    if args.prune:
+        return _print_prune(report, args.json)
     if args.json:
         print(json.dumps([r.raw | {"status": r.status} for r in records], indent=2))
         return 0
     if not records:
         print(f"no runs on {args.host}")
         return 0
-    print(f"{'RUN':<40} {'PROFILE':<16} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
+    # ids are handles (follow, stop): never cut; the column is as wide as the longest
+    w = max(40, *(len(r.id) for r in records))
+    print(f"{'RUN':<{w}} {'PROFILE':<16} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
     for r in records:
         if r.status == "corrupt":  # nothing in it can be trusted but the reason
-            print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {r.error}")
+            print(f"{r.id:<{w}} {r.profile:<16} {r.status:<10} {r.error}")
             continue
-        print(f"{r.id:<40} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
+        print(f"{r.id:<{w}} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
               f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
               + _job(r))
+    return 0
+
+
+def _print_prune(report: PruneReport, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"host": report.host, "removed": report.removed,
+                          "kept": [{"id": i, "why": w} for i, w in report.kept],
+                          "left": [{"id": i, "files": f} for i, f in report.left]}, indent=2))
+        return 0
+    n = len(report.removed)
+    print(f"forgot {n} ended run{'' if n == 1 else 's'} on {report.host}"
+          + (": " + ", ".join(report.removed) if report.removed else ""))
+    for rid, why in report.kept:
+        print(f"kept {rid}: {why}")
+    for rid, files in report.left:
+        print(f"left {rid}/ with {', '.join(files)}: not written by the console")
     return 0
 
 

@@ -8,7 +8,8 @@ run, with what its other nodes recorded (with_nodes). Processes: a pid is ours o
 start time is the recorded one (proc_start, ours), a group is alive while a member is not a
 zombie (group_alive). Starting: the profile lock (lock_profile), the forked command's side of a
 start (run_command: own session and group, waits until it is recorded, then exec) and the
-reaping loop (reap_until). See runner.py for the whole design.
+reaping loop (reap_until). Forgetting: the ended runs' files we wrote (prune_runs). See
+runner.py for the whole design.
 
 Imported as a sibling: `from . import run_records` in a package (console.hostside in the
 console), compiled from source by runner.py when that runs as a script on the host.
@@ -20,6 +21,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import signal
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
@@ -294,6 +296,87 @@ def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any
             rec = with_nodes(run_dir, rec)
         out.append(effective(rec) if rec is not None else corrupt(run_dir, problem or "?"))
     return out
+
+
+# -- forgetting ended runs ----------------------------------------------------------------------
+
+ENDED = ("succeeded", "failed", "stopped", "lost")
+#: the files the runner, the monitor and a Slurm job write in a run directory (temp names of
+#: our atomic writes included); anything else there (an engine's out/) is not ours to delete
+OWN_FILES = (RECORD, SPEC, RUNNER_LOG, STOP_MARKER, "output.log", "events.jsonl", "job.sh",
+             ".record.lock")
+OWN_PATTERNS = (re.compile(r"node-\d+\.json"), re.compile(r"output\.node-\d+\.log"),
+                re.compile(r"events\.node-\d+\.jsonl"),
+                re.compile(r"(run|node-\d+)\.json\.tmp-\d+"))
+
+
+def is_own_file(name: str) -> bool:
+    return name in OWN_FILES or any(p.fullmatch(name) for p in OWN_PATTERNS)
+
+
+def _still_active(rec: Dict[str, Any]) -> Optional[str]:
+    """Why a trusted record must be kept (None when its run has ended everywhere)."""
+    status = rec.get("status")
+    if status not in ENDED:
+        return str(status)
+    for node in rec.get("nodes") or []:  # a Slurm run: another node may still be running
+        if isinstance(node, dict) and node.get("status") not in ENDED:
+            return "node %s %s" % (node.get("node_rank"), node.get("status"))
+    return None
+
+
+def prune_runs(runs_dir: str) -> Dict[str, Any]:
+    """Forget the runs that have ended: delete the files we wrote in their directories (the
+    record last, so an interrupted prune leaves a run still listed) and the directory once it
+    is empty. Never signals anything; keeps running and queued runs, records it cannot trust,
+    and every file it did not write. {"removed": [id], "kept": [{"id", "why"}],
+    "left": [{"id", "files"}]} (left: directories kept for files that are not ours)."""
+    out: Dict[str, Any] = {"removed": [], "kept": [], "left": []}
+    try:
+        names = sorted(os.listdir(runs_dir))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        run_dir = os.path.join(runs_dir, name)
+        if name.startswith(".") or os.path.islink(run_dir) or not os.path.isdir(run_dir):
+            continue
+        try:
+            rec, problem = load_record(run_dir)
+        except FileNotFoundError:
+            continue  # no record: a start in progress, or not a run of ours
+        if rec is None:
+            out["kept"].append({"id": name, "why": "corrupt record (%s)" % problem})
+            continue
+        why = _still_active(effective(with_nodes(run_dir, rec) if is_slurm(rec) else rec))
+        if why is not None:
+            out["kept"].append({"id": name, "why": why})
+            continue
+        others = _remove_own_files(run_dir)
+        out["removed"].append(name)
+        if others:
+            out["left"].append({"id": name, "files": others})
+    return out
+
+
+def _remove_own_files(run_dir: str) -> List[str]:
+    """Unlink our files in run_dir (run.json last) and rmdir it; the names left there."""
+    names = sorted(os.listdir(run_dir), key=lambda n: n == RECORD)
+    others = []
+    for name in names:
+        path = os.path.join(run_dir, name)
+        if not is_own_file(name) or (os.path.isdir(path) and not os.path.islink(path)):
+            others.append(name)
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    if not others:
+        try:
+            os.rmdir(run_dir)
+        except OSError:  # something appeared meanwhile: it stays, with the directory
+            others = sorted(os.listdir(run_dir))
+    return others
 
 
 # -- starting a command (both runner.start and slurm_job.node) ----------------------------------

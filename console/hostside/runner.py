@@ -1,8 +1,9 @@
-"""Detached runs on the host: start, list, stop (standard library only; runs on the host).
+"""Detached runs on the host: start, list, stop, prune (standard library only; on the host).
 
     python -B runner.py start RUN_DIR [--unless-running] < spec.json   prints {"pid", ...}
     python -B runner.py list RUNS_DIR [RUN_ID]                         prints [record, ...]
     python -B runner.py stop RUN_DIR GRACE_S                           prints the final record
+    python -B runner.py prune RUNS_DIR                                 forgets ended runs (ours)
     python -B runner.py freeport                                       prints a free TCP port
     python -B runner.py submit RUN_DIR [--unless-running] < spec.json  sbatch; prints {"job_id"}
     python -B runner.py node RUN_DIR           (under srun, on every node of a Slurm job)
@@ -350,6 +351,9 @@ def main(argv: List[str]) -> int:
             return start(argv[2], json.load(sys.stdin), unless_running=len(argv) == 4)
         if cmd == "list" and len(argv) in (3, 4):
             print(json.dumps(records.list_runs(argv[2], argv[3] if len(argv) == 4 else None)))
+            return 0
+        if cmd == "prune" and len(argv) == 3:
+            print(json.dumps(records.prune_runs(argv[2])))
             return 0
         if cmd == "stop" and len(argv) == 4:
             print(json.dumps(stop(argv[2], float(argv[3]))))

@@ -4,6 +4,8 @@
     t      launch the selected profile: push what changed, then start it detached; a profile
            that is already running asks before a second copy starts (launch --force)
     x      stop the selected run (asks first): SIGTERM to its process group, SIGKILL later
+    P      forget the host's ended runs (asks first): their records and logs are deleted; files
+           they wrote (out/), running and queued runs stay; nothing is signalled
     enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py)
     r      re-read the host's run registry (it is re-read every few seconds anyway)
 
@@ -32,7 +34,7 @@ from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
 from console.runs.demo_workspace import demo_ready, ensure_demo
-from console.runs.service import launch, list_runs, stop_run
+from console.runs.service import launch, list_runs, prune_runs, stop_run
 from console.runs.watch import RunFeed, RunFeeds, describe_error
 from console.scheduler.launch import LaunchHooks, NotStarted
 from console.scheduler.records import RunRecord, newest_first
@@ -53,6 +55,7 @@ from console.widgets.run_tables import (
 from engine import events
 
 LIST_EVERY_S = 5.0
+ENDED = ("succeeded", "failed", "stopped", "lost")   # what P forgets (the host decides again)
 CATCH_UP = 20   # finished engine runs read once per session (their PROGRESS after a restart)
 STOP_GRACE_S = 10.0
 
@@ -387,6 +390,39 @@ class RunsPane(ShownTimers, Vertical):
             self.busy = None
         if self.host is not None:
             await self._reload(self.host)
+
+    def action_prune(self) -> None:
+        host = self.host
+        if host is None:
+            return
+        ended = [r.id for r in self.records.get(host, []) if r.status in ENDED]
+        if not ended:
+            self.activity(f"No ended runs to forget on {host}")
+            return
+        if self._start(f"prune {host}"):
+            self.do_prune(host, len(ended))
+
+    @work(group="runs-action", exit_on_error=False)
+    async def do_prune(self, host: str, n: int) -> None:
+        from console.screens.confirm import ConfirmScreen
+        try:
+            ok = await self.app.push_screen_wait(ConfirmScreen(
+                f"Forget the {count(n, 'ended run')} on [b]{host}[/b]?\n\n"
+                "Their records and logs are deleted; files they wrote (out/) stay. Running "
+                "runs stay; nothing is signalled.", yes="Forget them"))
+            if not ok:
+                return
+            report = await prune_runs(await services(self).pool.ensure(host))
+            kept = f" · kept {len(report.kept)} (running or unreadable)" if report.kept else ""
+            left = f" · {len(report.left)} folders kept for files the console did not " \
+                "write" if report.left else ""
+            self.activity(f"forgot {count(len(report.removed), 'ended run')} on {host}"
+                          + kept + left)
+        except ConsoleError as e:
+            self.activity(f"prune failed: {describe_error(e)}", error=True)
+        finally:
+            self.busy = None
+        await self._reload(host)
 
     def action_open(self) -> None:
         rec = self._selected_run()

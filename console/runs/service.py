@@ -1,4 +1,5 @@
-"""Runs: launch a profile, list a host's registry, find and stop a run, whatever places it.
+"""Runs: launch a profile, list a host's registry, find and stop a run, forget ended ones,
+whatever places them.
 
 Each host's scheduler (console/scheduler: `ssh` runs detached processes through the host-side
 runner, `slurm` submits batch jobs) does the work; the records both read live in
@@ -13,7 +14,7 @@ from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, host_of
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
-from console.scheduler.records import Run, RunRecord
+from console.scheduler.records import PruneReport, Run, RunRecord, host_prune
 from console.settings.config import Config
 
 
@@ -58,6 +59,15 @@ async def _records_on(host: Host, run_id: str) -> list[tuple[Host, RunRecord]]:
         return [(host, r) for r in await list_runs(host, run_id)]
     except TransportError:
         return []  # an unreachable host cannot hold the run we can act on
+
+
+
+async def prune_runs(host: Host) -> PruneReport:
+    """Forget the host's ended runs: their records and logs are deleted, files they wrote
+    (an engine's out/) stay, running and queued runs stay, nothing is signalled. The records
+    are listed first, so a Slurm host records what its scheduler says of each job before."""
+    await list_runs(host)
+    return await host_prune(host)
 
 
 

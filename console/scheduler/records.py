@@ -165,6 +165,29 @@ async def host_records(host: Host, run_id: str | None = None) -> list[RunRecord]
     return [RunRecord.from_dict(d, host.name) for d in data or []]
 
 
+@dataclass
+class PruneReport:
+    """What `prune` did on one host: the runs forgotten, those kept (with why), and the
+    directories left for files the console did not write in them."""
+
+    host: str
+    removed: list[str]
+    kept: list[tuple[str, str]]                  # (run id, why: running, queued, corrupt ...)
+    left: list[tuple[str, list[str]]]            # (run id, names left in its directory)
+
+
+async def host_prune(host: Host) -> PruneReport:
+    """Forget the host's ended runs (console/hostside/run_records.py prune_runs): only the
+    files the runner wrote are deleted; nothing is signalled."""
+    data = await runner(host, ["prune", await runs_dir(host)])
+    if not isinstance(data, dict):
+        raise ConsoleError(f"{host.name}: the runner's prune answered {data!r}")
+    kept = [(str(k.get("id")), str(k.get("why"))) for k in data.get("kept") or []]
+    left = [(str(x.get("id")), [str(n) for n in x.get("files") or []])
+            for x in data.get("left") or []]
+    return PruneReport(host.name, [str(r) for r in data.get("removed") or []], kept, left)
+
+
 def newest_first(records: Sequence[RunRecord]) -> list[RunRecord]:
     """The one order runs are shown in (the runs pane, `runs HOST`): latest start first."""
     return sorted(records, key=lambda r: (r.start or 0.0, r.id), reverse=True)

@@ -120,6 +120,9 @@ KEYS: list[Key] = [
     Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
         help="open the run under the cursor"),
     Key("r", "refresh", "Refresh", "runs", help="re-read the host's run registry"),
+    Key("P", "prune", "Prune", "runs",
+        help="forget the host's ended runs (asks first): their records and logs are deleted, "
+             "files they wrote (out/) stay; nothing is signalled"),
     # -- Checkpoints -------------------------------------------------------------------------
     # not in the footer: `i Inspect` is, and one label is shown once
     Key("enter", "select_cursor", "Inspect", "checkpoints", on="CheckpointTable",

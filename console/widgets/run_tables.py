@@ -22,6 +22,10 @@ COMMAND_WIDTH = 60
 STATUS_MARK = {"pending": "…", "running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■",
                "lost": "?", "corrupt": "!"}
 REASON_WIDTH = 48
+#: the RUN cell's width: a longer id is cut in the middle (its start names the profile, its end
+#: the time and suffix that tell runs apart), so STATUS keeps its place at 80 columns
+RUN_WIDTH = 32
+RUN_TAIL = 11          # HHMMSS-xxxx, the end of every run id (console/scheduler/launch.py)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -41,6 +45,14 @@ def stop_outcome(run_id: str, status: str, refused: str = "") -> str:
     if status in ("stopped", "running", "pending"):
         return f"{run_id}: {status}"
     return f"{run_id} had already ended ({status}): nothing was signalled"
+
+
+def fit_id(run_id: str, width: int = RUN_WIDTH) -> str:
+    """A run id in `width` columns: `serve-finetune-20261…170000-abcd`."""
+    if len(run_id) <= width:
+        return run_id
+    tail = min(RUN_TAIL, (width - 1) // 2)
+    return run_id[:width - 1 - tail] + "…" + run_id[-tail:]
 
 
 def short_command(run: str, width: int = COMMAND_WIDTH) -> str:
@@ -94,7 +106,9 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
                                else f" ({rec.exit_code})") + why
         end = rec.end if rec.end else (now if rec.status == "running" else None)
         dur = fmt_duration(end - rec.start) if rec.start and end else "-"
-        return (rec.id + slurm_of(rec), f"{STATUS_MARK.get(rec.status, ' ')} {status}",
+        job = slurm_of(rec)
+        return (fit_id(rec.id, max(16, RUN_WIDTH - len(job))) + job,
+                f"{STATUS_MARK.get(rec.status, ' ')} {status}",
                 progress_of(rec, prog), dur, code_of(rec))
     node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
     status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
@@ -102,10 +116,11 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
     if rec.status == "corrupt":  # only why the record cannot be trusted, cut to a cell
         reason = rec.error if len(rec.error) <= REASON_WIDTH else \
             rec.error[:REASON_WIDTH - 1] + "…"
-        return (rec.id, f"{STATUS_MARK['corrupt']} corrupt ({reason})", "-", "-", "-")
+        return (fit_id(rec.id), f"{STATUS_MARK['corrupt']} corrupt ({reason})", "-", "-", "-")
     end = rec.end if rec.end else (now if rec.status == "running" else None)
     dur = fmt_duration(end - rec.start) if rec.start and end else "-"
-    return (rec.id + node, f"{STATUS_MARK.get(rec.status, ' ')} {status}",
+    return (fit_id(rec.id, RUN_WIDTH - len(node)) + node,
+            f"{STATUS_MARK.get(rec.status, ' ')} {status}",
             progress_of(rec, prog), dur, code_of(rec))
 
 
