@@ -196,7 +196,7 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
     import argparse
 
     from console.commands import follow as follow_cmd
-    rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None), cfg)
+    rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None, json=False), cfg)
     out, err = capsys.readouterr()
     assert rc == 0
     assert out.splitlines() == [f"tick {i}" for i in range(5)]

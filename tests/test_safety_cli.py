@@ -161,7 +161,7 @@ def test_follow_skips_malformed_events_with_a_count(tmp_path: Path) -> None:
     r = console(tmp_path, "--config", str(cfg), "follow", "finetune-1")
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["[train] 1/3 step", "step 2: loss=0.5",
+    assert r.stdout.splitlines() == ["[train] 1/3 step", "step 2/3  loss 0.500",
                                      "warning: still here"]
     assert r.stderr.count("-- skipped a malformed event at byte") == 5   # the first few named
     assert "metric: values is not an object" in r.stderr

@@ -44,5 +44,5 @@ def test_follow_prints_one_line_per_training_step(tmp_path: Path,
     out = capsys.readouterr().out.splitlines()
     steps = [ln for ln in out if ln.startswith("step ")]
     assert len(steps) == 150 and not any(ln.startswith("[train]") for ln in out)
-    assert steps[36].startswith("step 37/150 ETA ") and "loss_0=" in steps[36]
+    assert steps[36].startswith("step  37/150  loss ") and " ETA " in steps[36]
     assert steps[-1].startswith("step 150/150")

@@ -1,5 +1,9 @@
 """`eagle3-console follow RUN`: print a run's output (and its engine events) as it happens,
-from the start, resuming by byte offset across dropped connections; ends when the run ends."""
+from the start, resuming by byte offset across dropped connections; ends when the run ends.
+
+A training step is one compact line (`step 37/150  loss 5.498  acc_0 0.866  tau 3.660  ETA
+1:12`); `--json` prints every event whole instead, one JSON object a line (output lines as
+{"kind": "output", "file", "offset", "text"})."""
 
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node", type=int, default=0, help="which node of a multi-node run (default 0)")
     p.add_argument("-n", "--lines", type=int, default=None,
                    help="start at the last N lines instead of the beginning")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line: every engine event with all its fields, "
+                        "and each output line as {\"kind\": \"output\", ...}")
 
 
 class RunWatch:
@@ -75,16 +82,18 @@ def render_event(line: Line) -> str | None:
         values, step = ev.get("values"), ev.get("step")
         _check(isinstance(values, dict), "metric: values is not an object")
         _check(step is None or _number(step), "metric: step is not a number")
-        vals = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in values.items())
-        return f"step {step}: {vals}"
+        return f"step {step}: {compact(values)}"
     if ev.kind == "log":
         level, msg = ev.get("level", "info"), ev.get("msg", "")
         _check(isinstance(level, str), "log: level is not a string")
         _check(isinstance(msg, str), "log: msg is not a string")
         return ("" if level == "info" else f"{level}: ") + msg
-    if ev.kind == "result":
-        return "result: " + json.dumps(ev.get("data", {}))[:2000]
+    if ev.kind == "result":  # its scalars (paths, counts); nested figures are in --json
+        data = ev.get("data", {})
+        scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list))} \
+            if isinstance(data, dict) else {}
+        return "result: " + ("  ".join(f"{k} {v}" for k, v in scalars.items()) if scalars
+                             else json.dumps(data)[:200])
     if ev.kind == "error":
         msg = ev.get("msg")
         _check(isinstance(msg, str), "error: msg is not a string")
@@ -92,14 +101,37 @@ def render_event(line: Line) -> str | None:
     return None
 
 
+#: the fields of a step's line, in order (every field is in --json)
+STEP_FIELDS = ("loss", "acc_0", "tau")
+
+
+def compact(values: dict[str, object]) -> str:
+    """A step's metrics in a few columns: loss, acc_0 and tau (`loss 5.498  acc_0 0.866  tau
+    3.660`); a metric event without any of them shows its first four values instead."""
+    keys = [k for k in STEP_FIELDS if k in values] or list(values)[:4]
+    return "  ".join(f"{k} {_fmt(values[k])}" for k in keys)
+
+
+def _fmt(v: object) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
 class StepLines:
     """One line per training step: the engine writes a step's metric, then its progress; the
-    two are printed together (`step 37/150 ETA 1:12: loss=…`). A metric whose progress has not
-    arrived by the end of a batch is printed alone, and that progress is then dropped."""
+    two are printed together (`step 37/150  loss 5.498  acc_0 0.866  tau 3.660  ETA 1:12`). A
+    metric whose progress has not arrived by the end of a batch is printed alone (with the
+    last total seen), and that progress is then dropped."""
 
     def __init__(self) -> None:
-        self.pending: tuple[object, str] | None = None   # (step, "k=v …") held for its progress
+        self.pending: tuple[object, str] | None = None   # (step, "k v …") held for its progress
         self.printed_step: object = None                 # the step of the last metric printed
+        self.total: object = None                        # the last progress event's total
+
+    def head(self, step: object) -> str:
+        """`step  37/150`: the step right-aligned to the total's width, so columns stay put."""
+        total = self.total
+        return f"step {step!s:>{len(str(total))}}/{total}" if _number(total) and total \
+            else f"step {step}"
 
     def add(self, line: Line) -> list[str]:
         """Lines to print for one event line (raises MalformedEvent like render_event)."""
@@ -111,12 +143,12 @@ class StepLines:
             return out
         if ev is not None and ev.kind == "progress" and ev.get("unit") == "step":
             done, total, eta = ev.get("done"), ev.get("total"), ev.get("eta_s")
+            self.total = total
             if self.pending is not None and self.pending[0] == done:
                 vals = self.pending[1]
                 self.pending, self.printed_step = None, done
-                head = f"step {done}" + (f"/{total}" if total else "") + \
-                    (f" ETA {_clock(eta)}" if _number(eta) else "")
-                return [f"{head}: {vals}"]
+                eta_text = f"  ETA {_clock(eta)}" if _number(eta) and done != total else ""
+                return [f"{self.head(done)}  {vals}{eta_text}"]
             if done == self.printed_step:
                 return []
         return [*self.flush(), *([text] if text is not None else [])]
@@ -126,13 +158,25 @@ class StepLines:
             return []
         step, vals = self.pending
         self.pending, self.printed_step = None, step
-        return [f"step {step}: {vals}"]
+        return [f"{self.head(step)}  {vals}"]
 
 
 def _clock(seconds: object) -> str:
     s = int(seconds) if _number(seconds) else 0  # type: ignore[call-overload]
     h, rem = divmod(s, 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
+def json_lines(line: Line, name: str) -> list[str]:
+    """--json: an engine event as the engine wrote it (every field), any other line as
+    {"kind": "output", "file", "offset", "text"} (blank lines of events.jsonl skipped)."""
+    if name == "events.jsonl":
+        if events.parse(line.text) is not None:
+            return [line.text.strip()]
+        if not line.text.strip():
+            return []
+    return [json.dumps({"kind": "output", "file": name, "offset": line.offset,
+                        "text": line.text})]
 
 
 class Skipped:
@@ -166,12 +210,14 @@ async def run(args: argparse.Namespace, config: Config) -> int:
 
         skipped = Skipped()
 
-        async def pump(f: LogFollower, is_events: bool) -> None:
+        async def pump(f: LogFollower, name: str) -> None:
+            is_events = name == "events.jsonl"
             steps = StepLines()
             async for batch in f.batches():
                 for line in batch:
                     try:
-                        texts = steps.add(line) if is_events else [line.display()]
+                        texts = json_lines(line, name) if args.json else \
+                            steps.add(line) if is_events else [line.display()]
                     except MalformedEvent as e:
                         skipped.add(line, str(e))
                         continue
@@ -179,8 +225,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                 sys.stdout.writelines(t + "\n" for t in steps.flush())
                 sys.stdout.flush()
 
-        await asyncio.gather(*(pump(f, n == "events.jsonl")
-                               for f, n in zip(followers, names, strict=True)))
+        await asyncio.gather(*(pump(f, n) for f, n in zip(followers, names, strict=True)))
         if skipped.count:
             print(f"-- warning: skipped {skipped.count} malformed event line"
                   f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)

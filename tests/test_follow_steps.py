@@ -1,0 +1,71 @@
+"""`eagle3-console follow` as a person reads it: one compact line per training step (step/total,
+loss, acc_0, tau, ETA) in fixed columns, and `--json` keeping every field of every event, run as
+a real subprocess on the recorded demo finetune."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.runs_registry import recorded_events, write_run
+
+STEP = re.compile(r"^step +(\d+)/150  loss (\d+\.\d{3})  acc_0 (\d\.\d{3})  tau (\d\.\d{3})"
+                  r"(  ETA \d+:\d\d)?$")
+
+
+def follow(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    lines = recorded_events()
+    write_run(tmp_path, "finetune-1", lines, status="succeeded", start=1.0, end=2.0,
+              exit_code=0, train_json=False)
+    (tmp_path / "runs" / "finetune-1" / "output.log").write_text("a line of stderr\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    return subprocess.run([sys.executable, "-m", "console", "--config", str(cfg), "follow",
+                           "finetune-1", *extra], capture_output=True, text=True, timeout=120)
+
+
+def metrics_by_step() -> dict[int, dict[str, float]]:
+    out = {}
+    for ln in recorded_events():
+        ev = json.loads(ln)
+        if ev["kind"] == "metric":
+            out[ev["step"]] = ev["values"]
+    return out
+
+
+def test_follow_prints_one_compact_line_per_step(tmp_path: Path) -> None:
+    r = follow(tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    steps = [ln for ln in out if ln.startswith("step ")]
+    assert len(steps) == 150 and not any(ln.startswith("[train]") for ln in out)
+    want = metrics_by_step()
+    for ln in steps:
+        m = STEP.match(ln)
+        assert m, ln
+        step = int(m[1])
+        assert m[2] == f"{want[step]['loss']:.3f}" and m[3] == f"{want[step]['acc_0']:.3f}"
+        assert m[4] == f"{want[step]['tau']:.3f}"
+    assert [int(STEP.match(ln)[1]) for ln in steps] == list(range(1, 151))  # type: ignore[index]
+    assert "ETA" in steps[36] and "ETA" not in steps[-1]        # none left at the end
+    # fixed columns: every step line is as long as the next, loss starts in one column
+    assert len({ln.index("loss") for ln in steps}) == 1
+    assert max(len(ln) for ln in out) <= 160, max(out, key=len)
+    assert "a line of stderr" in out
+    assert any(ln.startswith("result: ") and "final /data/runs/finetune/out/final" in ln
+               for ln in out)
+
+
+def test_follow_json_keeps_every_field(tmp_path: Path) -> None:
+    r = follow(tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    objs = [json.loads(ln) for ln in r.stdout.splitlines()]
+    recorded = [json.loads(ln) for ln in recorded_events()]
+    assert [o for o in objs if o.get("kind") != "output"] == recorded   # every event, whole
+    assert {"kind": "output", "file": "output.log", "offset": 0,
+            "text": "a line of stderr"} in objs
+    first = next(o for o in objs if o["kind"] == "metric")
+    assert len(first["values"]) >= 20 and {"grad_norm", "lr", "loss_3"} <= set(first["values"])
