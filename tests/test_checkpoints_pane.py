@@ -142,7 +142,8 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         assert json.loads((Path(dst) / "provenance.json").read_text())["source"]
         await wait_for(pilot, lambda: dst in table.paths)
         assert table.selected == dst
-        # the same again without "replace": refused before the engine runs
+        # the same again without "replace": refused before the engine runs, and the dialog
+        # comes back as it was with the reason under the destination (issue 24 point 6)
         table.select(str(shelf / "aq-medai-eagle3"))
         await pilot.pause()
         await pilot.press("c")
@@ -151,13 +152,62 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         app.screen.query_one("#convert-dtype", Select).value = "bf16"
         await pilot.pause()
         assert not app.screen.query_one("#convert-force", Checkbox).value
+        first = app.screen
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: view.error is not None)
-        assert view.error.startswith("convert not started: ") and dst in view.error
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog)
+                       and app.screen is not first)
+        again = app.screen
+        assert again.query_one("#convert-dst", Input).value == dst
+        assert again.query_one("#convert-to", Select).value == "sglang"
+        assert again.query_one("#convert-dtype", Select).value == "bf16"
+        assert again.focused is again.query_one("#convert-dst", Input)
+        error = again.query_one("#convert-dst-error", Static)
+        assert error.display and "already exists" in str(error.render())
         # in the dialog's words (its checkbox), not the CLI's --force; nothing was run
-        assert "already exists" in view.error and "“replace if it exists”" in view.error
-        assert "--force" not in view.error
+        assert "“replace if it exists”" in str(error.render())
+        assert "--force" not in str(error.render())
         assert pane.converting is None
+        await pilot.pause(1.0)   # seconds later it is still there: nothing overwrote it
+        assert app.screen is again
+        # a new name converts
+        again.query_one("#convert-dst", Input).value = dst + "-2"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: pane.converting is None and view.report is not None
+                       and view.heading.startswith("converted to sglang"))
+        assert view.report["path"] == dst + "-2"
+
+
+async def test_replace_refused_by_the_engine_reopens_the_dialog(tmp_path: Path) -> None:
+    """Issue 24 points 6 and 12 in the pane: "replace" over a folder holding notes.txt is
+    refused by the engine; the dialog comes back filled in with its reason; notes.txt stays."""
+    shelf = checkpoints_tree(tmp_path)
+    notes = tmp_path / "host" / "converted" / "mine"
+    notes.mkdir(parents=True)
+    (notes / "notes.txt").write_text("my notes")
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        view = pane.query_one(InspectView)
+        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        first = app.screen
+        first.query_one("#convert-dst", Input).value = str(notes)
+        first.query_one("#convert-force", Checkbox).value = True
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog)
+                       and app.screen is not first)
+        again = app.screen
+        assert again.query_one("#convert-dst", Input).value == str(notes)
+        assert again.query_one("#convert-force", Checkbox).value
+        text = str(again.query_one("#convert-dst-error", Static).render())
+        assert "notes.txt" in text and "not replaced" in text and "--force" not in text
+        assert str(notes) not in text   # the field above shows the path
+        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
+        assert view.error is None
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
+    assert os.listdir(notes) == ["notes.txt"] and (notes / "notes.txt").read_text() == "my notes"
 
 
 async def test_convert_dialog_requires_and_prefills_the_verifier_for_speculators(
@@ -208,6 +258,58 @@ async def test_the_inspect_view_shows_the_provenance(tmp_path: Path) -> None:
         assert view.report and view.report["provenance"]["step"] == 150
 
 
+async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Path) -> None:
+    """Issue 24 point 13: the serve dialog was empty where the convert dialog proposed the
+    profiles' target; a verifier given to a conversion is proposed to serve as well."""
+    from console.screens.serve_dialog import ServeDialog
+
+    shelf = checkpoints_tree(tmp_path)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        known = app.screen.query_one("#convert-verifier", Input).value
+        assert known == "/data/demo/target"
+        await pilot.press("escape")
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
+        assert app.screen.query_one("#serve-verifier", Input).value == known
+        await pilot.press("escape")
+        await pilot.press("c")   # a conversion that records another verifier
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        app.screen.query_one("#convert-verifier", Input).value = "/models/kimi"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: pane.converting is None and isinstance(app.screen,
+                                                                             MainScreen)
+                       and pane.query_one(InspectView).heading.startswith("converted"))
+        pane.query_one(CheckpointTable).select(str(shelf / "aq-medai-eagle3"))
+        await pilot.pause()
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
+        assert app.screen.query_one("#serve-verifier", Input).value == "/models/kimi"
+
+
+async def test_a_configured_folder_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    """Issue 24 point 13: `checkpoints = ["/data/ckpts"]` with no such folder said nothing."""
+    shelf = checkpoints_tree(tmp_path)
+    gone = tmp_path / "no-such-shelf"
+    config = local_config(tmp_path / "host", checkpoints=[str(shelf), str(gone)])
+    async with local_app(config, FrozenClock(MTIME + 60)).run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        status = str(pane.query_one("#ckpt-status", Static).render())
+        assert f"configured folder {gone}: no such folder" in status
+        assert len(pane.query_one(CheckpointTable).paths) == 3   # the others are still listed
+    empty = tmp_path / "empty"
+    config = local_config(empty / "host", checkpoints=[str(gone)])
+    async with local_app(config, FrozenClock(MTIME + 60)).run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        view = pane.query_one(InspectView)
+        await wait_for(pilot, lambda: view.report is None and "No checkpoints" in view.plain)
+        assert f"the configured folder {gone}: no such folder on local" in view.plain
+
+
 async def test_a_corrupt_checkpoint_shows_the_engine_error(tmp_path: Path) -> None:
     shelf = checkpoints_tree(tmp_path)
     bad = shelf / "aq-medai-eagle3" / "model.safetensors"
@@ -222,11 +324,59 @@ async def test_a_corrupt_checkpoint_shows_the_engine_error(tmp_path: Path) -> No
         assert "✖" in view.plain
 
 
-def test_default_destination_names_the_run() -> None:
-    assert default_destination("/r/runs/ft-1/out/final", "vllm", "/r/converted") == \
+def test_default_destination_names_the_run_step_and_one_style() -> None:
+    """Issue 24 point 7: by run and step (`checkpoints-step_000150-vllm` was the same for every
+    run), and a re-convert names one style (not `…-vllm-speculators-sglang`)."""
+    c = "/r/converted"
+    assert default_destination("/r/runs/ft-1/out/checkpoints/step_000150", "vllm", c) == \
+        "/r/converted/ft-1-step_000150-vllm"
+    assert default_destination("/r/runs/ft-2/out/checkpoints/step_000150", "vllm", c) == \
+        "/r/converted/ft-2-step_000150-vllm"
+    assert default_destination("/r/runs/ft-1/out/final", "vllm", c) == \
         "/r/converted/ft-1-final-vllm"
-    assert default_destination("/d/aq-medai/", "sglang", "/r/converted") == \
-        "/r/converted/aq-medai-sglang"
+    assert default_destination("/r/runs/ft-1/out/best", "vllm", c, step=120) == \
+        "/r/converted/ft-1-best-step_000120-vllm"
+    assert default_destination("/data/x/checkpoints/step_000010", "eagle", c) == \
+        "/r/converted/x-step_000010-eagle"   # `engine train --out /data/x`
+    assert default_destination("/r/converted/ft-1-step_000150-vllm", "sglang", c) == \
+        "/r/converted/ft-1-step_000150-sglang"
+    assert default_destination("/r/converted/checkpoints-step_000150-vllm-speculators",
+                               "sglang", c) == "/r/converted/checkpoints-step_000150-sglang"
+    assert default_destination("/d/aq-medai/", "sglang", c) == "/r/converted/aq-medai-sglang"
+
+
+async def test_the_convert_dialog_proposes_run_and_step(tmp_path: Path) -> None:
+    """The prefilled destination of a run's out/final names the run and the step its
+    provenance records; a conversion of that conversion names one style."""
+    shelf = checkpoints_tree(tmp_path)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        final = pane.query_one(CheckpointTable).paths[2]
+        await pilot.press("down", "down")
+        await wait_for(pilot, lambda: report_shown(pane, final))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        field = app.screen.query_one("#convert-dst", Input)
+        converted = tmp_path / "host" / "converted"
+        first = str(converted / "finetune-20261130-140141-0f0f-final-step_000150-vllm")
+        assert field.value == first
+        app.screen.query_one("#convert-to", Select).value = "speculators"
+        await pilot.pause()
+        assert field.value == first.removesuffix("vllm") + "speculators"
+        app.screen.query_one("#convert-to", Select).value = "vllm"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        table = pane.query_one(CheckpointTable)
+        await wait_for(pilot, lambda: pane.converting is None and table.selected == first)
+        await wait_for(pilot, lambda: report_shown(pane, first) or
+                       pane.query_one(InspectView).heading.startswith("converted"))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        app.screen.query_one("#convert-to", Select).value = "sglang"
+        await pilot.pause()
+        assert app.screen.query_one("#convert-dst", Input).value == \
+            first.removesuffix("vllm") + "sglang"
 
 
 def test_inspect_and_convert_subcommands(tmp_path: Path, capsys: pytest.CaptureFixture[str]

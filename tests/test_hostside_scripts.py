@@ -104,9 +104,13 @@ def test_the_host_helpers_run_on_python_3_8(tmp_path: Path) -> None:
     runs.mkdir(parents=True)
     _start_and_stop(python, pkg, runs)
     scan = subprocess.run([python, "-c", service._SCAN], capture_output=True, text=True,
-                          input=json.dumps({"roots": [[str(tmp_path), "x", False]], "depth": 2,
+                          input=json.dumps({"roots": [[str(tmp_path), "x", False],
+                                                      [str(tmp_path / "gone"), "configured",
+                                                       False]], "depth": 2,
                                             "max": 5}), timeout=60)
-    assert scan.returncode == 0 and json.loads(scan.stdout) == [], scan.stderr
+    assert scan.returncode == 0, scan.stderr
+    assert json.loads(scan.stdout) == {"found": [], "missing": [[str(tmp_path / "gone"),
+                                                                 "no such folder"]]}
 
 
 def test_the_host_modules_stay_small() -> None:
@@ -129,7 +133,7 @@ def test_the_console_sends_the_checkpoint_scan_file(tmp_path: Path) -> None:
     req = {"roots": [[str(tmp_path / "runs"), "run", True]], "depth": 5, "max": 10}
     r = subprocess.run([sys.executable, "-c", service._SCAN], input=json.dumps(req),
                        capture_output=True, text=True, timeout=60, check=True)
-    [found] = json.loads(r.stdout)
+    [found] = json.loads(r.stdout)["found"]
     assert (found["path"], found["source"], found["bytes"]) == (str(ckpt), "run r1", 12)
 
 

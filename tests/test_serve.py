@@ -295,7 +295,10 @@ async def test_serve_from_the_checkpoints_pane(tmp_path: Path, standin_vllm: Pat
         view = pane.query_one(InspectView)
         await pilot.press("v")
         await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
-        await pilot.press("ctrl+s")  # no verifier yet: the dialog stays and says so
+        # proposed as in the convert dialog: the target the host's demo profiles train against
+        assert app.screen.query_one("#serve-verifier", Input).value == "/data/demo/target"
+        app.screen.query_one("#serve-verifier", Input).value = ""
+        await pilot.press("ctrl+s")  # no verifier: the dialog stays and says so
         await pilot.pause()
         assert isinstance(app.screen, ServeDialog)
         app.screen.query_one("#serve-verifier", Input).value = str(tmp_path / "no-such-model")

@@ -244,9 +244,6 @@ def test_snapshot_serve_dialog_80x24(snap_compare: Any, utc: None) -> None:
     assert snap_compare(app_for(root, shelf), terminal_size=SMALL, run_before=ready)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 24 point 5: the convert and serve dialogs' last "
-                   "rows (dtype, buttons) fall below their box at 80x24 (the checkpoints "
-                   "dialogs' own layout); strict: remove this mark once they fit")
 @pytest.mark.parametrize(("key", "dialog"), [("c", ConvertDialog), ("v", ServeDialog)])
 async def test_checkpoint_dialogs_fit_80x24(tmp_path: Path, utc: None, key: str,
                                             dialog: type) -> None:

@@ -56,8 +56,21 @@ async def converted_dir(host: Host) -> str:
     return posixpath.join(await host.root(), "converted")
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a scan found, and the configured folders it could not read (folder, why)."""
+
+    checkpoints: list[Checkpoint]
+    missing: list[tuple[str, str]]
+
+
 async def find_checkpoints(host: Host) -> list[Checkpoint]:
     """Every checkpoint under the configured folders, the run outputs and ROOT/converted."""
+    return (await scan_checkpoints(host)).checkpoints
+
+
+async def scan_checkpoints(host: Host) -> Found:
+    """find_checkpoints, with the configured folders that do not exist (or cannot be read)."""
     await host.connect()
     root = await host.root()
     roots: list[tuple[str, str, bool]] = [
@@ -74,8 +87,11 @@ async def find_checkpoints(host: Host) -> list[Checkpoint]:
                            f"{e}") from e
     except ValueError as e:
         raise ConsoleError(f"{host.name}: the checkpoint scan printed no list") from e
-    return [Checkpoint(str(d["path"]), str(d["source"]), float(d["mtime"]), int(d["bytes"]))
-            for d in data]
+    if not isinstance(data, dict):
+        raise ConsoleError(f"{host.name}: the checkpoint scan printed no list")
+    return Found([Checkpoint(str(d["path"]), str(d["source"]), float(d["mtime"]),
+                             int(d["bytes"])) for d in data.get("found") or []],
+                 [(str(f), str(why)) for f, why in data.get("missing") or []])
 
 
 async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:

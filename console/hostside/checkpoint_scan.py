@@ -4,7 +4,12 @@ console/checkpoints/service.py sends this file's source through `python -c` (not
 be pushed first) with the request on stdin, and reads one JSON list on stdout:
 
     stdin:  {"roots": [[folder, source, per_child], ...], "depth": N, "max": N}
-    stdout: [{"path", "source", "mtime", "bytes"}, ...]
+    stdout: {"found": [{"path", "source", "mtime", "bytes"}, ...],
+             "missing": [[folder, why], ...]}
+
+A configured root ("configured" source) that is not a readable folder is listed in `missing`
+with the reason (no such folder, not a folder, permission denied), so the console can say so;
+the run and conversion roots are simply absent until something is written there.
 
 A checkpoint is a folder holding config.json and weights (*.safetensors, a sharded index or
 pytorch_model.bin); it is listed once (by its real path) and not looked inside. Other folders
@@ -17,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Dict, List, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -65,9 +70,25 @@ class Scan(object):
                 self.walk(p, source, depth - 1)
 
 
-def scan(req: Dict[str, Any]) -> List[Dict[str, Any]]:
+def unreadable(root: str) -> Optional[str]:
+    """Why a folder cannot be scanned (None: it can)."""
+    if not os.path.exists(root):
+        return "no such folder"
+    if not os.path.isdir(root):
+        return "not a folder"
+    if not os.access(root, os.R_OK | os.X_OK):
+        return "permission denied"
+    return None
+
+
+def scan(req: Dict[str, Any]) -> Dict[str, Any]:
     found = Scan(req["max"])
+    missing = []  # type: List[List[str]]
     for root, source, per_child in req["roots"]:
+        why = unreadable(root) if source == "configured" else None
+        if why is not None:
+            missing.append([root, why])
+            continue
         if not per_child:
             found.walk(root, source, req["depth"])
             continue
@@ -78,7 +99,7 @@ def scan(req: Dict[str, Any]) -> List[Dict[str, Any]]:
         for k in kids:
             if not k.startswith(".") and os.path.isdir(os.path.join(root, k)):
                 found.walk(os.path.join(root, k), source + " " + k, req["depth"])
-    return found.out
+    return {"found": found.out, "missing": missing}
 
 
 def main() -> None:

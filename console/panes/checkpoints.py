@@ -26,6 +26,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
+from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from console.checkpoints.serve import ServeRequest, check_served, serve
@@ -35,12 +36,18 @@ from console.checkpoints.service import (
     converted_dir,
     find_checkpoints,
     inspect_checkpoint,
+    scan_checkpoints,
 )
 from console.errors import ConsoleError
 from console.panes.timers import ShownTimers
 from console.runs.watch import describe_error, on_host
 from console.screens.compare import CompareScreen
-from console.screens.convert_dialog import ConvertDialog, ConvertRequest, exists_message
+from console.screens.convert_dialog import (
+    ConvertDialog,
+    ConvertRequest,
+    dialog_words,
+    exists_message,
+)
 from console.screens.serve_dialog import ServeDialog
 from console.ui.keymap import bindings
 from console.ui.services import services
@@ -126,6 +133,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.host: str | None = None
         self.found: dict[str, list[Checkpoint]] = {}
         self.roots: dict[str, str] = {}
+        self.missing: dict[str, list[tuple[str, str]]] = {}  # host -> configured folders unread
         self.reports: dict[tuple[str, float], dict[str, Any]] = {}
         self.scan_error: str | None = None
         self.scans = 0
@@ -171,7 +179,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         self._scanning = True
         try:
             h = await services(self).pool.ensure(host)
-            found = await find_checkpoints(h)
+            scanned = await scan_checkpoints(h)
             self.roots[host] = await h.root()
         except ConsoleError as e:
             self.scan_error = on_host(host, describe_error(e))
@@ -180,7 +188,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         finally:
             self._scanning = False
         self.scan_error = None
-        self.found[host] = found
+        self.found[host], self.missing[host] = scanned.checkpoints, scanned.missing
         self.scans += 1
         self._draw()
         self._inspect_selected()
@@ -199,13 +207,20 @@ class CheckpointsPane(ShownTimers, Vertical):
         text = f"[b]{host}[/b] · {count(len(found), 'checkpoint')} · folders: {folders}"
         if root:
             text += f" · runs and conversions under {root}"
+        missing = self.missing.get(host, [])
+        if missing:   # a typo in `checkpoints = [...]` would otherwise look like an empty folder
+            text += "\n[$warning]" + "; ".join(f"configured folder {escape(f)}: {why}"
+                                                for f, why in missing) + "[/]"
         if self.scan_error:
             text += f"\n[$error]{self.scan_error}[/]"
         self.query_one("#ckpt-status", Static).update(text)
         if not found and self.scans:
+            unread = "; ".join(f"the configured folder {f}: {why} on {host}"
+                               for f, why in missing)
+            hint = (f"{unread}; fix the host's `checkpoints = [...]`" if missing
+                    else "list folders in the host's `checkpoints = [...]`")
             self.query_one(InspectView).show_text(
-                "No checkpoints yet: list folders in the host's `checkpoints = [...]`, or "
-                "finish a training run.")
+                f"No checkpoints yet: {hint}, or finish a training run.")
 
     def selected(self) -> Checkpoint | None:
         path = self.query_one(CheckpointTable).selected
@@ -267,15 +282,31 @@ class CheckpointsPane(ShownTimers, Vertical):
 
     @work(group="ckpt-convert", exit_on_error=False)
     async def ask_convert(self, host: str, ck: Checkpoint) -> None:
+        """The dialog, then the conversion; a destination that is refused (it exists, or the
+        engine will not replace it) reopens the dialog as it was, the reason under the field."""
         h = await services(self).pool.ensure(host)
-        req = await self.app.push_screen_wait(ConvertDialog(
-            ck.path, await converted_dir(h), verifier=self.known_verifier(host, ck)))
-        if req is not None:
-            await self.run_convert(host, req)
+        report = self.reports.get((ck.path, ck.mtime)) or {}
+        step = (report.get("provenance") or {}).get("step")
+        req: ConvertRequest | None = None
+        error: str | None = None
+        while True:
+            req = await self.app.push_screen_wait(ConvertDialog(
+                ck.path, await converted_dir(h), verifier=self.known_verifier(host, ck),
+                step=step if isinstance(step, int) else None, request=req, error=error))
+            if req is None:
+                return
+            if req.verifier:
+                self.last_verifier[host] = req.verifier   # the serve dialog proposes it too
+            error = None if req.force or await h.stat(req.dst) is None else exists_message()
+            if error is None:
+                error = await self.run_convert(host, req)
+            if error is None:
+                return
 
     def known_verifier(self, host: str, ck: Checkpoint) -> str:
-        """The verifier to propose: the checkpoint's config names it, else the one last served
-        on the host, else the target the host's profiles train against."""
+        """The verifier to propose: the checkpoint's config names it, else the one last given
+        on the host (served, or recorded by a conversion), else the target the host's profiles
+        train against."""
         report = self.reports.get((ck.path, ck.mtime)) or {}
         named = (report.get("config") or {}).get("verifier")
         if named:
@@ -290,7 +321,9 @@ class CheckpointsPane(ShownTimers, Vertical):
                     return target
         return ""
 
-    async def run_convert(self, host: str, req: ConvertRequest) -> None:
+    async def run_convert(self, host: str, req: ConvertRequest) -> str | None:
+        """Convert and show the result's report; returns the engine's refusal of the
+        destination (for the dialog), None otherwise (a failure is shown in the report area)."""
         view = self.query_one(InspectView)
         bar = self.query_one("#ckpt-bar", ProgressBar)
         heading = f"convert {req.src} → {req.dst} (--to {req.to}, --dtype {req.dtype})"
@@ -299,18 +332,18 @@ class CheckpointsPane(ShownTimers, Vertical):
         view.show_text(heading + "\nstarting…")
         bar.display = True
         bar.update(total=None, progress=0)
+        refused: list[str] = []
 
         def on_event(ev: events.Event) -> None:
             if ev.kind == "progress":
                 bar.update(total=ev.get("total"), progress=ev.get("done") or 0)
                 view.show_text(f"{heading}\n{ev.get('desc') or 'convert'} {ev.get('done')}/"
                                f"{ev.get('total')} {ev.get('unit', '')}")
+            elif ev.kind == "error" and ev.get("type") == "DestinationError":
+                refused.append(str(ev.get("msg") or ""))
 
         try:
             h = await services(self).pool.ensure(host)
-            if not req.force and await h.stat(req.dst) is not None:
-                view.show_error(f"convert not started: {exists_message(req.dst)}", heading)
-                return
             summary = await convert_checkpoint(h, req.src, req.dst, req.to, req.dtype,
                                                req.force, verifier=req.verifier,
                                                on_event=on_event)
@@ -318,8 +351,12 @@ class CheckpointsPane(ShownTimers, Vertical):
             view.show_text(f"{heading}\nconverted; inspecting the result…")
             report = await inspect_checkpoint(h, str(summary.get("dst") or req.dst))
         except ConsoleError as e:
+            if refused:   # nothing was written: back to the report, and to the dialog
+                self.converting = None
+                self._inspect_selected(again=True)
+                return dialog_words(refused[0], req.dst)
             view.show_error(f"convert failed: {describe_error(e)}", heading)
-            return
+            return None
         finally:
             self.converting = None
             bar.display = False
@@ -330,6 +367,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         view.show_report(report, done)
         self._shown_path = dst
         await self._rescan_and_select(host, dst, report)
+        return None
 
     # -- serving -----------------------------------------------------------------------------
     def action_serve(self) -> None:
@@ -337,10 +375,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         if ck is None or self.host is None:
             self.notify("No checkpoint selected", severity="warning")
             return
-        report = self.reports.get((ck.path, ck.mtime)) or {}
-        verifier = str((report.get("config") or {}).get("verifier") or
-                       self.last_verifier.get(self.host, ""))
-        self.ask_serve(self.host, ck, verifier)
+        self.ask_serve(self.host, ck, self.known_verifier(self.host, ck))
 
     @work(group="ckpt-serve", exit_on_error=False)
     async def ask_serve(self, host: str, ck: Checkpoint, verifier: str) -> None:

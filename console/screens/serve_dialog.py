@@ -1,4 +1,8 @@
-"""The serve dialog: serve the selected drafter in vLLM (verifier, TP size, k, port, extra args)."""
+"""The serve dialog: serve the selected drafter in vLLM (verifier, TP size, k, port, extra args).
+
+The pane prefills the verifier as the convert dialog does (the drafter's config, the one last
+given on the host, the target its profiles train against). Below 30 lines the fields are
+compact, so the buttons stay on an 80x24 terminal."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from console.checkpoints.serve import ServeRequest
+from console.screens.convert_dialog import SHORT, compact_fields
 from console.ui.keymap import bindings
 
 
@@ -20,6 +25,7 @@ class ServeDialog(ModalScreen["ServeRequest | None"]):
 
     KEY_SECTION: ClassVar[str] = "serve"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("serve"))
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT, "-tall")]   # themes/dialogs.tcss
 
     def __init__(self, ckpt: str, verifier: str = "") -> None:
         super().__init__()
@@ -29,7 +35,7 @@ class ServeDialog(ModalScreen["ServeRequest | None"]):
     def compose(self) -> ComposeResult:
         with Vertical(id="serve-box", classes="dialog"):
             yield Static(f"Serve [b]{self.ckpt}[/b] in vLLM", id="serve-title")
-            yield Label("Verifier (required: the target model, a hub name or a folder on the host)")
+            yield Label("Verifier [b]*[/b] (the target model: hub name or folder on the host)")
             yield Input(self.verifier, placeholder="e.g. /models/Llama-3.1-8B-Instruct",
                         id="serve-verifier")
             with Horizontal(id="serve-numbers"):
@@ -44,6 +50,9 @@ class ServeDialog(ModalScreen["ServeRequest | None"]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Serve (ctrl+s)", id="serve-ok", variant="primary")
                 yield Button("Cancel (esc)", id="serve-cancel")
+
+    def on_resize(self) -> None:
+        compact_fields(self, self.size.height < SHORT)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "serve-ok":
