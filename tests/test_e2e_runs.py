@@ -120,7 +120,9 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
         await pilot.pause()
         plots = {p.id: p for p in detail.query(LinePlot)}
         assert plots["plot-loss"].point_count == STEPS
-        assert plots["plot-tau"].point_count == STEPS
+        # every step's training-batch estimate, and the held-out figure of each checkpoint
+        train_tau, held_out = (pts for _, pts in plots["plot-tau"].series)
+        assert len(train_tau) == STEPS and held_out and held_out[-1][0] == STEPS
         assert len(plots["plot-acc"].series) == 4      # acc_0..acc_3 (--ttt-steps 4)
         prov = dict(feed.provenance())
         assert prov["finetune"].startswith(str(demo_dir / "public-drafter"))
