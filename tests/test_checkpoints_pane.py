@@ -403,6 +403,27 @@ def test_inspect_and_convert_subcommands(tmp_path: Path, capsys: pytest.CaptureF
     assert cli_main(["--config", str(cfg), "inspect", "box", str(tmp_path / "nope")]) == 1
 
 
+async def test_long_paths_leave_size_and_modified_on_80x24(tmp_path: Path) -> None:
+    """Issue 24 point 5: long configured paths pushed SIZE and MODIFIED off an 80-column
+    pane; the start of the path gives way (its end names the drafter)."""
+    deep = tmp_path / ("a-rather-long-folder-name-" * 3) / "checkpoints"
+    shelf = checkpoints_tree(deep)
+    app = local_app(local_config(deep / "host", checkpoints=[str(shelf)]), FrozenClock(MTIME))
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = await open_pane(pilot)
+        table = pane.query_one(CheckpointTable)
+        await pilot.pause()
+        assert table.virtual_size.width <= table.size.width
+        first = table.rows_shown[0]
+        assert first[0].startswith("…") and first[0].endswith("/shelf/aq-medai-eagle3")
+        assert first[1:] == ("260K", "11-30 12:00")
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause()
+        wide = table.rows_shown[0][0]   # more of the path where there is room for it
+        assert len(wide) > len(first[0]) and wide.endswith("/shelf/aq-medai-eagle3")
+        assert table.virtual_size.width <= table.size.width
+
+
 async def test_convert_dialog_fits_100x30(tmp_path: Path) -> None:
     app = local_app(local_config(tmp_path / "host"))
     async with app.run_test(size=(100, 30)) as pilot:

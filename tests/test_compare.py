@@ -165,3 +165,28 @@ def test_snapshot_compare_table(snap_compare: Any) -> None:
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+async def test_the_table_keeps_the_acceptance_length_on_80x24(tmp_path: Path) -> None:
+    """Issue 24 point 5: at 80 columns the drafter's name pushed Acc len off the screen."""
+    url = "http://127.0.0.1:8000/metrics"
+    drafter = "/srv/eagle3/runs/finetune-20261130-140141-0f0f/out/final"
+    record_session({"run_id": "serve-ft-final-1", "host": "local", "k": 3, "metrics": url,
+                    "drafter": drafter, "started": 1_764_504_000.0,
+                    "provenance": {"run": "/srv/eagle3/runs/finetune-20261130-140141-0f0f",
+                                   "step": 150, "finetune": {"path": "/models/public-eagle3"}}})
+    record_scrape("serve-ft-final-1", scrape(1_764_505_000.0, 1, 2000, 3880, [0.87, 0.63, 0.44],
+                                             url=url, seconds=600.0, tps=1093.0))
+    app = local_app(local_config(tmp_path / "host"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(CompareScreen(measure=False))
+        await pilot.pause()
+        t = app.screen.query_one("DataTable")
+        assert t.virtual_size.width <= t.size.width   # nothing beyond the right edge
+        labels = [str(c.label) for c in t.columns.values()]
+        assert labels[:4] == ["Drafter", "Provenance", "k", "Acc len"]
+        assert t.get_row_at(0)[3] == "2.94" and t.get_row_at(0)[0] == "…" + drafter[-16:]
+        await pilot.resize_terminal(140, 36)   # wide again: every column back
+        await pilot.pause()
+        assert [str(c.label) for c in t.columns.values()][-1] == "Watched"
+        assert t.get_row_at(0)[0] == "…" + drafter[-31:]

@@ -83,9 +83,27 @@ def display_path(ck: Checkpoint, root: str) -> str:
     return ck.path
 
 
-def ckpt_row(ck: Checkpoint, root: str) -> tuple[str, str, str]:
-    return (display_path(ck, root), fmt_bytes(ck.bytes),
+def fit_path(path: str, room: int) -> str:
+    """`path` in `room` columns: its end (the drafter's own name) kept, the start cut to `…`."""
+    if room <= 0 or len(path) <= room:
+        return path
+    return "…" + path[len(path) - room + 1:]
+
+
+def ckpt_row(ck: Checkpoint, root: str, room: int = 0) -> tuple[str, str, str]:
+    """CHECKPOINT (fitted to `room` columns, 0: whole), SIZE, MODIFIED."""
+    return (fit_path(display_path(ck, root), room), fmt_bytes(ck.bytes),
             time.strftime("%m-%d %H:%M", time.localtime(ck.mtime)))
+
+
+def path_room(width: int, rows: list[tuple[str, str, str]]) -> int:
+    """Columns left for CHECKPOINT in a table `width` wide (0: unknown, show whole paths):
+    SIZE and MODIFIED as wide as their widest cell or header, each column padded 1 a side."""
+    if width <= 0:
+        return 0
+    size_w = max([len(COLUMNS[1])] + [len(r[1]) for r in rows])
+    mod_w = max([len(COLUMNS[2])] + [len(r[2]) for r in rows])
+    return max(12, width - size_w - mod_w - 3 * 2)
 
 
 class CheckpointTable(DataTable[Any]):
@@ -153,6 +171,9 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.query_one("#ckpt-bar").display = False
         self.set_shown_interval(SCAN_EVERY_S, self._poll)
 
+    def on_resize(self) -> None:
+        self._draw()   # paths are fitted to the table's width
+
     # -- host and scanning -----------------------------------------------------------------
     def show_host(self, host: str) -> None:
         self.host = host
@@ -200,8 +221,10 @@ class CheckpointsPane(ShownTimers, Vertical):
         found = self.found.get(host, [])
         root = self.roots.get(host, "")
         self.query_one(InspectView).root = root
-        self.query_one(CheckpointTable).show([c.path for c in found],
-                                             [ckpt_row(c, root) for c in found])
+        table = self.query_one(CheckpointTable)
+        whole = [ckpt_row(c, root) for c in found]
+        room = path_room(table.scrollable_content_region.width, whole)
+        table.show([c.path for c in found], [ckpt_row(c, root, room) for c in found])
         config = services(self).config
         folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
         text = f"[b]{host}[/b] · {count(len(found), 'checkpoint')} · folders: {folders}"

@@ -1,6 +1,7 @@
 """The comparison table: one row per serving session, newest first (drafter, provenance, k) with
 what vLLM measured while serving it (acceptance length, per-position acceptance, throughput, time
-watched).
+watched). Below 100 columns it keeps drafter, provenance, k, acceptance length and the first
+three positions, so an 80x24 terminal shows the number that compares drafters.
 
 Opened with `m` from the Checkpoints pane. Sessions whose run still runs are scraped through
 their host every few seconds in a worker (console/checkpoints/compare.py: Measurer); every scrape is
@@ -28,18 +29,24 @@ from console.widgets.footer import Footer
 
 MEASURE_EVERY_S = 5.0
 COLUMNS = ("Drafter", "Provenance", "k", "Acc len", "Per position", "Gen tok/s", "Watched")
+NARROW = 100   # below this many columns (80x24) the table keeps what compares drafters
+# (drafter, provenance, positions shown) widths, and the columns kept, wide and narrow
+LAYOUTS = {False: (32, 30, 4, COLUMNS), True: (17, 20, 3, COLUMNS[:5])}
 
 
-def cells(r: Row) -> tuple[str, ...]:
+def cells(r: Row, narrow: bool = False) -> tuple[str, ...]:
+    """One row; on a narrow screen shorter names, three positions, no throughput or time."""
     def f(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    name = r.drafter if len(r.drafter) <= 32 else "…" + r.drafter[-31:]
-    prov = r.provenance if len(r.provenance) <= 30 else r.provenance[:29] + "…"
-    return (name, prov or "-", "-" if r.k is None else str(r.k),
-            f(r.acceptance_length, ".2f"),
-            " ".join(f"{p:.2f}" for p in r.per_position[:4]) or "-",
-            f(r.generation_tokens_per_s, ".1f"), f"{r.seconds:.0f} s" if r.seconds else "-")
+    name_w, prov_w, positions, columns = LAYOUTS[narrow]
+    name = r.drafter if len(r.drafter) <= name_w else "…" + r.drafter[1 - name_w:]
+    prov = r.provenance if len(r.provenance) <= prov_w else r.provenance[:prov_w - 1] + "…"
+    row = (name, prov or "-", "-" if r.k is None else str(r.k),
+           f(r.acceptance_length, ".2f"),
+           " ".join(f"{p:.2f}" for p in r.per_position[:positions]) or "-",
+           f(r.generation_tokens_per_s, ".1f"), f"{r.seconds:.0f} s" if r.seconds else "-")
+    return row[:len(columns)]
 
 
 class CompareScreen(ModalScreen[None]):
@@ -54,6 +61,7 @@ class CompareScreen(ModalScreen[None]):
         self.measurer = Measurer()
         self.rows: list[Row] = []
         self.measured = 0   # rounds of scrapes done (tests wait on it)
+        self.narrow: bool | None = None   # the layout the table has (None: no columns yet)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="compare-box", classes="dialog"):
@@ -63,19 +71,25 @@ class CompareScreen(ModalScreen[None]):
         yield Footer()   # its own keys: the Checkpoints pane's footer below is not for it
 
     def on_mount(self) -> None:
-        t = self.query_one(DataTable)
-        t.add_columns(*COLUMNS)
         self.redraw()
         if self.measure:
             self.set_interval(MEASURE_EVERY_S, self.action_refresh)
             self.action_refresh()
 
+    def on_resize(self) -> None:
+        if (self.size.width < NARROW) != self.narrow:
+            self.redraw()
+
     def redraw(self) -> None:
         self.rows = table()
         t = self.query_one(DataTable)
-        t.clear()
+        narrow = self.size.width < NARROW
+        t.clear(columns=narrow != self.narrow)
+        if narrow != self.narrow:
+            t.add_columns(*LAYOUTS[narrow][3])
+            self.narrow = narrow
         for r in self.rows:
-            t.add_row(*cells(r), key=r.run_id)
+            t.add_row(*cells(r, narrow), key=r.run_id)
         errors = [f"{r.run_id}: {r.error}" for r in self.rows if r.error]
         status = (f"{len(self.rows)} serving session{'s' if len(self.rows) != 1 else ''}; "
                   "acceptance length = 1 + accepted / drafts since the server started")
