@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,25 +319,37 @@ class _EngineRun:
         return [b for b in out if b]
 
     def capture(self, engine: EngineCapture, batch_tokens: int, ev: Emitter | None) -> None:
-        total = len(self.samples)
-        ends = set()
+        """Prefill batch after batch; each batch is written (checked, normed, sharded) by one
+        writer thread while vLLM's engine core prefills the next, strictly in order. A write's
+        error is raised at the next batch's hand-over, before anything later is written."""
+        self.ends: set[int] = set()
         acc = 0
         for k in self.plan:
             acc += k
-            ends.add(acc)
+            self.ends.add(acc)
         if ev is not None:
-            ev.progress(self.pos, total, unit="sample", desc="capture", force=True)
-        for b, batch in enumerate(self._batches(batch_tokens)):
-            checked = {0} if self.check_every and b % self.check_every == 0 else set()
-            got = engine.prefill([self.samples[self.order[p]][1].input_ids for p in batch],
-                                 checked)
-            for j, (p, cap) in enumerate(zip(batch, got, strict=True)):
-                self._write(p, cap, j in checked)
-                if p + 1 in ends:
-                    self.writer.flush()
-                    self._save()
-                if ev is not None:
-                    ev.progress(p + 1, total, unit="sample", desc="capture")
+            ev.progress(self.pos, len(self.samples), unit="sample", desc="capture", force=True)
+        with ThreadPoolExecutor(1, thread_name_prefix="capture-write") as writer:
+            pending: Future[None] | None = None
+            for b, batch in enumerate(self._batches(batch_tokens)):
+                checked = {0} if self.check_every and b % self.check_every == 0 else set()
+                got = engine.prefill([self.samples[self.order[p]][1].input_ids for p in batch],
+                                     checked)
+                if pending is not None:
+                    pending.result()
+                pending = writer.submit(self._write_batch, batch, got, checked, ev)
+            if pending is not None:
+                pending.result()
+
+    def _write_batch(self, batch: list[int], got: list[Captured], checked: set[int],
+                     ev: Emitter | None) -> None:
+        for j, (p, cap) in enumerate(zip(batch, got, strict=True)):
+            self._write(p, cap, j in checked)
+            if p + 1 in self.ends:
+                self.writer.flush()
+                self._save()
+            if ev is not None:
+                ev.progress(p + 1, len(self.samples), unit="sample", desc="capture")
 
     def _write(self, p: int, cap: Captured, check: bool) -> None:
         sid, t = self.samples[self.order[p]]
