@@ -122,6 +122,19 @@ def long_conversations(src: Path, dst: Path, times: int, merge: int) -> Path:
     return dst
 
 
+def demo_and_conversations(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    """The demo workspace (`--demo`, or built in `work`) and its long conversations
+    (`--repeat`, `--merge`) in `work`."""
+    if args.demo:
+        demo = Path(args.demo)
+    else:
+        from engine.demo.workspace import init_demo
+        demo = work / "demo"
+        init_demo(str(demo), quiet())
+    return demo, long_conversations(demo / "conversations" / "train.jsonl",
+                                    work / "conv.jsonl", args.repeat, args.merge)
+
+
 def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
                   ) -> dict[str, Any]:
     from engine.capture.vllm_capture import prepare_from_vllm
@@ -198,14 +211,7 @@ def parse_args() -> argparse.Namespace:
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """(a) and (b) in `work`: the demo (given or built), its long conversations, then the live
     stand-in's measurements and the warm one's."""
-    if args.demo:
-        demo = Path(args.demo)
-    else:
-        from engine.demo.workspace import init_demo
-        demo = work / "demo"
-        init_demo(str(demo), quiet())
-    conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
-                              args.repeat, args.merge)
+    demo, conv = demo_and_conversations(args, work)
     threads = torch.get_num_threads()
     # Same compute on both sides of each ratio: the features are computed with `st` threads
     # here or in the server, and the trainer keeps the other core(s) in both modes (on a GPU

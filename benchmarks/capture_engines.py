@@ -157,16 +157,9 @@ def bare(py: str, demo: Path, data_dir: Path, rounds: int) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from benchmarks.capture import long_conversations, quiet
+    from benchmarks.capture import demo_and_conversations
     py = vllm_python()
-    if args.demo:
-        demo = Path(args.demo)
-    else:
-        from engine.demo.workspace import init_demo
-        demo = work / "demo"
-        init_demo(str(demo), quiet())
-    conv = long_conversations(demo / "conversations" / "train.jsonl", work / "conv.jsonl",
-                              args.repeat, args.merge)
+    demo, conv = demo_and_conversations(args, work)
     res: dict[str, Any] = {}
     n = args.rounds
     res["transformers"] = figures([prepare(sys.executable, demo, conv, work / f"hf{r}")

@@ -56,3 +56,25 @@ def train_args(demo: Path, out: Path, *extra: str) -> list[str]:
     return ["train", "--target", str(demo / "target"), "--data", str(demo / "data"),
             "--out", str(out), "--draft-vocab-size", str(info["draft_vocab_size"]),
             *TRAIN_ARGS, *extra]
+
+
+def kill_after_shards(args: list[str], progress: Path, shards: int = 2,
+                      timeout: float = 600) -> list[dict[str, Any]]:
+    """Start a capture (`python -m engine prepare ...` argv), SIGKILL it once its resume journal
+    `progress` holds `shards` shards, and return the shards it kept. Fails when the capture ended
+    before it could be killed."""
+    import signal
+    import time
+    proc = subprocess.Popen(args, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and proc.poll() is None:
+            if progress.is_file() and len(json.loads(progress.read_text())["shards"]) >= shards:
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the capture ended before it could be killed"
+    return list(json.loads(progress.read_text())["shards"])

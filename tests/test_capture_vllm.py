@@ -26,7 +26,7 @@ from engine.data.readers import open_data
 from engine.data.target import load_tokenizer
 from engine.errors import EngineError
 from engine.events import Emitter
-from tests.engine_helpers import REPO, engine_env, events, run_engine
+from tests.engine_helpers import REPO, engine_env, events, kill_after_shards, run_engine
 from tests.vllm_standin import VllmStandin
 
 pytest_plugins = ("tests.demo_workspace",)
@@ -201,20 +201,8 @@ def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Pa
     args = [sys.executable, "-m", "engine", "prepare", "--target", str(demo_dir / "target"),
             "--data", str(conv), "--out", str(out), "--max-len", MAX_LEN, "--from-vllm", s.url,
             "--concurrency", "4", "--shard-mb", "1", "--batch-tokens", "1024"]
-    proc = subprocess.Popen(args, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
     progress = tmp_path / "data.partial" / "progress.json"
-    try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end and proc.poll() is None:
-            if progress.is_file() and len(json.loads(progress.read_text())["shards"]) >= 2:
-                break
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    held = json.loads(progress.read_text())["shards"]
+    held = kill_after_shards(args, progress, timeout=120)
     n_held = sum(x["samples"] for x in held)
     tok_of = sample_ids(demo_dir / "conversations" / "train.jsonl", demo_dir)
     from safetensors import safe_open

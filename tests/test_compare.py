@@ -144,10 +144,9 @@ def test_saved_metrics_json_is_reshown(tmp_path: Path, capsys: pytest.CaptureFix
     assert "/d/x" in out and "3.50" in out and "0.90 0.80 0.50 0.30" in out
 
 
-def test_snapshot_compare_table(snap_compare: Any) -> None:
-    root = fresh_snap_root("compare")
-    url = "http://127.0.0.1:8000/metrics"
-    t0 = 1_764_504_000.0
+def two_served_drafters(url: str, t0: float) -> None:
+    """The public drafter, then a finetune of it, served and scraped 10 minutes each (recorded in
+    the current registry root)."""
     record_session({"run_id": "serve-public-1", "host": "local", "drafter": "/models/public-eagle3",
                     "k": 3, "metrics": url, "started": t0, "provenance": {}})
     record_session({"run_id": "serve-ft-final-1", "host": "local", "k": 3, "metrics": url,
@@ -158,6 +157,13 @@ def test_snapshot_compare_table(snap_compare: Any) -> None:
                                            url=url, seconds=600.0, tps=812.5))
     record_scrape("serve-ft-final-1", scrape(t0 + 1500, 1, 2000, 3880, [0.87, 0.63, 0.44],
                                              url=url, seconds=600.0, tps=1093.0))
+
+
+def test_snapshot_compare_table(snap_compare: Any) -> None:
+    root = fresh_snap_root("compare")
+    url = "http://127.0.0.1:8000/metrics"
+    t0 = 1_764_504_000.0
+    two_served_drafters(url, t0)
     app = local_app(local_config(root / "host"))
 
     async def run_before(pilot: Pilot[Any]) -> None:

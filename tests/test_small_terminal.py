@@ -20,8 +20,6 @@ from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Input, Select
 
 from console.app import Eagle3App
-from console.checkpoints.compare import record_scrape
-from console.checkpoints.serve import record_session
 from console.hosts.host import HostPool
 from console.monitor.service import MonitorHub
 from console.screens.compare import CompareScreen
@@ -37,7 +35,7 @@ from tests.replay import FrozenClock, fleet_app
 from tests.runs_registry import fresh_snap_root, local_app, local_config
 from tests.test_checkpoints_pane import app_for, checkpoints_tree, open_pane, report_shown
 from tests.test_checkpoints_pane import wait_for as wait_until
-from tests.test_compare import scrape
+from tests.test_compare import two_served_drafters
 from tests.test_logs_pane import N_LINES
 from tests.test_logs_pane import _app as logs_app
 from tests.test_logs_pane import _open_logs as open_logs
@@ -258,16 +256,7 @@ def test_snapshot_compare_80x24(snap_compare: Any) -> None:
     """Two served drafters (the compare tests' sessions) and the modal's own keys below."""
     root = fresh_snap_root("small-compare")
     url, t0 = "http://127.0.0.1:8000/metrics", 1_764_504_000.0
-    record_session({"run_id": "serve-public-1", "host": "local", "drafter": "/models/public-eagle3",
-                    "k": 3, "metrics": url, "started": t0, "provenance": {}})
-    record_session({"run_id": "serve-ft-final-1", "host": "local", "k": 3, "metrics": url,
-                    "drafter": "/srv/eagle3/runs/finetune-20261130/out/final", "started": t0 + 900,
-                    "provenance": {"run": "/srv/eagle3/runs/finetune-20261130", "step": 150,
-                                   "finetune": {"path": "/models/public-eagle3"}}})
-    record_scrape("serve-public-1", scrape(t0 + 600, 1, 2000, 2520, [0.62, 0.41, 0.23],
-                                           url=url, seconds=600.0, tps=812.5))
-    record_scrape("serve-ft-final-1", scrape(t0 + 1500, 1, 2000, 3880, [0.87, 0.63, 0.44],
-                                             url=url, seconds=600.0, tps=1093.0))
+    two_served_drafters(url, t0)
 
     async def ready(pilot: Pilot[Any]) -> None:
         await pilot.press("6")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_helpers import REPO, engine_env, run_engine
+from tests.engine_helpers import REPO, kill_after_shards, run_engine
 from tests.sshd import free_port
 from tests.vllm_cpu_plugin import plugin_path
 from tests.vllm_real import compare, vllm_env
@@ -119,20 +119,7 @@ def test_killed_connector_capture_resumes_to_the_same_data(server: tuple[str, Pa
     # one request at a time: slow enough to be killed between two shards
     args = [sys.executable, "-m", "engine",
             *prepare_args(demo_dir, tmp_path / "vllm", "--from-vllm", url, "--concurrency", "1")]
-    proc = subprocess.Popen(args, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    progress = tmp_path / "vllm.partial" / "progress.json"
-    try:
-        end = time.monotonic() + 600
-        while time.monotonic() < end and proc.poll() is None:
-            if progress.is_file() and len(json.loads(progress.read_text())["shards"]) >= 2:
-                break
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the capture ended before it could be killed"
-    held = json.loads(progress.read_text())["shards"]
+    held = kill_after_shards(args, tmp_path / "vllm.partial" / "progress.json")
     n_kept = sum(x["samples"] for x in held)
     p = run_engine(*args[3:], timeout=900)
     assert f"; {n_kept} already in" in p.stderr  # resumed: the kept shards' samples not redone
