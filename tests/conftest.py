@@ -30,11 +30,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHD]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with a slow test first (order within a file kept). `make test` hands whole files to
-    two workers in collection order; starting the long files first keeps one worker from
-    finishing a long file alone at the end (longest-first scheduling)."""
+    """Files with a real vLLM first (the longest: a server start each), then files with a slow
+    test (order within a file kept). `make test` hands whole files to two workers in
+    collection order; starting the long files first keeps one worker from finishing a long file
+    alone at the end (longest-first scheduling)."""
+    vllm = {item.path for item in items if item.get_closest_marker("vllm")}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
+    items.sort(key=lambda item: (item.path not in vllm, item.path not in slow))
 
 
 @pytest.fixture(autouse=True)
