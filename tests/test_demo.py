@@ -25,9 +25,9 @@ def test_workspace_contents(demo_dir: Path, demo_info: dict[str, Any]) -> None:
                  "data/manifest.json", "eval/manifest.json", "public-drafter/config.json",
                  "README.txt", "conversations/prompts.jsonl", "logs/vllm-serve.log"):
         assert (demo_dir / name).is_file(), name
-    # the Logs pane's log: the recording of tests/fixtures/vllm/RECORDED.md, as recorded
-    recorded = Path(__file__).parent / "fixtures" / "vllm" / "serve-0.32.0-cpu.log"
-    assert (demo_dir / demo_info["serve_log"]).read_bytes() == recorded.read_bytes()
+    # the Logs pane's log: vLLM's own, serving the demo finetune (engine/demo/serve_log.py)
+    from engine.demo.serve_log import recording
+    assert (demo_dir / demo_info["serve_log"]).read_bytes() == recording()
     tok = load_tokenizer(str(demo_dir / "target"))
     assert tok.chat_template and tok.is_fast
     train = read_conversations(str(demo_dir / "conversations" / "train.jsonl"))
