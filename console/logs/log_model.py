@@ -30,6 +30,9 @@ MAX_POINTS = 1_000       # metric lines kept (at vLLM's 10 s interval: about 2.8
 ERROR = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|Traceback \(most recent call last\)"
                    r"|CUDA out of memory|\b\w+Error: ")
 WARNING = re.compile(r"\bWARN(?:ING)?\b")
+#: a logger's own level word, looked for in the first LEVEL_SPAN characters of a line
+LEVEL = re.compile(r"\b(DEBUG|INFO|WARN(?:ING)?|ERROR|CRITICAL|FATAL)\b")
+LEVEL_SPAN = 60
 #: control characters but the newline (the batch separator) and tab (expanded when drawn)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -48,9 +51,17 @@ class LogEntry(NamedTuple):
 
 
 def severity(text: str) -> str:
-    """"error", "warning" or "" for a line (a substring check first: most lines have neither)."""
+    """"error", "warning" or "" for a line (a substring check first: most lines have neither).
+    A line that carries its logger's level near its start is that level, whatever it quotes (a
+    vLLM WARNING that mentions `OSError: [Errno 24]` is a warning); the rest (a traceback's
+    lines, `XError: ...`) are judged by what they say."""
     if not any(h in text for h in _HINTS):
         return ""
+    own = LEVEL.search(text[:LEVEL_SPAN])
+    if own is not None:
+        word = own.group(1)
+        return "error" if word in ("ERROR", "CRITICAL", "FATAL") else \
+            "warning" if word.startswith("WARN") else ""
     if ERROR.search(text):
         return "error"
     if WARNING.search(text):
