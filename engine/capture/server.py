@@ -79,14 +79,6 @@ def kv_transfer_config(storage: str) -> dict[str, Any]:
             "kv_connector_extra_config": {"shared_storage_path": storage}}
 
 
-def target_dtype(cfg: dict[str, Any]) -> str | None:
-    """The dtype the target's config.json names (`dtype`, or `torch_dtype` before transformers
-    5). vLLM's `--dtype auto` serves a float32 target in 16 bits; the features would then be
-    rounded there but stored (and trusted) as the target's own."""
-    value = cfg.get("dtype") or cfg.get("torch_dtype")
-    return str(value).replace("torch.", "") if value else None
-
-
 def serve_argv(target_dir: str, layer_ids: list[int], tp: int = 1, port: int = 8000,
                host: str = "127.0.0.1", storage: str = "/tmp/eagle3-hidden-states",
                vllm: str = "vllm", served_name: str | None = None, dtype: str | None = None,

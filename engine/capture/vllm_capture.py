@@ -52,7 +52,7 @@ from engine.capture.vllm_client import (
     read_features,
     remove_server_file,
 )
-from engine.ckpt.target_config import config_hash
+from engine.ckpt.target_config import config_dtype, config_hash
 from engine.data.chat import Tokenized
 from engine.data.conversations import read_conversations
 from engine.data.disk_estimate import human
@@ -75,7 +75,7 @@ PROGRESS_FORMAT = "eagle3-console-capture-progress"
 
 def stored_dtype(cfg: dict[str, Any], dtype: str | None) -> torch.dtype:
     """--dtype, else the target's own dtype (what vLLM serves and writes)."""
-    name = dtype or str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    name = dtype or config_dtype(cfg) or "bfloat16"
     dt = getattr(torch, name.replace("torch.", ""), None)
     return dt if isinstance(dt, torch.dtype) and dt.is_floating_point else torch.bfloat16
 

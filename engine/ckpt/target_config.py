@@ -27,6 +27,13 @@ def read_config(target_dir: str,
     return dict(cfg)
 
 
+def config_dtype(cfg: dict[str, Any]) -> str | None:
+    """The dtype a config names (`torch_dtype`, or `dtype` from transformers 5 on), as torch
+    spells it (`bfloat16`); None when it names none."""
+    value = cfg.get("torch_dtype") or cfg.get("dtype")
+    return str(value).replace("torch.", "") if value else None
+
+
 def config_hash(target_dir: str) -> str:
     """sha256 of the target's config.json as canonical JSON (ties data to the target)."""
     cfg = read_config(target_dir)

@@ -18,8 +18,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default="/tmp/eagle3-hidden-states",
                    help="where the server writes one safetensors file per request")
     p.add_argument("--served-model-name", help="model name the server answers to")
-    p.add_argument("--dtype", help="the dtype vLLM serves the target in (default: config.json's, "
-                   "which vLLM's own default would round a float32 target below)")
+    p.add_argument("--dtype", help="the dtype vLLM serves the target in (default: config.json's; "
+                   "vLLM's own default serves a float32 target in 16 bits, and the features "
+                   "would be rounded there but stored as the target's own)")
     p.add_argument("--vllm", default="vllm", help="the vllm executable (default: vllm on PATH)")
     p.add_argument("--extra", default="", help="more `vllm serve` arguments, one shell string")
     p.add_argument("--print", action="store_true", help="print the command line, do not start it")
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
         refuse_mla,
         serve_argv,
         target_config,
-        target_dtype,
     )
+    from engine.ckpt.target_config import config_dtype
     from engine.errors import EngineError
     if args.tp < 1:
         raise EngineError(f"--tp {args.tp}: must be >= 1")
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     ids = default_layer_ids(int(cfg["num_hidden_layers"]))
     argv = serve_argv(args.target, ids, tp=args.tp, port=args.port, host=args.host,
                       storage=args.storage, vllm=args.vllm, served_name=args.served_model_name,
-                      dtype=args.dtype or target_dtype(cfg), extra=shlex.split(args.extra))
+                      dtype=args.dtype or config_dtype(cfg), extra=shlex.split(args.extra))
     line = shlex.join(argv)
     if args.print:
         ev.answer({"argv": argv, "command": line, "layer_ids": ids,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.ckpt.target_config import config_hash
+from engine.ckpt.target_config import config_dtype, config_hash
 from engine.ckpt.target_weights import TargetHead, load_embedding
 from engine.data.features import FeatureData
 from engine.data.readers import OnlineData, open_data
@@ -69,7 +69,7 @@ def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int]) -> Eagle3Confi
             "max_position_embeddings", "vocab_size")
     d = {k: tcfg[k] for k in keys if tcfg.get(k) is not None}
     n = int(tcfg["num_hidden_layers"])
-    stored = str(tcfg.get("torch_dtype") or tcfg.get("dtype") or "bfloat16").replace("torch.", "")
+    stored = config_dtype(tcfg) or "bfloat16"
     d.update(num_hidden_layers=1, draft_vocab_size=vd, tie_word_embeddings=False,
              target_num_hidden_layers=n, torch_dtype=stored)
     if aux != serving_default_aux_ids(n) or aux_ids_problem(aux) is not None:
