@@ -27,6 +27,7 @@ data directory first (or in shards a trainer consumes as they arrive) and train 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -301,6 +302,7 @@ class _EngineRun:
         if not shards:
             self._save()
         self.pos = sum(int(s["samples"]) for s in shards)
+        self.ends = set(itertools.accumulate(plan))  # positions after which a shard is complete
 
     def _save(self) -> None:
         write_json(self.ppath, {"format": PROGRESS_FORMAT, "args": self.fp,
@@ -322,11 +324,6 @@ class _EngineRun:
         """Prefill batch after batch; each batch is written (checked, normed, sharded) by one
         writer thread while vLLM's engine core prefills the next, strictly in order. A write's
         error is raised at the next batch's hand-over, before anything later is written."""
-        self.ends: set[int] = set()
-        acc = 0
-        for k in self.plan:
-            acc += k
-            self.ends.add(acc)
         if ev is not None:
             ev.progress(self.pos, len(self.samples), unit="sample", desc="capture", force=True)
         with ThreadPoolExecutor(1, thread_name_prefix="capture-write") as writer:
