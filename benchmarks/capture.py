@@ -122,6 +122,15 @@ def long_conversations(src: Path, dst: Path, times: int, merge: int) -> Path:
     return dst
 
 
+def add_demo_options(ap: argparse.ArgumentParser, repeat: int) -> None:
+    """--demo, --repeat and --merge: what `demo_and_conversations` reads."""
+    ap.add_argument("--demo", help="existing demo workspace (default: build one)")
+    ap.add_argument("--repeat", type=int, default=repeat,
+                    help=f"copies of the demo conversations (default {repeat})")
+    ap.add_argument("--merge", type=int, default=6,
+                    help="demo chats joined per captured conversation (default 6)")
+
+
 def demo_and_conversations(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     """The demo workspace (`--demo`, or built in `work`) and its long conversations
     (`--repeat`, `--merge`) in `work`."""
@@ -193,10 +202,7 @@ def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--demo", help="existing demo workspace (default: build one)")
-    ap.add_argument("--repeat", type=int, default=3, help="copies of the demo conversations")
-    ap.add_argument("--merge", type=int, default=6,
-                    help="demo chats joined per captured conversation (default 6)")
+    add_demo_options(ap, repeat=3)
     ap.add_argument("--steps", type=int, default=40, help="training steps per mode")
     ap.add_argument("--rounds", type=int, default=3,
                     help="offline / warm-streamed training pairs, alternated (default 3)")

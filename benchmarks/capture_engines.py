@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +38,20 @@ MARK = "bare-prefill: "  # the answer's line among vLLM's own output
 
 
 def vllm_python() -> str:
-    py = os.environ.get("EAGLE3_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not os.path.exists(py):
+    from tests.vllm_real import find_vllm_python
+    py = find_vllm_python()
+    if py is None:
         sys.exit("no vLLM here: make setup-vllm (or set EAGLE3_VLLM_PYTHON)")
     return py
-
-
-def env_for(py: str, extra_path: str = "") -> dict[str, str]:
-    parts = [str(REPO)] + ([extra_path] if extra_path else [])
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(parts), VLLM_CPU_KVCACHE_SPACE="1",
-                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
 
 
 def prepare(py: str, demo: Path, conv: Path, out: Path, *extra: str,
             env: dict[str, str] | None = None) -> dict[str, Any]:
     """`engine prepare ... --json` with `py`; its manifest."""
+    from tests.vllm_real import vllm_env
     p = subprocess.run([py, "-m", "engine", "prepare", "--target", str(demo / "target"),
                         "--data", str(conv), "--out", str(out), "--max-len", str(MAX_LEN),
-                        *extra, "--json"], cwd=REPO, env=env or env_for(py),
+                        *extra, "--json"], cwd=REPO, env=env or vllm_env(),
                        capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"engine prepare {' '.join(extra)} exited {p.returncode}:\n{p.stderr[-3000:]}")
@@ -76,39 +69,20 @@ def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def connector(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[str, Any]:
     """capture-server started (its start excluded), then prepare --from-vllm against it."""
-    from tests.sshd import free_port
-    from tests.vllm_cpu_plugin import plugin_path
+    from tests.vllm_real import CaptureServer
     # the joined chats reach 512 tokens, the demo target's limit: vLLM counts one sampled token
     # more (engine/capture/vllm_engine.py engine_kwargs does the same for the executor)
-    env = dict(env_for(py, str(plugin_path(work / "plugin"))), VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
-    port = free_port()
-    log = open(work / "capture-server.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [py, "-m", "engine", "capture-server", "--target", str(demo / "target"),
-         "--port", str(port), "--storage", str(work / "hs"),
-         "--vllm", str(Path(py).parent / "vllm"),
-         "--extra", f"--max-model-len {MAX_LEN + 1} --enforce-eager"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.monotonic()
-        while True:
-            if proc.poll() is not None or time.monotonic() - t0 > 900:
-                sys.exit(f"capture-server did not start; see {work / 'capture-server.log'}")
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                time.sleep(0.5)
-        start_s = time.monotonic() - t0
-        runs = [prepare(sys.executable, demo, conv, work / f"connector{r}", "--from-vllm", url,
-                        "--concurrency", "16", env=env_for(sys.executable))
-                for r in range(rounds)]
-        return {**figures(runs), "server_start_s": round(start_s, 1)}
+        server = CaptureServer(py, demo / "target", work, MAX_LEN + 1,
+                               {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
+    except RuntimeError as e:
+        sys.exit(str(e))
+    try:
+        runs = [prepare(sys.executable, demo, conv, work / f"connector{r}", "--from-vllm",
+                        server.url, "--concurrency", "16") for r in range(rounds)]
+        return {**figures(runs), "server_start_s": round(server.start_s, 1)}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(120)
-        log.close()
+        server.close()
 
 
 def bare_prefill(data_dir: str, target: str, batch_tokens: int, rounds: int) -> dict[str, Any]:
@@ -146,9 +120,10 @@ def bare_prefill(data_dir: str, target: str, batch_tokens: int, rounds: int) -> 
 
 
 def bare(py: str, demo: Path, data_dir: Path, rounds: int) -> dict[str, Any]:
+    from tests.vllm_real import vllm_env
     p = subprocess.run([py, str(Path(__file__).resolve()), "--bare-prefill", str(data_dir),
                         "--target", str(demo / "target"), "--rounds", str(rounds)],
-                       cwd=REPO, env=env_for(py),
+                       cwd=REPO, env=vllm_env(),
                        capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"bare prefill exited {p.returncode}:\n{p.stderr[-3000:]}")
@@ -180,10 +155,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def main() -> int:
+    from benchmarks.capture import add_demo_options
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--demo", help="existing demo workspace (default: build one)")
-    ap.add_argument("--repeat", type=int, default=2, help="copies of the demo conversations")
-    ap.add_argument("--merge", type=int, default=6, help="demo chats joined per conversation")
+    add_demo_options(ap, repeat=2)
     ap.add_argument("--rounds", type=int, default=3,
                     help="captures per path; the fastest counts (default 3)")
     ap.add_argument("--json", action="store_true")

@@ -9,21 +9,14 @@ vLLM general plugin, lets it run on the CPU (the connector's own data path is un
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.engine_helpers import REPO, kill_after_shards, run_engine
-from tests.sshd import free_port
-from tests.vllm_cpu_plugin import plugin_path
-from tests.vllm_real import compare, vllm_env
+from tests.engine_helpers import kill_after_shards, run_engine
+from tests.vllm_real import CaptureServer, compare
 
 pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -32,46 +25,17 @@ MAX_LEN = "512"
 START_S = 900  # a cold vllm-cpu start is 1-2 minutes alone; the suite shares two cores
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> float:
-    """Seconds until /v1/models answers; fails with the server log's tail if it exits first."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < START_S:
-        if proc.poll() is not None:
-            pytest.fail(f"capture-server exited {proc.returncode}:\n"
-                        f"{log.read_text(errors='replace')[-4000:]}")
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-            return time.monotonic() - t0
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"capture-server not ready in {START_S} s:\n{log.read_text()[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(vllm_python: str, demo_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[str, Path]]:
     """(URL, storage) of `engine capture-server` on the demo target, started with vLLM's Python."""
-    d = tmp_path_factory.mktemp("connector")
-    env = dict(vllm_env(), PYTHONPATH=os.pathsep.join([str(REPO), str(plugin_path(d / "pl"))]))
-    port, storage, log = free_port(), d / "hs", d / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [vllm_python, "-m", "engine", "capture-server", "--target", str(demo_dir / "target"),
-             "--port", str(port), "--storage", str(storage),
-             "--vllm", str(Path(vllm_python).parent / "vllm"),
-             "--extra", f"--max-model-len {MAX_LEN} --enforce-eager"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    s = CaptureServer(vllm_python, demo_dir / "target", tmp_path_factory.mktemp("connector"),
+                      int(MAX_LEN), limit_s=START_S)
+    print(f"capture-server ready in {s.start_s:.0f} s")
     try:
-        print(f"capture-server ready in {wait_ready(url, proc, log):.0f} s")
-        yield url, storage
+        yield s.url, s.storage
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # our own session: vLLM and its engine core
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        s.close()
 
 
 def prepare_args(demo_dir: Path, out: Path, *extra: str) -> list[str]:

@@ -85,3 +85,60 @@ def compare(ours: Path, ref: Path) -> dict[str, float]:
         out["hidden"] = max(out["hidden"], rel(s.hidden, t.hidden))
         out["pos0"] = max(out["pos0"], rel(s.aux[:1], t.aux[:1]), rel(s.hidden[:1], t.hidden[:1]))
     return out
+
+
+class CaptureServer:
+    """`engine capture-server` on `target`, started with vLLM's Python `py` in a session of its
+    own, its files under `work` (storage hs/, capture-server.log); vLLM's connector runs on a
+    CPU through tests/vllm_cpu_plugin.py. Ready (its /v1/models answers) when constructed:
+    `url`, `storage`, `start_s`; `close()` ends the session (vLLM and its engine core)."""
+
+    def __init__(self, py: str, target: Path, work: Path, max_model_len: int,
+                 env: dict[str, str] | None = None, limit_s: float = 900) -> None:
+        from tests.sshd import free_port
+        from tests.vllm_cpu_plugin import plugin_path
+        full = dict(vllm_env(), **(env or {}),
+                    PYTHONPATH=os.pathsep.join([str(REPO), str(plugin_path(work / "plugin"))]))
+        port = free_port()
+        self.url, self.storage = f"http://127.0.0.1:{port}", work / "hs"
+        self.log = work / "capture-server.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [py, "-m", "engine", "capture-server", "--target", str(target),
+                 "--port", str(port), "--storage", str(self.storage),
+                 "--vllm", str(Path(py).parent / "vllm"),
+                 "--extra", f"--max-model-len {max_model_len} --enforce-eager"],
+                cwd=REPO, env=full, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        try:
+            self.start_s = self._wait_ready(limit_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self, limit_s: float) -> float:
+        """Seconds until /v1/models answers; the log's tail if it exits or is late first."""
+        import time
+        import urllib.request
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < limit_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"capture-server exited {self.proc.returncode}:\n"
+                                   f"{self.log.read_text(errors='replace')[-4000:]}")
+            try:
+                urllib.request.urlopen(self.url + "/v1/models", timeout=5).read()
+                return time.monotonic() - t0
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"capture-server not ready in {limit_s:.0f} s:\n"
+                           f"{self.log.read_text(errors='replace')[-4000:]}")
+
+    def close(self) -> None:
+        import signal
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # our own session: vLLM and its core
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
