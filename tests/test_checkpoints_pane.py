@@ -83,6 +83,13 @@ async def wait_for(pilot: Pilot[Any], cond: Any, timeout: float = 90.0) -> None:
         await pilot.pause(0.05)
 
 
+async def open_convert(pilot: Pilot[Any], pane: CheckpointsPane, path: str) -> None:
+    """`c` on `path` once its inspect report is shown; returns when the convert dialog is up."""
+    await wait_for(pilot, lambda: report_shown(pane, path))
+    await pilot.press("c")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConvertDialog))
+
+
 async def open_pane(pilot: Pilot[Any]) -> CheckpointsPane:
     await pilot.press("6")
     pane = pane_of(pilot)
@@ -188,9 +195,7 @@ async def test_replace_refused_by_the_engine_reopens_the_dialog(tmp_path: Path) 
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot)
         view = pane.query_one(InspectView)
-        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
-        await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        await open_convert(pilot, pane, str(shelf / "aq-medai-eagle3"))
         first = app.screen
         first.query_one("#convert-dst", Input).value = str(notes)
         first.query_one("#convert-force", Checkbox).value = True
@@ -216,9 +221,7 @@ async def test_convert_dialog_requires_and_prefills_the_verifier_for_speculators
     app = app_for(tmp_path, shelf)
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot)
-        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
-        await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        await open_convert(pilot, pane, str(shelf / "aq-medai-eagle3"))
         dialog = app.screen
         label = dialog.query_one("#convert-verifier-label", Label)
         assert "optional" in str(label.render())
@@ -267,9 +270,7 @@ async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Pa
     app = app_for(tmp_path, shelf)
     async with app.run_test(size=SIZE) as pilot:
         pane = await open_pane(pilot)
-        await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
-        await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        await open_convert(pilot, pane, str(shelf / "aq-medai-eagle3"))
         known = app.screen.query_one("#convert-verifier", Input).value
         assert known == "/data/demo/target"
         await pilot.press("escape")
@@ -354,9 +355,7 @@ async def test_the_convert_dialog_proposes_run_and_step(tmp_path: Path) -> None:
         pane = await open_pane(pilot)
         final = pane.query_one(CheckpointTable).paths[2]
         await pilot.press("down", "down")
-        await wait_for(pilot, lambda: report_shown(pane, final))
-        await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
+        await open_convert(pilot, pane, final)
         field = app.screen.query_one("#convert-dst", Input)
         converted = tmp_path / "host" / "converted"
         first = str(converted / "finetune-20261130-140141-0f0f-final-step_000150-vllm")

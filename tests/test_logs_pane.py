@@ -127,6 +127,14 @@ async def _shown(pilot: Pilot[Any], pane: LogsPane, lines: int) -> None:
     await pilot.pause()
 
 
+async def _open_shown(pilot: Pilot[Any], lines: int) -> LogsPane:
+    """`4`, then until the pane's own timer has drawn `lines` lines (no forced redraw)."""
+    await pilot.press("4")
+    pane = pilot.app.screen.query_one(LogsPane)
+    await _shown(pilot, pane, lines)
+    return pane
+
+
 def _assert_at_end(pane: LogsPane, last: str) -> None:
     view = pane.query_one(LogView)
     status = pane.query_one(StatusLine).plain
@@ -142,9 +150,7 @@ async def test_following_opens_on_the_newest_lines(tmp_path: Path) -> None:
     app, log = _app(tmp_path)
     last = log.read_text().splitlines()[-1].rstrip()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        pane = app.screen.query_one(LogsPane)
-        await _shown(pilot, pane, N_LINES)
+        pane = await _open_shown(pilot, N_LINES)
         _assert_at_end(pane, last)
 
 
@@ -155,9 +161,7 @@ async def test_next_log_and_back_shows_the_newest_lines(tmp_path: Path) -> None:
     other.write_text("".join(f"INFO other line {i}\n" for i in range(300)))
     app.config.hosts["gpu1"].logs.append(str(other))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        pane = app.screen.query_one(LogsPane)
-        await _shown(pilot, pane, N_LINES)
+        pane = await _open_shown(pilot, N_LINES)
         await pilot.press("l")
         await _shown(pilot, pane, 300)
         _assert_at_end(pane, "INFO other line 299")
@@ -171,9 +175,7 @@ async def test_clearing_a_filter_shows_the_newest_lines(tmp_path: Path) -> None:
     app, log = _app(tmp_path)
     last = log.read_text().splitlines()[-1].rstrip()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        pane = app.screen.query_one(LogsPane)
-        await _shown(pilot, pane, N_LINES)
+        pane = await _open_shown(pilot, N_LINES)
         await pilot.press("slash")  # the filter box takes three rows from the view
         await pilot.pause()
         _assert_at_end(pane, last)
@@ -194,9 +196,7 @@ async def test_control_characters_never_reach_the_screen(tmp_path: Path) -> None
     log.write_bytes((FIXTURES / "vllm" / "serve-0.32.0-cpu.log").read_bytes())
     n = log.read_bytes().count(b"\n")
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("4")
-        pane = app.screen.query_one(LogsPane)
-        await _shown(pilot, pane, n)
+        pane = await _open_shown(pilot, n)
         await pilot.press("slash", *"safetensors checkpoint", "enter")
         await _wait(lambda: "filter “safetensors checkpoint”: 4 lines"
                     in pane.query_one(StatusLine).plain)
