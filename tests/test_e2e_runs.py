@@ -31,7 +31,7 @@ from tests.sshd import SSHD
 
 pytest_plugins = ("tests.demo_workspace",)
 
-STEPS = 8
+STEPS = 40  # long enough that the connection drops mid-run (8 steps once all arrived before it)
 
 
 async def wait_for(pilot: Pilot[Any], cond: Any, timeout: float, what: str) -> None:
