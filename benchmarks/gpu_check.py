@@ -1,16 +1,20 @@
-"""Device check for a lent GPU machine: three independent checks, one `CHECK` line each.
+"""Device check for a lent GPU machine: four independent checks, one `CHECK` line each.
 
     bash benchmarks/gpu_check.sh                    # on the GPU machine, from anywhere
     bash benchmarks/gpu_check.sh --only bf16-train-step
     bash benchmarks/gpu_check.sh --cpu              # the same checks on CPU, tiny shapes
 
-Expected runtime on one H200: about 1.5-2 minutes, an estimate not yet measured there (most of
-it process start-up, CUDA initialisation and building the random inputs on the CPU; the 13
-timed steps take seconds); every check runs in its own process under its own time limit
-(200 + 200 + 60 s), so the whole script ends within ~8 minutes whatever hangs. `--cpu` on 2
-cores: 30-45 s.
+Measured on one H200 (2026-12-04): 112 s for the four checks (most of it process start-up,
+CUDA initialisation and building the random inputs on the CPU); every check runs in its own
+process under its own time limit (120 + 200 + 200 + 60 s), so the whole script ends within ~10
+minutes whatever hangs. `--cpu` on 2 cores: 35-60 s.
 
 Checks (each a fresh subprocess, so a crash or a poisoned CUDA context stays in its check):
+
+ttt-attention
+    The trainer's split TTT attention, forward and every gradient, against the dense masked
+    reference in float64 on the same device (benchmarks/gpu_check_ttt.py says why: CUDA runs a
+    kernel path no CPU test reaches).
 
 bf16-train-step
     The trainer's own step (engine/training/train.py `Trainer.train_step`: target side, K-step TTT
@@ -65,10 +69,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpu_check_ttt import check_ttt_attention
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-CHECKS = ("bf16-train-step", "mla-capture-transformers", "nvml-agent")
-TIMEOUT_S = {"bf16-train-step": 200, "mla-capture-transformers": 200, "nvml-agent": 60}
+CHECKS = ("ttt-attention", "bf16-train-step", "mla-capture-transformers", "nvml-agent")
+TIMEOUT_S = {"ttt-attention": 120, "bf16-train-step": 200, "mla-capture-transformers": 200,
+             "nvml-agent": 60}
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, FLOP/s, matched as
 # substrings of torch.cuda.get_device_name() in this order (the first match wins).
@@ -486,9 +493,10 @@ class _GpuLoad:
 
 # -- driver ---------------------------------------------------------------------------------------
 
-WORKERS = {"bf16-train-step": check_bf16_train_step,
+WORKERS = {"ttt-attention": check_ttt_attention, "bf16-train-step": check_bf16_train_step,
            "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent}
 SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everything)
+    "ttt-attention": ("device", "cases", "worst_rel"),
     "bf16-train-step": ("device", "precision", "tokens_per_s", "step_ms", "peak_mem_gb",
                         "peak_rss_mb", "mfu", "achieved_tflops", "tflop_per_step_est"),
     "mla-capture-transformers": ("device", "dtype", "samples", "tokens", "tokens_per_s",

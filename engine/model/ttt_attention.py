@@ -113,6 +113,12 @@ def causal_bwd(g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
         full, seed, offset = extra
         lse_full = full.clone()
         lse_full[..., :lse.shape[-1]] = lse
+        # The kernel reads `out` in the layout its forward writes, [B,T,nh,hd] in memory (its
+        # row stride is taken as nh*hd whatever out's strides say): the merged output is
+        # [B,nh,T,hd]-contiguous, and handed over as it is, it was read past its end (an
+        # illegal memory access at T=2048, wrong gradients below that). benchmarks/
+        # gpu_check_ttt.py checks every gradient against the dense reference on a GPU.
+        out = out.transpose(1, 2).contiguous().transpose(1, 2)
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
             g.contiguous(), q, k, v, None, out, lse_full, seed, offset, 0.0,
             [True, True, True, False], causal, scale=scale)
