@@ -61,6 +61,8 @@ def maybe_init_dist(device: str | None = None) -> Dist:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device:
         dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:  # set_device refuses a bare "cuda"
+            dev = torch.device("cuda", local)
     elif torch.cuda.is_available():
         dev = torch.device("cuda", local)
     else:

@@ -38,7 +38,10 @@ def default_aux_ids(num_layers: int) -> list[int]:
 def pick_device(device: str | None = None) -> torch.device:
     """`device` if given, else cuda:LOCAL_RANK when CUDA is there, else CPU."""
     if device:
-        return torch.device(device)
+        dev = torch.device(device)
+        if dev.type != "cuda" or dev.index is not None:
+            return dev
+        # a bare "cuda": this rank's GPU (torch.cuda.set_device and device maps need an index)
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
