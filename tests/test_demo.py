@@ -95,3 +95,32 @@ def test_update_adds_the_log_to_an_older_workspace(tmp_path: Path, demo_dir: Pat
     assert p.returncode == 1 and p.stderr.strip() == (
         f"error: {tmp_path / 'nothing'}: not a demo workspace (no demo.json); build one with "
         "`python -m engine demo init DIR`")
+
+
+def test_public_drafter_looks_downloaded(demo_dir: Path) -> None:
+    """The public drafter stands for one downloaded from a hub: no training record of ours
+    (inspect showed 'written by training … public-run' and compare 'public-run@80'), a card."""
+    pub = demo_dir / "public-drafter"
+    assert not (pub / "provenance.json").exists() and (pub / "README.md").is_file()
+    report = json.loads(run_engine("inspect", str(pub), "--json").stdout)
+    assert report["provenance"] is None
+
+
+def test_update_strips_an_older_public_drafters_training_record(tmp_path: Path,
+                                                                demo_dir: Path) -> None:
+    old = tmp_path / "old"
+    (old / "public-drafter").mkdir(parents=True)
+    (old / "demo.json").write_bytes((demo_dir / "demo.json").read_bytes())
+    (old / "logs").mkdir()
+    (old / "logs" / "vllm-serve.log").write_text("kept\n")
+    for f in ("config.json", "model.safetensors"):
+        (old / "public-drafter" / f).write_bytes((demo_dir / "public-drafter" / f).read_bytes())
+    (old / "public-drafter" / "provenance.json").write_text(json.dumps(
+        {"engine_version": "0.1.0", "format": "eagle", "training": {"run": "/x/public-run"}}))
+    p = run_engine("demo", "update", str(old), "--json")
+    assert json.loads(p.stdout)["added"] == ["public-drafter/README.md (its training record "
+                                             "removed)"]
+    assert not (old / "public-drafter" / "provenance.json").exists()
+    assert (old / "logs" / "vllm-serve.log").read_text() == "kept\n"
+    report = json.loads(run_engine("inspect", str(old / "public-drafter"), "--json").stdout)
+    assert report["ok"] and report["provenance"] is None

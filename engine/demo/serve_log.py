@@ -12,6 +12,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from engine.demo.public_drafter import DIR as PUBLIC_DIR
+from engine.demo.public_drafter import as_downloaded
 from engine.errors import EngineError
 from engine.fileio import atomic_file
 
@@ -37,9 +39,12 @@ def add_serve_log(workspace: str | Path) -> bool:
 
 
 def update_demo(workspace: str) -> dict[str, object]:
-    """Add to a built workspace what this engine puts in one and it lacks (the log, today)."""
+    """Add to a built workspace what this engine puts in one and it lacks: the log, and the
+    public drafter's model card in place of the training record an older engine left in it."""
     if not (Path(workspace) / "demo.json").is_file():
         raise EngineError(f"{workspace}: not a demo workspace (no demo.json); build one with "
                           "`python -m engine demo init DIR`")
     added = [SERVE_LOG] if add_serve_log(workspace) else []
+    if as_downloaded(workspace):
+        added.append(f"{PUBLIC_DIR}/README.md (its training record removed)")
     return {"dir": str(Path(workspace).resolve()), "added": added}

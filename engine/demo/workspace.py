@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.data.conversations import Conversation, write_conversations
+from engine.demo.public_drafter import as_downloaded
 from engine.demo.serve_log import SERVE_LOG, add_serve_log
 from engine.demo.target import TASKS, build_target, build_tokenizer, chats
 from engine.errors import EngineError
@@ -171,6 +172,7 @@ def _public_drafter(tmp: Path, seed: int, ev: Emitter) -> None:
     finally:
         quiet.close()
     shutil.move(str(run / "final"), str(tmp / "public-drafter"))
+    as_downloaded(tmp)  # no training record of ours in it: it stands for a downloaded drafter
     shutil.rmtree(run)
     shutil.rmtree(tmp / "public-data")
 
