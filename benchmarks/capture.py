@@ -53,6 +53,7 @@ class Server:
 
     def __init__(self, target: Path, storage: Path, threads: int, cached: bool = False) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+        self.storage = str(storage)  # the clients read and delete files there only
         cmd = [str(Path(__file__).resolve()), "--serve-cached"] if cached else \
             ["-m", "tests.vllm_standin"]
         self.proc = subprocess.Popen(
@@ -93,10 +94,10 @@ def serve_cached(target: str, storage: str, threads: int) -> int:
         time.sleep(3600)
 
 
-def warm_up(demo: Path, conv: Path, url: str) -> None:
+def warm_up(demo: Path, conv: Path, url: str, storage: str) -> None:
     """Every training sample asked once, before timing (fills the cached server)."""
     from engine.capture.online_data import VllmStreamData
-    d = VllmStreamData(str(conv), str(demo / "target"), url, 512)
+    d = VllmStreamData(str(conv), str(demo / "target"), url, 512, server_storage=storage)
     try:
         d.batch(tuple(range(len(d.lengths))))
     finally:
@@ -144,7 +145,7 @@ def demo_and_conversations(args: argparse.Namespace, work: Path) -> tuple[Path, 
                                     work / "conv.jsonl", args.repeat, args.merge)
 
 
-def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
+def bench_capture(demo: Path, conv: Path, work: Path, url: str, storage: str, rounds: int = 3
                   ) -> dict[str, Any]:
     from engine.capture.vllm_capture import prepare_from_vllm
     from engine.data.prepare import prepare
@@ -160,7 +161,7 @@ def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
         shutil.rmtree(out)
         out = work / f"vllm{r}"
         m = prepare_from_vllm(str(demo / "target"), str(conv), str(out), url, max_len=512,
-                              concurrency=16, ev=quiet())
+                              concurrency=16, ev=quiet(), server_storage=storage)
         vl.append(float(m["seconds"]))
         shutil.rmtree(out)
     h, v = min(hf), min(vl)
@@ -169,8 +170,8 @@ def bench_capture(demo: Path, conv: Path, work: Path, url: str, rounds: int = 3
             "ratio": round(h / v, 3)}
 
 
-def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None
-                ) -> dict[str, Any]:
+def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None,
+                storage: str = "") -> dict[str, Any]:
     """Demo-preset training for `steps` steps: offline on the prepared directory `data`, or
     streamed from the server at `url` with `data` the conversations JSONL."""
     from engine.demo.workspace import DRAFT_VOCAB, TRAIN_ARGS
@@ -182,7 +183,8 @@ def bench_train(demo: Path, data: Path, work: Path, steps: int, url: str | None
                       out=str(out), draft_vocab_size=DRAFT_VOCAB, max_steps=steps,
                       lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
                       ttt_steps=int(args["--ttt-steps"]), epochs=40, save_every=0, holdout=0,
-                      online=url is not None, from_vllm=url, max_len=512)
+                      online=url is not None, from_vllm=url, max_len=512,
+                      **({"server_storage": storage} if storage else {}))
     ev = quiet()
     try:
         train(cfg, ev)
@@ -238,7 +240,7 @@ def bench_live(demo: Path, conv: Path, work: Path, steps: int, res: dict[str, An
     server = Server(demo / "target", work / "hs", st)
     try:
         torch.set_num_threads(st)
-        res["capture"] = bench_capture(demo, conv, work, server.url)
+        res["capture"] = bench_capture(demo, conv, work, server.url, server.storage)
         torch.set_num_threads(max(1, threads - st))
         res["trainer_threads"] = torch.get_num_threads()
         # (b) trains on the same long conversations as (a), offline from their prepared
@@ -247,7 +249,7 @@ def bench_live(demo: Path, conv: Path, work: Path, steps: int, res: dict[str, An
         prepared = work / "prepared"
         prepare(str(demo / "target"), str(conv), str(prepared), max_len=512, ev=quiet())
         offline = [bench_train(demo, prepared, work, steps, None)]
-        res["train_streamed"] = bench_train(demo, conv, work, steps, server.url)
+        res["train_streamed"] = bench_train(demo, conv, work, steps, server.url, server.storage)
     finally:
         server.close()
     return prepared, offline
@@ -259,13 +261,13 @@ def bench_warm(demo: Path, conv: Path, prepared: Path, work: Path, args: argpars
     first offline run is the live phase's). Fills `res`."""
     server = Server(demo / "target", work / "hs-cached", res["server_threads"], cached=True)
     try:
-        warm_up(demo, conv, server.url)
+        warm_up(demo, conv, server.url, server.storage)
         # offline and warm streamed alternate, so a shared machine's load hits both; medians
         cached = []
         for r in range(args.rounds):
             if r:
                 offline.append(bench_train(demo, prepared, work, args.steps, None))
-            cached.append(bench_train(demo, conv, work, args.steps, server.url))
+            cached.append(bench_train(demo, conv, work, args.steps, server.url, server.storage))
     finally:
         server.close()
     res["train_offline"] = median_run(offline)

@@ -79,7 +79,8 @@ def connector(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[
         sys.exit(str(e))
     try:
         runs = [prepare(sys.executable, demo, conv, work / f"connector{r}", "--from-vllm",
-                        server.url, "--concurrency", "16") for r in range(rounds)]
+                        server.url, "--server-storage", str(server.storage), "--concurrency",
+                        "16") for r in range(rounds)]
         return {**figures(runs), "server_start_s": round(server.start_s, 1)}
     finally:
         server.close()

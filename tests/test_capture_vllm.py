@@ -73,18 +73,20 @@ def small_ref(demo_dir: Path, small_convs: Path, tmp_path_factory: pytest.TempPa
     d = tmp_path_factory.mktemp("ref")
     s = VllmStandin(str(demo_dir / "target"), str(d / "hs"))
     try:
-        capture(demo_dir, small_convs, str(d / "data"), s.url, concurrency=4)
+        capture(demo_dir, small_convs, str(d / "data"), s, concurrency=4)
     finally:
         s.close()
     assert len(json.loads((d / "data" / "manifest.json").read_text())["shards"]) >= 4
     return d / "data"
 
 
-def capture(demo_dir: Path, convs: Path, out: str, url: str, **kw: Any) -> dict[str, Any]:
+def capture(demo_dir: Path, convs: Path, out: str, server: VllmStandin, **kw: Any
+            ) -> dict[str, Any]:
     """prepare_from_vllm on the small set with the fault tests' sizes."""
     kw = {"max_len": int(MAX_LEN), "shard_mb": SHARD_MB, "batch_tokens": BATCH, "ev": quiet(),
           **kw}
-    return prepare_from_vllm(str(demo_dir / "target"), str(convs), out, url, **kw)
+    return prepare_from_vllm(str(demo_dir / "target"), str(convs), out, server.url,
+                             server_storage=server.storage, **kw)
 
 
 def same_directory(got: Path, want: Path) -> None:
@@ -125,6 +127,7 @@ def full_capture(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory
         p = run_engine("prepare", "--target", str(demo_dir / "target"), "--data",
                        str(demo_dir / "conversations" / "train.jsonl"), "--out", str(d / "data"),
                        "--max-len", MAX_LEN, "--from-vllm", s.url + "/v1", "--concurrency", "8",
+                       "--server-storage", s.storage,
                        "--events")
     finally:
         s.close()
@@ -157,7 +160,7 @@ def test_from_vllm_equals_the_transformers_path(demo_dir: Path, full_capture: An
 def test_transient_failures_are_retried(standin: Any, demo_dir: Path, small_convs: Path,
                                         small_ref: Path, tmp_path: Path) -> None:
     s = standin(fail_first=3, drop_next=2)
-    capture(demo_dir, small_convs, str(tmp_path / "data"), s.url, concurrency=3, backoff=0.01)
+    capture(demo_dir, small_convs, str(tmp_path / "data"), s, concurrency=3, backoff=0.01)
     same_directory(tmp_path / "data", small_ref)
     assert s.attempts >= SMALL + 5 and len(s.answered) == SMALL and s.files() == []
 
@@ -169,7 +172,7 @@ def test_server_death_aborts_then_resume_requests_only_what_is_missing(
             "--out", str(out), "--max-len", MAX_LEN, "--concurrency", "2")
     first = standin(die_after=11)
     with pytest.raises(EngineError) as e:
-        capture(demo_dir, small_convs, str(out), first.url, concurrency=2, max_failures=3)
+        capture(demo_dir, small_convs, str(out), first, concurrency=2, max_failures=3)
     assert f"{first.url}: 3 requests failed in a row" in str(e.value)
     assert "rerun the same command to resume" in str(e.value)
     assert not out.exists()
@@ -177,12 +180,12 @@ def test_server_death_aborts_then_resume_requests_only_what_is_missing(
     assert 0 < sum(s["samples"] for s in kept) < 11
     # the CLI says the same in one line
     p = run_engine(*args[:6], str(tmp_path / "other"), *args[7:], "--from-vllm", first.url,
-                   "--max-failures", "2", check=False)
+                   "--server-storage", first.storage, "--max-failures", "2", check=False)
     assert p.returncode == 1
     assert p.stderr.strip().splitlines()[-1].startswith(
         f"error: {first.url}: 2 requests failed in a row (last: ")
     second = standin(port=0)
-    capture(demo_dir, small_convs, str(out), second.url, concurrency=2)
+    capture(demo_dir, small_convs, str(out), second, concurrency=2)
     same_directory(out, small_ref)
     before = {tuple(x) for x in first.answered}
     after = {tuple(x) for x in second.answered}
@@ -200,7 +203,8 @@ def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Pa
     conv = demo_dir / "conversations" / "train.jsonl"
     args = [sys.executable, "-m", "engine", "prepare", "--target", str(demo_dir / "target"),
             "--data", str(conv), "--out", str(out), "--max-len", MAX_LEN, "--from-vllm", s.url,
-            "--concurrency", "4", "--shard-mb", "1", "--batch-tokens", "1024"]
+            "--server-storage", s.storage, "--concurrency", "4", "--shard-mb", "1",
+            "--batch-tokens", "1024"]
     progress = tmp_path / "data.partial" / "progress.json"
     held = kill_after_shards(args, progress, timeout=120)
     n_held = sum(x["samples"] for x in held)
@@ -215,6 +219,7 @@ def test_killed_capture_resumes_to_the_same_directory(standin: Any, demo_dir: Pa
     run_engine(*args[3:])
     ref = tmp_path / "ref"
     prepare_from_vllm(str(demo_dir / "target"), str(conv), str(ref), s.url,
+                      server_storage=s.storage,
                       max_len=int(MAX_LEN), shard_mb=1, batch_tokens=1024, ev=quiet())
     same_directory(out, ref)
     again = [tok_of[tuple(x)] for x in s.answered[first:len(s.answered) - 320]]
@@ -241,13 +246,13 @@ def test_a_kill_between_a_shard_and_its_cleanup_leaks_no_server_file(
     s = standin()
     out = tmp_path / "data"
     with monkeypatch.context() as m:
-        m.setattr(capture_mod, "remove_server_file", killed_here)
+        m.setattr(capture_mod.ServerStorage, "remove", killed_here)
         with pytest.raises(Killed):
-            capture(demo_dir, small_convs, str(out), s.url, concurrency=1)
+            capture(demo_dir, small_convs, str(out), s, concurrency=1)
     shards = json.loads((tmp_path / "data.partial" / "progress.json").read_text())["shards"]
     assert len(shards) == 1 and shards[0]["samples"] >= 2
     assert len(s.files()) >= 2 * shards[0]["samples"]  # the shard's files and their locks
-    capture(demo_dir, small_convs, str(out), s.url, concurrency=1)
+    capture(demo_dir, small_convs, str(out), s, concurrency=1)
     same_directory(out, small_ref)
     # left: at most the one request in flight at the kill, whose answer nobody read
     assert len(s.files()) <= 2, s.files()
@@ -260,7 +265,8 @@ def test_wrong_token_ids_and_nan_are_rejected_naming_the_sample(
     s = standin(wrong_ids_for={bad_ids})
     out = tmp_path / "data"
     p = run_engine("prepare", "--target", str(demo_dir / "target"), "--data", str(small_convs),
-                   "--out", str(out), "--max-len", MAX_LEN, "--from-vllm", s.url, check=False)
+                   "--out", str(out), "--max-len", MAX_LEN, "--from-vllm", s.url,
+                   "--server-storage", s.storage, check=False)
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: sample {bad_sid!r}: the server's file {s.storage}/"), last
@@ -271,14 +277,14 @@ def test_wrong_token_ids_and_nan_are_rejected_naming_the_sample(
     with pytest.raises(EngineError, match=f"sample {nan_sid!r}: non-finite values in "
                        r"hidden_states of .* \(position \d+, layer id 7\)"):
         prepare_from_vllm(str(demo_dir / "target"), str(small_convs), str(tmp_path / "d2"),
-                          s2.url, max_len=int(MAX_LEN), ev=quiet())
+                          s2.url, max_len=int(MAX_LEN), ev=quiet(), server_storage=s2.storage)
 
 
 def test_slow_writes_are_read_after_the_servers_lock(standin: Any, demo_dir: Path,
                                                      small_convs: Path, small_ref: Path,
                                                      tmp_path: Path) -> None:
     s = standin(slow_write_s=0.05)  # half a file on disk for 50 ms: only the flock protects
-    capture(demo_dir, small_convs, str(tmp_path / "data"), s.url, concurrency=4)
+    capture(demo_dir, small_convs, str(tmp_path / "data"), s, concurrency=4)
     same_directory(tmp_path / "data", small_ref)
 
 
@@ -385,7 +391,8 @@ def test_streamed_training_matches_offline_and_resumes(standin: Any, demo_dir: P
     run_engine(*train_args(demo_dir, tmp_path / "off", *common))
     s = standin()
     args = train_args(demo_dir, tmp_path / "on", *common, "--online", "--max-len", MAX_LEN,
-                      "--from-vllm", s.url, "--concurrency", "4", "--prefetch", "2")
+                      "--from-vllm", s.url, "--concurrency", "4", "--prefetch", "2",
+                      "--server-storage", s.storage)
     args[args.index("--data") + 1] = str(demo_dir / "conversations" / "train.jsonl")
     run = tmp_path / "on"
     proc = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=REPO, env=engine_env(),
@@ -449,7 +456,8 @@ def test_streamed_training_error_in_the_worker_is_one_line(
     s = standin(nan_for=set(ids))
     from tests.engine_helpers import train_args
     args = train_args(demo_dir, tmp_path / "on", "--max-steps", "2", "--holdout", "0",
-                      "--online", "--max-len", MAX_LEN, "--from-vllm", s.url)
+                      "--online", "--max-len", MAX_LEN, "--from-vllm", s.url,
+                      "--server-storage", s.storage)
     args[args.index("--data") + 1] = str(small_convs)
     proc = subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=REPO, env=engine_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -69,7 +69,8 @@ def test_connector_capture_equals_the_transformers_path(server: tuple[str, Path]
                                                         reference: Path, tmp_path: Path) -> None:
     url, storage = server
     p = run_engine(*prepare_args(demo_dir, tmp_path / "vllm", "--from-vllm", url,
-                                 "--concurrency", "8", "--json"), timeout=900)
+                                 "--server-storage", str(storage), "--concurrency", "8",
+                                 "--json"), timeout=900)
     m = json.loads(p.stdout)
     assert m["capture"]["via"] == "vllm" and m["aux_layer_ids"] == [2, 3, 4]
     equal_to(tmp_path / "vllm", reference, "connector")
@@ -79,10 +80,11 @@ def test_connector_capture_equals_the_transformers_path(server: tuple[str, Path]
 def test_killed_connector_capture_resumes_to_the_same_data(server: tuple[str, Path],
                                                            demo_dir: Path, reference: Path,
                                                            tmp_path: Path) -> None:
-    url, _ = server
+    url, storage = server
     # one request at a time: slow enough to be killed between two shards
     args = [sys.executable, "-m", "engine",
-            *prepare_args(demo_dir, tmp_path / "vllm", "--from-vllm", url, "--concurrency", "1")]
+            *prepare_args(demo_dir, tmp_path / "vllm", "--from-vllm", url, "--server-storage",
+                          str(storage), "--concurrency", "1")]
     held = kill_after_shards(args, tmp_path / "vllm.partial" / "progress.json")
     n_kept = sum(x["samples"] for x in held)
     p = run_engine(*args[3:], timeout=900)

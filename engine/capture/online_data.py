@@ -8,7 +8,8 @@ path: `prepare.tokenize_all`, then the stable sort by length, so sample i is the
 prepared directory and the batch plan, the vocab, the losses and checkpoints are the offline
 run's). A micro-batch's features are requested from the server (engine/capture/vllm_client.py: one
 `/v1/completions` request per sample, server file read under its lock, checked, final norm
-applied) and each server file is deleted as soon as it is read.
+applied) and each server file is deleted as soon as it is read and checked (only files inside
+`server_storage`, the capture server's --storage; a file that fails the checks is left alone).
 
 Worker process: the fetching (HTTP, file read, checks, norm, collation) runs in a child process
 started with 'spawn' (as PyTorch's DataLoader workers), so it takes no CPU time or GIL from the
@@ -45,9 +46,9 @@ from engine.capture.vllm_client import (
     DaemonPool,
     FeatureSpec,
     GiveUp,
+    ServerStorage,
     VllmClient,
     read_features,
-    remove_server_file,
 )
 from engine.data.features import FeatureData, Sample, collate
 from engine.errors import EngineError
@@ -59,7 +60,8 @@ class VllmStreamData(FeatureData):
 
     def __init__(self, path: str, target_dir: str, url: str, max_len: int,
                  model: str | None = None, concurrency: int = 16, prefetch: int = 4,
-                 max_failures: int = 10, ev: Emitter | None = None) -> None:
+                 max_failures: int = 10, ev: Emitter | None = None,
+                 server_storage: str | None = None) -> None:
         from engine.data.conversations import read_conversations
         from engine.data.prepare import tokenize_all
         from engine.data.target import default_aux_ids, load_tokenizer, read_config
@@ -80,7 +82,8 @@ class VllmStreamData(FeatureData):
         self.loss_counts = [int(m[2:].sum()) for m in self._mask]
         self.hidden_size = int(cfg["hidden_size"])
         self.aux_layer_ids = default_aux_ids(int(cfg["num_hidden_layers"]))
-        self.client = VllmClient(url, model, max_failures=max_failures)
+        storage = ServerStorage(server_storage) if server_storage else ServerStorage()
+        self.client = VllmClient(url, model, max_failures=max_failures, storage=storage)
         self.spec = FeatureSpec.for_target(target_dir, cfg, self.aux_layer_ids)
         served = self.client.served_model()
         self.meta = {"format": "vllm-stream", "samples": len(samples), "skipped": skipped,
@@ -101,7 +104,8 @@ class VllmStreamData(FeatureData):
         self._proc: Any = ctx.Process(
             target=_worker, name="eagle3-stream", daemon=True,
             args=(self._req, self._res, os.getpid(), url, served, target_dir, self._sid,
-                  self._list, [t.tolist() for t in self._mask], concurrency, max_failures))
+                  self._list, [t.tolist() for t in self._mask], concurrency, max_failures,
+                  storage.given))
         self._proc.start()
         if ev is not None:
             ev.log(f"streaming features of {len(samples)} samples from {self.client.root} "
@@ -233,7 +237,7 @@ def _die_with_parent(ppid: int) -> None:
 
 def _worker(req: Any, res: Any, ppid: int, url: str, model: str, target_dir: str,
             sids: list[str], ids: list[list[int]], masks: list[list[int]], concurrency: int,
-            max_failures: int) -> None:
+            max_failures: int, storage: str) -> None:
     """The worker process: fetch, check, normalise and collate the batches asked for on `req`,
     in order, and put (tag, batch, None) or (tag, None, (message, give_up)) on `res`."""
     _die_with_parent(ppid)
@@ -246,17 +250,15 @@ def _worker(req: Any, res: Any, ppid: int, url: str, model: str, target_dir: str
     except Exception as e:  # noqa: BLE001 (handed to the trainer as one line)
         res.put((0, None, (f"{target_dir}: {e}", False)))
         return
-    client = VllmClient(url, model, max_failures=max_failures)
+    client = VllmClient(url, model, max_failures=max_failures, storage=ServerStorage(storage))
     pool = DaemonPool(concurrency, "stream")
     order: queue.SimpleQueue[Any] = queue.SimpleQueue()
     futs: dict[int, list[Future[Sample]]] = {}
 
     def fetch(i: int) -> Sample:
-        path = client.request(sids[i], ids[i])
-        try:
-            aux, hidden = read_features(path, sids[i], ids[i], spec)
-        finally:
-            remove_server_file(path)  # used: the next epoch asks again
+        path = client.request(sids[i], ids[i])  # inside the storage, or refused
+        aux, hidden = read_features(path, sids[i], ids[i], spec)  # a bad file stays as it is
+        client.storage.remove(path)  # used: the next epoch asks again
         return Sample(torch.tensor(ids[i]), torch.tensor(masks[i]), aux, hidden)
 
     def collect() -> None:  # batches leave in request order, each once all its samples are in
@@ -299,4 +301,5 @@ def _worker(req: Any, res: Any, ppid: int, url: str, model: str, target_dir: str
 def open_stream(cfg: Any, ev: Emitter) -> VllmStreamData:
     """The streamed data of a TrainConfig with `from_vllm` set."""
     return VllmStreamData(cfg.data, cfg.target, cfg.from_vllm, cfg.max_len, model=cfg.vllm_model,
-                          concurrency=cfg.concurrency, prefetch=cfg.prefetch, ev=ev)
+                          concurrency=cfg.concurrency, prefetch=cfg.prefetch, ev=ev,
+                          server_storage=cfg.server_storage)

@@ -35,6 +35,7 @@ from engine.errors import EngineError
 from engine.model.config import default_aux_layer_ids
 
 CONNECTOR = "ExampleHiddenStatesConnector"
+DEFAULT_STORAGE = "/tmp/eagle3-hidden-states"  # capture-server --storage = the clients' default
 METHOD = "extract_hidden_states"
 
 
@@ -80,7 +81,7 @@ def kv_transfer_config(storage: str) -> dict[str, Any]:
 
 
 def serve_argv(target_dir: str, layer_ids: list[int], tp: int = 1, port: int = 8000,
-               host: str = "127.0.0.1", storage: str = "/tmp/eagle3-hidden-states",
+               host: str = "127.0.0.1", storage: str = DEFAULT_STORAGE,
                vllm: str = "vllm", served_name: str | None = None, dtype: str | None = None,
                extra: list[str] | None = None) -> list[str]:
     """The exact `vllm serve` argv (module docstring); `dtype` unless `extra` names one."""

@@ -25,9 +25,11 @@ Other arguments on a partial directory are refused, naming the one that differs.
 
 Server files (and their .lock) are deleted once a written shard holds their sample, unless
 --keep-server-files; a run killed between recording a shard and deleting its files leaves them
-in pending.jsonl, and the resumed run deletes them first. Before anything is requested, the
-output size is estimated and the run refused when OUT's filesystem cannot hold it
-(engine/data/disk_estimate.py, also --keep-free-gb).
+in pending.jsonl, and the resumed run deletes them first. Only files inside --server-storage
+(the capture server's --storage) are ever read or deleted, whatever the server's answer or
+pending.jsonl names, and a file that failed its checks is left in place (asked for again).
+Before anything is requested, the output size is estimated and the run refused when OUT's
+filesystem cannot hold it (engine/data/disk_estimate.py, also --keep-free-gb).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ from torch import Tensor
 from engine.capture.vllm_client import (
     DaemonPool,
     FeatureSpec,
+    ServerStorage,
     VllmClient,
     read_features,
-    remove_server_file,
 )
 from engine.ckpt.target_config import config_dtype, config_hash
 from engine.data.chat import Tokenized
@@ -260,15 +262,18 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
                       keep_server_files: bool = False, max_failures: int = 10,
                       ev: Emitter | None = None, overwrite: bool = False,
                       backoff: float = 0.2, batch_tokens: int = 16384,
-                      keep_free_gb: float = 0.0) -> dict[str, Any]:
+                      keep_free_gb: float = 0.0, server_storage: str | None = None
+                      ) -> dict[str, Any]:
     """Write DATA_DIR from the server at `url` (module docstring); returns the manifest."""
-    check_args(out_dir, overwrite, max_len, shard_mb, concurrency)
-    client = VllmClient(url, model, max_failures=max_failures, backoff=backoff)
+    check_args(out_dir, overwrite, max_len, shard_mb, concurrency, target_dir=target_dir,
+               data_path=data_path)
+    storage = ServerStorage(server_storage) if server_storage else ServerStorage()
+    client = VllmClient(url, model, max_failures=max_failures, backoff=backoff, storage=storage)
     cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
                       keep_free_gb, ev)
     model_name = client.served_model()
     cap = _Capture(client, cp.spec, cp.samples, cp.order, cp.plan, cp.partial, cp.fp,
-                   cp.shards, cp.store, keep_server_files)
+                   cp.shards, cp.store, keep_server_files, ev)
     pool = DaemonPool(concurrency, "capture")
     start = time.monotonic()
     total, committed = len(cp.samples), cp.committed
@@ -292,7 +297,8 @@ class _Capture:
     def __init__(self, client: VllmClient, spec: FeatureSpec,
                  samples: list[tuple[str, Tokenized]], order: list[int], plan: list[int],
                  partial: str, fp: dict[str, Any], shards: list[dict[str, Any]],
-                 store: torch.dtype, keep_server_files: bool) -> None:
+                 store: torch.dtype, keep_server_files: bool, ev: Emitter | None = None) -> None:
+        self.ev = ev
         self.client, self.spec, self.samples, self.order = client, spec, samples, order
         self.plan, self.fp, self.partial = plan, fp, partial
         self.keep_server_files = keep_server_files
@@ -315,13 +321,21 @@ class _Capture:
 
     def _reusable(self) -> dict[int, tuple[str, str]]:
         """The journal's server files still to be written (a kill after a shard was recorded,
-        before its files were freed: those are freed now)."""
+        before its files were freed: those are freed now). A path outside the storage (a
+        journal from another server, or edited) is neither read nor deleted."""
         pending = _read_pending(self.jpath)
-        for p, (_sid, server_file) in pending.items():
-            if p < self.committed:
-                remove_server_file(server_file, self.keep_server_files)
+        storage = self.client.storage
+        for p, (_sid, server_file) in sorted(pending.items()):
+            if not storage.holds(server_file):
+                if self.ev is not None:
+                    self.ev.log(f"{self.jpath}: {server_file} is not inside the capture storage "
+                                f"directory {storage.given}: left alone (sample asked for again)",
+                                level="warning")
+            elif p < self.committed:
+                storage.remove(server_file, self.keep_server_files)
         return {p: v for p, v in pending.items() if p >= self.committed
-                and v[0] == self.samples[self.order[p]][0] and os.path.exists(v[1])}
+                and v[0] == self.samples[self.order[p]][0] and storage.holds(v[1])
+                and os.path.exists(v[1])}
 
     def fetch(self, pos: int) -> tuple[int, str, Tensor, Tensor]:
         sid, t = self.samples[self.order[pos]]
@@ -330,7 +344,7 @@ class _Capture:
             try:
                 return (pos, old[1], *read_features(old[1], sid, t.input_ids, self.spec))
             except EngineError:
-                remove_server_file(old[1])
+                pass  # failed its checks: left as it is, the sample is asked for again
         path = self.client.request(sid, t.input_ids)
         self.journal.add(pos, sid, path)  # before reading: a kill now still leaves it reusable
         return (pos, path, *read_features(path, sid, t.input_ids, self.spec))
@@ -339,7 +353,7 @@ class _Capture:
         # only then forget them (a kill in between: the resume frees them)
         self.save_progress(self.writer.shards)
         for p in range(self.cleaned, self.added):
-            remove_server_file(self.paths.pop(p), self.keep_server_files)
+            self.client.storage.remove(self.paths.pop(p), self.keep_server_files)
         self.journal.drop_below(self.added)
         self.cleaned = self.added
 

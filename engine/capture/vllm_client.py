@@ -12,10 +12,17 @@ The protocol (vLLM's ExampleHiddenStatesConnector; spec sheet section 8):
    (engine/ckpt/final_norm.py), so the features mean what the transformers path stores.
 4. The client deletes PATH and PATH.lock once it no longer needs them.
 
-Connection errors, timeouts and HTTP 408/409/425/429/5xx are retried with exponential backoff
-and jitter; `max_failures` failures in a row (across all threads; any success resets the count)
-abort with one message naming the server and the last failure. Anything else (HTTP 400, a wrong
-file) is an EngineError naming the sample. Standard library HTTP only (http.client).
+The server names the file, so the server could name any file: PATH is used only when, symlinks
+resolved, it lies inside the capture storage directory the client was told (`--server-storage`,
+the capture server's `--storage`; `ServerStorage`). Any other path is refused by name, neither
+read nor deleted, and a file that failed the checks of step 3 is left where it is.
+
+Each request ends within the client's timeout and its answer is capped in size
+(engine/bounded_http.py). Connection errors, timeouts and HTTP 408/409/425/429/5xx are retried
+with exponential backoff and jitter; `max_failures` failures in a row (across all threads; any
+success resets the count) abort with one message naming the server and the last failure.
+Anything else (HTTP 400, a wrong file, an answer over the cap) is an EngineError naming the
+sample. Standard library HTTP only (http.client).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import json
 import os
 import queue
 import random
+import stat
 import threading
 import time
 import urllib.parse
@@ -38,7 +46,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.capture.server import capture_layer_ids, slots
+from engine.bounded_http import AnswerTooLarge, connection, send
+from engine.capture.server import DEFAULT_STORAGE, capture_layer_ids, slots
 from engine.ckpt.final_norm import FinalNorm, load_final_norm
 from engine.errors import EngineError
 
@@ -62,6 +71,42 @@ def server_root(url: str) -> str:
         if u.endswith(suffix):
             u = u[: -len(suffix)]
     return u
+
+
+class ServerStorage:
+    """The capture server's storage directory, as this machine sees it: the only place whose
+    files the client reads and deletes (module docstring)."""
+
+    def __init__(self, path: str = DEFAULT_STORAGE) -> None:
+        self.given = path
+        self.real = os.path.realpath(path)
+
+    def holds(self, path: str) -> bool:
+        """Whether `path`, symlinks resolved, lies inside the storage directory."""
+        real = os.path.realpath(path)
+        return real != self.real and os.path.commonpath([real, self.real]) == self.real
+
+    def check(self, path: str, what: str) -> str:
+        """`path` resolved, or an EngineError naming it when it lies outside the storage."""
+        if not os.path.isabs(path) or not self.holds(path):
+            raise EngineError(
+                f"{what}: the server named {path} as its file, which is not inside the capture "
+                f"storage directory {self.given} (--server-storage: the capture server's "
+                "--storage); refused: not read, not deleted")
+        return os.path.realpath(path)
+
+    def remove(self, path: str, keep: bool = False) -> bool:
+        """Delete PATH.lock, and PATH unless kept (the connector protocol leaves this to
+        clients), only when PATH lies inside the storage; False when it does not."""
+        if not self.holds(path):
+            return False
+        real = os.path.realpath(path)
+        for p in (real + ".lock",) if keep else (real + ".lock", real):
+            try:
+                os.remove(p)  # never follows a symlink: a link is removed, not its target
+            except FileNotFoundError:
+                pass
+        return True
 
 
 @dataclass
@@ -95,10 +140,14 @@ def read_features(path: str, sid: str, sent: list[int], spec: FeatureSpec
     try:
         if lf is not None:
             fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the server's write is complete
-        if not os.path.exists(path):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
             raise EngineError(f"sample {sid!r}: the server's file {path} is not visible here (run "
                               "the capture on the server's host, or share its --storage "
-                              "directory at the same path)")
+                              "directory at the same path)") from None
+        if not stat.S_ISREG(mode):  # a FIFO would block the read, a directory fail it
+            raise EngineError(f"sample {sid!r}: the server's file {path} is not a regular file")
         try:
             data = load_file(path)
         except Exception as e:  # a torn or foreign file: safetensors raises its own type
@@ -133,15 +182,6 @@ def read_features(path: str, sid: str, sent: list[int], spec: FeatureSpec
                           f"(position {t}, layer id {spec.layer_ids[layer]})")
     aux = torch.cat([hs[:, s] for s in spec.aux_slots], dim=-1)
     return aux, spec.norm(hs[:, spec.final_slot])
-
-
-def remove_server_file(path: str, keep: bool = False) -> None:
-    """Delete PATH.lock, and PATH unless kept (the connector protocol leaves this to clients)."""
-    for p in (path + ".lock",) if keep else (path + ".lock", path):
-        try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
 
 
 class DaemonPool:
@@ -198,10 +238,12 @@ class VllmClient:
     """The completions endpoint of one vLLM server (thread-safe)."""
 
     def __init__(self, url: str, model: str | None = None, timeout: float = 3600.0,
-                 max_failures: int = 10, backoff: float = 0.2, max_backoff: float = 15.0) -> None:
+                 max_failures: int = 10, backoff: float = 0.2, max_backoff: float = 15.0,
+                 storage: ServerStorage | None = None) -> None:
         if max_failures < 1:
             raise EngineError(f"--max-failures {max_failures}: must be >= 1")
         self.root = server_root(url)
+        self.storage = storage or ServerStorage()
         self.model = model
         self.timeout = timeout
         self.max_failures = max_failures
@@ -218,10 +260,7 @@ class VllmClient:
         than a small sample's features on a fast server)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            u = urllib.parse.urlsplit(self.root)
-            cls = http.client.HTTPSConnection if u.scheme == "https" else \
-                http.client.HTTPConnection
-            conn = self._local.conn = cls(u.hostname or "", u.port, timeout=self.timeout)
+            conn = self._local.conn = connection(self.root, self.timeout)
         return conn
 
     def _call(self, path: str, body: dict[str, Any] | None, what: str) -> Any:
@@ -229,16 +268,14 @@ class VllmClient:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
-        conn = self._conn()
-        try:
-            conn.request("GET" if body is None else "POST", self._prefix + path, body=data,
-                         headers=headers)
-            resp = conn.getresponse()
-            raw, status = resp.read(), resp.status
+        try:  # the whole request within `timeout`, the answer within MAX_ANSWER_BYTES
+            ans = send(self._conn(), "GET" if body is None else "POST", self._prefix + path,
+                       data, headers, self.timeout)
+        except AnswerTooLarge as e:
+            raise EngineError(f"{what}: {self.root}{path}: {e}") from None
         except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, torn
-            conn.close()
-            self._local.conn = None
             raise _Transient(str(e) or type(e).__name__) from None
+        raw, status = ans.body, ans.status
         if status >= 400:
             if status in RETRY_STATUS:
                 raise _Transient(f"HTTP {status}")
@@ -246,7 +283,7 @@ class VllmClient:
             raise EngineError(f"{what}: HTTP {status} from {self.root}{path}: {detail}")
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise EngineError(f"{what}: the answer from {self.root}{path} is not JSON") from None
 
     def call(self, path: str, body: dict[str, Any] | None, what: str) -> Any:
@@ -285,7 +322,8 @@ class VllmClient:
         return self.model
 
     def request(self, sid: str, ids: list[int]) -> str:
-        """Ask for sample `sid`'s hidden states; returns the server's file path."""
+        """Ask for sample `sid`'s hidden states; returns the server's file path, resolved and
+        inside the storage directory (`ServerStorage.check`)."""
         body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
         obj = self.call("/v1/completions", body, f"sample {sid!r}")
         path = (obj.get("kv_transfer_params") or {}).get("hidden_states_path") \
@@ -294,4 +332,4 @@ class VllmClient:
             raise EngineError(f"sample {sid!r}: the answer of {self.root} has no "
                               "kv_transfer_params.hidden_states_path: is it serving with "
                               "hidden-state extraction? (python -m engine capture-server)")
-        return path
+        return self.storage.check(path, f"sample {sid!r}")

@@ -257,7 +257,7 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
                         check_every: int = 16, ev: Emitter | None = None,
                         overwrite: bool = False, keep_free_gb: float = 0.0) -> dict[str, Any]:
     """Write DATA_DIR through vLLM's executor (module docstring); returns the manifest."""
-    check_args(out_dir, overwrite, max_len, shard_mb)
+    check_args(out_dir, overwrite, max_len, shard_mb, target_dir=target_dir, data_path=data_path)
     if tp < 1 or check_every < 0:
         raise EngineError(f"--tp {tp} / --check-every {check_every}: must be >= 1 / >= 0")
     cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,

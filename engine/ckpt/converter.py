@@ -14,7 +14,6 @@ whatever symlinks lead there: with --force that would delete the source.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ from engine.ckpt.drafter_save import (
 from engine.ckpt.hash_cache import HashInBackground
 from engine.ckpt.key_map import LAYER_PREFIX, from_canonical, output_style
 from engine.ckpt.output_dir import (
-    DestinationError,
     atomic_output_dir,
+    check_not_tied,
     check_replaceable,
 )
 from engine.ckpt.safetensors_io import (
@@ -206,58 +205,16 @@ def _write_weights(path: Path, items: list[_Item], report: Callable[[int], None]
         raise
 
 
-def _places(p: Path) -> list[Path]:
-    """Where a path really is: its name in its resolved parent (what a rename or delete of `p`
-    acts on) and, when it is a symlink that resolves, what it points at."""
-    out = [Path(os.path.realpath(p.parent)) / p.name]
-    if os.path.islink(p):
-        try:
-            out.append(Path(os.path.realpath(p, strict=True)))
-        except (OSError, RuntimeError):
-            pass  # dangling or a loop: only the link itself can be replaced
-    return out
-
-
-def _identity(p: Path) -> tuple[tuple[int, int] | None, set[tuple[int, int]]]:
-    """(device, inode) of `p` (None if absent) and of each of its existing ancestors: the same
-    directory seen through a bind mount or a second path still compares equal."""
-    def ident(q: Path) -> tuple[int, int] | None:
-        try:
-            st = os.stat(q)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino
-
-    ancestors = {i for q in p.parents if (i := ident(q)) is not None}
-    return ident(p), ancestors
-
-
 def check_destination(src: Path, dst: Path, embed_from: Path | None = None) -> Path:
     """Refuse a DST that is, lies inside or contains SRC (or is or contains the --embed-from
     target), by resolved path and by (device, inode), so no symlink, `..` or bind mount hides
     the relation; returns DST with a usable name (`.` and `..` resolved)."""
     require_dir(src)  # one line for a missing source or a symlink loop
-    if dst.name in ("", ".", ".."):
-        dst = Path(os.path.realpath(dst))
-        if not dst.name:
-            raise DestinationError(f"{dst}: not a usable output directory")
-    inputs = [(Path(os.path.realpath(src)), f"the source {src}", True)]
+    inputs = [(src, f"the source {src}", True)]
     if embed_from is not None:
         require_dir(embed_from)
-        inputs.append((Path(os.path.realpath(embed_from)), f"the --embed-from target {embed_from}",
-                       False))
-    for place in _places(dst):
-        pid, pup = _identity(place)
-        for real, what, no_inside in inputs:
-            rid, rup = _identity(real)
-            if place == real or (pid is not None and pid == rid):
-                raise DestinationError(f"{dst}: is {what} (choose another DST)")
-            if place in real.parents or (pid is not None and pid in rup):
-                raise DestinationError(f"{dst}: contains {what} (--force would delete it; "
-                                       "choose another DST)")
-            if no_inside and (real in place.parents or (rid is not None and rid in pup)):
-                raise DestinationError(f"{dst}: is inside {what} (choose a DST outside it)")
-    return dst
+        inputs.append((embed_from, f"the --embed-from target {embed_from}", False))
+    return check_not_tied(dst, inputs)
 
 
 def _nbytes(it: _Item) -> int:

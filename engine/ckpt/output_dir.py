@@ -10,12 +10,15 @@ removes it, so DST is complete or absent. What may be deleted, and nothing else:
     a downloaded drafter) or an empty directory; moved aside and removed only after the new DST
     is in place. Anything else (a file, a symlink, a folder holding a user's notes.txt, a
     trainer checkpoint with its optimizer state) is refused, naming what is in the way, and
-    nothing is deleted (`replace_refusal`);
+    nothing is deleted (`replace_refusal`). `prepare --overwrite` replaces a prepared-data
+    directory under the same rule, with its own `DirKind` (engine/data/prepare.py);
   - a stale temp dir of an earlier run beside DST: it must have our exact name shape, be a real
     directory holding only regular files with the names we write, and its owner must be gone
     (no process with that PID, or one whose start time differs from the owner file: a reused
     PID). Without an owner file (killed in the instant after mkdir, or an older engine) only a
     PID that no longer exists counts as gone.
+And before anything: DST may not be, contain or lie inside an input (`check_not_tied`: by
+resolved path and by device and inode), so replacing it can never take an input with it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import EngineError
@@ -54,8 +58,26 @@ class DestinationError(EngineError):
     console reads this type from the `error` event to keep the user in the convert dialog."""
 
 
-def replace_refusal(dst: Path) -> str | None:
-    """Why `--force` may not replace `dst` (None: it is a drafter directory or an empty one)."""
+@dataclass(frozen=True)
+class DirKind:
+    """A kind of output directory that `flag` may replace: one holding nothing but `files`
+    (regular files, no folder) and, unless empty, passing `complete` (its file names)."""
+
+    name: str  # "drafter directory"
+    files: re.Pattern[str]
+    complete: Callable[[list[str]], bool]
+    contents: str  # what it holds, for the refusal: "config.json, weights, nothing else"
+    flag: str = "--force"
+
+
+DRAFTER_DIR = DirKind(
+    "drafter directory", DRAFTER_FILE,
+    lambda names: "config.json" in names and any(WEIGHT_FILE.fullmatch(n) for n in names),
+    "config.json, weights, nothing else")
+
+
+def replace_refusal(dst: Path, kind: DirKind = DRAFTER_DIR) -> str | None:
+    """Why `kind.flag` may not replace `dst` (None: it is such a directory or an empty one)."""
     if os.path.islink(dst):
         return "is a symlink"
     if not os.path.isdir(dst):
@@ -68,25 +90,75 @@ def replace_refusal(dst: Path) -> str | None:
     for ent in entries:
         if ent.is_dir(follow_symlinks=False):
             return f"holds the folder {ent.name}/"
-        if not ent.is_file(follow_symlinks=False) or not DRAFTER_FILE.fullmatch(ent.name):
-            return f"holds {ent.name}, which is not a drafter file"
-    if names and ("config.json" not in names or not any(WEIGHT_FILE.fullmatch(n)
-                                                         for n in names)):
-        return "is not a drafter directory (no config.json with weights)"
+        if not ent.is_file(follow_symlinks=False) or not kind.files.fullmatch(ent.name):
+            return f"holds {ent.name}, which does not belong in a {kind.name}"
+    if names and not kind.complete(names):
+        return f"is not a {kind.name} ({kind.contents})"
     return None
 
 
-def check_replaceable(dst: Path, force: bool) -> None:
+def check_replaceable(dst: Path, force: bool, kind: DirKind = DRAFTER_DIR) -> None:
     """Raise DestinationError unless `dst` is absent, or `force` and replace_refusal allows."""
     if not os.path.lexists(dst):
         return
     if not force:
-        raise DestinationError(f"{dst}: already exists (use --force to replace it)")
-    why = replace_refusal(dst)
+        raise DestinationError(f"{dst}: already exists (use {kind.flag} to replace it)")
+    why = replace_refusal(dst, kind)
     if why is not None:
         raise DestinationError(
-            f"{dst}: not replaced, it {why}; --force replaces only a drafter directory "
-            "(config.json, weights, nothing else): choose another DST or move it away yourself")
+            f"{dst}: not replaced, it {why}; {kind.flag} replaces only a {kind.name} "
+            f"({kind.contents}): choose another destination or move it away yourself")
+
+
+def _places(p: Path) -> list[Path]:
+    """Where a path really is: its name in its resolved parent (what a rename or delete of `p`
+    acts on) and, when it is a symlink that resolves, what it points at."""
+    out = [Path(os.path.realpath(p.parent)) / p.name]
+    if os.path.islink(p):
+        try:
+            out.append(Path(os.path.realpath(p, strict=True)))
+        except (OSError, RuntimeError):
+            pass  # dangling or a loop: only the link itself can be replaced
+    return out
+
+
+def _identity(p: Path) -> tuple[tuple[int, int] | None, set[tuple[int, int]]]:
+    """(device, inode) of `p` (None if absent) and of each of its existing ancestors: the same
+    directory seen through a bind mount or a second path still compares equal."""
+    def ident(q: Path) -> tuple[int, int] | None:
+        try:
+            st = os.stat(q)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    ancestors = {i for q in p.parents if (i := ident(q)) is not None}
+    return ident(p), ancestors
+
+
+def check_not_tied(dst: Path, inputs: Sequence[tuple[Path, str, bool]], flag: str = "--force",
+                   choose: str = "DST") -> Path:
+    """Refuse a DST that is or contains an input, or lies inside one whose flag (the tuple's
+    third item) says so; inputs are (path, "the source SRC", no_inside). Compared by resolved
+    path and by (device, inode), so no symlink, `..` or bind mount hides the relation; returns
+    DST with a usable name (`.` and `..` resolved)."""
+    if dst.name in ("", ".", ".."):
+        dst = Path(os.path.realpath(dst))
+        if not dst.name:
+            raise DestinationError(f"{dst}: not a usable output directory")
+    resolved = [(Path(os.path.realpath(p)), what, no_inside) for p, what, no_inside in inputs]
+    for place in _places(dst):
+        pid, pup = _identity(place)
+        for real, what, no_inside in resolved:
+            rid, rup = _identity(real)
+            if place == real or (pid is not None and pid == rid):
+                raise DestinationError(f"{dst}: is {what} (choose another {choose})")
+            if place in real.parents or (pid is not None and pid in rup):
+                raise DestinationError(f"{dst}: contains {what} ({flag} would delete it; "
+                                       f"choose another {choose})")
+            if no_inside and (real in place.parents or (rid is not None and rid in pup)):
+                raise DestinationError(f"{dst}: is inside {what} (choose a {choose} outside it)")
+    return dst
 
 
 def _boot_id() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.capture.server import DEFAULT_STORAGE  # standard library only, like this module
 from engine.events import Emitter
 
 HELP = "start vLLM with hidden-state extraction for TARGET (prepare/train --from-vllm read it)"
@@ -15,8 +16,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: the client must share the files)")
-    p.add_argument("--storage", default="/tmp/eagle3-hidden-states",
-                   help="where the server writes one safetensors file per request")
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="where the server writes one safetensors file per request (the clients "
+                   "read and delete files there only: pass the same --server-storage to "
+                   f"prepare/train --from-vllm unless it is the default, {DEFAULT_STORAGE})")
     p.add_argument("--served-model-name", help="model name the server answers to")
     p.add_argument("--dtype", help="the dtype vLLM serves the target in (default: config.json's; "
                    "vLLM's own default serves a float32 target in 16 bits, and the features "

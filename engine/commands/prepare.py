@@ -40,6 +40,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "instead of loading the target here")
     v.add_argument("--model", help="served model name (default: the server's first)")
     v.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    v.add_argument("--server-storage", metavar="DIR",
+                   help="the server's storage directory (capture-server --storage; default "
+                   "its default): server files are read and deleted only inside it")
     v.add_argument("--keep-server-files", action="store_true",
                    help="keep the server's hidden-state files once a shard holds them")
     v.add_argument("--max-failures", type=int, default=10,
@@ -88,7 +91,8 @@ def _run_from_vllm(args: argparse.Namespace, ev: Emitter) -> int:
         concurrency=args.concurrency, max_len=args.max_len, dtype=args.dtype,
         shard_mb=args.shard_mb, keep_server_files=args.keep_server_files,
         max_failures=args.max_failures, ev=ev, overwrite=args.overwrite,
-        batch_tokens=args.batch_tokens, keep_free_gb=getattr(args, "keep_free_gb", 0.0))
+        batch_tokens=args.batch_tokens, keep_free_gb=getattr(args, "keep_free_gb", 0.0),
+        server_storage=args.server_storage)
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out} from {args.from_vllm}; "

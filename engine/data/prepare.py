@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ import torch
 from torch import Tensor
 
 from engine import __version__
+from engine.ckpt.output_dir import DirKind, check_not_tied, check_replaceable, replace_refusal
 from engine.ckpt.target_config import config_hash
 from engine.data.chat import Tokenized, tokenize_conversation
 from engine.data.conversations import Conversation, read_conversations
@@ -205,11 +207,30 @@ def shard_layout(lengths: list[int], batch_tokens: int, hidden: int, store: torc
                        max(1, int(shard_mb * (1 << 20))))
 
 
+# What `--overwrite` may replace (engine/ckpt/output_dir.py): a data directory, or an empty one.
+DATA_DIR = DirKind("prepared-data directory",
+                   re.compile(r"manifest\.json|shard_\d{5,}\.safetensors"),
+                   lambda names: "manifest.json" in names,
+                   "manifest.json and shard_*.safetensors, nothing else", flag="--overwrite")
+
+# What prepare may remove when it starts OUT.partial afresh: its own files, temp files included.
+PARTIAL_DIR = DirKind("partial data directory",
+                      re.compile(r"\.plan\.json|progress\.json|pending\.jsonl|manifest\.json|"
+                                 r"shard_\d{5,}\.safetensors|\.shard_\d{5,}\.safetensors\.part|"
+                                 r"\.[^/]+\.tmp-\d+-[0-9a-f]{8}"),
+                      lambda names: True, "the shards of an unfinished prepare, nothing else")
+
+
 def check_args(out_dir: str, overwrite: bool, max_len: int, shard_mb: float,
-               concurrency: int | None = None) -> None:
-    """The refusals both paths make before reading anything (`concurrency`: --from-vllm's)."""
-    if os.path.exists(out_dir) and not overwrite:
-        raise EngineError(f"{out_dir}: already exists (pass --overwrite to replace it)")
+               concurrency: int | None = None, *, target_dir: str, data_path: str) -> None:
+    """The refusals every path makes before reading anything (`concurrency`: --from-vllm's):
+    OUT (and OUT.partial, where the work happens) is not, holds no and lies inside no input,
+    and an existing OUT is replaced only when it is a data directory (or empty)."""
+    inputs = [(Path(target_dir), f"the target {target_dir}", True),
+              (Path(data_path), f"the data {data_path}", True)]
+    for d in (out_dir, out_dir.rstrip("/") + ".partial"):
+        check_not_tied(Path(d), inputs, flag="--overwrite", choose="--out")
+    check_replaceable(Path(out_dir), overwrite, DATA_DIR)
     if max_len < 4:
         raise EngineError(f"--max-len {max_len}: must be at least 4")
     if concurrency is not None and concurrency < 1:
@@ -296,7 +317,7 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
              batch_tokens: int, dtype: str | None, shard_mb: float, device: str | None,
              ev: Emitter | None, overwrite: bool, target: Target | None,
              device_map: str | None, keep_free_gb: float) -> dict[str, Any]:
-    check_args(out_dir, overwrite, max_len, shard_mb)
+    check_args(out_dir, overwrite, max_len, shard_mb, target_dir=target_dir, data_path=data_path)
     convs = read_conversations(data_path)
     target, store = _load_target(target, target_dir, device, device_map, dtype, ev)
     samples, skipped = tokenize_all(target.tokenizer, convs, max_len, ev)
@@ -423,6 +444,10 @@ def _open_partial(out_dir: str, key: str, n_shards: int) -> tuple[str, list[int]
     except EngineError:
         same = False
     if not same:
+        why = replace_refusal(Path(tmp), PARTIAL_DIR) if os.path.lexists(tmp) else None
+        if why is not None:  # not ours to start afresh: a user's folder under that name
+            raise EngineError(f"{tmp}: not removed, it {why} (prepare works in OUT.partial); "
+                              "move it away or choose another --out")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         write_json(plan_path, {"key": key, "shards": n_shards})

@@ -10,7 +10,12 @@ distribution. Prompt-only files (user turns only) get every reply generated the 
 
 Conversations run concurrently (at most `--concurrency` requests in flight); each finished
 conversation is appended to OUT as one JSON line and flushed, so a killed run loses at most the
-in-flight conversations. A rerun skips ids already in OUT (a torn last line is cut off first).
+in-flight conversations. A rerun skips ids already in OUT: an unterminated last line (a write
+cut by a kill) is cut off first, and nothing else ever is; any other line that is not a
+conversation with an id (blank lines aside) refuses the run, naming the line. IN and OUT must be
+different files.
+Each request ends within --timeout (overall, however slowly the answer trickles in) and its
+answer is capped in size (engine/bounded_http.py, shared with the capture clients).
 Transient failures (connection errors, timeouts, HTTP 408/409/429/5xx) are retried with
 exponential backoff and jitter; other HTTP errors fail that conversation. Failed conversations are
 not written: the command reports them and exits non-zero, and a rerun retries just those.
@@ -18,18 +23,19 @@ not written: the command reports them and exits non-zero, and a rerun retries ju
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from engine.data.conversations import Conversation, read_conversations
+from engine.bounded_http import AnswerTooLarge, connection, send
+from engine.data.conversations import Conversation, parse_line, read_conversations
 from engine.errors import EngineError
 from engine.events import Emitter
 
@@ -70,21 +76,30 @@ class Client:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        u = urllib.parse.urlsplit(self.url)
+        path = u.path + (f"?{u.query}" if u.query else "")
         for attempt in range(self.retries + 1):
             why = ""
-            try:
-                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return _reply_text(json.loads(resp.read()))
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:200].decode("utf-8", "replace").strip()
-                if e.code not in RETRY_STATUS:
-                    raise RequestFailed(f"HTTP {e.code} from {self.url}: {detail}") from None
-                why = f"HTTP {e.code}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-                why = str(getattr(e, "reason", e)) or type(e).__name__
-            except ValueError as e:  # the body was not the JSON we expect
-                raise RequestFailed(f"bad response from {self.url}: {e}") from None
+            conn = connection(self.url, self.timeout)
+            try:  # the whole request within --timeout, the answer capped (bounded_http.py)
+                ans = send(conn, "POST", path, body, headers, self.timeout)
+            except AnswerTooLarge as e:
+                raise RequestFailed(f"{self.url}: {e}") from None
+            except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out
+                why = str(e) or type(e).__name__
+            else:
+                if ans.status < 300:
+                    try:
+                        return _reply_text(json.loads(ans.body))
+                    except (ValueError, RecursionError) as e:  # not the JSON we expect
+                        raise RequestFailed(f"bad response from {self.url}: "
+                                            f"{str(e)[:200]}") from None
+                detail = ans.body[:200].decode("utf-8", "replace").strip()
+                if ans.status not in RETRY_STATUS:
+                    raise RequestFailed(f"HTTP {ans.status} from {self.url}: {detail}")
+                why = f"HTTP {ans.status}"
+            finally:
+                conn.close()
             if attempt == self.retries:
                 raise RequestFailed(f"{self.url}: giving up after {attempt + 1} attempts ({why})")
             time.sleep(min(30.0, self.backoff * 2 ** attempt) * (0.5 + random.random()))
@@ -117,25 +132,52 @@ def regenerate(client: Client, conv: Conversation) -> Conversation:
 
 
 def done_ids(path: str) -> set[str]:
-    """Ids already in OUT; a torn last line (killed mid-write) is cut off the file."""
+    """Ids already in OUT (module docstring); an unterminated last line is cut off the file."""
     ids: set[str] = set()
     if not os.path.exists(path):
         return ids
     good = 0
     with open(path, "rb") as f:
-        for line in f:
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                break
-            if not line.endswith(b"\n") or not isinstance(obj, dict) or "id" not in obj:
-                break
-            ids.add(str(obj["id"]))
+        for n, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                break  # the last line, torn by a kill: the one thing cut off
             good += len(line)
+            if line.strip():
+                ids.add(_written_id(line, f"{path}:{n}"))
     if good != os.path.getsize(path):
         with open(path, "r+b") as f:
             f.truncate(good)
     return ids
+
+
+def _written_id(line: bytes, where: str) -> str:
+    """The id of one line of OUT, or an EngineError naming the line (never cut: it may be
+    anyone's data)."""
+    why = "not a line regen writes; fix or remove it (regen only ever cuts an unterminated " \
+          "last line)"
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise EngineError(f"{where}: not UTF-8 text: {why}") from None
+    except (ValueError, RecursionError) as e:
+        raise EngineError(f"{where}: invalid JSON ({str(e)[:80]}): {why}") from None
+    if not isinstance(obj, dict) or "id" not in obj:
+        raise EngineError(f"{where}: no conversation id: {why}")
+    try:
+        parse_line(obj, where)  # a conversation, worded as the readers word it
+    except EngineError as e:
+        raise EngineError(f"{e}: {why}") from None
+    return str(obj["id"])
+
+
+def check_paths(in_path: str, out_path: str) -> None:
+    """Refuse an OUT that is IN (by name, symlink or hard link): appending would rewrite IN."""
+    same = os.path.realpath(in_path) == os.path.realpath(out_path)
+    if not same and os.path.exists(in_path) and os.path.exists(out_path):
+        same = os.path.samefile(in_path, out_path)
+    if same:
+        raise EngineError(f"--out {out_path}: is the --in file {in_path} (regen appends to "
+                          "--out as it goes); choose another --out")
 
 
 def regen(client: Client, in_path: str, out_path: str, concurrency: int, ev: Emitter
@@ -143,6 +185,7 @@ def regen(client: Client, in_path: str, out_path: str, concurrency: int, ev: Emi
     """Regenerate every conversation of IN not yet in OUT; returns counts."""
     if concurrency < 1:
         raise EngineError(f"--concurrency {concurrency}: must be >= 1")
+    check_paths(in_path, out_path)
     convs = read_conversations(in_path)
     skip = done_ids(out_path)
     todo = [c for c in convs if c.id not in skip]

@@ -17,6 +17,7 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.capture.server import DEFAULT_STORAGE
 from engine.errors import EngineError
 
 
@@ -82,6 +83,9 @@ class TrainConfig:
     """Requests in flight to the `from_vllm` server."""
     prefetch: int = 4
     """Micro-batches requested ahead of the trainer from the `from_vllm` server."""
+    server_storage: str = DEFAULT_STORAGE
+    """The `from_vllm` server's storage directory (capture-server --storage): its files are
+    read and deleted only there; any other path it names is refused."""
     fsdp: bool = False
     """Shard the drafter with FSDP instead of replicating it with DDP (multi-process only)."""
     freeze_lm_head: bool = False
