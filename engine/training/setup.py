@@ -154,7 +154,7 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         emb = target.embed_weight().detach().float().cpu()
         head = TargetHead(cfg.target, target.lm_head_weight().detach().float().cpu())
     else:
-        data = open_data(cfg.data, target_dir=cfg.target)
+        data = open_data(cfg.data, target_dir=cfg.target, vocab_size=v)
         emb, head = load_embedding(cfg.target)
         want = data.meta.get("target", {}).get("config_sha256")
         if want and want != config_hash(cfg.target):

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from engine import __version__
+from engine.ckpt.checks import require_finite
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
@@ -260,17 +261,31 @@ class Trainer:
                 [p for p in self.module.parameters() if p.requires_grad], self.cfg.clip)
             if hasattr(gnorm, "full_tensor"):  # FSDP: a replicated DTensor
                 gnorm = gnorm.full_tensor()
+            m: dict[str, Any] = summarize(stats.cpu(), self.cfg.ttt_steps)
+            self._require_finite(step, m["loss"], float(gnorm))  # before the weights move
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         tokens = sum(lengths[i] for i in step.samples())
-        m: dict[str, Any] = summarize(stats.cpu(), self.cfg.ttt_steps)
         m.update(lr=self.lr_at(self.step), grad_norm=float(gnorm), tokens_per_s=tokens / dt,
                  tokens=tokens, epoch=step.epoch, step_time_s=dt)
         for k, v in self.timers.items():
             m[f"t_{k}_s"] = v
         return m
+
+    def _require_finite(self, step: Step, loss: float, gnorm: float) -> None:
+        """A diverged step ends the run (every rank sees the same reduced numbers): the weights
+        stay as they were, and nothing non-finite is ever saved or exported."""
+        what = ("the loss" if not math.isfinite(loss) else
+                "the gradient norm" if not math.isfinite(gnorm) else None)
+        if what is None:
+            return
+        names = [self.setup_.data.describe(i) for i in step.samples()]
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise EngineError(f"step {self.step + 1}: {what} is not finite "
+                          f"({loss if what == 'the loss' else gnorm}) on the batch of {shown} "
+                          f"(data {self.cfg.data}); the run stops, nothing of this step is saved")
 
     def lr_at(self, step: int) -> float:
         return self.cfg.lr * lr_factor(step, self.total, self.warmup)
@@ -306,6 +321,7 @@ class Trainer:
 
     def checkpoint(self, tau_est: float | None) -> None:
         model, optim = self._full_state()
+        require_finite(model, f"step {self.step}: checkpoint")
         rngs: list[Any] = [None] * self.dist.world
         if self.dist.enabled:
             torch.distributed.all_gather_object(rngs, rng_state())
@@ -336,6 +352,7 @@ class Trainer:
         cfg = self.draft.config
         dtype = getattr(torch, cfg.torch_dtype)
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
+        require_finite(sd, f"{self.out / name}: step {self.step}")  # bf16 may overflow to inf
         save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
                      provenance={"run": str(self.out.resolve()), **extra,
                                  **self.setup_.provenance, "training": self._flags()})

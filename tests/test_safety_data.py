@@ -1,0 +1,96 @@
+"""What a data directory, a checkpoint or a full disk can make `train`, `vocab build` and
+`inspect` do (issue 28, defects 4, 5, 7, 8, 9, 10): one worded line naming the file and a non-zero
+exit, never a NaN drafter published as a success. Real crafted files, `python -m engine` in a
+subprocess, on test_prepare's tiny target and prepared data."""
+
+# ruff: noqa: F811  (test_prepare's module fixtures, imported, are these tests' arguments)
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tests.engine_helpers import run_engine
+from tests.test_prepare import prepared, tiny_target, tok  # noqa: F401  (module fixtures)
+
+TRAIN = ["--batch-tokens", "256", "--draft-vocab-size", "64", "--holdout", "0",
+         "--ttt-steps", "2", "--lr", "3e-3"]
+
+
+def train(target: Path, data: Path, out: Path, *extra: str, check: bool = False,
+          **kw: Any) -> Any:
+    return run_engine("train", "--target", str(target), "--data", str(data), "--out", str(out),
+                      *TRAIN, *extra, check=check, **kw)
+
+
+def last_line(p: Any) -> str:
+    return str(p.stderr.strip().splitlines()[-1])
+
+
+def copy_data(prepared: Any, dst: Path) -> Path:
+    shutil.copytree(prepared[0], dst)
+    return dst
+
+
+def rewrite_shard(path: Path, **changes: torch.Tensor) -> None:
+    """Write a shard again with some tensors replaced (its metadata kept)."""
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    tensors.update(changes)
+    save_file(tensors, str(path), metadata=meta)
+
+
+def shards(data: Path) -> list[Path]:
+    return sorted(data.glob("shard_*.safetensors"))
+
+
+# -- defect 4: a diverged run is a failure, and its weights are never exported -----------------
+
+def test_nan_features_stop_the_run_and_export_nothing(tiny_target: Path,
+                                                      prepared: Any, tmp_path: Path) -> None:
+    data = copy_data(prepared, tmp_path / "data")
+    for path in shards(data):
+        with safe_open(str(path), "pt") as f:
+            aux = f.get_tensor("aux_hidden_states")
+        rewrite_shard(path, aux_hidden_states=torch.full_like(aux, float("nan")))
+    run = tmp_path / "run"
+    p = train(tiny_target, data, run, "--max-steps", "4", "--save-every", "1")
+    assert p.returncode == 1, p.stderr[-2000:]
+    line = last_line(p)
+    assert line.startswith("error: step 1: the loss is not finite (nan)"), line
+    assert "shard_00000.safetensors sample " in line or "shard_00001.safetensors sample " in line
+    assert not (run / "final").exists() and not (run / "best").exists()
+    assert not (run / "checkpoints").exists()
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"].startswith("EngineError: step 1:")
+
+
+def test_inspect_fails_a_drafter_with_nan_weights(tmp_path: Path) -> None:
+    from tests.drafters import random_state, tiny_config, write_drafter
+    cfg = tiny_config()
+    state = random_state(cfg)
+    state["midlayer.mlp.up_proj.weight"][3, :5] = float("nan")
+    state["norm.weight"][0] = float("inf")
+    d = tmp_path / "nan-drafter"
+    write_drafter(d, cfg, state=state)
+    p = run_engine("inspect", str(d), "--json", check=False)
+    assert p.returncode == 1, p.stdout[-2000:]
+    checks = {c["name"]: c for c in json.loads(p.stdout)["checks"]}
+    assert not checks["finite"]["ok"]
+    assert checks["finite"]["detail"] == (
+        f"midlayer.mlp.up_proj.weight: 5 of {cfg.intermediate_size * cfg.hidden_size} values "
+        "are NaN or inf")
+    p = run_engine("convert", str(d), str(tmp_path / "out"), "--to", "vllm", check=False)
+    assert p.returncode == 1 and last_line(p) == (
+        f"error: {d / 'model.safetensors'}: tensor 'midlayer.mlp.up_proj.weight' holds 5 "
+        "non-finite values (NaN or inf)")
+    assert not (tmp_path / "out").exists()
+    write_drafter(d, cfg, state=random_state(cfg))  # the same drafter, finite
+    p = run_engine("inspect", str(d), "--json")
+    assert {c["name"]: c["ok"] for c in json.loads(p.stdout)["checks"]}["finite"]
