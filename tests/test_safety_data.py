@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine.demo.target import chats
 from tests.engine_helpers import run_engine
 from tests.test_prepare import prepared, tiny_target, tok  # noqa: F401  (module fixtures)
 
@@ -94,3 +95,36 @@ def test_inspect_fails_a_drafter_with_nan_weights(tmp_path: Path) -> None:
     write_drafter(d, cfg, state=random_state(cfg))  # the same drafter, finite
     p = run_engine("inspect", str(d), "--json")
     assert {c["name"]: c["ok"] for c in json.loads(p.stdout)["checks"]}["finite"]
+
+
+# -- defect 5: --resume on changed data is refused by name, unless overridden -----------------
+
+def test_resume_refuses_changed_data(tiny_target: Path, prepared: Any, tmp_path: Path) -> None:
+    data = copy_data(prepared, tmp_path / "data")
+    run = tmp_path / "run"
+    steps = ["--max-steps", "8", "--save-every", "2", "--keep", "4"]
+    train(tiny_target, data, run, *steps, check=True)
+    # as if killed after step 6: `latest` names it, the later checkpoint is gone
+    shutil.rmtree(run / "checkpoints" / "step_000008")
+    (run / "checkpoints" / "latest").write_text("step_000006\n")
+    # the same --data path now holds other data: other conversations, prepared the same way
+    src = tmp_path / "other.jsonl"
+    src.write_text("".join(json.dumps({"conversations": c}) + "\n" for c in chats(8, 11)))
+    run_engine("prepare", "--target", str(tiny_target), "--data", str(src), "--out",
+               str(tmp_path / "other"), "--max-len", "64", "--batch-tokens", "200")
+    shutil.rmtree(data)
+    shutil.copytree(tmp_path / "other", data)
+    more = [*steps, "--resume"]
+    p = train(tiny_target, data, run, *more)
+    assert p.returncode == 1, p.stderr[-2000:]
+    line = last_line(p)
+    assert line.startswith(f"error: --resume: the data ({data}): sha256 "), line
+    assert line.endswith(f"changed since {run / 'checkpoints' / 'step_000006'} (the run would mix "
+                         "them); pass --resume-despite-changed-data to continue anyway, or choose "
+                         "a new --out"), line
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_000006"
+    help_text = run_engine("train", "--help").stdout
+    assert "--resume-despite-changed-data" in help_text
+    p = train(tiny_target, data, run, *more, "--resume-despite-changed-data", check=True)
+    assert "--resume-despite-changed-data: continuing" in p.stderr
+    assert json.loads((run / "run.json").read_text())["step"] == 8

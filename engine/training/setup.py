@@ -172,7 +172,8 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         raise EngineError(
             f"--data {cfg.data}: aux layer ids {aux} (a {n}-layer target) {problem}; prepare "
             "the data again (the engine picks distinct ascending layers)")
-    prov: dict[str, Any] = {"data_sha256": data_hash(data), "aux_layer_ids": aux}
+    prov: dict[str, Any] = {"data_sha256": data_hash(data), "aux_layer_ids": aux,
+                            "target_config_sha256": config_hash(cfg.target)}
     if cfg.finetune_from:
         dcfg, sd, prov["finetune"] = _finetune(cfg, tcfg, aux, head, data, ev)
     else:

@@ -34,7 +34,7 @@ from engine.ckpt.checks import require_finite
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import write_json
+from engine.fileio import read_json, write_json
 from engine.model.draft import Eagle3Draft
 from engine.model.ttt_loss import (
     step_rows,
@@ -53,6 +53,9 @@ from engine.training.checkpointing import (
 from engine.training.config import TrainConfig
 from engine.training.plan import Step, epoch_steps, split_holdout
 from engine.training.setup import Setup, build
+
+# sha256 of what a run reads (engine/training/setup.py's provenance)
+INPUT_HASHES = ("data_sha256", "vocab_sha256", "target_config_sha256")
 
 
 class Unroll(nn.Module):
@@ -175,11 +178,42 @@ class Trainer:
             if mine.get(k) != v:
                 raise EngineError(f"--resume: setting {k!r} is {mine.get(k)!r} but the run in "
                                   f"{self.cfg.out} used {v!r}")
+        self._require_same_inputs(path, tr)
         missing, unexpected = self.draft.load_state_dict(
             {**ck["model"], "embed_tokens.weight": self.draft.embed_tokens.weight}, strict=False)
         if missing or unexpected:
             raise EngineError(f"{path}/model.safetensors: tensors do not match the drafter "
                               f"({(missing or unexpected)[0]!r})")
+
+    def _inputs(self) -> dict[str, Any]:
+        """What the run reads, by content: recorded in each checkpoint, compared on --resume."""
+        p = self.setup_.provenance
+        return {k: p.get(k) for k in INPUT_HASHES}
+
+    def _require_same_inputs(self, path: Path, tr: dict[str, Any]) -> None:
+        """--resume continues the same run only on the same data, vocab and target (checkpoints
+        from before this check: run.json's record), unless the user overrides it by name."""
+        was = tr.get("inputs")
+        if not isinstance(was, dict):
+            with contextlib.suppress(EngineError):
+                was = read_json(self.out / "run.json")
+        if not isinstance(was, dict):
+            return
+        now = self._inputs()
+        names = {"data_sha256": f"the data ({self.cfg.data})", "vocab_sha256": "the draft vocab",
+                 "target_config_sha256": f"the target's config ({self.cfg.target})"}
+        changed = [f"{names[k]}: sha256 {str(was[k])[:12]}.. then, {str(now[k])[:12]}.. now"
+                   for k in INPUT_HASHES if was.get(k) and now.get(k) and was[k] != now[k]]
+        if not changed:
+            return
+        what = "; ".join(changed)
+        if self.cfg.resume_despite_changed_data:
+            self.ev.log(f"--resume-despite-changed-data: continuing {path} although {what} "
+                        "changed", level="warning")
+            return
+        raise EngineError(f"--resume: {what} changed since {path} (the run would mix them); "
+                          "pass --resume-despite-changed-data to continue anyway, or choose a "
+                          "new --out")
 
     def _restore_state(self, path: Path, ck: dict[str, Any]) -> None:
         tr = ck["trainer"]
@@ -340,7 +374,8 @@ class Trainer:
                    "best_tau": self.best_tau, "best_step": self.best_step,
                    "tau_ema": self.tau_ema, "held_out_tau": tau_est,
                    "world_size": self.dist.world,
-                   "settings": self._settings(), "engine": __version__}
+                   "settings": self._settings(), "inputs": self._inputs(),
+                   "engine": __version__}
         path = save_checkpoint(self.ckpt_root, self.step, self.draft.config.to_eagle_dict(),
                                model, optim, trainer, rngs, self.cfg.keep)
         self.ev.log(f"checkpoint {path.name}" + (f" (held-out tau {tau_est:.3f})"
