@@ -128,3 +128,36 @@ def test_resume_refuses_changed_data(tiny_target: Path, prepared: Any, tmp_path:
     p = train(tiny_target, data, run, *more, "--resume-despite-changed-data", check=True)
     assert "--resume-despite-changed-data: continuing" in p.stderr
     assert json.loads((run / "run.json").read_text())["step"] == 8
+
+
+# -- defect 7: sizes a file states are checked before anything of that size is allocated -------
+
+def limited_memory(gib: int = 6) -> Any:
+    """preexec_fn: cap the child's address space, so a 16 GB allocation fails fast instead of
+    taking the shared machine's memory (the old behaviour this test guards against)."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+    return cap
+
+
+def test_vocab_build_checks_a_manifest_vocab_size_first(prepared: Any, tmp_path: Path) -> None:
+    data = copy_data(prepared, tmp_path / "data")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["target"]["vocab_size"] = 2_000_000_000
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "vocab.safetensors"
+    p = run_engine("vocab", "build", "--data", str(data), "--draft-vocab-size", "64", "--out",
+                   str(out), check=False, preexec_fn=limited_memory())
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert last_line(p) == (
+        f"error: {data / 'manifest.json'}: field 'target.vocab_size': 2000000000 is above the "
+        "largest vocab size the engine accepts (16777216)")
+    assert not out.exists()
+    p = run_engine("vocab", "build", "--data", str(data), "--draft-vocab-size", "64", "--out",
+                   str(out), "--vocab-size", str(1 << 40), check=False,
+                   preexec_fn=limited_memory())
+    assert p.returncode == 1 and last_line(p) == (
+        f"error: --vocab-size: {1 << 40} is above the largest vocab size the engine accepts "
+        "(16777216)")

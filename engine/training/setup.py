@@ -140,8 +140,10 @@ def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: T
 
 def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     """Load data and heads, choose the vocab, and build the drafter (module docstring)."""
+    from engine.ckpt.vocab import check_vocab_size
     tcfg = read_config(cfg.target)
     v, ht = int(tcfg["vocab_size"]), int(tcfg["hidden_size"])
+    check_vocab_size(v, f"{cfg.target}/config.json: field 'vocab_size'")  # before [V] counts
     target: Target | None = None
     data: FeatureData
     if cfg.online and cfg.from_vllm:  # the server holds the target: read only its heads here
