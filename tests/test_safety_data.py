@@ -161,3 +161,89 @@ def test_vocab_build_checks_a_manifest_vocab_size_first(prepared: Any, tmp_path:
     assert p.returncode == 1 and last_line(p) == (
         f"error: --vocab-size: {1 << 40} is above the largest vocab size the engine accepts "
         "(16777216)")
+
+
+# -- defects 8 and 9: a data directory is checked when it is opened, and every lie is named -----
+
+def _tensor(data: Path, key: str) -> torch.Tensor:
+    with safe_open(str(shards(data)[0]), "pt") as f:
+        return f.get_tensor(key)
+
+
+def _manifest(data: Path, change: Any) -> None:
+    m = json.loads((data / "manifest.json").read_text())
+    change(m)
+    (data / "manifest.json").write_text(json.dumps(m))
+
+
+def _set(data: Path, key: str, sample: int, delta: int, value: int) -> None:
+    """Set token `delta` of `sample` in tensor `key` of the first shard to `value`."""
+    off = _tensor(data, "offsets")
+    t = _tensor(data, key).clone()
+    t[int(off[sample]) + delta] = value
+    rewrite_shard(shards(data)[0], **{key: t})
+
+
+def _offsets_back(data: Path) -> str:
+    off = _tensor(data, "offsets").clone()
+    start = int(off[3])
+    off[4] = start - 1
+    rewrite_shard(shards(data)[0], offsets=off)
+    return f"tensor 'offsets': sample 3 ends at {start - 1}, not after its start {start}"
+
+
+def _truncate(data: Path) -> str:
+    path = shards(data)[0]
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return "not a readable safetensors file ("
+
+
+CRAFTS: dict[str, Any] = {  # name -> (craft(data) -> expected text, file the error names)
+    "offsets run backwards": (_offsets_back, "shard"),
+    "a shard listed twice": (lambda d: _manifest(d, lambda m: m["shards"].append(
+        m["shards"][0])) or "field 'shards[1].file': 'shard_00000.safetensors' is listed twice",
+        "manifest"),
+    "samples disagree": (lambda d: _manifest(d, lambda m: m.update(samples=11)) or
+                         "field 'samples' is 11 but its shards hold 8", "manifest"),
+    "a shard's samples disagree": (lambda d: _manifest(d, lambda m: m["shards"][0].update(
+        samples=7)) or "field 'shards[0].samples' is 7 but shard_00000.safetensors holds 8",
+        "manifest"),
+    "a shard outside the directory": (lambda d: _manifest(d, lambda m: m["shards"][0].update(
+        file=f"../{d.name}/shard_00000.safetensors")) or "field 'shards[0].file': "
+        f"'../{d.name}/shard_00000.safetensors' is not a file name in the data directory",
+        "manifest"),
+    "mask value 2": (lambda d: _set(d, "loss_mask", 3, 0, 2) or
+                     "tensor 'loss_mask': sample 3 holds 2 (values must be 0 or 1)", "shard"),
+    "float ids": (lambda d: rewrite_shard(shards(d)[0], input_ids=_tensor(d, "input_ids").float())
+                  or "tensor 'input_ids' is float32, expected integers", "shard"),
+    "an id past the vocab": (lambda d: _set(d, "input_ids", 5, 1, 512) or
+                             "tensor 'input_ids': sample 5 holds token id 512, outside the "
+                             "target vocab [0, 512)", "shard"),
+    "an argmax past the vocab": (lambda d: _set(d, "target_argmax", 2, 0, 70000) or
+                                 "tensor 'target_argmax': sample 2 holds token id 70000, outside "
+                                 "the target vocab [0, 512)", "shard"),
+    "a truncated shard": (_truncate, "shard"),
+    "shards are strings": (lambda d: _manifest(d, lambda m: m.update(
+        shards=["shard_00000.safetensors"])) or "field 'shards[0]': must be an object with a "
+        "'file' name", "manifest"),
+    "target is a list": (lambda d: _manifest(d, lambda m: m.update(target=[1, 2])) or
+                         "field 'target': must be an object", "manifest"),
+}
+
+
+def test_a_lying_data_directory_is_refused_by_name(tiny_target: Path, prepared: Any,
+                                                   tmp_path: Path) -> None:
+    """Every crafted data directory: `train` exits 1 with one line naming the file, the field or
+    tensor and the sample, before a single step (no run directory content beyond the record)."""
+    failures = []
+    for i, (name, (craft, where)) in enumerate(CRAFTS.items()):
+        data = copy_data(prepared, tmp_path / f"data{i}")
+        want = craft(data)
+        path = data / "manifest.json" if where == "manifest" else shards(data)[0]
+        p = train(tiny_target, data, tmp_path / f"run{i}", "--max-steps", "2")
+        line = last_line(p) if p.stderr.strip() else ""
+        if p.returncode != 1 or not line.startswith(f"error: {path}: {want}"):
+            failures.append(f"{name}: exit {p.returncode}: {line}")
+        elif (tmp_path / f"run{i}" / "final").exists():
+            failures.append(f"{name}: final/ exported")
+    assert not failures, "\n".join(failures)
