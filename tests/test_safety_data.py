@@ -247,3 +247,23 @@ def test_a_lying_data_directory_is_refused_by_name(tiny_target: Path, prepared: 
         elif (tmp_path / f"run{i}" / "final").exists():
             failures.append(f"{name}: final/ exported")
     assert not failures, "\n".join(failures)
+
+
+def test_bad_jsonl_lines_are_named(tiny_target: Path, tmp_path: Path) -> None:
+    """Non-UTF-8 bytes and 50,000 nested brackets: `prepare` and `vocab build` name the file and
+    line instead of a UnicodeDecodeError or RecursionError."""
+    first, second = (json.dumps({"conversations": c}).encode() for c in chats(2, 0))
+    cases = {b"\xff\xfe not text": "not UTF-8 (byte 0xff at column 1)",
+             b"[" * 50_000 + b"]" * 50_000: "invalid JSON (nested too deeply)"}
+    for i, (bad, why) in enumerate(cases.items()):
+        src = tmp_path / f"c{i}.jsonl"
+        src.write_bytes(first + b"\n" + second + b"\n" + bad + b"\n")
+        p = run_engine("prepare", "--target", str(tiny_target), "--data", str(src), "--out",
+                       str(tmp_path / f"out{i}"), check=False)
+        assert p.returncode == 1 and last_line(p) == f"error: {src}:3: {why}", p.stderr[-800:]
+        counts = json.dumps({"input_ids": [1, 2], "loss_mask": [0, 1]}).encode()
+        src.write_bytes(counts + b"\n" + bad + b"\n")
+        p = run_engine("vocab", "build", "--data", str(src), "--vocab-size", "512",
+                       "--draft-vocab-size", "8", "--out", str(tmp_path / "v.safetensors"),
+                       check=False)
+        assert p.returncode == 1 and last_line(p) == f"error: {src}:2: {why}", p.stderr[-800:]

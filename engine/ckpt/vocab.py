@@ -38,7 +38,7 @@ from engine.ckpt.safetensors_io import WeightSet, read_header, save_tensors
 from engine.ckpt.target_weights import target_lm_head_rows
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import atomic_file, read_json
+from engine.fileio import atomic_file, json_line, read_json
 
 MAX_VOCAB = 1 << 24
 """The largest target vocab the engine accepts (real ones reach about 262k). A vocab size read
@@ -72,15 +72,12 @@ def count_tokens(data: Path, vocab_size: int | None = None, ev: Emitter | None =
                           "--target)")
     check_vocab_size(vocab_size, "--vocab-size")
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    with open(data, encoding="utf-8") as f:
+    with open(data, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{data}:{n}"
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise EngineError(f"{where}: not valid JSON ({e})") from e
+            obj = json_line(line, where)
             if not isinstance(obj, dict):
                 raise EngineError(f"{where}: not a JSON object")
             ids, mask = obj.get("input_ids"), obj.get("loss_mask")
