@@ -267,3 +267,59 @@ def test_bad_jsonl_lines_are_named(tiny_target: Path, tmp_path: Path) -> None:
                        "--draft-vocab-size", "8", "--out", str(tmp_path / "v.safetensors"),
                        check=False)
         assert p.returncode == 1 and last_line(p) == f"error: {src}:2: {why}", p.stderr[-800:]
+
+
+# -- defect 9: a full disk during train, a tampered optimizer state ----------------------------
+
+def file_size_limit(nbytes: int) -> Any:
+    """preexec_fn: no file written may grow past `nbytes` (RLIMIT_FSIZE: writes fail with EFBIG,
+    since Python ignores SIGXFSZ), a full disk for files of a checkpoint's size."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return cap
+
+
+def test_a_full_disk_stops_train_with_a_worded_line_and_no_best(tiny_target: Path,
+                                                                prepared: Any,
+                                                                tmp_path: Path) -> None:
+    steps = ["--max-steps", "2", "--save-every", "1"]
+    train(tiny_target, prepared[0], tmp_path / "sizes", *steps, check=True)
+    ck = tmp_path / "sizes" / "checkpoints" / "step_000001"
+    model, optim = (ck / "model.safetensors").stat().st_size, (ck / "optimizer.pt").stat().st_size
+    best = (tmp_path / "sizes" / "best" / "model.safetensors").stat().st_size
+    limit = (max(model, best) + optim) // 2
+    assert max(model, best) < limit < optim, (model, best, optim)
+    run = tmp_path / "run"
+    p = train(tiny_target, prepared[0], run, *steps, preexec_fn=file_size_limit(limit))
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert last_line(p) == (
+        f"error: {run / 'checkpoints' / 'step_000001' / 'optimizer.pt'}: cannot write the "
+        "checkpoint (the write failed; is the disk full?); the previous checkpoint stays the "
+        "latest")
+    assert not (run / "best").exists() and not (run / "final").exists()
+    assert not (run / "checkpoints" / "step_000001").exists()
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_tampered_optimizer_state_is_refused_by_name(tiny_target: Path, prepared: Any,
+                                                       tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    steps = ["--max-steps", "4", "--save-every", "2", "--keep", "2"]
+    train(tiny_target, prepared[0], run, *steps, check=True)
+    shutil.rmtree(run / "checkpoints" / "step_000004")
+    (run / "checkpoints" / "latest").write_text("step_000002\n")
+    opt = run / "checkpoints" / "step_000002" / "optimizer.pt"
+    state = torch.load(opt, weights_only=True)
+    state["state"][1]["exp_avg"] = torch.zeros(3, 3)  # another tensor's shape
+    torch.save(state, opt)
+    p = train(tiny_target, prepared[0], run, *steps, "--resume")
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert last_line(p).startswith(
+        f"error: {opt}: tensor 'exp_avg' of parameter 1 has shape [3, 3], ")
+    opt.write_bytes(b"PK\x03\x04 not a zip")
+    p = train(tiny_target, prepared[0], run, *steps, "--resume")
+    assert p.returncode == 1 and last_line(p).startswith(
+        f"error: {opt}: not a loadable weights-only torch file ("), last_line(p)

@@ -34,7 +34,7 @@ from engine.ckpt.checks import require_finite
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import read_json, write_json
+from engine.fileio import read_json, reason, write_json
 from engine.model.draft import Eagle3Draft
 from engine.model.ttt_loss import (
     step_rows,
@@ -44,6 +44,7 @@ from engine.model.ttt_loss import (
     ttt_loss,
 )
 from engine.training.checkpointing import (
+    check_optimizer_state,
     latest_dir,
     load_checkpoint,
     rng_state,
@@ -217,15 +218,20 @@ class Trainer:
 
     def _restore_state(self, path: Path, ck: dict[str, Any]) -> None:
         tr = ck["trainer"]
-        if self.dist.enabled and self.cfg.fsdp:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_optimizer_state_dict,
-            )
-            set_optimizer_state_dict(self.module, self.opt, ck["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.opt.load_state_dict(ck["optimizer"])
+        try:
+            if self.dist.enabled and self.cfg.fsdp:
+                from torch.distributed.checkpoint.state_dict import (
+                    StateDictOptions,
+                    set_optimizer_state_dict,
+                )
+                set_optimizer_state_dict(self.module, self.opt, ck["optimizer"],
+                                         options=StateDictOptions(full_state_dict=True))
+            else:
+                self.opt.load_state_dict(ck["optimizer"])
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise EngineError(f"{path / 'optimizer.pt'}: not this drafter's optimizer state "
+                              f"({str(e).splitlines()[0][:120]})") from None
+        check_optimizer_state(self.opt, path / "optimizer.pt")
         self.sched.load_state_dict(tr["scheduler"])
         self.step, self.pos = int(tr["step"]), (int(tr["epoch"]), int(tr["step_in_epoch"]))
         self.best_tau, self.best_step = float(tr["best_tau"]), int(tr["best_step"])
@@ -365,10 +371,9 @@ class Trainer:
         if not self.dist.main:
             return
         score = tau_est if tau_est is not None else (self.tau_ema or 0.0)
-        if score > self.best_tau:
+        better = score > self.best_tau
+        if better:
             self.best_tau, self.best_step = score, self.step
-            self.export("best", model, {"step": self.step, "estimated_tau": score,
-                                        "held_out_tau": tau_est})
         trainer = {"step": self.step, "epoch": self.pos[0], "step_in_epoch": self.pos[1],
                    "total_steps": self.total, "scheduler": self.sched.state_dict(),
                    "best_tau": self.best_tau, "best_step": self.best_step,
@@ -380,6 +385,9 @@ class Trainer:
                                model, optim, trainer, rngs, self.cfg.keep)
         self.ev.log(f"checkpoint {path.name}" + (f" (held-out tau {tau_est:.3f})"
                                                   if tau_est is not None else ""))
+        if better:  # only once its checkpoint is on disk: best/ never names a missing step
+            self.export("best", model, {"step": self.step, "estimated_tau": score,
+                                        "held_out_tau": tau_est})
 
     def export(self, name: str, model: dict[str, Tensor], extra: dict[str, Any]) -> None:
         """RUN/<name>/ in the EAGLE style (formats.save_drafter), in the drafter's dtype."""
@@ -388,9 +396,13 @@ class Trainer:
         dtype = getattr(torch, cfg.torch_dtype)
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
         require_finite(sd, f"{self.out / name}: step {self.step}")  # bf16 may overflow to inf
-        save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
-                     provenance={"run": str(self.out.resolve()), **extra,
-                                 **self.setup_.provenance, "training": self._flags()})
+        try:
+            save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
+                         provenance={"run": str(self.out.resolve()), **extra,
+                                     **self.setup_.provenance, "training": self._flags()})
+        except OSError as e:  # the previous export stays whole (written aside, then renamed)
+            raise EngineError(f"{self.out / name}: cannot write the drafter ({reason(e)}; is "
+                              "the disk full?)") from None
 
     def _flags(self) -> dict[str, Any]:
         """How the step ran (recorded in exports' provenance; run.json has every setting)."""
