@@ -17,6 +17,8 @@ Writing
 Reading
     read_json(path)          the document, or an EngineError naming the file (and for bad JSON
                              the line and column).
+    json_line(raw, where)    one JSONL line's document, or an EngineError starting with `where`
+                             (bad UTF-8, bad JSON, nesting too deep).
     sha256_file(path)        streamed through a bounded window (engine/ckpt/hash_cache.py caches
     it). open_regular(path)       opens only regular files and never blocks on a FIFO.
 """
@@ -103,9 +105,29 @@ def read_json(path: Path | str, *, missing: str = "does not exist", obj: bool = 
         data = json.loads(text)
     except ValueError as e:
         raise EngineError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise EngineError(f"{path}: not valid JSON (nested too deeply)") from None
     if obj and not isinstance(data, dict):
         raise EngineError(f"{path}: not a JSON object")
     return data
+
+
+def json_line(raw: bytes, where: str) -> Any:
+    """One JSONL line's document; bad bytes, bad JSON and nesting too deep for the parser are
+    each one EngineError starting with `where` ("file:line")."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EngineError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                          f"{e.start + 1})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{where}: invalid JSON ({e.msg})") from None
+    except ValueError as e:   # valid syntax the parser refuses: an int over 4300 digits
+        raise EngineError(f"{where}: invalid JSON ({e})") from None
+    except RecursionError:
+        raise EngineError(f"{where}: invalid JSON (nested too deeply)") from None
 
 
 def sha256_file(path: Path | str, window: int = SHA_WINDOW) -> str:

@@ -2,8 +2,10 @@
 (names, shapes, dtypes, the vocab map), and what each export target would mis-load.
 
     expected_tensors(cfg) -> {canonical name: Expect}
-    run_checks(ckpt) -> list[Check]      the `inspect` checks (loads only d2t/t2d)
+    run_checks(ckpt) -> list[Check]      the `inspect` checks (reads each float tensor once, for
+                                         the finiteness check, one tensor at a time)
     require_checks(ckpt)                 the first failing check as the one-line error
+    require_finite(tensors, where)       refuses NaN/inf weights (what train will not save)
     load_drafter(dir) -> (Eagle3Config, canonical state dict, Detected)   raises on any failed check
     export_checks(cfg, names, to) -> warnings   refuses what the chosen engine would mis-load
 """
@@ -127,6 +129,7 @@ def run_checks(ck: Checkpoint) -> list[Check]:
     checks.append(_vocab_check(ck, shapes_ok=not bad))
     checks.append(_aux_check(cfg, cfg_file))
 
+    checks.append(_finite_check(ck, exp))
     if "embed_tokens.weight" in ck.stored:
         e = ck.entry("embed_tokens.weight")
         emb = f"present {list(e.shape)} {e.dtype}"
@@ -146,6 +149,42 @@ def run_checks(ck: Checkpoint) -> list[Check]:
                             None if has else
                             f"{cfg_file}: field 'norm_before_residual' missing"))
     return checks
+
+
+def nonfinite_count(t: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """NaN and inf values in a float tensor (counted in chunks: float8 is widened to float32
+    a chunk at a time, never the whole tensor)."""
+    flat, bad = t.reshape(-1), 0
+    for a in range(0, flat.numel(), chunk):
+        part = flat[a:a + chunk]
+        if part.element_size() == 1:
+            part = part.float()
+        bad += int((~torch.isfinite(part)).sum())
+    return bad
+
+
+def require_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse weights holding NaN or inf, naming the first such tensor (`where` says whose)."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and (n := nonfinite_count(t.detach())):
+            raise EngineError(f"{where}: tensor {name!r} holds {n} non-finite values (NaN or "
+                              "inf); not written")
+
+
+def _finite_check(ck: Checkpoint, exp: dict[str, Expect]) -> Check:
+    """Every float tensor finite: a diverged run's NaN weights load and serve without error,
+    and only draft garbage."""
+    for c in sorted(ck.stored):
+        x = exp.get(c)
+        if x is None or x.kind != "float" or ck.entry(c).dtype not in FLOAT_CODES:
+            continue
+        n = nonfinite_count(ck.load(c))
+        if n:
+            e = ck.entry(c)
+            msg = f"{e.name}: {n} of {e.numel} values are NaN or inf"
+            return Check("finite", False, msg, f"{e.file}: tensor {e.name!r} holds {n} "
+                         "non-finite values (NaN or inf)")
+    return Check("finite", True, "no NaN or inf")
 
 
 def _aux_check(cfg: Eagle3Config, cfg_file: str) -> Check:

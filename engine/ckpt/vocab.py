@@ -38,7 +38,23 @@ from engine.ckpt.safetensors_io import WeightSet, read_header, save_tensors
 from engine.ckpt.target_weights import target_lm_head_rows
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import atomic_file, read_json
+from engine.fileio import atomic_file, json_line, read_json
+
+MAX_VOCAB = 1 << 24
+"""The largest target vocab the engine accepts (real ones reach about 262k). A vocab size read
+from a file or an option is held to it before anything of that size is allocated: a manifest's
+`vocab_size` of 2e9 would otherwise ask for 16 GB of counts."""
+
+
+def check_vocab_size(v: Any, where: str) -> int:
+    """`v` as a vocab size, or one line naming `where` it came from (file and field)."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise EngineError(f"{where}: {v!r} is not a positive integer")
+    if v > MAX_VOCAB:
+        raise EngineError(f"{where}: {v} is above the largest vocab size the engine accepts "
+                          f"({MAX_VOCAB})")
+    return v
+
 
 # -- counting ------------------------------------------------------------------------------------
 
@@ -54,16 +70,14 @@ def count_tokens(data: Path, vocab_size: int | None = None, ev: Emitter | None =
     if vocab_size is None:
         raise EngineError(f"{data}: the target vocab size is unknown (pass --vocab-size or "
                           "--target)")
+    check_vocab_size(vocab_size, "--vocab-size")
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    with open(data, encoding="utf-8") as f:
+    with open(data, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{data}:{n}"
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise EngineError(f"{where}: not valid JSON ({e})") from e
+            obj = json_line(line, where)
             if not isinstance(obj, dict):
                 raise EngineError(f"{where}: not a JSON object")
             ids, mask = obj.get("input_ids"), obj.get("loss_mask")
@@ -98,10 +112,14 @@ def _count_shards(d: Path, vocab_size: int | None, ev: Emitter | None
     manifest = read_json(mpath, missing="missing (a data directory needs manifest.json)")
     if vocab_size is None:
         target = manifest.get("target")
+        field = "vocab_size" if "vocab_size" in manifest else "target.vocab_size"
         vocab_size = manifest.get("vocab_size") or (
             target.get("vocab_size") if isinstance(target, dict) else None)
-    if not isinstance(vocab_size, int) or vocab_size <= 0:
-        raise EngineError(f"{mpath}: field 'vocab_size' missing (or pass --vocab-size/--target)")
+        if vocab_size is None:
+            raise EngineError(f"{mpath}: field 'vocab_size' missing (or pass "
+                              "--vocab-size/--target)")
+        check_vocab_size(vocab_size, f"{mpath}: field {field!r}")
+    check_vocab_size(vocab_size, "--vocab-size")
     names = manifest.get("shards")
     if names is None:
         shards = sorted(d.glob("*.safetensors"))

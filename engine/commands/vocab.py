@@ -51,6 +51,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def _target_vocab_size(target: str) -> int:
     from pathlib import Path
 
+    from engine.ckpt.vocab import check_vocab_size
     from engine.errors import EngineError
     from engine.fileio import read_json
 
@@ -61,7 +62,7 @@ def _target_vocab_size(target: str) -> int:
         v = conf["text_config"].get("vocab_size")
     if not isinstance(v, int) or v <= 0:
         raise EngineError(f"{path}: field 'vocab_size' missing or not a positive integer")
-    return v
+    return check_vocab_size(v, f"{path}: field 'vocab_size'")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:

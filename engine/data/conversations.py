@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import EngineError
-from engine.fileio import atomic_file
+from engine.fileio import atomic_file, json_line
 
 ROLE_ALIASES = {
     "user": "user", "human": "user", "prompter": "user",
@@ -85,17 +85,11 @@ def iter_conversations(path: str) -> Iterator[Conversation]:
     """Every conversation of a JSONL file, in order (blank lines skipped)."""
     if not os.path.isfile(path):
         raise EngineError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EngineError(f"{path}:{n}: invalid JSON ({e.msg})") from None
-            except ValueError as e:   # valid syntax the parser refuses: an int over 4300 digits
-                raise EngineError(f"{path}:{n}: invalid JSON ({e})") from None
-            yield parse_line(obj, f"{path}:{n}")
+            yield parse_line(json_line(line, f"{path}:{n}"), f"{path}:{n}")
 
 
 def read_conversations(path: str) -> list[Conversation]:

@@ -52,6 +52,10 @@ class FeatureData:
         """A padded batch of these samples (see `collate`)."""
         return collate([self[i] for i in indices])
 
+    def describe(self, i: int) -> str:
+        """Where sample i comes from, for error messages (a reader may name its file)."""
+        return f"sample {i}"
+
     def tokens(self, i: int) -> tuple[Tensor, Tensor]:
         """Sample i's input_ids and loss_mask only (no hidden states read)."""
         s = self[i]

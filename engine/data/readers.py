@@ -24,16 +24,24 @@ from torch import Tensor
 
 from engine.data.features import SHARD_KEYS, FeatureData, Sample
 from engine.data.prepare import FORMAT
+from engine.data.shard_checks import (
+    INT_KEYS,
+    check_count,
+    check_shard,
+    feature_dtypes,
+    manifest_files,
+    manifest_vocab_size,
+)
 from engine.data.speculators import SpeculatorsData, find_layout
 from engine.errors import EngineError
 from engine.fileio import read_json
 
 
 class ShardData(FeatureData):
-    """Our prepared format: manifest.json + shard_NNNNN.safetensors."""
+    """Our prepared format: manifest.json + shard_NNNNN.safetensors, checked once on opening
+    (engine/data/shard_checks.py); `vocab_size` (the target's) bounds the token ids."""
 
-    def __init__(self, path: str) -> None:
-        from safetensors import safe_open
+    def __init__(self, path: str, vocab_size: int | None = None) -> None:
         self.path = path
         mpath = os.path.join(path, "manifest.json")
         meta = read_json(mpath, obj=False)
@@ -41,46 +49,57 @@ class ShardData(FeatureData):
             raise EngineError(f"{mpath}: field 'format': expected {FORMAT!r}")
         if meta.get("version") != 1:
             raise EngineError(f"{mpath}: field 'version': {meta.get('version')!r} is not supported")
-        shards = meta.get("shards")
-        if not isinstance(shards, list) or not shards:
-            raise EngineError(f"{mpath}: field 'shards': missing or empty")
+        files = manifest_files(meta, mpath)
         self.meta = meta
         self.aux_layer_ids = meta.get("aux_layer_ids")
         self.hidden_size = int(meta.get("target", {}).get("hidden_size", 0))
+        self.vocab_size = vocab_size or manifest_vocab_size(meta, mpath)
         self._index: list[tuple[str, int, int]] = []  # (file, start, end)
+        self._local: list[int] = []  # the sample's number inside its shard
         self.has_target_argmax = True  # every shard holds `target_argmax`
         self._ids: list[Tensor] = []
         self._mask: list[Tensor] = []
         self.lengths, self.loss_counts = [], []
-        for s in shards:
-            fpath = os.path.join(path, str(s.get("file")))
+        for i, (entry, name) in enumerate(zip(meta["shards"], files, strict=True)):
+            fpath = os.path.join(path, name)
             if not os.path.isfile(fpath):
-                raise EngineError(f"{mpath}: shard {s.get('file')!r} is missing")
-            with safe_open(fpath, "pt") as f:
-                missing = [k for k in SHARD_KEYS if k not in f.keys()]  # noqa: SIM118
-                if missing:
-                    raise EngineError(f"{fpath}: tensor {missing[0]!r} is missing")
-                ids, mask, off = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), \
-                    f.get_tensor("offsets")
-                hs = f.get_slice("hidden_states").get_shape()
-                ax = f.get_slice("aux_hidden_states").get_shape()
-                top = f.get_slice("target_argmax").get_shape() \
-                    if "target_argmax" in f.keys() else None  # noqa: SIM118
-            n = ids.numel()
-            self.has_target_argmax = self.has_target_argmax and top is not None
-            if mask.numel() != n or hs[0] != n or ax[0] != n or int(off[-1]) != n or \
-                    (top is not None and list(top) != [n]):
-                raise EngineError(f"{fpath}: tensors disagree on the token count {n}")
-            if ax[1] != 3 * hs[1]:
-                raise EngineError(f"{fpath}: aux_hidden_states width {ax[1]} is not 3 x "
-                                  f"hidden_states width {hs[1]}")
-            self.hidden_size = self.hidden_size or hs[1]
-            for a, b in zip(off[:-1].tolist(), off[1:].tolist(), strict=False):
+                raise EngineError(f"{mpath}: shard {name!r} is missing")
+            ints, hs = self._read_shard(fpath)
+            ids, mask, off = ints["input_ids"], ints["loss_mask"], ints["offsets"]
+            self.has_target_argmax = self.has_target_argmax and "target_argmax" in ints
+            check_count(mpath, f"shards[{i}].samples",
+                        entry.get("samples"), off.numel() - 1, f"{name} holds")
+            self.hidden_size = self.hidden_size or hs
+            for k, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist(), strict=False)):
                 self._index.append((fpath, a, b))
+                self._local.append(k)
                 self._ids.append(ids[a:b])
                 self._mask.append(mask[a:b])
                 self.lengths.append(b - a)
                 self.loss_counts.append(int(mask[a:b][2:].sum()))
+        check_count(mpath, "samples", meta.get("samples"), len(self.lengths),
+                    "its shards hold")
+
+    def _read_shard(self, fpath: str) -> tuple[dict[str, Tensor], int]:
+        """A shard's integer tensors, checked (shard_checks.check_shard), and its hidden width."""
+        from safetensors import SafetensorError, safe_open
+        try:
+            with safe_open(fpath, "pt") as f:
+                keys = set(f.keys())
+                missing = [k for k in SHARD_KEYS if k not in keys]
+                if missing:
+                    raise EngineError(f"{fpath}: tensor {missing[0]!r} is missing")
+                ints = {k: f.get_tensor(k) for k in INT_KEYS if k in keys}
+                shapes = {k: list(f.get_slice(k).get_shape())
+                          for k in ("hidden_states", "aux_hidden_states")}
+                dtypes = {k: f.get_slice(k).get_dtype()
+                          for k in ("hidden_states", "aux_hidden_states")}
+        except (SafetensorError, OSError) as e:
+            raise EngineError(f"{fpath}: not a readable safetensors file "
+                              f"({str(e).splitlines()[0][:160]})") from None
+        feature_dtypes(fpath, dtypes)
+        check_shard(fpath, ints, shapes, self.vocab_size)
+        return ints, shapes["hidden_states"][1]
 
     def __getitem__(self, i: int) -> Sample:
         from safetensors import safe_open
@@ -93,6 +112,9 @@ class ShardData(FeatureData):
 
     def tokens(self, i: int) -> tuple[Tensor, Tensor]:
         return self._ids[i].long(), self._mask[i].long()
+
+    def describe(self, i: int) -> str:
+        return f"{os.path.basename(self._index[i][0])} sample {self._local[i]}"
 
     def token_counts(self, vocab_size: int) -> Tensor:
         counts = torch.zeros(vocab_size, dtype=torch.int64)
@@ -202,13 +224,15 @@ class OnlineData(FeatureData):
         return counts
 
 
-def open_data(path: str, target_dir: str | None = None) -> FeatureData:
+def open_data(path: str, target_dir: str | None = None, vocab_size: int | None = None
+              ) -> FeatureData:
     """Our shard directory, a SpecForge or a speculators offline directory (module docstring).
-    `target_dir` is needed to read speculators data (its last layer is before the final norm)."""
+    `target_dir` is needed to read speculators data (its last layer is before the final norm);
+    `vocab_size` (the target's) bounds the token ids of our shards."""
     if not os.path.isdir(path):
         raise EngineError(f"{path}: not a directory (expected a prepared data directory)")
     if os.path.isfile(os.path.join(path, "manifest.json")):
-        data: FeatureData = ShardData(path)
+        data: FeatureData = ShardData(path, vocab_size)
     elif files := glob.glob(os.path.join(path, "data_*.ckpt")):
         data = SpecForgeData(path, files)
     else:

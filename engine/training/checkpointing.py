@@ -18,13 +18,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.errors import EngineError
-from engine.fileio import atomic_dir, json_text, read_json, write_text
+from engine.fileio import atomic_dir, json_text, read_json, reason, write_text
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STALE_OLD = re.compile(r"^\.step_\d{6,}\.old-\d+-[0-9a-f]{8}$")
@@ -49,15 +50,26 @@ def save_checkpoint(ckpt_root: Path, step: int, draft_config: dict[str, Any],
     final = ckpt_root / step_name(step)
     tmp = ckpt_root / f".tmp-{step_name(step)}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    # a rerun of the same step after a crash replaces it (only once the new one is complete)
-    with atomic_dir(final, tmp) as out:
-        _write_json(out / "config.json", draft_config)
-        save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()},
-                  str(out / "model.safetensors"), metadata={"format": "pt"})
-        torch.save(optimizer_state, out / "optimizer.pt")
-        torch.save(rng_states, out / "rng.pt")
-        _write_json(out / "trainer.json", trainer_state)
-    write_text(ckpt_root / "latest", final.name + "\n")
+    writers: list[tuple[str, Callable[[Path], None]]] = [
+        ("config.json", lambda p: _write_json(p, draft_config)),
+        ("model.safetensors", lambda p: save_file(
+            {k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(p),
+            metadata={"format": "pt"})),
+        ("optimizer.pt", lambda p: torch.save(optimizer_state, p)),
+        ("rng.pt", lambda p: torch.save(rng_states, p)),
+        ("trainer.json", lambda p: _write_json(p, trainer_state))]
+    current = final
+    try:  # a rerun of the same step after a crash replaces it (once the new one is complete)
+        with atomic_dir(final, tmp) as out:
+            for name, write in writers:
+                current = final / name
+                write(out / name)
+        current = ckpt_root / "latest"
+        write_text(current, final.name + "\n")
+    except (OSError, RuntimeError) as e:  # torch.save words a full disk as a RuntimeError
+        why = reason(e) if isinstance(e, OSError) else "the write failed"
+        raise EngineError(f"{current}: cannot write the checkpoint ({why}; is the disk full?); "
+                          f"the previous checkpoint stays the latest") from None
     prune(ckpt_root, keep)
     return final
 
@@ -102,12 +114,33 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         if not (path / name).is_file():
             raise EngineError(f"{path}: {name} is missing (incomplete checkpoint)")
     trainer = read_json(path / "trainer.json")
-    return {
-        "model": load_file(str(path / "model.safetensors")),
-        "optimizer": torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
-        "rng": torch.load(path / "rng.pt", map_location="cpu", weights_only=True),
-        "trainer": trainer,
-    }
+    try:
+        model = load_file(str(path / "model.safetensors"))
+    except Exception as e:  # SafetensorError: truncated, bad header
+        raise EngineError(f"{path / 'model.safetensors'}: not a readable safetensors file "
+                          f"({str(e).splitlines()[0][:120]})") from None
+    return {"model": model, "optimizer": _load_pt(path / "optimizer.pt"),
+            "rng": _load_pt(path / "rng.pt"), "trainer": trainer}
+
+
+def _load_pt(path: Path) -> Any:
+    """A torch file of tensors and plain containers (weights_only: never a pickle's code)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # not a zip, refused globals, truncated
+        raise EngineError(f"{path}: not a loadable weights-only torch file "
+                          f"({str(e).splitlines()[0][:120]})") from None
+
+
+def check_optimizer_state(opt: torch.optim.Optimizer, path: Path) -> None:
+    """After loading: every per-parameter state tensor has its parameter's shape (a tampered or
+    foreign optimizer.pt would otherwise fail at the first step with a bare size error)."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        for key, t in opt.state.get(p, {}).items():
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape != p.shape:
+                raise EngineError(f"{path}: tensor {key!r} of parameter {i} has shape "
+                                  f"{list(t.shape)}, the drafter's parameter is {list(p.shape)}")
 
 
 def rng_state() -> dict[str, Any]:

@@ -43,6 +43,10 @@ class TrainConfig:
     """Vd for a vocab built here; default min(32000, V), or the finetune source's Vd."""
     resume: bool = False
     """Continue from RUN_DIR/checkpoints/latest (model, optimizer, schedule, data position, RNG)."""
+    resume_despite_changed_data: bool = False
+    """With `resume`: continue even though the data, the draft vocab or the target's config
+    changed since the checkpoint (their sha256 are recorded; without this flag a change is
+    refused by name, since the run would mix two datasets)."""
     ttt_steps: int = 7
     """K: draft steps unrolled per batch (training-time test)."""
     lr: float = 1e-4
@@ -113,6 +117,8 @@ class TrainConfig:
         if self.from_vllm and not self.online:
             raise EngineError("--from-vllm: streams features for --online training (pass "
                               "--online), or capture first: engine prepare --from-vllm")
+        if self.resume_despite_changed_data and not self.resume:
+            raise EngineError("--resume-despite-changed-data: only with --resume")
         if self.vocab and self.rebuild_vocab:
             raise EngineError("--vocab and --rebuild-vocab: choose one")
         if self.vocab and not os.path.isfile(self.vocab):

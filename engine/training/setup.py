@@ -140,8 +140,10 @@ def _finetune(cfg: TrainConfig, tcfg: dict[str, Any], aux: list[int], lm_head: T
 
 def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     """Load data and heads, choose the vocab, and build the drafter (module docstring)."""
+    from engine.ckpt.vocab import check_vocab_size
     tcfg = read_config(cfg.target)
     v, ht = int(tcfg["vocab_size"]), int(tcfg["hidden_size"])
+    check_vocab_size(v, f"{cfg.target}/config.json: field 'vocab_size'")  # before [V] counts
     target: Target | None = None
     data: FeatureData
     if cfg.online and cfg.from_vllm:  # the server holds the target: read only its heads here
@@ -154,7 +156,7 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         emb = target.embed_weight().detach().float().cpu()
         head = TargetHead(cfg.target, target.lm_head_weight().detach().float().cpu())
     else:
-        data = open_data(cfg.data, target_dir=cfg.target)
+        data = open_data(cfg.data, target_dir=cfg.target, vocab_size=v)
         emb, head = load_embedding(cfg.target)
         want = data.meta.get("target", {}).get("config_sha256")
         if want and want != config_hash(cfg.target):
@@ -172,7 +174,8 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         raise EngineError(
             f"--data {cfg.data}: aux layer ids {aux} (a {n}-layer target) {problem}; prepare "
             "the data again (the engine picks distinct ascending layers)")
-    prov: dict[str, Any] = {"data_sha256": data_hash(data), "aux_layer_ids": aux}
+    prov: dict[str, Any] = {"data_sha256": data_hash(data), "aux_layer_ids": aux,
+                            "target_config_sha256": config_hash(cfg.target)}
     if cfg.finetune_from:
         dcfg, sd, prov["finetune"] = _finetune(cfg, tcfg, aux, head, data, ev)
     else:

@@ -30,10 +30,11 @@ import torch
 from torch import Tensor, nn
 
 from engine import __version__
+from engine.ckpt.checks import require_finite
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import write_json
+from engine.fileio import read_json, reason, write_json
 from engine.model.draft import Eagle3Draft
 from engine.model.ttt_loss import (
     step_rows,
@@ -43,6 +44,7 @@ from engine.model.ttt_loss import (
     ttt_loss,
 )
 from engine.training.checkpointing import (
+    check_optimizer_state,
     latest_dir,
     load_checkpoint,
     rng_state,
@@ -52,6 +54,9 @@ from engine.training.checkpointing import (
 from engine.training.config import TrainConfig
 from engine.training.plan import Step, epoch_steps, split_holdout
 from engine.training.setup import Setup, build
+
+# sha256 of what a run reads (engine/training/setup.py's provenance)
+INPUT_HASHES = ("data_sha256", "vocab_sha256", "target_config_sha256")
 
 
 class Unroll(nn.Module):
@@ -174,23 +179,59 @@ class Trainer:
             if mine.get(k) != v:
                 raise EngineError(f"--resume: setting {k!r} is {mine.get(k)!r} but the run in "
                                   f"{self.cfg.out} used {v!r}")
+        self._require_same_inputs(path, tr)
         missing, unexpected = self.draft.load_state_dict(
             {**ck["model"], "embed_tokens.weight": self.draft.embed_tokens.weight}, strict=False)
         if missing or unexpected:
             raise EngineError(f"{path}/model.safetensors: tensors do not match the drafter "
                               f"({(missing or unexpected)[0]!r})")
 
+    def _inputs(self) -> dict[str, Any]:
+        """What the run reads, by content: recorded in each checkpoint, compared on --resume."""
+        p = self.setup_.provenance
+        return {k: p.get(k) for k in INPUT_HASHES}
+
+    def _require_same_inputs(self, path: Path, tr: dict[str, Any]) -> None:
+        """--resume continues the same run only on the same data, vocab and target (checkpoints
+        from before this check: run.json's record), unless the user overrides it by name."""
+        was = tr.get("inputs")
+        if not isinstance(was, dict):
+            with contextlib.suppress(EngineError):
+                was = read_json(self.out / "run.json")
+        if not isinstance(was, dict):
+            return
+        now = self._inputs()
+        names = {"data_sha256": f"the data ({self.cfg.data})", "vocab_sha256": "the draft vocab",
+                 "target_config_sha256": f"the target's config ({self.cfg.target})"}
+        changed = [f"{names[k]}: sha256 {str(was[k])[:12]}.. then, {str(now[k])[:12]}.. now"
+                   for k in INPUT_HASHES if was.get(k) and now.get(k) and was[k] != now[k]]
+        if not changed:
+            return
+        what = "; ".join(changed)
+        if self.cfg.resume_despite_changed_data:
+            self.ev.log(f"--resume-despite-changed-data: continuing {path} although {what} "
+                        "changed", level="warning")
+            return
+        raise EngineError(f"--resume: {what} changed since {path} (the run would mix them); "
+                          "pass --resume-despite-changed-data to continue anyway, or choose a "
+                          "new --out")
+
     def _restore_state(self, path: Path, ck: dict[str, Any]) -> None:
         tr = ck["trainer"]
-        if self.dist.enabled and self.cfg.fsdp:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_optimizer_state_dict,
-            )
-            set_optimizer_state_dict(self.module, self.opt, ck["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.opt.load_state_dict(ck["optimizer"])
+        try:
+            if self.dist.enabled and self.cfg.fsdp:
+                from torch.distributed.checkpoint.state_dict import (
+                    StateDictOptions,
+                    set_optimizer_state_dict,
+                )
+                set_optimizer_state_dict(self.module, self.opt, ck["optimizer"],
+                                         options=StateDictOptions(full_state_dict=True))
+            else:
+                self.opt.load_state_dict(ck["optimizer"])
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise EngineError(f"{path / 'optimizer.pt'}: not this drafter's optimizer state "
+                              f"({str(e).splitlines()[0][:120]})") from None
+        check_optimizer_state(self.opt, path / "optimizer.pt")
         self.sched.load_state_dict(tr["scheduler"])
         self.step, self.pos = int(tr["step"]), (int(tr["epoch"]), int(tr["step_in_epoch"]))
         self.best_tau, self.best_step = float(tr["best_tau"]), int(tr["best_step"])
@@ -260,17 +301,31 @@ class Trainer:
                 [p for p in self.module.parameters() if p.requires_grad], self.cfg.clip)
             if hasattr(gnorm, "full_tensor"):  # FSDP: a replicated DTensor
                 gnorm = gnorm.full_tensor()
+            m: dict[str, Any] = summarize(stats.cpu(), self.cfg.ttt_steps)
+            self._require_finite(step, m["loss"], float(gnorm))  # before the weights move
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         tokens = sum(lengths[i] for i in step.samples())
-        m: dict[str, Any] = summarize(stats.cpu(), self.cfg.ttt_steps)
         m.update(lr=self.lr_at(self.step), grad_norm=float(gnorm), tokens_per_s=tokens / dt,
                  tokens=tokens, epoch=step.epoch, step_time_s=dt)
         for k, v in self.timers.items():
             m[f"t_{k}_s"] = v
         return m
+
+    def _require_finite(self, step: Step, loss: float, gnorm: float) -> None:
+        """A diverged step ends the run (every rank sees the same reduced numbers): the weights
+        stay as they were, and nothing non-finite is ever saved or exported."""
+        what = ("the loss" if not math.isfinite(loss) else
+                "the gradient norm" if not math.isfinite(gnorm) else None)
+        if what is None:
+            return
+        names = [self.setup_.data.describe(i) for i in step.samples()]
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise EngineError(f"step {self.step + 1}: {what} is not finite "
+                          f"({loss if what == 'the loss' else gnorm}) on the batch of {shown} "
+                          f"(data {self.cfg.data}); the run stops, nothing of this step is saved")
 
     def lr_at(self, step: int) -> float:
         return self.cfg.lr * lr_factor(step, self.total, self.warmup)
@@ -306,6 +361,7 @@ class Trainer:
 
     def checkpoint(self, tau_est: float | None) -> None:
         model, optim = self._full_state()
+        require_finite(model, f"step {self.step}: checkpoint")
         rngs: list[Any] = [None] * self.dist.world
         if self.dist.enabled:
             torch.distributed.all_gather_object(rngs, rng_state())
@@ -315,20 +371,23 @@ class Trainer:
         if not self.dist.main:
             return
         score = tau_est if tau_est is not None else (self.tau_ema or 0.0)
-        if score > self.best_tau:
+        better = score > self.best_tau
+        if better:
             self.best_tau, self.best_step = score, self.step
-            self.export("best", model, {"step": self.step, "estimated_tau": score,
-                                        "held_out_tau": tau_est})
         trainer = {"step": self.step, "epoch": self.pos[0], "step_in_epoch": self.pos[1],
                    "total_steps": self.total, "scheduler": self.sched.state_dict(),
                    "best_tau": self.best_tau, "best_step": self.best_step,
                    "tau_ema": self.tau_ema, "held_out_tau": tau_est,
                    "world_size": self.dist.world,
-                   "settings": self._settings(), "engine": __version__}
+                   "settings": self._settings(), "inputs": self._inputs(),
+                   "engine": __version__}
         path = save_checkpoint(self.ckpt_root, self.step, self.draft.config.to_eagle_dict(),
                                model, optim, trainer, rngs, self.cfg.keep)
         self.ev.log(f"checkpoint {path.name}" + (f" (held-out tau {tau_est:.3f})"
                                                   if tau_est is not None else ""))
+        if better:  # only once its checkpoint is on disk: best/ never names a missing step
+            self.export("best", model, {"step": self.step, "estimated_tau": score,
+                                        "held_out_tau": tau_est})
 
     def export(self, name: str, model: dict[str, Tensor], extra: dict[str, Any]) -> None:
         """RUN/<name>/ in the EAGLE style (formats.save_drafter), in the drafter's dtype."""
@@ -336,9 +395,14 @@ class Trainer:
         cfg = self.draft.config
         dtype = getattr(torch, cfg.torch_dtype)
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
-        save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
-                     provenance={"run": str(self.out.resolve()), **extra,
-                                 **self.setup_.provenance, "training": self._flags()})
+        require_finite(sd, f"{self.out / name}: step {self.step}")  # bf16 may overflow to inf
+        try:
+            save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
+                         provenance={"run": str(self.out.resolve()), **extra,
+                                     **self.setup_.provenance, "training": self._flags()})
+        except OSError as e:  # the previous export stays whole (written aside, then renamed)
+            raise EngineError(f"{self.out / name}: cannot write the drafter ({reason(e)}; is "
+                              "the disk full?)") from None
 
     def _flags(self) -> dict[str, Any]:
         """How the step ran (recorded in exports' provenance; run.json has every setting)."""
