@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.capture.reference_check import ReferenceCheck
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
     plan_capture,
@@ -255,7 +256,8 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
                         dtype: str | None = None, shard_mb: float = 1024,
                         batch_tokens: int = 16384, engine_args: dict[str, Any] | None = None,
                         check_every: int = 16, ev: Emitter | None = None,
-                        overwrite: bool = False, keep_free_gb: float = 0.0) -> dict[str, Any]:
+                        overwrite: bool = False, keep_free_gb: float = 0.0,
+                        reference: str = "auto") -> dict[str, Any]:
     """Write DATA_DIR through vLLM's executor (module docstring); returns the manifest."""
     check_args(out_dir, overwrite, max_len, shard_mb)
     if tp < 1 or check_every < 0:
@@ -267,6 +269,11 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
     run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
                      cp.spec, TargetHead(target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
                      check_every)
+    run.reference = ReferenceCheck(target_dir, cp.spec.layer_ids, cp.store,
+                                   reference if check_every else "off")
+    if ev is not None and run.reference.mode == "off" and check_every:
+        ev.log(f"the reference check is off ({run.reference.why}): the capture is checked "
+               "against vLLM's own log-probs only", level="warning")
     if ev is not None:
         n, done = len(cp.samples), cp.committed
         ev.log(f"capturing {n - done} of {n} samples ({cp.left} tokens, about "
@@ -281,7 +288,8 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
         engine.close()
     manifest = cp.manifest(run.writer.shards, seconds, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
-        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks})
+        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks,
+        "reference_check": run.reference.summary()})
     finish(cp.partial, out_dir, manifest, "progress.json")
     return manifest
 
@@ -296,6 +304,7 @@ class _EngineRun:
         self.samples, self.order, self.plan, self.fp = samples, order, plan, fp
         self.spec, self.head, self.tol, self.check_every = spec, head, tol, check_every
         self.checks: list[dict[str, Any]] = []
+        self.reference: ReferenceCheck | None = None
         os.makedirs(partial, exist_ok=True)
         self.ppath = os.path.join(partial, "progress.json")
         self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards))
@@ -356,6 +365,8 @@ class _EngineRun:
                               f"expected {list(want)} (layer ids {self.spec.layer_ids})")
         if not bool(torch.isfinite(cap.states).all()):
             raise EngineError(f"sample {sid!r}: non-finite values in vLLM's hidden states")
+        if check and self.reference is not None:  # before anything of it is written
+            self.reference(sid, t.input_ids, cap.states)
         aux = torch.cat([cap.states[:, s] for s in self.spec.aux_slots], dim=-1)
         final = self.spec.norm(cap.states[:, self.spec.final_slot])
         if check and cap.prompt_logprobs is not None:

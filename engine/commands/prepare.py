@@ -57,6 +57,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     e.add_argument("--check-every", type=int, default=16, metavar="N",
                    help="self-check the first sample of every Nth batch against vLLM's own "
                         "log-probs (0: never; default 16)")
+    e.add_argument("--reference-check", choices=("auto", "full", "off"), default="auto",
+                   help="also compare the checked samples' states with a transformers forward "
+                        "of the text stack (auto: when it fits this host's memory)")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
@@ -104,7 +107,8 @@ def _run_vllm_engine(args: argparse.Namespace, ev: Emitter) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, max_len=args.max_len,
         dtype=args.dtype, shard_mb=args.shard_mb, batch_tokens=args.batch_tokens,
         engine_args=parse_engine_args(args.engine_arg), check_every=args.check_every, ev=ev,
-        overwrite=args.overwrite, keep_free_gb=args.keep_free_gb)
+        overwrite=args.overwrite, keep_free_gb=args.keep_free_gb,
+        reference=args.reference_check)
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out} through vLLM's executor "
