@@ -257,13 +257,13 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
                         batch_tokens: int = 16384, engine_args: dict[str, Any] | None = None,
                         check_every: int = 16, ev: Emitter | None = None,
                         overwrite: bool = False, keep_free_gb: float = 0.0,
-                        reference: str = "auto") -> dict[str, Any]:
+                        reference: str = "auto", fp8: bool = False) -> dict[str, Any]:
     """Write DATA_DIR through vLLM's executor (module docstring); returns the manifest."""
     check_args(out_dir, overwrite, max_len, shard_mb)
     if tp < 1 or check_every < 0:
         raise EngineError(f"--tp {tp} / --check-every {check_every}: must be >= 1 / >= 0")
     cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
-                      keep_free_gb, ev, via="vllm-engine")
+                      keep_free_gb, ev, via="vllm-engine", **({"fp8": True} if fp8 else {}))
     kwargs = engine_kwargs(target_dir, cp.cfg, cp.store, tp, gpu_memory_utilization, max_len,
                            batch_tokens, engine_args or {})
     run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
@@ -307,7 +307,8 @@ class _EngineRun:
         self.reference: ReferenceCheck | None = None
         os.makedirs(partial, exist_ok=True)
         self.ppath = os.path.join(partial, "progress.json")
-        self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards))
+        self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards),
+                                  fp8=bool(fp.get("fp8")))
         if not shards:
             self._save()
         self.pos = sum(int(s["samples"]) for s in shards)
