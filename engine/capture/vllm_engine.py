@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.capture.reference_check import ReferenceCheck
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
     plan_capture,
@@ -255,18 +256,24 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
                         dtype: str | None = None, shard_mb: float = 1024,
                         batch_tokens: int = 16384, engine_args: dict[str, Any] | None = None,
                         check_every: int = 16, ev: Emitter | None = None,
-                        overwrite: bool = False, keep_free_gb: float = 0.0) -> dict[str, Any]:
+                        overwrite: bool = False, keep_free_gb: float = 0.0,
+                        reference: str = "auto", fp8: bool = False) -> dict[str, Any]:
     """Write DATA_DIR through vLLM's executor (module docstring); returns the manifest."""
     check_args(out_dir, overwrite, max_len, shard_mb, target_dir=target_dir, data_path=data_path)
     if tp < 1 or check_every < 0:
         raise EngineError(f"--tp {tp} / --check-every {check_every}: must be >= 1 / >= 0")
     cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
-                      keep_free_gb, ev, via="vllm-engine")
+                      keep_free_gb, ev, via="vllm-engine", **({"fp8": True} if fp8 else {}))
     kwargs = engine_kwargs(target_dir, cp.cfg, cp.store, tp, gpu_memory_utilization, max_len,
                            batch_tokens, engine_args or {})
     run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
                      cp.spec, TargetHead(target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
                      check_every)
+    run.reference = ReferenceCheck(target_dir, cp.spec.layer_ids, cp.store,
+                                   reference if check_every else "off")
+    if ev is not None and run.reference.mode == "off" and check_every:
+        ev.log(f"the reference check is off ({run.reference.why}): the capture is checked "
+               "against vLLM's own log-probs only", level="warning")
     if ev is not None:
         n, done = len(cp.samples), cp.committed
         ev.log(f"capturing {n - done} of {n} samples ({cp.left} tokens, about "
@@ -281,7 +288,8 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
         engine.close()
     manifest = cp.manifest(run.writer.shards, seconds, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
-        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks})
+        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks,
+        "reference_check": run.reference.summary()})
     finish(cp.partial, out_dir, manifest, "progress.json")
     return manifest
 
@@ -296,9 +304,11 @@ class _EngineRun:
         self.samples, self.order, self.plan, self.fp = samples, order, plan, fp
         self.spec, self.head, self.tol, self.check_every = spec, head, tol, check_every
         self.checks: list[dict[str, Any]] = []
+        self.reference: ReferenceCheck | None = None
         os.makedirs(partial, exist_ok=True)
         self.ppath = os.path.join(partial, "progress.json")
-        self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards))
+        self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards),
+                                  fp8=bool(fp.get("fp8")))
         if not shards:
             self._save()
         self.pos = sum(int(s["samples"]) for s in shards)
@@ -356,6 +366,8 @@ class _EngineRun:
                               f"expected {list(want)} (layer ids {self.spec.layer_ids})")
         if not bool(torch.isfinite(cap.states).all()):
             raise EngineError(f"sample {sid!r}: non-finite values in vLLM's hidden states")
+        if check and self.reference is not None:  # before anything of it is written
+            self.reference(sid, t.input_ids, cap.states)
         aux = torch.cat([cap.states[:, s] for s in self.spec.aux_slots], dim=-1)
         final = self.spec.norm(cap.states[:, self.spec.final_slot])
         if check and cap.prompt_logprobs is not None:

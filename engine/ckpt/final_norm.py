@@ -55,8 +55,9 @@ class FinalNorm:
 def load_final_norm(target_dir: str, cfg: dict[str, Any]) -> FinalNorm:
     """Read only the final norm's weight (and eps from config.json)."""
     from engine.ckpt.safetensors_io import open_weights
+    from engine.ckpt.target_weights import text_stack_names
     ws = open_weights(Path(target_dir))
-    key = norm_key(sorted(ws.names()), target_dir)
+    key = norm_key(sorted(text_stack_names(target_dir, list(ws.names()))), target_dir)
     weight = ws.load(key)
     hidden = int(cfg["hidden_size"])
     if tuple(weight.shape) != (hidden,):

@@ -16,6 +16,7 @@ import torch
 from engine.ckpt.key_map import target_heads
 from engine.ckpt.safetensors_io import Entry, WeightSet, open_weights
 from engine.ckpt.target_config import read_config
+from engine.ckpt.target_layout import resolve_layout
 from engine.errors import EngineError
 from engine.model.config import Eagle3Config
 
@@ -32,8 +33,18 @@ def find_target_heads(target: Path | str, need_head: bool = True) -> tuple[Weigh
     """The target's weights and the stored names of its embedding and lm_head (the same name
     for a tied target)."""
     ws = open_weights(Path(target))
-    emb, head = target_heads(ws.names(), target_tied(target), str(target), need_head)
+    emb, head = target_heads(text_stack_names(target, list(ws.names())), target_tied(target),
+                             str(target), need_head)
     return ws, emb, head
+
+
+def text_stack_names(target: Path | str, names: list[str]) -> list[str]:
+    """The names of the text stack's tensors: all of them for a causal LM (or a weights-only
+    directory), a multimodal wrapper's `language_model` ones only (never its vision tower)."""
+    if not os.path.lexists(os.path.join(target, "config.json")):
+        return names
+    layout = resolve_layout(str(target), names)
+    return names if layout.wrapper is None else layout.text_names(names)
 
 
 def target_embedding_entry(target: Path, cfg: Eagle3Config) -> tuple[WeightSet, Entry]:

@@ -26,6 +26,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="stored dtype (default: float32 on CPU, the target's dtype on GPU)")
     p.add_argument("--shard-mb", type=float, default=1024, help="approximate shard size")
+    p.add_argument("--fp8", action="store_true",
+                   help="store the aux and final states as float8_e4m3fn with a per-token scale "
+                        "(half of bf16 on disk; readers dequantise)")
     p.add_argument("--device", help="torch device (default: cuda:LOCAL_RANK if present, else cpu)")
     p.add_argument("--device-map", choices=("auto",),
                    help="auto: spread a target too big for one GPU over all visible GPUs "
@@ -60,6 +63,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     e.add_argument("--check-every", type=int, default=16, metavar="N",
                    help="self-check the first sample of every Nth batch against vLLM's own "
                         "log-probs (0: never; default 16)")
+    e.add_argument("--reference-check", choices=("auto", "full", "off"), default="auto",
+                   help="also compare the checked samples' states with a transformers forward "
+                        "of the text stack (auto: when it fits this host's memory)")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:
@@ -75,7 +81,8 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     manifest = prepare(args.target, args.data, args.out, max_len=args.max_len,
                        batch_tokens=args.batch_tokens, dtype=args.dtype, shard_mb=args.shard_mb,
                        device=args.device, ev=ev, overwrite=args.overwrite,
-                       device_map=args.device_map, keep_free_gb=args.keep_free_gb)
+                       device_map=args.device_map, keep_free_gb=args.keep_free_gb,
+                       fp8=args.fp8)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # under torchrun, rank 0 alone reports
     ev.answer(manifest, args.json, lambda m: (
@@ -92,7 +99,7 @@ def _run_from_vllm(args: argparse.Namespace, ev: Emitter) -> int:
         shard_mb=args.shard_mb, keep_server_files=args.keep_server_files,
         max_failures=args.max_failures, ev=ev, overwrite=args.overwrite,
         batch_tokens=args.batch_tokens, keep_free_gb=getattr(args, "keep_free_gb", 0.0),
-        server_storage=args.server_storage)
+        server_storage=args.server_storage, fp8=args.fp8)
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out} from {args.from_vllm}; "
@@ -108,7 +115,8 @@ def _run_vllm_engine(args: argparse.Namespace, ev: Emitter) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, max_len=args.max_len,
         dtype=args.dtype, shard_mb=args.shard_mb, batch_tokens=args.batch_tokens,
         engine_args=parse_engine_args(args.engine_arg), check_every=args.check_every, ev=ev,
-        overwrite=args.overwrite, keep_free_gb=args.keep_free_gb)
+        overwrite=args.overwrite, keep_free_gb=args.keep_free_gb,
+        reference=args.reference_check, fp8=args.fp8)
     ev.answer(manifest, args.json, lambda m: (
         f"{m['samples']} samples, {m['tokens']} tokens ({m['loss_tokens']} assistant) in "
         f"{len(m['shards'])} shard(s) at {args.out} through vLLM's executor "

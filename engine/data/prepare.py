@@ -20,11 +20,14 @@ Each shard holds S samples concatenated along the token axis (no padding), N tok
                                          `target_argmax` (engine/model/ttt_loss.py) of hidden_states
                                          as stored (float32 logits); training computes it if absent
 The shard's safetensors metadata carries `ids` (JSON list of the S conversation ids).
-DTYPE is the manifest's `dtype` (float32 on CPU, the target's dtype on GPU by default).
+DTYPE is the manifest's `dtype` (float32 on CPU, the target's dtype on GPU by default), or with
+`--fp8` float8_e4m3fn beside `aux_hidden_states_scale` [N, 3] and `hidden_states_scale` [N, 1]
+(float32; manifest `storage` "float8_e4m3fn"; engine/data/fp8_store.py). Readers dequantise to
+DTYPE; data without `storage` is full precision.
 
 manifest.json:
     format "eagle3-console-data", version 1, samples, tokens, loss_tokens,
-    skipped {no_assistant_tokens, template_error}, max_len, dtype,
+    skipped {no_assistant_tokens, template_error}, max_len, dtype, storage,
     aux_layer_ids (vLLM convention: id k = INPUT of decoder layer k), hidden_state "final_norm",
     target {path, config_sha256, num_hidden_layers, hidden_size, vocab_size},
     source {path, sha256}, shards [{file, samples, tokens}], created, engine.
@@ -63,7 +66,8 @@ from engine.ckpt.output_dir import DirKind, check_not_tied, check_replaceable, r
 from engine.ckpt.target_config import config_hash
 from engine.data.chat import Tokenized, tokenize_conversation
 from engine.data.conversations import Conversation, read_conversations
-from engine.data.disk_estimate import check_free_space, estimate_bytes
+from engine.data.disk_estimate import TOKEN_EXTRA_BYTES, check_free_space, estimate_bytes
+from engine.data.fp8_store import FP8_NAME, SCALE_SUFFIX, quantize, value_bytes
 from engine.data.target import Target
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
@@ -134,15 +138,21 @@ class ShardWriter:
     shards: list[dict[str, Any]] = field(default_factory=list)
     head: Tensor | None = None
     """The target's lm_head [V,Ht]: when set, shards also hold `target_argmax`."""
+    fp8: bool = False
+    """Store the states as float8_e4m3fn with per-token scales (engine/data/fp8_store.py)."""
     _buf: list[tuple[str, Tensor, Tensor, Tensor, Tensor, Tensor | None]] = field(
         default_factory=list)
+    _scales: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     _bytes: int = 0
 
     def add(self, sid: str, ids: Tensor, mask: Tensor, aux: Tensor, hidden: Tensor) -> None:
         hidden = hidden.to(self.dtype)  # the argmax is taken from the hidden state as stored
         top = None if self.head is None else \
-            target_argmax(hidden, self.head).to("cpu", torch.int32)
+            target_argmax(hidden, self.head).to("cpu", torch.int32)  # (before any FP8 rounding)
         aux, hidden = aux.to("cpu", self.dtype), hidden.to("cpu")
+        if self.fp8:
+            (aux, sa), (hidden, sh) = quantize(aux, 3), quantize(hidden, 1)
+            self._scales.append((sa, sh))
         self._buf.append((sid, ids.to(torch.int32), mask.to(torch.uint8), aux, hidden, top))
         self._bytes += aux.nbytes + hidden.nbytes + ids.numel() * (5 if top is None else 9)
         if self._bytes >= self.shard_bytes:
@@ -162,6 +172,9 @@ class ShardWriter:
             "aux_hidden_states": torch.cat([b[3] for b in self._buf]).contiguous(),
             "hidden_states": torch.cat([b[4] for b in self._buf]).contiguous(),
         }
+        if self._scales:
+            tensors["aux_hidden_states" + SCALE_SUFFIX] = torch.cat([s[0] for s in self._scales])
+            tensors["hidden_states" + SCALE_SUFFIX] = torch.cat([s[1] for s in self._scales])
         tops = [b[5] for b in self._buf]
         if all(x is not None for x in tops):
             tensors["target_argmax"] = torch.cat(tops)  # type: ignore[arg-type]
@@ -171,7 +184,7 @@ class ShardWriter:
             save_file(tensors, str(part),
                       metadata={"format": FORMAT, "ids": json.dumps([b[0] for b in self._buf])})
         self.shards.append({"file": name, "samples": len(lens), "tokens": int(sum(lens))})
-        self._buf, self._bytes = [], 0
+        self._buf, self._scales, self._bytes = [], [], 0
 
 
 def shard_name(n: int) -> str:
@@ -198,11 +211,13 @@ def plan_shards(lengths: list[int], batches: list[list[int]], token_bytes: int,
 
 
 def shard_layout(lengths: list[int], batch_tokens: int, hidden: int, store: torch.dtype,
-                 shard_mb: float) -> list[list[list[int]]]:
+                 shard_mb: float, fp8: bool = False) -> list[list[list[int]]]:
     """The shard plan both paths write (this module and engine/capture/vllm_capture.py): the
     --batch-tokens target batches (`length_batches`) grouped up to --shard-mb, sized by what a
-    token takes in a shard (4 feature rows of `hidden` in `store`, plus its id and mask)."""
-    token_bytes = 4 * hidden * torch.tensor([], dtype=store).element_size() + 5
+    token takes in a shard (4 feature rows of `hidden` in `store` or FP8, plus its id and
+    mask)."""
+    width, scales = value_bytes(store, fp8)
+    token_bytes = 4 * hidden * width + scales + 5
     return plan_shards(lengths, length_batches(lengths, batch_tokens), token_bytes,
                        max(1, int(shard_mb * (1 << 20))))
 
@@ -256,13 +271,14 @@ def _agree(dist: Dist, fn: Any) -> Any:
 
 
 def check_disk(out_dir: str, tokens: int, hidden: int, store: torch.dtype,
-               keep_free_gb: float = 0.0) -> int:
+               keep_free_gb: float = 0.0, fp8: bool = False) -> int:
     """Refuse before writing when the shards (tokens x 4 states x hidden x dtype) won't fit."""
-    width = torch.tensor([], dtype=store).element_size()
-    need = estimate_bytes(tokens, 4, hidden, width)
+    width, scales = value_bytes(store, fp8)
+    need = estimate_bytes(tokens, 4, hidden, width, TOKEN_EXTRA_BYTES + scales)
     check_free_space(os.path.dirname(os.path.abspath(out_dir)) or ".", need,
                      int(keep_free_gb * 1e9),
-                     what=f"{tokens} tokens x 4 states x {hidden} hidden x {width} bytes")
+                     what=f"{tokens} tokens x 4 states x {hidden} hidden x {width} bytes"
+                     + (" (FP8) + scales" if fp8 else ""))
     return need
 
 
@@ -288,7 +304,7 @@ def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
             batch_tokens: int = 16384, dtype: str | None = None, shard_mb: float = 1024,
             device: str | None = None, ev: Emitter | None = None, overwrite: bool = False,
             target: Target | None = None, device_map: str | None = None,
-            keep_free_gb: float = 0.0) -> dict[str, Any]:
+            keep_free_gb: float = 0.0, fp8: bool = False) -> dict[str, Any]:
     """Write DATA_DIR (module docstring) and return its manifest. Under torchrun every rank loads
     its own replica (or, with device_map="auto", its share of the node's GPUs) and writes its
     round-robin share of the planned shards; rank 0 writes the manifest and publishes."""
@@ -298,7 +314,7 @@ def prepare(target_dir: str, data_path: str, out_dir: str, max_len: int = 2048,
     try:
         return _prepare(dist, target_dir, data_path, out_dir, max_len, batch_tokens, dtype,
                         shard_mb, device, ev if dist.main else None, overwrite, target,
-                        device_map, keep_free_gb)
+                        device_map, keep_free_gb, fp8)
     finally:
         if owned:
             shutdown(dist)
@@ -316,7 +332,7 @@ def _dist_device(device: str | None, device_map: str | None) -> str | None:
 def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len: int,
              batch_tokens: int, dtype: str | None, shard_mb: float, device: str | None,
              ev: Emitter | None, overwrite: bool, target: Target | None,
-             device_map: str | None, keep_free_gb: float) -> dict[str, Any]:
+             device_map: str | None, keep_free_gb: float, fp8: bool = False) -> dict[str, Any]:
     check_args(out_dir, overwrite, max_len, shard_mb, target_dir=target_dir, data_path=data_path)
     convs = read_conversations(data_path)
     target, store = _load_target(target, target_dir, device, device_map, dtype, ev)
@@ -324,21 +340,23 @@ def _prepare(dist: Dist, target_dir: str, data_path: str, out_dir: str, max_len:
     if not samples:
         raise EngineError(f"{data_path}: no conversation has an assistant turn to learn from")
     lengths = [len(t.input_ids) for _, t in samples]
-    plan = shard_layout(lengths, batch_tokens, target.hidden_size, store, shard_mb)
+    plan = shard_layout(lengths, batch_tokens, target.hidden_size, store, shard_mb, fp8)
     key = plan_key(data_path, target_dir, target, store, max_len,
-                   [[[samples[i][0] for i in b] for b in chunk] for chunk in plan])
+                   [[[samples[i][0] for i in b] for b in chunk] for chunk in plan], fp8)
     start = time.monotonic()
     tmp, have = _agree(dist, lambda: _open_checked(out_dir, key, plan, lengths,
-                                                   target.hidden_size, store, keep_free_gb))
+                                                   target.hidden_size, store, keep_free_gb,
+                                                   fp8))
     if have and ev is not None:
         ev.log(f"{out_dir}: resuming, {len(have)} of {len(plan)} shards already written")
     try:
-        _write_shards(dist, tmp, plan, have, samples, lengths, target, store, ev)
+        _write_shards(dist, tmp, plan, have, samples, lengths, target, store, ev, fp8)
         dist.barrier()  # every rank's shards are in place
         if dist.main:
             shards = _written_shards(tmp, plan, lengths)
             manifest = _manifest(target_dir, data_path, target, samples, skipped, max_len,
                                  store, shards, time.monotonic() - start)
+            manifest["storage"] = FP8_NAME if fp8 else manifest["dtype"]
             finish(tmp, out_dir, manifest, PLAN_FILE)
         dist.barrier()
     except EngineError:
@@ -368,14 +386,15 @@ def _load_target(target: Target | None, target_dir: str, device: str | None,
 
 
 def _open_checked(out_dir: str, key: str, plan: list[list[list[int]]], lengths: list[int],
-                  hidden: int, store: torch.dtype, keep_free_gb: float) -> tuple[str, list[int]]:
+                  hidden: int, store: torch.dtype, keep_free_gb: float, fp8: bool = False
+                  ) -> tuple[str, list[int]]:
     """OUT.partial and the shards it holds, once the shards still to write fit on its disk (a
     fresh OUT.partial that does not is removed again)."""
     tmp, have = _open_partial(out_dir, key, len(plan))
     left = sum(lengths[i] for k, chunk in enumerate(plan) if k not in have
                for b in chunk for i in b)
     try:  # only what is still to be written must fit
-        check_disk(out_dir, left, hidden, store, keep_free_gb)
+        check_disk(out_dir, left, hidden, store, keep_free_gb, fp8)
     except EngineError:
         if not have:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -385,12 +404,12 @@ def _open_checked(out_dir: str, key: str, plan: list[list[list[int]]], lengths: 
 
 def _write_shards(dist: Dist, tmp: str, plan: list[list[list[int]]], have: list[int],
                   samples: list[tuple[str, Tokenized]], lengths: list[int], target: Target,
-                  store: torch.dtype, ev: Emitter | None) -> None:
+                  store: torch.dtype, ev: Emitter | None, fp8: bool = False) -> None:
     """This rank's round-robin share of the planned shards not yet in `tmp`."""
     mine = [k for k in range(dist.rank, len(plan), dist.world) if k not in have]
     total = sum(len(b) for k in mine for b in plan[k])
     writer = ShardWriter(tmp, store, 1 << 62,  # boundaries come from the plan
-                         head=target.lm_head_weight().detach())
+                         head=target.lm_head_weight().detach(), fp8=fp8)
     done = 0
     for k in mine:
         for batch in plan[k]:
@@ -426,11 +445,13 @@ PLAN_FILE = ".plan.json"
 
 
 def plan_key(data_path: str, target_dir: str, target: Target, store: torch.dtype, max_len: int,
-             plan_ids: list[list[list[str]]]) -> str:
+             plan_ids: list[list[list[str]]], fp8: bool = False) -> str:
     """What a partial directory's shards depend on: source bytes, target config, dtype, device
     kind, aux ids and the shard plan (which covers --max-len, --batch-tokens and --shard-mb)."""
     what = [FORMAT, VERSION, sha256_file(data_path), config_hash(target_dir), str(store),
             target.device.type, target.aux_layer_ids, max_len, plan_ids, "target_argmax"]
+    if fp8:  # (the old key otherwise: a partial directory of an older run still resumes)
+        what.append(FP8_NAME)
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()
 
 
@@ -482,6 +503,7 @@ def data_manifest(samples: list[tuple[str, Tokenized]], skipped: dict[str, int],
         "samples": len(samples), "tokens": int(sum(len(t.input_ids) for _, t in samples)),
         "loss_tokens": int(sum(sum(t.loss_mask) for _, t in samples)),
         "skipped": skipped, "max_len": max_len, "dtype": str(store).replace("torch.", ""),
+        "storage": str(store).replace("torch.", ""),
         "aux_layer_ids": aux_ids,
         "aux_layer_convention": "vllm: id k is the input of decoder layer k",
         "hidden_state": "final_norm",

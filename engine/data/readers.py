@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from engine.data.features import SHARD_KEYS, FeatureData, Sample
+from engine.data.fp8_store import read_states
 from engine.data.prepare import FORMAT
 from engine.data.shard_checks import (
     INT_KEYS,
@@ -51,6 +52,8 @@ class ShardData(FeatureData):
             raise EngineError(f"{mpath}: field 'version': {meta.get('version')!r} is not supported")
         files = manifest_files(meta, mpath)
         self.meta = meta
+        # FP8 shards dequantise to the dtype the target computed in (engine/data/fp8_store.py)
+        self.dtype = getattr(torch, str(meta.get("dtype", "float32")), torch.float32)
         self.aux_layer_ids = meta.get("aux_layer_ids")
         self.hidden_size = int(meta.get("target", {}).get("hidden_size", 0))
         self.vocab_size = vocab_size or manifest_vocab_size(meta, mpath)
@@ -105,8 +108,8 @@ class ShardData(FeatureData):
         from safetensors import safe_open
         fpath, a, b = self._index[i]
         with safe_open(fpath, "pt") as f:
-            aux = f.get_slice("aux_hidden_states")[a:b]
-            hidden = f.get_slice("hidden_states")[a:b]
+            aux = read_states(f, "aux_hidden_states", a, b, self.dtype)
+            hidden = read_states(f, "hidden_states", a, b, self.dtype)
             top = f.get_slice("target_argmax")[a:b].long() if self.has_target_argmax else None
         return Sample(self._ids[i].long(), self._mask[i].long(), aux, hidden, top)
 

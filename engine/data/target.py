@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.ckpt.target_config import read_config
+from engine.ckpt.target_layout import resolve_layout
 from engine.errors import EngineError
 from engine.model.config import default_aux_layer_ids
 
@@ -97,6 +98,24 @@ def load_placement(dev: torch.device, device_map: str | None) -> dict[str, Any]:
     return {}
 
 
+def text_stack_kwargs(target_dir: str) -> dict[str, Any]:
+    """from_pretrained keyword arguments that load a multimodal wrapper's text stack alone as a
+    causal LM (engine/ckpt/target_layout.py): its `text_config` as the config, its stored names
+    mapped to the causal LM's; the vision tower's tensors match no parameter and are never
+    read. Nothing for a plain causal LM."""
+    layout = resolve_layout(target_dir)
+    if layout.wrapper is None:
+        return {}
+    from transformers import AutoConfig
+    text = dict(layout.text_config)
+    try:
+        config = AutoConfig.for_model(text.pop("model_type"), **text)
+    except (KeyError, ValueError) as e:
+        raise EngineError(f"{target_dir}/config.json: text_config of {layout.wrapper}: "
+                          f"{str(e).splitlines()[0]}") from None
+    return {"config": config, "key_mapping": layout.key_mapping()}
+
+
 @dataclass
 class Target:
     """A loaded target: tokenizer, transformers causal LM (eval mode), capture settings."""
@@ -126,9 +145,10 @@ class Target:
             stored = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
             dtype = torch.float32 if dev.type == "cpu" else getattr(torch, stored, torch.bfloat16)
         kwargs = load_placement(dev, device_map)
+        kwargs.update(text_stack_kwargs(target_dir))
         try:
             model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, **kwargs)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, KeyError) as e:
             raise EngineError(f"{target_dir}: cannot load the target model "
                               f"({str(e).splitlines()[0]})") from None
         if "device_map" not in kwargs:  # dispatched models must not be moved as a whole
