@@ -382,7 +382,7 @@ def test_scheduler_truth_for_jobs_the_run_never_finished() -> None:
     """How a finished job's state reads when the record did not say how it ended."""
     def rec(status: str) -> RunRecord:
         return RunRecord.from_dict({"id": "r", "status": status, "scheduler": "slurm",
-                                    "job_id": "7"}, "h")
+                                    "job_id": "7", "pid": 4242, "pgid": 4242}, "h")
     cases = [
         (rec("pending"), Job("7", "PENDING", "Resources", position=3),
          ("pending", "#3 Resources", False)),
