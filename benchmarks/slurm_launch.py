@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from console.demo.config import demo_profiles
 from console.hosts.host import Host, close_hosts
 from console.runs.service import launch, list_runs
 from console.settings.config import Config, HostConfig
-from console.settings.demo_default import demo_profiles
 from console.settings.slurm_options import SlurmOptions
 from tests.slurm import start_cluster  # noqa: E402
 from tests.sshd import start_sshd  # noqa: E402

@@ -11,12 +11,12 @@ from pathlib import PurePath
 from textual.app import App
 from textual.theme import Theme
 
+from console.demo.config import add_demo
 from console.hosts.host import HostPool, HostState
 from console.monitor.service import MonitorHub
 from console.screens.help import HelpScreen
 from console.screens.main import MainScreen
 from console.settings.config import Config
-from console.settings.demo_default import add_demo
 from console.ui.messages import HostStateChanged
 from console.ui.palette import ConsoleCommands
 from console.ui.themes import (

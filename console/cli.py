@@ -31,8 +31,8 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from console import __version__
+from console.demo.config import console_config
 from console.errors import ConfigError, ConsoleError
-from console.settings.demo_default import console_config
 
 COMMANDS: dict[str, str] = {
     "doctor": "console.commands.doctor",

@@ -15,66 +15,260 @@ and, by kind:
     result    data: {...}   the command's final answer (same content as its --json output)
     error     msg: str (one line), type: str
     sample    gpus: [...], host: {...}   one monitor-agent sample (engine/monitor.py documents it)
+The engine writes no NaN or infinity (`encode` writes null; a metric's non-finite value also
+gets a warning log naming it). A reader gets one frozen record per kind from `parse`
+(Progress, Metric, Log, Result, Error, Sample), with every field of its type, numbers finite
+and strings bounded, or None: the console reads events through these records only.
 This module has no heavy imports: the console imports it without torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, ClassVar, TypeAlias
 
 EVENTS_VERSION = 1
 KINDS = ("progress", "metric", "log", "result", "error", "sample")
+LEVELS = ("debug", "info", "warning", "error")
+#: a line longer than this is not an event (a result is the largest: an inspect report)
+MAX_LINE = 8 * 1024 * 1024
+#: a message is cut to this many characters; a name, unit, level or type to MAX_WORD
+MAX_TEXT = 8000
+MAX_WORD = 200
+#: a metric event keeps at most this many values
+MAX_VALUES = 512
+#: an ETA or a rate beyond this is not a number worth showing (about 30 years)
+MAX_SECONDS = 1e9
+
+
+class MalformedEvent(ValueError):
+    """An event line whose fields are not what its kind promises (the message says which)."""
 
 
 @dataclass(frozen=True)
-class Event:
-    """One parsed event line."""
+class Progress:
+    """How far a long step is: done of total units (total None: unknown)."""
 
-    kind: str
+    kind: ClassVar[str] = "progress"
     t: float
     cmd: str
-    data: dict[str, Any] = field(default_factory=dict)
+    done: int
+    total: int | None = None
+    unit: str = ""
+    desc: str = ""
+    eta_s: float | None = None
+    rate: float | None = None
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
+
+@dataclass(frozen=True)
+class Metric:
+    """One step's numbers; a value the engine could not measure as a finite number is None."""
+
+    kind: ClassVar[str] = "metric"
+    t: float
+    cmd: str
+    step: int | None = None
+    values: Mapping[str, float | int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Log:
+    kind: ClassVar[str] = "log"
+    t: float
+    cmd: str
+    level: str = "info"
+    msg: str = ""
+
+
+@dataclass(frozen=True)
+class Result:
+    """The command's final answer (the same content as its --json output)."""
+
+    kind: ClassVar[str] = "result"
+    t: float
+    cmd: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Error:
+    kind: ClassVar[str] = "error"
+    t: float
+    cmd: str
+    msg: str = ""
+    type: str = ""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One monitor-agent sample: the record engine/monitor.py documents (gpus, host, ...)."""
+
+    kind: ClassVar[str] = "sample"
+    t: float
+    cmd: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+Event: TypeAlias = Progress | Metric | Log | Result | Error | Sample
 
 
 def encode(kind: str, cmd: str, payload: dict[str, Any], t: float | None = None) -> str:
-    """One event as a JSON line (no trailing newline)."""
+    """One event as a JSON line (no trailing newline). A number that is not finite is written as
+    null: JSON has no NaN, and a reader must never meet one."""
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}")
     obj = {"v": EVENTS_VERSION, "kind": kind, "t": time.time() if t is None else t, "cmd": cmd}
     obj.update(payload)
-    return json.dumps(obj, separators=(",", ":"), default=_json_default)
+    return json.dumps(finite(obj), separators=(",", ":"), default=_json_default,
+                      allow_nan=False)
+
+
+def finite(o: Any) -> Any:
+    """o with every float that is not finite replaced by None (dicts, lists and scalars that
+    have `.item()`, such as numpy or torch ones, are walked)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [finite(v) for v in o]
+    if not isinstance(o, (str, int, type(None))) and hasattr(o, "item"):
+        try:
+            return finite(o.item())
+        except (TypeError, ValueError):   # more than one element: its list
+            return finite(o.tolist()) if hasattr(o, "tolist") else o
+    return o
 
 
 def parse(line: str | bytes) -> Event | None:
     """Parse one line; None for anything that is not an event we understand (never raises)."""
+    try:
+        return decode(line)
+    except MalformedEvent:
+        return None
+
+
+def decode(line: str | bytes) -> Event | None:
+    """One line as its typed event: None for a line that is no event of ours (not JSON, another
+    kind, a newer version, too long); raises MalformedEvent for an event whose fields are not
+    what its kind promises. Numbers come out finite: a NaN or infinite value where a number may
+    be missing (eta_s, rate, a metric value, inside a result) is None."""
     if isinstance(line, bytes):
         line = line.decode("utf-8", "replace")
+    if len(line) > MAX_LINE:
+        return None
     line = line.strip()
     if not line.startswith("{"):
         return None
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or obj.get("kind") not in KINDS:
         return None
     v = obj.pop("v", None)
-    if not isinstance(v, int) or v > EVENTS_VERSION:
+    if not _is_int(v) or v > EVENTS_VERSION:
         return None
     kind = obj.pop("kind")
-    t = obj.pop("t", 0.0)
+    t = _number(obj.pop("t", 0.0))
     cmd = obj.pop("cmd", "")
-    t = float(t) if isinstance(t, (int, float)) else 0.0
-    return Event(kind=kind, t=t, cmd=str(cmd), data=obj)
+    return _DECODERS[kind](obj, t if t is not None else 0.0,
+                           cmd[:MAX_WORD] if isinstance(cmd, str) else "")
+
+
+def _progress(d: dict[str, Any], t: float, cmd: str) -> Progress:
+    done, total, unit, desc = d.get("done"), d.get("total"), d.get("unit"), d.get("desc")
+    _check(_count(done) is not None, "progress: done is not a number")
+    _check(total is None or _count(total) is not None, "progress: total is not a number")
+    _check(unit is None or isinstance(unit, str), "progress: unit is not a string")
+    _check(desc is None or isinstance(desc, str), "progress: desc is not a string")
+    return Progress(t, cmd, done=_count(done) or 0, total=_count(total),
+                    unit=(unit or "")[:MAX_WORD], desc=(desc or "")[:MAX_WORD],
+                    eta_s=_bounded(d.get("eta_s")), rate=_bounded(d.get("rate")))
+
+
+def _metric(d: dict[str, Any], t: float, cmd: str) -> Metric:
+    values, step = d.get("values"), d.get("step")
+    if not isinstance(values, dict):
+        raise MalformedEvent("metric: values is not an object")
+    _check(step is None or _count(step) is not None, "metric: step is not a number")
+    kept: dict[str, float | int | None] = {}
+    for name, x in list(values.items())[:MAX_VALUES]:
+        _check(x is None or _is_number(x), f"metric: {str(name)[:40]!r} is not a number")
+        kept[str(name)[:MAX_WORD]] = x if _is_int(x) and abs(x) <= 2 ** 53 else _number(x)
+    return Metric(t, cmd, step=_count(step), values=kept)
+
+
+def _log(d: dict[str, Any], t: float, cmd: str) -> Log:
+    level, msg = d.get("level", "info"), d.get("msg", "")
+    _check(isinstance(level, str), "log: level is not a string")
+    _check(isinstance(msg, str), "log: msg is not a string")
+    return Log(t, cmd, level=level[:MAX_WORD], msg=msg[:MAX_TEXT])
+
+
+def _result(d: dict[str, Any], t: float, cmd: str) -> Result:
+    data = d.get("data", {})
+    _check(isinstance(data, dict), "result: data is not an object")
+    return Result(t, cmd, data=finite(data))
+
+
+def _error(d: dict[str, Any], t: float, cmd: str) -> Error:
+    msg, type_ = d.get("msg"), d.get("type", "")
+    if not isinstance(msg, str):
+        raise MalformedEvent("error: msg is not a string")
+    _check(isinstance(type_, str), "error: type is not a string")
+    return Error(t, cmd, msg=msg[:MAX_TEXT], type=type_[:MAX_WORD])
+
+
+def _sample(d: dict[str, Any], t: float, cmd: str) -> Sample:
+    return Sample(t, cmd, data=finite(d))
+
+
+_DECODERS: dict[str, Callable[[dict[str, Any], float, str], Event]] = {
+    "progress": _progress, "metric": _metric, "log": _log, "result": _result,
+    "error": _error, "sample": _sample}
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise MalformedEvent(what)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _number(x: object) -> float | None:
+    """A finite float, or None for anything else (NaN, infinity, a string, a bool)."""
+    if not _is_number(x):
+        return None
+    try:
+        f = float(x)  # type: ignore[arg-type]
+    except OverflowError:   # an int too large for a float
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _count(x: object) -> int | None:
+    """A whole count (0 .. 2**53), or None."""
+    f = _number(x)
+    return int(f) if f is not None and 0 <= f <= 2 ** 53 else None
+
+
+def _bounded(x: object) -> float | None:
+    """A duration or rate worth showing (finite, 0 .. MAX_SECONDS), or None."""
+    f = _number(x)
+    return f if f is not None and 0 <= f <= MAX_SECONDS else None
 
 
 def _json_default(o: Any) -> Any:
@@ -181,7 +375,14 @@ class Emitter:
                 self._end_bar()
 
     def metric(self, values: dict[str, Any], step: int | None = None) -> None:
-        self._emit("metric", {"step": step, "values": values})
+        """One step's numbers; a value that is not finite (a diverged loss) is written as null,
+        and a warning names it: the stream never holds NaN or infinity."""
+        bad = {k: v for k, v in values.items() if finite(v) is None and v is not None}
+        self._emit("metric", {"step": step, "values": finite(values)})
+        if bad:
+            named = ", ".join(f"{k} = {v}" for k, v in bad.items())
+            self.log(f"step {step}: {named} is not a finite number (recorded as null)",
+                     level="warning")
 
     def log(self, msg: str, level: str = "info") -> None:
         self._emit("log", {"level": level, "msg": msg})
@@ -199,7 +400,8 @@ class Emitter:
         (the command's --json) or text(data). With --events, stdout holds only the event."""
         self.result(data)
         if not self.json_mode:
-            print(json.dumps(data, indent=indent, default=_json_default) if as_json else text(data),
+            print(json.dumps(finite(data), indent=indent, default=_json_default, allow_nan=False)
+                  if as_json else text(data),
                   file=self.out, flush=True)
 
     def error(self, msg: str, type_: str = "EngineError") -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from console.app import Eagle3App, create_app
+from console.demo.config import demo_profiles
 from console.hosts.host import HostPool
 from console.hostside.runner import proc_start
 from console.monitor.service import MonitorHub
 from console.settings.config import Config, HostConfig
-from console.settings.demo_default import demo_profiles
 from tests.replay import FrozenClock
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"

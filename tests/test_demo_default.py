@@ -16,17 +16,18 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import ProgressBar, TabbedContent
 
-from console.panes.logs import LogsPane
-from console.panes.runs import RunsPane
-from console.screens.main import MainScreen
-from console.settings.config import LOCAL, data_dir, default_config, load_config
-from console.settings.demo_default import (
+from console.demo.build import DemoState
+from console.demo.config import (
     SERVE_LOG,
     console_config,
     demo_dir,
     demo_profiles,
     with_demo,
 )
+from console.panes.logs import LogsPane
+from console.panes.runs import RunsPane
+from console.screens.main import MainScreen
+from console.settings.config import LOCAL, data_dir, default_config, load_config
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine
@@ -118,11 +119,11 @@ async def test_first_start_builds_the_demo_with_progress() -> None:
         bar = pane.query_one("#runs-bar", ProgressBar)
         await wait_for(pilot, lambda: "/" in str(activity.render()) and bar.display
                        and bar.total is not None, 240, "a progress event of the build")
-        assert pane.demo_state == "building"
+        assert pane.demo_state == DemoState.BUILDING
         assert str(activity.render()).startswith("Building the demo workspace (first start")
         await pilot.press("t")                      # not yet: the workspace is not there
         await pilot.pause()
-        assert pane.busy is None and not pane.records.get(LOCAL)
+        assert pane.model.busy is None and not pane.model.records.get(LOCAL)
     assert not (demo_dir() / "demo.json").exists()
 
 
@@ -135,7 +136,7 @@ async def test_a_failed_build_says_why(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         main = next(s for s in app.screen_stack if isinstance(s, MainScreen))
         pane = main.query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.demo_state == "failed", 120, "the failure")
+        await wait_for(pilot, lambda: pane.demo_state == DemoState.FAILED, 120, "the failure")
         text = str(pane.query_one("#runs-activity").render())
         assert text.startswith("The demo workspace could not be built: ") and "mkdir" in text
 
@@ -204,6 +205,6 @@ async def test_an_older_workspace_gets_the_log(tmp_path: Path, demo_dir: Path) -
     async with local_app(cfg).run_test(size=(120, 40)) as pilot:
         main = next(s for s in pilot.app.screen_stack if isinstance(s, MainScreen))
         runs = main.query_one(RunsPane)
-        await wait_for(pilot, lambda: runs.demo_state == "ready", 60, "the workspace ready")
+        await wait_for(pilot, lambda: runs.demo_state == DemoState.READY, 60, "the workspace ready")
         assert (ws / SERVE_LOG).read_bytes() == recording()
         await _logs_pane_shows(pilot, ws / SERVE_LOG)

@@ -15,6 +15,7 @@ import pytest
 from textual.pilot import Pilot
 
 from console.app import create_app
+from console.demo.config import demo_profiles
 from console.hosts.host import HostPool
 from console.monitor.service import MonitorHub
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
@@ -22,7 +23,6 @@ from console.panes.runs import RunsPane
 from console.screens.main import MainScreen
 from console.screens.run_detail import RunDetailScreen
 from console.settings.config import Config, HostConfig, SyncSet
-from console.settings.demo_default import demo_profiles
 from console.widgets.inspect_view import InspectView
 from console.widgets.line_plot import LinePlot
 from console.widgets.run_tables import RunTable
@@ -69,12 +69,12 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("5")
         pane = main_screen(pilot).query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.listed > 0, 120, "the run registry")
+        await wait_for(pilot, lambda: pane.model.listed > 0, 120, "the run registry")
         activity = pane.query_one("#runs-activity")
 
         # p: the sync set goes over (the engine went with the first registry read)
         await pilot.press("p")
-        await wait_for(pilot, lambda: pane.busy is None and "files" in str(activity.render()),
+        await wait_for(pilot, lambda: pane.model.busy is None and "files" in str(activity.render()),
                        120, "push")
         text = str(activity.render())
         assert text.startswith("pushed 2 of ") and "scripts 2/2" in text, text
@@ -84,7 +84,7 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
         (scripts / "04_train.py").write_text("print('edited')\n")
         await pilot.press("t")
         table = pane.query_one(RunTable)
-        await wait_for(pilot, lambda: pane.busy is None and table.selected is not None and
+        await wait_for(pilot, lambda: pane.model.busy is None and table.selected is not None and
                        f"started {table.selected}" in str(activity.render()), 180, "launch")
         assert "scripts 1/2" in str(activity.render())
         assert (root / "scripts" / "04_train.py").read_text() == "print('edited')\n"
@@ -101,8 +101,8 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
         steps: list[int] = []
         original = feed.progress._metric
 
-        def spy(ev: events.Event) -> None:
-            steps.append(int(ev.get("step")))
+        def spy(ev: events.Metric) -> None:
+            steps.append(int(ev.step or 0))
             original(ev)
 
         feed.progress._metric = spy  # type: ignore[method-assign]
@@ -110,7 +110,7 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
         at_drop = feed.progress.last_step or 0
         assert sshd.drop_connections() >= 1
         await wait_for(pilot, lambda: feed.finished, 300, "the run to end")
-        assert feed.status == "succeeded", feed.record.raw
+        assert feed.status == "succeeded", feed.record.to_json()
         # every step once: what came before the drop plus what was caught up after it
         seen = list(range(1, (steps[0] if steps else 1))) + steps
         assert sorted(set(seen)) == list(range(1, STEPS + 1)) and len(steps) == len(set(steps))

@@ -15,11 +15,25 @@ from tests.drafters import write_drafter
 REPO = Path(__file__).resolve().parent.parent
 
 
+ONE_OF_EACH: dict[str, tuple[dict[str, object], object]] = {
+    "progress": ({"done": 3, "total": 9, "unit": "step", "desc": "train", "eta_s": 1.5,
+                  "rate": 2.0}, events.Progress(5.0, "train", 3, 9, "step", "train", 1.5, 2.0)),
+    "metric": ({"step": 4, "values": {"loss": 1.25}},
+               events.Metric(5.0, "train", 4, {"loss": 1.25})),
+    "log": ({"level": "warning", "msg": "hm"}, events.Log(5.0, "train", "warning", "hm")),
+    "result": ({"data": {"x": 1}}, events.Result(5.0, "train", {"x": 1})),
+    "error": ({"msg": "no", "type": "EngineError"},
+              events.Error(5.0, "train", "no", "EngineError")),
+    "sample": ({"gpus": [], "host": None}, events.Sample(5.0, "train",
+                                                         {"gpus": [], "host": None})),
+}
+
+
 def test_round_trip_every_kind() -> None:
-    for kind in events.KINDS:
-        ev = parse(encode(kind, "train", {"x": 1}, t=5.0))
-        assert ev is not None and ev.kind == kind and ev.cmd == "train" and ev.t == 5.0
-        assert ev.get("x") == 1
+    assert set(ONE_OF_EACH) == set(events.KINDS)
+    for kind, (payload, record) in ONE_OF_EACH.items():
+        ev = parse(encode(kind, "train", payload, t=5.0))
+        assert ev == record and ev.kind == kind
 
 
 def test_parse_rejects_non_events() -> None:
@@ -45,7 +59,7 @@ def test_emitter_json_mode_and_sink(tmp_path: Path) -> None:
     assert all(p is not None for p in parsed)
     progress = [p for p in parsed if p and p.kind == "progress"]
     assert 1 <= len(progress) < 100          # throttled, but the final one always arrives
-    assert progress[-1].get("done") == 1000
+    assert isinstance(progress[-1], events.Progress) and progress[-1].done == 1000
     assert (tmp_path / "events.jsonl").read_text().splitlines() == lines
 
 
@@ -63,7 +77,7 @@ def test_appending_sink_cuts_a_line_torn_by_a_kill(tmp_path: Path) -> None:
     lines = path.read_text(encoding="utf-8").splitlines()
     assert lines[0] == whole and lines[1] == "x" * 9000
     resumed = parse(lines[2])
-    assert len(lines) == 3 and resumed is not None and resumed.get("step") == 2
+    assert len(lines) == 3 and isinstance(resumed, events.Metric) and resumed.step == 2
     events.drop_torn_tail(str(path))                      # a whole file is left as it is
     assert path.read_text(encoding="utf-8").splitlines() == lines
     events.drop_torn_tail(str(tmp_path / "absent.jsonl"))  # and a missing one is not created
@@ -125,6 +139,6 @@ def test_cli_events_mode_writes_only_json() -> None:
     assert r.returncode == 0
     evs = [parse(line) for line in r.stdout.splitlines()]
     assert evs and all(evs)
-    data = [e for e in evs if e.kind == "result"][0].get("data")
+    data = next(e for e in evs if isinstance(e, events.Result)).data
     assert data["disk"]["error"]
     assert data["packages"]["torch"]

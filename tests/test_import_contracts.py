@@ -30,7 +30,7 @@ CONSOLE_LAYERS: list[tuple[str, ...]] = [
     ("console.transport",),
     ("console.hosts",),
     ("console.scheduler", "console.logs", "console.monitor"),
-    ("console.runs",),
+    ("console.runs", "console.demo"),
     ("console.checkpoints",),
     ("console.commands", "console.ui"),
     ("console.widgets",),

@@ -45,7 +45,9 @@ def test_agent_streams_samples_without_nvml(tmp_path: Any) -> None:
     assert [e.kind for e in got] == ["sample"] * 4
     gaps = [b.t - a.t for a, b in zip(got, got[1:], strict=False)]
     assert all(0.1 < g < 0.6 for g in gaps), gaps
-    s = got[-1].data
+    last = got[-1]
+    assert isinstance(last, events.Sample)
+    s = last.data
     assert s["gpus"] == [] and s["driver"] is None
     assert "NVML" in s["reason"] or "nvidia-ml-py" in s["reason"]
     assert s["interval"] == 0.2

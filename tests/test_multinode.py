@@ -62,11 +62,11 @@ async def test_two_node_gloo_all_reduce(sshd: SSHD, tmp_path: Path) -> None:
     logs = {r.host: (Path(r.run_dir) / "output.log").read_text() for r in run.records}
     assert run.status == "succeeded", logs
     assert [(r.node_rank, r.nnodes, r.exit_code) for r in run.records] == [(0, 2, 0), (1, 2, 0)]
-    argv = run.records[1].raw["argv"]
+    argv = list(run.records[1].argv)
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     assert argv[argv.index("--node-rank") + 1] == "1"
-    assert argv[argv.index("--rdzv-endpoint") + 1] == run.records[0].raw["rendezvous"]
-    assert run.records[0].raw["rendezvous"].startswith("127.0.0.1:")
+    assert argv[argv.index("--rdzv-endpoint") + 1] == run.records[0].to_json()["rendezvous"]
+    assert run.records[0].to_json()["rendezvous"].startswith("127.0.0.1:")
     text = "".join(logs.values())
     assert "of 2 sum 3.0" in text and text.count("sum 3.0") == 2
 

@@ -125,7 +125,7 @@ async def test_x_on_a_run_that_ends_while_asked_says_nothing_was_signalled(
             assert f"{RUNNING} had already ended (succeeded): nothing was signalled" in \
                 str(activity.render())
             pane = app.screen.query_one(RunsPane)
-            await wait_for(pilot, lambda: pane.busy is None)
+            await wait_for(pilot, lambda: pane.model.busy is None)
         assert sleeper.poll() is None                  # not signalled
     finally:
         sleeper.kill()

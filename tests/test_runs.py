@@ -79,8 +79,8 @@ async def test_odd_names_args_exit_code_and_output(server: SSHD | None, tmp_path
     assert out[1] == "hello; $HOME 'x'"
     assert "to stderr" in out
     assert not (work / "pwned").exists()
-    assert rec.raw["push"]["manifest"] and rec.raw["push"]["trees"]["engine"]
-    assert rec.raw["argv"][0] == sys.executable
+    assert rec.push.manifest and rec.to_json()["push"]["trees"]["engine"]
+    assert rec.argv[0] == sys.executable
 
 
 async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ async def test_double_launch_refused_and_stop_kills_children(server: SSHD | None
         third = await launch(cfg, "tree", pool, force=True)  # the CLI's --force: nothing asked
         assert len(asked) == 2
         await stop_run(cfg, third.id, pool, grace=5)
-        parent = int(first.records[0].raw["pid"])
+        parent = int(first.records[0].pid or 0)
         child_pid = tmp_path / f"child-{parent}.pid"
         for _ in range(100):
             if child_pid.exists() and child_pid.read_text().strip():
@@ -189,7 +189,7 @@ async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
 
         # a host reboot: command and monitor vanish without an exit record
         victim = await launch(cfg, "victim", pool)
-        raw = victim.records[0].raw
+        raw = victim.records[0].to_json()
         os.kill(raw["monitor_pid"], signal.SIGKILL)
         os.kill(raw["pid"], signal.SIGKILL)
         rec = await wait_status(pool["box"], victim.id, {"lost"}, timeout=10)
@@ -212,7 +212,7 @@ async def test_engine_run_writes_events(tmp_path: Path) -> None:
     finally:
         await close_hosts(pool)
     assert rec.status == "succeeded", (Path(rec.run_dir) / "output.log").read_text()
-    assert rec.raw["argv"][1:4] == ["-m", "engine", "monitor"] and rec.raw["argv"][-1] == "--events"
+    assert rec.argv[1:4] == ("-m", "engine", "monitor") and rec.argv[-1] == "--events"
     lines = (Path(rec.run_dir) / "events.jsonl").read_text().splitlines()
     kinds = [e.kind for e in map(events.parse, lines) if e is not None]
     assert kinds.count("sample") == 3 and len(kinds) == len(lines)   # stdout is events only

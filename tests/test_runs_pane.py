@@ -86,13 +86,13 @@ def runs_pane(pilot: Pilot[Any]) -> RunsPane:
 
 
 def feed_of(pilot: Pilot[Any], run_id: str) -> RunFeed | None:
-    return runs_pane(pilot).feeds.find("local", run_id)
+    return runs_pane(pilot).model.feeds.find("local", run_id)
 
 
 async def show_runs(pilot: Pilot[Any], n_running: int) -> None:
     await pilot.press("5")
     pane = pilot.app.screen.query_one(RunsPane)
-    await wait_for(pilot, lambda: pane.listed > 0)
+    await wait_for(pilot, lambda: pane.model.listed > 0)
     await wait_for(pilot, lambda: (f := feed_of(pilot, RUNNING)) is not None
                    and f.progress.events == n_running and f.train_run is not None)
     pane.refresh_view(force=True)
@@ -233,8 +233,8 @@ async def test_feed_catches_up_without_gap_or_repeat_across_a_cancel(tmp_path: P
     steps: list[int] = []
     original = feed.progress._metric
 
-    def spy(ev: events.Event) -> None:
-        steps.append(int(ev.get("step")))
+    def spy(ev: events.Metric) -> None:
+        steps.append(int(ev.step or 0))
         original(ev)
 
     feed.progress._metric = spy  # type: ignore[method-assign]
@@ -336,7 +336,7 @@ async def test_palette_footer_and_layout_at_100x30(tmp_path: Path) -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("5")
         pane = app.screen.query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.listed > 0)
+        await wait_for(pilot, lambda: pane.model.listed > 0)
         # the footer shows the focused pane's keys
         footer_keys = {b.key for _n, b, _e, _d in app.screen.active_bindings.values()
                        if b.show} if hasattr(app.screen, "active_bindings") else set()
@@ -381,7 +381,7 @@ async def test_t_keeps_the_profile_cursor_and_says_what_it_launches(tmp_path: Pa
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
         pane = app.screen.query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.listed > 0)
+        await wait_for(pilot, lambda: pane.model.listed > 0)
         profiles = pane.query_one(ProfileTable)
         profiles.focus()
         await pilot.press("down")
@@ -389,13 +389,14 @@ async def test_t_keeps_the_profile_cursor_and_says_what_it_launches(tmp_path: Pa
         status = pane.query_one("#runs-status", Static)
         assert "t launches second" in str(status.render())
         await pilot.press("t")
-        await wait_for(pilot, lambda: pane.busy is None and len(pane.records.get("local", []))
+        await wait_for(pilot, lambda: pane.model.busy is None and
+                       len(pane.model.records.get("local", []))
                        == 1)
         await pilot.pause()
         assert app.focused is profiles and profiles.selected == "second"
         assert "2 profiles · 1 run · " in str(status.render())   # not "1 runs"
-        assert pane.records["local"][0].profile == "second"
-        assert pane.query_one(RunTable).selected == pane.records["local"][0].id
+        assert pane.model.records["local"][0].profile == "second"
+        assert pane.query_one(RunTable).selected == pane.model.records["local"][0].id
         assert "t launches second" in str(status.render())
 
 
@@ -426,7 +427,7 @@ async def test_the_runs_pane_lists_newest_first(tmp_path: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
         pane = app.screen.query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.listed > 0)
+        await wait_for(pilot, lambda: pane.model.listed > 0)
         await pilot.pause()
         assert pane.query_one(RunTable).ids == newest
 
@@ -438,7 +439,7 @@ async def test_no_profiles_with_a_config_file_says_the_demo_is_hidden(tmp_path: 
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
         pane = app.screen.query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.listed > 0)
+        await wait_for(pilot, lambda: pane.model.listed > 0)
         text = str(pane.query_one("#runs-activity", Static).render())
         assert "demo profiles hidden: your config defines hosts" in text
 
@@ -456,23 +457,23 @@ async def test_switching_to_a_host_with_profiles_drops_the_no_profile_message(
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
         pane = app.screen.query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.host == "bare" and pane.listed > 0)
+        await wait_for(pilot, lambda: pane.host == "bare" and pane.model.listed > 0)
         activity = pane.query_one("#runs-activity", Static)
         assert 'host = "bare"' in str(activity.render())
         hosts = app.screen.query_one(HostList)
         hosts.focus()
         await pilot.press("down")
-        await wait_for(pilot, lambda: pane.host == "local" and pane.listed > 1)
+        await wait_for(pilot, lambda: pane.host == "local" and pane.model.listed > 1)
         await pilot.pause()
         assert "No profile runs" not in str(activity.render())
         pane.query_one(ProfileTable).focus()
         await pilot.press("r")
-        await wait_for(pilot, lambda: pane.listed > 2)
+        await wait_for(pilot, lambda: pane.model.listed > 2)
         await pilot.pause()
         assert "No profile runs" not in str(activity.render())
         assert "t launches finetune" in str(pane.query_one("#runs-status", Static).render())
         hosts.focus()
         await pilot.press("up")
-        await wait_for(pilot, lambda: pane.host == "bare" and pane.listed > 3)
+        await wait_for(pilot, lambda: pane.host == "bare" and pane.model.listed > 3)
         await pilot.pause()
         assert 'host = "bare"' in str(activity.render())

@@ -71,7 +71,7 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
         assert (await stop_run(config, stopme.id, pool, grace=5)).status == "stopped"
         recs = {r.profile: r for r in await list_runs(host)}
         assert recs["refused"].status == "failed" and recs["refused"].exit_code == 127
-        running_pid = recs["sleeper"].raw["pid"]
+        running_pid = recs["sleeper"].pid
     finally:
         await close_hosts(pool)
     runs = root / "runs"
@@ -157,13 +157,13 @@ async def test_p_in_the_runs_pane_forgets_ended_runs_after_asking(tmp_path: Path
             question = str(app.screen.query_one("#confirm-question", Static).render())
             assert "Forget the 2 ended runs on local?" in question
             await pilot.press("n")                          # no: nothing happens
-            await wait_for(pilot, lambda: pane.busy is None)
+            await wait_for(pilot, lambda: pane.model.busy is None)
             assert failed.exists() and len(table.ids) == 3
             await pilot.press("P")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("y")
             await wait_for(pilot, lambda: table.ids == [running.name])
-            await wait_for(pilot, lambda: pane.busy is None)
+            await wait_for(pilot, lambda: pane.model.busy is None)
             activity = str(pane.query_one("#runs-activity", Static).render())
             assert "forgot 2 ended runs on local" in activity
             assert not failed.exists()

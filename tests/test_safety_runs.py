@@ -208,7 +208,7 @@ async def test_secrets_masked_and_records_private(server: SSHD | None, tmp_path:
         written = json.loads((run_dir / name).read_text())["env"]
         assert written == {**{k: "***" for k in SECRETS}, "GREETING": "hello",
                            "PYTHONUNBUFFERED": "1"}, name
-    assert rec.raw["env"]["HF_TOKEN"] == "***"
+    assert rec.env["HF_TOKEN"] == "***"
     # no secret in any file of the run; the directory and its files are the user's only
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     files = sorted(p.name for p in run_dir.iterdir())

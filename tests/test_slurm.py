@@ -62,7 +62,7 @@ async def wait_for(host: Host, run_id: str, want: set[str], timeout: float = 30,
         if recs and recs[0].status in want:
             return recs[0]
         if time.monotonic() > deadline:
-            raise AssertionError(f"{run_id} stuck at {recs[0].raw if recs else None}")
+            raise AssertionError(f"{run_id} stuck at {recs[0].to_json() if recs else None}")
         await asyncio.sleep(0.1)
 
 
@@ -94,7 +94,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
     try:
         started = await launch(cfg, "hello", pool)
         rec = started.records[0]
-        assert rec.status == "pending" and rec.job_id.isdigit(), rec.raw
+        assert rec.status == "pending" and rec.job_id.isdigit(), rec.to_json()
         assert "BeginTime" in rec.reason
         seen.append(rec.status)
         with pytest.raises(ConsoleError, match="already running or queued"):
@@ -107,7 +107,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
     finally:
         await close_hosts(pool)
     assert seen[0] == "pending" and "running" in seen and seen[-1] == "succeeded", seen
-    assert rec.exit_code == 0 and rec.raw["node_host"] in ("node1", "node2")
+    assert rec.exit_code == 0 and rec.to_json()["node_host"] in ("node1", "node2")
     out = (Path(rec.run_dir) / "output.log").read_text()
     assert out.startswith("started on node") and out.endswith("done\n")
     job = (Path(rec.run_dir) / "job.sh").read_text()
@@ -189,7 +189,7 @@ async def test_stop_running_job_terms_first(sshd: SSHD, cluster: SlurmCluster,
     finally:
         await close_hosts(pool)
     rec = stopped.records[0]
-    assert stopped.status == "stopped", rec.raw
+    assert stopped.status == "stopped", rec.to_json()
     assert "got TERM" in (Path(rec.run_dir) / "output.log").read_text()
     assert rec.exit_code == 7  # it ended on the TERM, inside the grace: no hard cancel needed
 
@@ -211,7 +211,7 @@ async def test_failing_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Path) ->
     assert (Path(rec.run_dir) / "output.log").read_text() == f"oops {len(secret)}\n"
     for f in Path(rec.run_dir).iterdir():
         assert secret not in f.read_text(), f
-    assert rec.raw["env"]["HF_TOKEN"] == "***"
+    assert rec.env["HF_TOKEN"] == "***"
     assert oct(Path(rec.run_dir).stat().st_mode & 0o777) == "0o700"
 
 
@@ -236,7 +236,7 @@ async def test_cancelled_while_pending(sshd: SSHD, cluster: SlurmCluster,
     finally:
         await close_hosts(pool)
     for rec in (stopped.records[0], other):
-        assert rec.status == "stopped" and rec.reason == "cancelled before it started", rec.raw
+        assert rec.status == "stopped" and rec.reason == "cancelled before it started", rec.to_json()
         on_disk = json.loads((Path(rec.run_dir) / "run.json").read_text())
         assert on_disk["status"] == "stopped" and on_disk["slurm_state"] == "CANCELLED"
         assert not (Path(rec.run_dir) / "output.log").exists()  # it never ran
@@ -257,11 +257,11 @@ async def test_two_node_gloo_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Pa
         await close_hosts(pool)
     run_dir = Path(rec.run_dir)
     logs = {p.name: p.read_text() for p in run_dir.glob("output*.log")}
-    assert rec.status == "succeeded", (rec.raw, logs)
-    assert rec.nnodes == 2 and rec.raw["nodes"][0]["status"] == "succeeded"
-    assert {rec.raw["node_host"], rec.raw["nodes"][0]["node_host"]} == {"node1", "node2"}
+    assert rec.status == "succeeded", (rec.to_json(), logs)
+    assert rec.nnodes == 2 and rec.to_json()["nodes"][0]["status"] == "succeeded"
+    assert {rec.to_json()["node_host"], rec.to_json()["nodes"][0]["node_host"]} == {"node1", "node2"}
     assert "of 2 sum 3.0" in logs["output.log"] and "of 2 sum 3.0" in logs["output.node-1.log"]
-    argv = rec.raw["argv"]
+    argv = list(rec.argv)
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "0"
 
 
@@ -380,9 +380,9 @@ def test_slurm_time_formats(value: str, ok: bool) -> None:
 
 def test_scheduler_truth_for_jobs_the_run_never_finished() -> None:
     """How a finished job's state reads when the record did not say how it ended."""
-    def rec(status: str, **raw: object) -> RunRecord:
-        return RunRecord(id="r", host="h", profile="p", status=status, exit_code=None,
-                         start=None, end=None, raw={"job_id": "7", **raw})
+    def rec(status: str) -> RunRecord:
+        return RunRecord.from_dict({"id": "r", "status": status, "scheduler": "slurm",
+                                    "job_id": "7", "pid": 4242, "pgid": 4242}, "h")
     cases = [
         (rec("pending"), Job("7", "PENDING", "Resources", position=3),
          ("pending", "#3 Resources", False)),

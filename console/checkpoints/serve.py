@@ -37,6 +37,7 @@ from console.logs.metrics_service import MetricsError, fetch
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import launch, list_runs
 from console.scheduler.records import Run
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, Profile, data_dir
 from console.settings.metrics_url import split_url
 
@@ -454,7 +455,7 @@ async def wait_until_served(host: Host, run: Run, port: int, timeout: float = CH
         except (MetricsError, ValueError) as e:
             why = e.why if isinstance(e, MetricsError) else str(e)
         recs = await list_runs(host, run.id)
-        if recs and all(r.status != "running" for r in recs):
+        if recs and all(r.status != RunStatus.RUNNING for r in recs):
             return None, f"the run {recs[0].status} before vLLM answered /v1/models " \
                          f"(`follow {run.id}` shows its log)"
         if time.monotonic() + poll > deadline:

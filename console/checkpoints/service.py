@@ -101,8 +101,8 @@ async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:
     got: dict[str, Any] = {}
 
     def grab(ev: events.Event) -> None:
-        if ev.kind == "result" and isinstance(ev.get("data"), dict):
-            got["report"] = ev.get("data")
+        if isinstance(ev, events.Result):
+            got["report"] = ev.data
 
     try:
         # `--`: a folder named like an option (`--help`, `-x`) is still a folder

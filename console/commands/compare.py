@@ -14,6 +14,7 @@ from console.checkpoints.compare import Measurer, Row, table
 from console.checkpoints.serve import read_sessions
 from console.hosts.host import Host, close_hosts, host_of
 from console.runs.service import list_runs
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
 HELP = "compare served drafters by vLLM's measured acceptance (serving sessions from `serve`)"
@@ -37,7 +38,7 @@ async def measure(config: Config, seconds: float) -> None:
                 continue
             host = host_of(pool, config, str(s["host"]))
             recs = await list_runs(host, str(s["run_id"]))
-            if recs and recs[0].status == "running":
+            if recs and recs[0].status == RunStatus.RUNNING:
                 live.append((s, host))
         for i in range(2):
             if i:

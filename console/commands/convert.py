@@ -38,9 +38,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     tty = sys.stderr.isatty() and not args.json
 
     def progress(ev: events.Event) -> None:
-        if tty and ev.kind == "progress":
-            print(f"\rconvert {ev.get('done')}/{ev.get('total')} {ev.get('unit', '')}", end="",
-                  file=sys.stderr)
+        if tty and isinstance(ev, events.Progress):
+            print(f"\rconvert {ev.done}/{ev.total} {ev.unit}", end="", file=sys.stderr)
 
     try:
         src, dst = await host.resolve(args.src), await host.resolve(args.dst)

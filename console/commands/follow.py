@@ -13,12 +13,15 @@ import json
 import posixpath
 import sys
 import time
+from collections.abc import Mapping
 
 from console.hosts.host import Host, close_hosts
 from console.logs.follow import Line, LogFollower
 from console.runs.service import find_run, list_runs
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 from engine import events
+from engine.events import MalformedEvent
 
 HELP = "print RUN's output and engine events as they come; ends when the run ends"
 STATUS_EVERY = 2.0
@@ -39,7 +42,7 @@ class RunWatch:
 
     def __init__(self, host: Host, run_id: str) -> None:
         self.host, self.run_id = host, run_id
-        self.status = "running"
+        self.status = RunStatus.RUNNING
         self.exit_code: int | None = None
         self._asked = 0.0
 
@@ -49,55 +52,30 @@ class RunWatch:
             recs = await list_runs(self.host, self.run_id)
             if recs:
                 self.status, self.exit_code = recs[0].status, recs[0].exit_code
-        return self.status not in ("running", "pending")  # pending: a queued Slurm job
-
-
-class MalformedEvent(ValueError):
-    """An event line whose fields are not what its kind promises (the message says which)."""
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check(ok: bool, what: str) -> None:
-    if not ok:
-        raise MalformedEvent(what)
+        return not self.status.active  # active: running, or a Slurm job still queued
 
 
 def render_event(line: Line) -> str | None:
     """One events.jsonl line as text: None for nothing to show; raises MalformedEvent for an
-    event whose fields are not of the types its kind promises (never an AttributeError)."""
-    ev = events.parse(line.text)
-    if ev is None:
-        return line.display() if line.text.strip() else None
-    if ev.kind == "progress":
-        done, total, unit, desc = ev.get("done"), ev.get("total"), ev.get("unit"), ev.get("desc")
-        _check(_number(done), "progress: done is not a number")
-        _check(total is None or _number(total), "progress: total is not a number")
-        _check(unit is None or isinstance(unit, str), "progress: unit is not a string")
-        _check(desc is None or isinstance(desc, str), "progress: desc is not a string")
-        return f"[{desc or ev.cmd}] {done}" + (f"/{total}" if total else "") + f" {unit or ''}"
-    if ev.kind == "metric":
-        values, step = ev.get("values"), ev.get("step")
-        _check(isinstance(values, dict), "metric: values is not an object")
-        _check(step is None or _number(step), "metric: step is not a number")
-        return f"step {step}: {compact(values)}"
-    if ev.kind == "log":
-        level, msg = ev.get("level", "info"), ev.get("msg", "")
-        _check(isinstance(level, str), "log: level is not a string")
-        _check(isinstance(msg, str), "log: msg is not a string")
-        return ("" if level == "info" else f"{level}: ") + msg
-    if ev.kind == "result":  # its scalars (paths, counts); nested figures are in --json
-        data = ev.get("data", {})
-        scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list))} \
-            if isinstance(data, dict) else {}
+    event whose fields are not of the types its kind promises (engine/events.py decode)."""
+    ev = events.decode(line.text)
+    return line.display() if ev is None and line.text.strip() else render(ev)
+
+
+def render(ev: events.Event | None) -> str | None:
+    if isinstance(ev, events.Progress):
+        return f"[{ev.desc or ev.cmd}] {ev.done}" + (f"/{ev.total}" if ev.total else "") + \
+            f" {ev.unit}"
+    if isinstance(ev, events.Metric):
+        return f"step {ev.step}: {compact(ev.values)}"
+    if isinstance(ev, events.Log):
+        return ("" if ev.level == "info" else f"{ev.level}: ") + ev.msg
+    if isinstance(ev, events.Result):  # its scalars (paths, counts); nested figures are in --json
+        scalars = {k: v for k, v in ev.data.items() if not isinstance(v, (dict, list))}
         return "result: " + ("  ".join(f"{k} {v}" for k, v in scalars.items()) if scalars
-                             else json.dumps(data)[:200])
-    if ev.kind == "error":
-        msg = ev.get("msg")
-        _check(isinstance(msg, str), "error: msg is not a string")
-        return f"error: {msg}"
+                             else json.dumps(ev.data)[:200])
+    if isinstance(ev, events.Error):
+        return f"error: {ev.msg}"
     return None
 
 
@@ -105,7 +83,7 @@ def render_event(line: Line) -> str | None:
 STEP_FIELDS = ("loss", "acc_0", "tau")
 
 
-def compact(values: dict[str, object]) -> str:
+def compact(values: Mapping[str, object]) -> str:
     """A step's metrics in a few columns: loss, acc_0 and tau (`loss 5.498  acc_0 0.866  tau
     3.660`); a metric event without any of them shows its first four values instead."""
     keys = [k for k in STEP_FIELDS if k in values] or list(values)[:4]
@@ -113,7 +91,8 @@ def compact(values: dict[str, object]) -> str:
 
 
 def _fmt(v: object) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
+    """A metric value: 3 decimals, `-` for one that was not a finite number."""
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 class StepLines:
@@ -123,31 +102,30 @@ class StepLines:
     last total seen), and that progress is then dropped."""
 
     def __init__(self) -> None:
-        self.pending: tuple[object, str] | None = None   # (step, "k v …") held for its progress
-        self.printed_step: object = None                 # the step of the last metric printed
-        self.total: object = None                        # the last progress event's total
+        self.pending: tuple[int | None, str] | None = None  # (step, "k v …") for its progress
+        self.printed_step: int | None = None                # the step of the last metric printed
+        self.total: int | None = None                       # the last progress event's total
 
-    def head(self, step: object) -> str:
+    def head(self, step: int | None) -> str:
         """`step  37/150`: the step right-aligned to the total's width, so columns stay put."""
         total = self.total
-        return f"step {step!s:>{len(str(total))}}/{total}" if _number(total) and total \
-            else f"step {step}"
+        return f"step {step!s:>{len(str(total))}}/{total}" if total else f"step {step}"
 
     def add(self, line: Line) -> list[str]:
         """Lines to print for one event line (raises MalformedEvent like render_event)."""
-        text = render_event(line)
-        ev = events.parse(line.text)
-        if ev is not None and ev.kind == "metric":
+        ev = events.decode(line.text)
+        text = line.display() if ev is None and line.text.strip() else render(ev)
+        if isinstance(ev, events.Metric):
             out = self.flush()
-            self.pending = (ev.get("step"), text.split(": ", 1)[1] if text else "")
+            self.pending = (ev.step, compact(ev.values))
             return out
-        if ev is not None and ev.kind == "progress" and ev.get("unit") == "step":
-            done, total, eta = ev.get("done"), ev.get("total"), ev.get("eta_s")
+        if isinstance(ev, events.Progress) and ev.unit == "step":
+            done, total, eta = ev.done, ev.total, ev.eta_s
             self.total = total
             if self.pending is not None and self.pending[0] == done:
                 vals = self.pending[1]
                 self.pending, self.printed_step = None, done
-                eta_text = f"  ETA {_clock(eta)}" if _number(eta) and done != total else ""
+                eta_text = f"  ETA {_clock(eta)}" if eta is not None and done != total else ""
                 return [f"{self.head(done)}  {vals}{eta_text}"]
             if done == self.printed_step:
                 return []
@@ -161,8 +139,8 @@ class StepLines:
         return [f"{self.head(step)}  {vals}"]
 
 
-def _clock(seconds: object) -> str:
-    s = int(seconds) if _number(seconds) else 0  # type: ignore[call-overload]
+def _clock(seconds: float) -> str:
+    s = int(seconds)   # finite and bounded: engine/events.py decode
     h, rem = divmod(s, 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
 
@@ -201,7 +179,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         host, rec = match[0]
         run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
         watch = RunWatch(host, args.run)
-        names = ["output.log"] + (["events.jsonl"] if rec.raw.get("engine") else [])
+        names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
         start = "begin" if args.lines is None else "end"
         followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
                                  tail_lines=args.lines, until=watch.ended,

@@ -27,7 +27,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         await close_hosts(pool)
     if args.json:
         print(json.dumps({"id": started.id, "status": started.status,
-                          "records": [r.raw for r in started.records]}, indent=2))
+                          "records": [r.to_json() for r in started.records]}, indent=2))
         return 0
     print(started.id)
     for r in started.records:
@@ -36,5 +36,5 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             why = f" ({r.reason})" if r.reason else ""
             print(f"  {r.host}: job {r.job_id} {r.status}{why}  {r.run_dir}")
             continue
-        print(f"  {r.host}{node}: pid {r.raw.get('pid')} {r.status}  {r.run_dir}")
+        print(f"  {r.host}{node}: pid {r.pid} {r.status}  {r.run_dir}")
     return 0

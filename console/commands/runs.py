@@ -11,6 +11,7 @@ import time
 from console.hosts.host import open_host
 from console.runs.service import list_runs, prune_runs
 from console.scheduler.records import PruneReport, RunRecord, newest_first
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
 HELP = ("list the runs recorded on HOST (pending, running, succeeded, failed, stopped, lost, "
@@ -38,7 +39,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if args.prune:
         return _print_prune(report, args.json)
     if args.json:
-        print(json.dumps([r.raw | {"status": r.status} for r in records], indent=2))
+        print(json.dumps([r.to_json() for r in records], indent=2))
         return 0
     if not records:
         print(f"no runs on {args.host}")
@@ -47,7 +48,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     w = max(40, *(len(r.id) for r in records))
     print(f"{'RUN':<{w}} {'PROFILE':<16} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
     for r in records:
-        if r.status == "corrupt":  # nothing in it can be trusted but the reason
+        if r.status == RunStatus.CORRUPT:  # nothing in it can be trusted but the reason
             print(f"{r.id:<{w}} {r.profile:<16} {r.status:<10} {r.error}")
             continue
         print(f"{r.id:<{w}} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
@@ -77,7 +78,7 @@ def _job(r: RunRecord) -> str:
     if not r.job_id:
         return ""
     part = r.partition
-    where = r.raw.get("nodelist") or ""
+    where = r.nodelist
     return (f"  job {r.job_id}" + (f" {part}" if part else "") + (f" {where}" if where else "")
             + (f" ({r.reason})" if r.reason else ""))
 

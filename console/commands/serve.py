@@ -59,13 +59,13 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     warnings = checked.warnings if checked else []
     if args.json:
         print(json.dumps({"id": started.id, "status": started.status,
-                          "argv": vllm_argv(req), "records": [r.raw for r in started.records],
+                          "argv": vllm_argv(req), "records": [r.to_json() for r in started.records],
                           "served": checked.to_dict() if checked else None,
                           "warnings": warnings}, indent=2))
         return 0
     print(started.id)
     for r in started.records:
-        print(f"  {r.host}: pid {r.raw.get('pid')} {r.status}  {r.run_dir}")
+        print(f"  {r.host}: pid {r.pid} {r.status}  {r.run_dir}")
     print(f"  metrics: http://127.0.0.1:{args.port}/metrics on {args.host}")
     if checked:
         print(f"  served: {checked.summary()}")

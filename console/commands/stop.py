@@ -12,6 +12,7 @@ import sys
 
 from console.hosts.host import Host, close_hosts
 from console.runs.service import stop_run
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
 HELP = ("stop RUN on every node: SIGTERM its process group, SIGKILL after --grace seconds "
@@ -32,7 +33,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         await close_hosts(pool)
     lost = 0
     for r in stopped.records:
-        if r.status == "lost":  # its pids are gone or someone else's: nothing was signalled
+        if r.status == RunStatus.LOST:  # its pids are gone or someone else's: nothing was signalled
             lost += 1
             why = r.refused or "its command and monitor are gone: not signalled"
             print(f"error: {r.id} on {r.host}: lost ({why})", file=sys.stderr)

@@ -36,8 +36,7 @@ async def ensure_engine(host: Host, force: bool = False) -> None:
     Checked once per Host (an unchanged engine costs two small SFTP reads); force re-checks."""
     if host.engine_pushed and not force:
         return
-    await push(host, await engine_trees(host))
-    host.engine_pushed = True
+    await push(host, await engine_trees(host))   # sets host.engine_pushed
 
 
 async def engine_argv(host: Host, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -71,10 +70,10 @@ async def run_engine(host: Host, args: Sequence[str], *, timeout: float | None =
                 continue
             if on_event is not None:
                 on_event(ev)
-            if ev.kind == "result":
-                result = ev.get("data", {})
-            elif ev.kind == "error":
-                error = ev.get("msg", "failed")
+            if isinstance(ev, events.Result):
+                result = dict(ev.data)
+            elif isinstance(ev, events.Error):
+                error = ev.msg or f"engine {' '.join(args[:1])} failed without a message"
 
     try:
         await asyncio.wait_for(read(), timeout)  # not asyncio.timeout: the floor is Python 3.10

@@ -141,6 +141,10 @@ class PushReport:
 
 # -- which trees ----------------------------------------------------------------------------------
 
+#: the trees engine_trees gives: a push that sent both has put this console's engine on the host
+ENGINE_TREES = frozenset({"engine", "hostside"})
+
+
 async def engine_trees(host: Host) -> list[Tree]:
     """The engine package and the host helpers: pushed on every push."""
     code = await host.code_dir()
@@ -278,7 +282,10 @@ async def push(host: Host, trees: Sequence[Tree], *, delete: bool = False, verif
     for k in keys:
         _ACTIVE[k] = _ACTIVE.get(k, 0) + 1
     try:
-        return await _push(host, root, trees, delete, verify, on_progress)
+        report = await _push(host, root, trees, delete, verify, on_progress)
+        if {t.name for t in trees if t.code} >= ENGINE_TREES:
+            host.engine_pushed = True   # this console's engine is on the host now
+        return report
     finally:
         for k in keys:
             _ACTIVE[k] -= 1

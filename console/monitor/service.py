@@ -177,9 +177,9 @@ class MonitorHub:
     def ingest_line(self, name: str, line: str) -> bool:
         """Feed one line of the agent's output; True when it was a sample."""
         ev = events.parse(line)
-        if ev is None or ev.kind != "sample":
+        if not isinstance(ev, events.Sample):
             return False
-        self.ingest(name, sample_from_event(ev.data, ev.t))
+        self.ingest(name, sample_from_event(dict(ev.data), ev.t))
         return True
 
     async def close(self) -> None:
@@ -244,15 +244,13 @@ class MonitorHub:
                 except asyncio.TimeoutError as e:
                     raise TransportError(name, f"no monitor data for {stall:.0f} s") from e
                 ev = events.parse(line)
-                if ev is None:
-                    continue
-                if ev.kind == "sample":
+                if isinstance(ev, events.Sample):
                     if mon.detail and not got:
                         mon.set_state(MonitorState.LIVE, "")
-                    self.ingest(name, sample_from_event(ev.data, ev.t))
+                    self.ingest(name, sample_from_event(dict(ev.data), ev.t))
                     got = True
-                elif ev.kind == "error":
-                    error = str(ev.get("msg", ""))
+                elif isinstance(ev, events.Error):
+                    error = ev.msg
         except CommandFailed as e:
             if not got:
                 raise _AgentUnusable(error or engine_failure(e)) from e

@@ -358,12 +358,12 @@ class CheckpointsPane(ShownTimers, Vertical):
         refused: list[str] = []
 
         def on_event(ev: events.Event) -> None:
-            if ev.kind == "progress":
-                bar.update(total=ev.get("total"), progress=ev.get("done") or 0)
-                view.show_text(f"{heading}\n{ev.get('desc') or 'convert'} {ev.get('done')}/"
-                               f"{ev.get('total')} {ev.get('unit', '')}")
-            elif ev.kind == "error" and ev.get("type") == "DestinationError":
-                refused.append(str(ev.get("msg") or ""))
+            if isinstance(ev, events.Progress):
+                bar.update(total=ev.total, progress=ev.done)
+                view.show_text(f"{heading}\n{ev.desc or 'convert'} {ev.done}/"
+                               f"{ev.total} {ev.unit}")
+            elif isinstance(ev, events.Error) and ev.type == "DestinationError":
+                refused.append(ev.msg)
 
         try:
             h = await services(self).pool.ensure(host)

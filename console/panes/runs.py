@@ -9,39 +9,43 @@
     enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py)
     r      re-read the host's run registry (it is re-read every few seconds anyway)
 
-No I/O here: workers call the services (console/runs/service.py, console/hosts/push.py,
-console/runs/watch.py, console/settings/demo_default.py) and the pane redraws from what they left,
-on a timer. Running runs are followed in the background (their progress column moves, and opening
-one is instant); the feeds outlive the pane's redraws, so reopening a run goes on from where its
-feed was.
+No I/O here and no decisions: a RunsModel (console/runs/model.py) holds the records, the feeds
+that follow runs in the background, the catch-up of finished runs and the busy lock; workers call
+the services (console/runs/service.py, console/hosts/push.py) and the pane redraws from what the
+model holds, on a timer. The feeds outlive the pane's redraws, so reopening a run goes on from
+where its feed was.
 
-With the embedded default (no config file) the pane also builds the demo workspace on first
-start, with a progress bar, and is the tab the console opens on.
+With the embedded default (no config file) the pane also shows the demo workspace's first build
+(console/demo/build.py posts each step as a DemoChanged message), with a progress bar, and is the
+tab the console opens on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Static
 
+from console.demo.build import DemoState, DemoStatus, build_demo
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
-from console.runs.demo_workspace import demo_ready, ensure_demo
-from console.runs.service import launch, list_runs, prune_runs, stop_run
-from console.runs.watch import RunFeed, RunFeeds, describe_error
+from console.runs.model import RunsModel
+from console.runs.service import launch, prune_runs, stop_run
+from console.runs.watch import describe_error
 from console.scheduler.launch import LaunchHooks, NotStarted
-from console.scheduler.records import RunRecord, newest_first
+from console.scheduler.records import RunRecord
+from console.scheduler.run_status import RunStatus
 from console.settings.config import LOCAL, Config
-from console.settings.demo_default import refresh_demo_profiles
 from console.ui.keymap import bindings
-from console.ui.messages import OpenRun
+from console.ui.messages import DemoChanged, OpenRun
 from console.ui.services import services
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
@@ -52,11 +56,8 @@ from console.widgets.run_tables import (
     run_row,
     stop_outcome,
 )
-from engine import events
 
 LIST_EVERY_S = 5.0
-ENDED = ("succeeded", "failed", "stopped", "lost")   # what P forgets (the host decides again)
-CATCH_UP = 20   # finished engine runs read once per session (their PROGRESS after a restart)
 STOP_GRACE_S = 10.0
 
 
@@ -78,16 +79,14 @@ class RunsPane(ShownTimers, Vertical):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.host: str | None = None
-        self.records: dict[str, list[RunRecord]] = {}
-        self.feeds = RunFeeds()
-        self.busy: str | None = None            # what the pane is doing (push, launch, ...)
-        self.demo_state: str | None = None      # None, "building", "ready" or "failed"
-        self.list_error: str | None = None
-        self.listed = 0                          # how many registry reads have completed
-        self._listing = False
-        self._caught_up: set[tuple[str, str]] = set()   # finished runs read once already
+        self.model = RunsModel(spawn=self._spawn)
+        self.demo_state: DemoState | None = None   # None until the demo's build first posts
         self._drawn: tuple[object, ...] = ()
         self._hint = False     # the activity line holds the "no profile runs here" hint
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], group: str) -> None:
+        """How the model follows a run in the background: a worker of this pane."""
+        self.run_worker(coro, group=group, exclusive=True, exit_on_error=False)
 
     # -- layout --------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -115,7 +114,7 @@ class RunsPane(ShownTimers, Vertical):
     def _host(self, name: str) -> Host:
         return services(self).pool[name]
 
-    def activity(self, text: str, error: bool = False) -> None:
+    def activity(self, text: str | Text, error: bool = False) -> None:
         w = self.query_one("#runs-activity", Static)
         w.update(text)
         w.set_class(error, "-error")
@@ -129,11 +128,13 @@ class RunsPane(ShownTimers, Vertical):
 
     # -- host selection and refresh ------------------------------------------------------------
     def show_host(self, host: str) -> None:
-        if host != self.host and self.busy is None and self.demo_state != "building":
+        if host != self.host and self.model.busy is None and \
+                self.demo_state != DemoState.BUILDING:
             self.activity("")   # what it said was about the previous host
         self.host = host
         self.refresh_view(force=True)
         if self.config.demo is not None and host == LOCAL and self.demo_state is None:
+            self.demo_state = DemoState.BUILDING
             self.build_demo(host, self.config.demo)
         if self.is_on_screen:
             self.load_runs(host)
@@ -145,7 +146,7 @@ class RunsPane(ShownTimers, Vertical):
 
     def _poll(self) -> None:
         # a slow host: let the read in flight finish rather than restart it every tick
-        if self.host is not None and self.is_on_screen and not self._listing:
+        if self.host is not None and self.is_on_screen and not self.model.listing:
             self.load_runs(self.host)
 
     def action_refresh(self) -> None:
@@ -154,53 +155,15 @@ class RunsPane(ShownTimers, Vertical):
 
     @work(exclusive=True, group="runs-list", exit_on_error=False)
     async def load_runs(self, host: str) -> None:
-        self._listing = True
+        self.model.listing = True   # at once: the poll must not start a second read
         try:
             h = await services(self).pool.ensure(host)
-            recs = await list_runs(h)
         except ConsoleError as e:
-            self.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
-            self.refresh_view(force=True)
-            return
-        finally:
-            self._listing = False
-        self.list_error = None
-        self.records[host] = recs
-        self.listed += 1
-        self._start_feeds(h, recs)
+            self.model.listing = False
+            self.model.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
+        else:
+            await self.model.load(h)
         self.refresh_view(force=True)
-
-    def _start_feeds(self, h: Host, recs: list[RunRecord]) -> None:
-        """Follow the running runs; read the newest finished engine runs once, so a new
-        console shows their PROGRESS too (150/150, not -)."""
-        finished = 0
-        for rec in newest_first(recs):
-            feed = self.feeds.get(h, rec)
-            if rec.status == "running":
-                if not feed.following:
-                    self.start_feed(feed)
-            elif rec.raw.get("engine") and rec.status != "corrupt" and finished < CATCH_UP:
-                finished += 1
-                if (h.name, rec.id) not in self._caught_up:
-                    self._caught_up.add((h.name, rec.id))
-                    self.start_feed(feed)
-
-    def start_feed(self, feed: RunFeed) -> None:
-        """Follow a run in the background (idempotent while it follows)."""
-        if feed.following or feed.finished:
-            return
-        feed.following = True   # set now: the worker starts on the next loop turn
-        self.run_worker(self._follow(feed), group=f"feed-{feed.host.name}-{feed.run_id}",
-                        exclusive=True, exit_on_error=False)
-
-    async def _follow(self, feed: RunFeed) -> None:
-        try:
-            await feed.follow()
-        except ConsoleError as e:
-            feed.notice = f"stopped following: {describe_error(e)}"
-            feed.progress.version += 1
-        finally:
-            feed.following = False
 
     # -- drawing -------------------------------------------------------------------------------
     def profiles(self) -> list[str]:
@@ -212,10 +175,11 @@ class RunsPane(ShownTimers, Vertical):
             return
         host = self.host
         now: float = services(self).clock()
-        recs = newest_first(self.records.get(host, []))
-        feeds = [self.feeds.find(host, r.id) for r in recs]
+        model = self.model
+        recs = model.shown(host)
+        feeds = [model.feeds.find(host, r.id) for r in recs]
         key = (host, int(now), tuple((r.id, r.status, r.end, r.reason) for r in recs),
-               tuple(f.progress.version if f else -1 for f in feeds), self.list_error,
+               tuple(f.progress.version if f else -1 for f in feeds), model.list_error,
                self.demo_state, len(self.config.profiles))
         if key == self._drawn and not force:
             return
@@ -226,8 +190,7 @@ class RunsPane(ShownTimers, Vertical):
         self.query_one(RunTable).show(
             [r.id for r in recs],
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds, strict=False)])
-        running = sum(r.status == "running" for r in recs)
-        queued = sum(r.status == "pending" for r in recs)  # Slurm jobs waiting for nodes
+        running, queued = model.counts(host)
         where = self.config.hosts[host].ssh or "this machine"
         status = f"[b]{host}[/b] ({where}) · {count(len(profiles), 'profile')} · " \
             f"{count(len(recs), 'run')}" + \
@@ -236,11 +199,12 @@ class RunsPane(ShownTimers, Vertical):
         selected = self.query_one(ProfileTable).selected
         if selected:   # what t starts: the cursor in the profiles table, wherever focus is
             status += f" · [b]t[/b] launches [b]{selected}[/b]"
-        if self.list_error:
-            status += f"\n[$error]{self.list_error}[/]"
+        if model.list_error:
+            status += f"\n[$error]{model.list_error}[/]"
         self.query_one("#runs-status", Static).update(status)
         # while the demo builds, and after it failed, the activity line says so instead
-        if self.busy is None and self.demo_state not in ("building", "failed") and not profiles:
+        if model.busy is None and self.demo_state not in (DemoState.BUILDING, DemoState.FAILED) \
+                and not profiles:
             hidden = " (demo profiles hidden: your config defines hosts)" \
                 if self.config.path is not None and self.config.demo is None else ""
             self.activity(f"No profile runs on this host{hidden}: add [profiles.NAME] with "
@@ -251,14 +215,12 @@ class RunsPane(ShownTimers, Vertical):
 
     # -- actions -------------------------------------------------------------------------------
     def _selected_run(self) -> RunRecord | None:
-        rid = self.query_one(RunTable).selected
-        return next((r for r in self.records.get(self.host or "", []) if r.id == rid), None)
+        return self.model.find(self.host or "", self.query_one(RunTable).selected)
 
     def _start(self, what: str) -> bool:
-        if self.busy is not None:
-            self.notify(f"Busy: {self.busy}", severity="warning")
+        if not self.model.begin(what):
+            self.notify(f"Busy: {self.model.busy}", severity="warning", markup=False)
             return False
-        self.busy = what
         return True
 
     def action_push(self) -> None:
@@ -275,7 +237,7 @@ class RunsPane(ShownTimers, Vertical):
         except ConsoleError as e:
             self.activity(f"push failed: {describe_error(e)}", error=True)
         finally:
-            self.busy = None
+            self.model.end()
             self.bar(None, None)
 
     async def _push(self, h: Host, syncs: list[str] | None) -> PushReport:
@@ -284,16 +246,14 @@ class RunsPane(ShownTimers, Vertical):
             self.bar(done, total)
 
         trees = await host_trees(h, self.config, syncs)
-        report = await push(h, trees, on_progress=progress)
-        h.engine_pushed = True  # the push above covered the engine
-        return report
+        return await push(h, trees, on_progress=progress)   # it sets h.engine_pushed
 
     def action_launch(self) -> None:
         name = self.query_one(ProfileTable).selected
         if name is None:
             self.notify("No profile to launch on this host", severity="warning")
             return
-        if self.config.demo is not None and self.demo_state == "building":
+        if self.config.demo is not None and self.demo_state == DemoState.BUILDING:
             self.notify("The demo workspace is still being built; launch when it is ready",
                         severity="warning")
             return
@@ -334,7 +294,7 @@ class RunsPane(ShownTimers, Vertical):
             self.activity(f"launch of {name} failed: {describe_error(e)}", error=True)
             return
         finally:
-            self.busy = None
+            self.model.end()
             self.bar(None, None)
         self.activity(f"started [b]{run.id}[/b] · " + " · ".join(map(push_summary, run.pushes)))
         if self.host is not None:
@@ -346,10 +306,9 @@ class RunsPane(ShownTimers, Vertical):
     async def _reload(self, host: str) -> None:
         try:
             h = await services(self).pool.ensure(host)
-            self.records[host] = await list_runs(h)
         except ConsoleError:
             return
-        self._start_feeds(h, self.records[host])
+        await self.model.reload(h)
         self.refresh_view(force=True)
 
     def action_stop(self) -> None:
@@ -357,7 +316,7 @@ class RunsPane(ShownTimers, Vertical):
         if rec is None:
             self.notify("No run selected", severity="warning")
             return
-        if rec.status not in ("running", "pending"):  # pending: a queued Slurm job (scancel)
+        if not rec.status.active:  # active: running, or a queued Slurm job (scancel)
             # on the activity line too: a toast is easy to miss, and x must never seem to do
             # nothing
             said = f"{rec.id} has already ended ({rec.status}): nothing to stop"
@@ -387,7 +346,7 @@ class RunsPane(ShownTimers, Vertical):
         except ConsoleError as e:
             self.activity(f"stop failed: {describe_error(e)}", error=True)
         finally:
-            self.busy = None
+            self.model.end()
         if self.host is not None:
             await self._reload(self.host)
 
@@ -395,7 +354,7 @@ class RunsPane(ShownTimers, Vertical):
         host = self.host
         if host is None:
             return
-        ended = [r.id for r in self.records.get(host, []) if r.status in ENDED]
+        ended = self.model.ended(host)
         if not ended:
             self.activity(f"No ended runs to forget on {host}")
             return
@@ -421,7 +380,7 @@ class RunsPane(ShownTimers, Vertical):
         except ConsoleError as e:
             self.activity(f"prune failed: {describe_error(e)}", error=True)
         finally:
-            self.busy = None
+            self.model.end()
         await self._reload(host)
 
     def action_open(self) -> None:
@@ -429,11 +388,11 @@ class RunsPane(ShownTimers, Vertical):
         if rec is None or self.host is None:
             self.notify("No run selected", severity="warning")
             return
-        if rec.status == "corrupt":  # nothing in its record can be followed
-            self.notify(f"{rec.id}: corrupt record ({rec.error})", severity="warning")
+        if rec.status == RunStatus.CORRUPT:  # nothing in its record can be followed
+            self.notify(f"{rec.id}: corrupt record ({rec.error})", severity="warning",
+                        markup=False)
             return
-        feed = self.feeds.get(self._host(self.host), rec)
-        self.start_feed(feed)
+        feed = self.model.feed(self._host(self.host), rec)
         self.post_message(OpenRun(feed))  # the main screen shows it (screens/run_detail.py)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -448,50 +407,35 @@ class RunsPane(ShownTimers, Vertical):
             # enter on a profile: its newest run (what a user who just pressed t wants)
             event.stop()
             name = event.data_table.selected
-            mine = [r for r in self.records.get(self.host or "", []) if r.profile == name]
-            if not mine:
+            newest = self.model.newest_of(self.host or "", name)
+            if newest is None:
                 self.notify(f"{name} has no run yet: press t to launch it", severity="warning")
                 return
-            self.query_one(RunTable).select(newest_first(mine)[0].id)
+            self.query_one(RunTable).select(newest.id)
             self.action_open()
 
     # -- the embedded demo ---------------------------------------------------------------------
     @work(group="demo", exit_on_error=False)
     async def build_demo(self, host: str, workspace: str) -> None:
-        self.demo_state = "building"
         try:
             h = await services(self).pool.ensure(host)
-            if await demo_ready(h, workspace):
-                self.demo_state = "ready"
-                self.activity("Demo workspace: select a profile and press [b]t[/b] "
-                              "(the finetune takes about 30 s on a CPU)")
-                return
-            self.activity("Building the demo workspace (first start only): a tiny target, "
-                          "data and a public drafter…")
-            self.bar(0, None)
-
-            def on_event(ev: events.Event) -> None:
-                if ev.kind == "progress":
-                    what = ev.get("desc") or ev.cmd
-                    self.activity(f"Building the demo workspace (first start only): {what} "
-                                  f"{ev.get('done')}/{ev.get('total') or '?'} {ev.get('unit', '')}")
-                    self.bar(ev.get("done"), ev.get("total"))
-                elif ev.kind == "log" and ev.get("level") != "debug":
-                    self.activity(f"Building the demo workspace: {ev.get('msg')}")
-
-            info = await ensure_demo(h, workspace, on_event=on_event)
         except ConsoleError as e:
-            self.demo_state = "failed"
-            self.activity(f"The demo workspace could not be built: {describe_error(e)}",
-                          error=True)
+            self.post_message(DemoChanged(DemoStatus(
+                DemoState.FAILED, "The demo workspace could not be built: ",
+                detail=describe_error(e), error=True)))
             return
-        finally:
-            self.bar(None, None)
-        self.demo_state = "ready"
-        refresh_demo_profiles(self.config)
-        took = (info.get("seconds") or {}).get("total")
-        self.activity("Demo workspace ready" + (f" ({took:.0f} s)" if took else "") +
-                      ": press [b]t[/b] to finetune the public drafter, [b]enter[/b] to "
-                      "watch the run")
-        self.notify("Demo workspace ready: press t to start the finetune")
-        self.refresh_view(force=True)
+        def post(status: DemoStatus) -> None:
+            self.post_message(DemoChanged(status))
+
+        await build_demo(h, workspace, self.config, post)
+
+    def on_demo_changed(self, message: DemoChanged) -> None:
+        s = message.status
+        self.demo_state = s.state
+        if s.text or s.detail:   # our words may mark keys up; the engine's are plain text
+            self.activity(Text.from_markup(s.text) + Text(s.detail), error=s.error)
+        self.bar(s.done, s.total)
+        if s.toast:
+            self.notify(s.toast)
+        if s.state != DemoState.BUILDING:
+            self.refresh_view(force=True)

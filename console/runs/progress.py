@@ -73,7 +73,7 @@ class RunProgress:
         self.progress_t: float | None = None
         self.first_t: float | None = None
         self.series: dict[str, Series] = {}
-        self.last_metrics: dict[str, Any] = {}
+        self.last_metrics: dict[str, float | int | None] = {}
         self.last_step: int | None = None
         self.lines: deque[LogLine] = deque(maxlen=MAX_LINES)
         self.result: dict[str, Any] | None = None
@@ -100,48 +100,34 @@ class RunProgress:
         self.events += 1
         if self.first_t is None and ev.t:
             self.first_t = ev.t
-        if ev.kind == "progress":
+        if isinstance(ev, events.Progress):
             self._progress(ev)
-        elif ev.kind == "metric":
+        elif isinstance(ev, events.Metric):
             self._metric(ev)
-        elif ev.kind == "log":
-            msg = str(ev.get("msg", ""))
-            self.lines.append(LogLine(ev.t, str(ev.get("level", "info")), msg))
-            held = HELD_OUT_LOG.search(msg)
+        elif isinstance(ev, events.Log):
+            self.lines.append(LogLine(ev.t, ev.level, ev.msg))
+            held = HELD_OUT_LOG.search(ev.msg)
             if held:
                 self.series.setdefault(HELD_OUT, Series()).add(float(held[1]), float(held[2]))
-        elif ev.kind == "result":
-            data = ev.get("data")
-            self.result = data if isinstance(data, dict) else {}
-        elif ev.kind == "error":
-            self.error = str(ev.get("msg", "failed"))
+        elif isinstance(ev, events.Result):
+            self.result = dict(ev.data)
+        elif isinstance(ev, events.Error):
+            self.error = ev.msg or "failed without a message"
             self.lines.append(LogLine(ev.t, "error", self.error))
         self.version += 1
 
-    def _progress(self, ev: events.Event) -> None:
-        done, total = ev.get("done"), ev.get("total")
-        if not isinstance(done, int):
-            return
-        self.done = done
-        self.total = total if isinstance(total, int) else None
-        self.unit = str(ev.get("unit") or "")
-        self.desc = str(ev.get("desc") or "")
-        eta, rate = ev.get("eta_s"), ev.get("rate")
-        self.eta_s = float(eta) if isinstance(eta, (int, float)) else None
-        self.rate = float(rate) if isinstance(rate, (int, float)) else None
+    def _progress(self, ev: events.Progress) -> None:
+        self.done, self.total = ev.done, ev.total
+        self.unit, self.desc = ev.unit, ev.desc
+        self.eta_s, self.rate = ev.eta_s, ev.rate
         self.progress_t = ev.t
 
-    def _metric(self, ev: events.Event) -> None:
-        values = ev.get("values")
-        if not isinstance(values, dict):
-            return
-        step = ev.get("step")
-        if not isinstance(step, (int, float)):
-            step = (self.last_step or 0) + 1
-        self.last_step = int(step)
-        self.last_metrics = values
-        for name, v in values.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and PLOTTED.match(name):
+    def _metric(self, ev: events.Metric) -> None:
+        step = ev.step if ev.step is not None else (self.last_step or 0) + 1
+        self.last_step = step
+        self.last_metrics = dict(ev.values)
+        for name, v in ev.values.items():
+            if v is not None and PLOTTED.match(name):   # None: not finite, a gap in the plot
                 self.series.setdefault(name, Series()).add(float(step), float(v))
 
     # -- reading -----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from console.logs.follow import LogFollower
 from console.runs.progress import RunProgress
 from console.runs.service import list_runs
 from console.scheduler.records import RunRecord
+from console.scheduler.run_status import RunStatus
 
 EVENTS, OUTPUT = "events.jsonl", "output.log"
 STATUS_EVERY = 2.0
@@ -64,11 +65,11 @@ class RunFeed:
         return self.record.run_dir
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         return self.record.status
 
     def files(self) -> list[str]:
-        return [EVENTS, OUTPUT] if self.record.raw.get("engine") else [OUTPUT]
+        return [EVENTS, OUTPUT] if self.record.engine else [OUTPUT]
 
     # -- following -----------------------------------------------------------------------------
     async def follow(self, on_change: Callable[[], None] | None = None) -> None:
@@ -81,7 +82,7 @@ class RunFeed:
             await self.load_provenance()
             await asyncio.gather(*(self._pump(name, on_change) for name in self.files()))
             await self.load_provenance()
-            self.finished = self.status != "running"
+            self.finished = self.status != RunStatus.RUNNING
         finally:
             self.following = False
             if on_change is not None:
@@ -115,14 +116,14 @@ class RunFeed:
 
     async def _ended(self) -> bool:
         """Whether the run is over (the registry is asked at most every status_every s)."""
-        if self.status != "running":
+        if self.status != RunStatus.RUNNING:
             return True
         if time.monotonic() - self._asked >= self.status_every:
             self._asked = time.monotonic()
             await self.refresh_record()
             if self.train_run is None:   # engine train writes it after its setup: show it then
                 await self.load_provenance()
-        return self.status != "running"
+        return self.status != RunStatus.RUNNING
 
     async def refresh_record(self) -> RunRecord:
         recs = await list_runs(self.host, self.run_id)
@@ -135,7 +136,7 @@ class RunFeed:
     # -- provenance ----------------------------------------------------------------------------
     def train_out(self) -> str | None:
         """The --out directory of an `engine train` run (its own run.json lives there)."""
-        argv = [str(a) for a in self.record.raw.get("argv") or []]
+        argv = self.record.argv
         if "train" not in argv:
             return None
         for i, a in enumerate(argv):
@@ -151,7 +152,7 @@ class RunFeed:
         if out is None:
             return
         if not posixpath.isabs(out):
-            out = posixpath.join(str(self.record.raw.get("cwd") or "/"), out)
+            out = posixpath.join(self.record.cwd or "/", out)
         try:
             data = await self.host.transport.read_range(posixpath.join(out, "run.json"), 0,
                                                         MAX_JSON)
@@ -164,21 +165,19 @@ class RunFeed:
 
     def provenance(self) -> list[tuple[str, str]]:
         """(label, value) rows: what ran, the code it ran, and what it trained from."""
-        raw = self.record.raw
         # few rows: the run detail box has ~10 rows of ~45 columns at 120x40; a value is
         # "PATH (what, sha256 PREFIX)" so the screen can shorten the path and keep the hash
         rows: list[tuple[str, str]] = [("run", f"{self.run_id} on {self.record.host}")]
-        push = raw.get("push") or {}
+        push = self.record.push
         tr = self.train_run
-        code = [f"manifest {str(push['manifest'])[:12]}"] if push.get("manifest") else []
+        code = [f"manifest {push.manifest[:12]}"] if push.manifest else []
         if tr and tr.get("engine"):
             code.append(f"engine {tr['engine']}")
         if code:
             rows.append(("code", " · ".join(code)))
         by_commit: dict[str, list[str]] = {}
-        for tree, commit in (push.get("git") or {}).items():
-            if commit:
-                by_commit.setdefault(str(commit), []).append(str(tree))
+        for tree, commit in push.git.items():
+            by_commit.setdefault(commit, []).append(tree)
         for commit, trees in by_commit.items():
             dirty = " (local changes)" if commit.endswith("-dirty") else ""
             rows.append(("git", f"{commit.removesuffix('-dirty')[:12]}{dirty} "
@@ -204,9 +203,8 @@ class RunFeed:
             vocab = settings.get("vocab") or ("rebuilt from data" if settings.get("rebuild_vocab")
                                               else "the checkpoint's / built from data")
             rows.append(("vocab", f"{vocab} (sha256 {str(tr.get('vocab_sha256') or '?')[:12]})"))
-        argv = raw.get("argv") or []
-        if argv:  # last: the longest, and what wraps
-            rows.append(("command", " ".join(str(a) for a in argv)))
+        if self.record.argv:  # last: the longest, and what wraps
+            rows.append(("command", " ".join(self.record.argv)))
         return rows
 
 
@@ -231,7 +229,7 @@ class RunFeeds:
         feed = self._feeds.get(key)
         if feed is None:
             feed = self._feeds[key] = RunFeed(host, record)
-        elif feed.status == "running":
+        elif feed.status == RunStatus.RUNNING:
             feed.record = record    # records only move on: running, then how it ended
         return feed
 

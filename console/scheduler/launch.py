@@ -30,6 +30,7 @@ from console.errors import ConfigError, ConsoleError
 from console.hosts.host import Host
 from console.hosts.push import PushReport, engine_trees, push, sync_tree
 from console.scheduler.records import RunRecord
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Profile
 
 
@@ -121,7 +122,7 @@ async def start_anyway(name: str, busy: list[RunRecord], where: str,
         if await hooks.confirm(busy):
             return True
         raise NotStarted(f"not started: {name} is already running")
-    state = "running or queued" if queued else "running"
+    state = "running or queued" if queued else RunStatus.RUNNING.value
     raise ConsoleError(f"profile {name!r} is already {state} ({where}); "
                        f"stop it or launch with --force")
 
@@ -137,7 +138,6 @@ async def push_for(config: Config, profile: Profile, host: Host,
         trees.append(await sync_tree(host, config.syncs[s]))
     report = await push(host, trees, on_progress=None if progress is None else
                         lambda done, total, sent: progress(host.name, done, total, sent))
-    host.engine_pushed = True  # the push above covered the engine
     if hooks is not None and hooks.step is not None:
         hooks.step(f"starting {profile.name}…")
     return report

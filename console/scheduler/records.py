@@ -15,11 +15,12 @@ The registry lives on each host, so it holds whether or not a console was connec
         stop          present once a stop was requested (the exit then reads `stopped`)
 
 A record that cannot be trusted (not JSON, a pid that is not a process id, ...) is listed as
-`corrupt` with the reason in raw["error"]; the others list normally. `stop` signals a run's
+`corrupt` with the reason (RunRecord.error); the others list normally. `stop` signals a run's
 process group only while its leader is the recorded command (pid and start time); otherwise
-the run comes back `lost` with raw["refused"] and nothing is signalled. Launches of one
+the run comes back `lost` with RunRecord.refused and nothing is signalled. Launches of one
 profile on a host are serialised by ROOT/.launch-<profile>.lock (the runner's "already
-running" check and the recorded start happen under it); node 0 starts first.
+running" check and the recorded start happen under it); node 0 starts first. A record is
+parsed once (console/scheduler/run_record.py); its status is a RunStatus (run_status.py).
 """
 
 from __future__ import annotations
@@ -34,80 +35,13 @@ from console.errors import CommandFailed, ConsoleError
 from console.hosts.engine_client import ensure_engine
 from console.hosts.host import Host
 from console.hosts.push import HOSTSIDE_PACKAGE, PushReport
-from console.hostside.runner import record_problem
+from console.scheduler.run_record import RunRecord
+from console.scheduler.run_status import RunStatus, combined_status
 
-STATUSES = ("pending", "running", "succeeded", "failed", "stopped", "lost", "corrupt")
+__all__ = ["RUNNER", "PruneReport", "Run", "RunRecord", "RunStatus", "combined_status",
+           "host_prune", "host_records", "newest_first", "runner", "runs_dir"]
 
 RUNNER = "runner.py"   # in ROOT/code/eagle3_hostside, run as a script (see runner())
-
-
-@dataclass
-class RunRecord:
-    """One host's record of a run (run.json, with `lost` worked out by the host)."""
-
-    id: str
-    host: str
-    profile: str
-    status: str
-    exit_code: int | None
-    start: float | None
-    end: float | None
-    node_rank: int = 0
-    nnodes: int = 1
-    raw: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Any, host: str) -> RunRecord:
-        """A record as the runner listed it; one with a field of the wrong type or range (the
-        runner checks too, this is the console's own guard) comes back `corrupt`."""
-        if isinstance(d, dict) and d.get("status") == "corrupt":
-            problem: str | None = str(d.get("error") or "unreadable record")
-        else:
-            problem = record_problem(d)
-        if problem is not None:  # keep only what can be shown safely
-            src = d if isinstance(d, dict) else {}
-            rid, profile, run_dir = src.get("id"), src.get("profile"), src.get("run_dir")
-            raw = {"id": rid if isinstance(rid, str) and rid else "?", "status": "corrupt",
-                   "error": problem, "profile": profile if isinstance(profile, str) else "",
-                   "run_dir": run_dir if isinstance(run_dir, str) else ""}
-            return cls(id=raw["id"], host=host, profile=raw["profile"], status="corrupt",
-                       exit_code=None, start=None, end=None, raw=raw)
-        return cls(id=d["id"], host=str(d.get("host") or host), profile=d.get("profile") or "",
-                   status=d["status"], exit_code=d.get("exit_code"), start=d.get("start"),
-                   end=d.get("end"), node_rank=d.get("node_rank") or 0,
-                   nnodes=d.get("nnodes") or 1, raw=d)
-
-    @property
-    def run_dir(self) -> str:
-        return str(self.raw.get("run_dir") or "")
-
-    @property
-    def error(self) -> str:
-        """Why a `corrupt` record cannot be trusted ("" for any other)."""
-        return str(self.raw.get("error") or "") if self.status == "corrupt" else ""
-
-    @property
-    def job_id(self) -> str:
-        """The Slurm job id of a run on a cluster host ("" elsewhere)."""
-        return str(self.raw.get("job_id") or "")
-
-    @property
-    def partition(self) -> str:
-        """The Slurm partition a job was queued in ("" elsewhere): the runner's own field, or
-        what squeue/sacct reported in the record's `slurm` section."""
-        slurm = self.raw.get("slurm")
-        from_slurm = slurm.get("partition") if isinstance(slurm, dict) else None
-        return str(self.raw.get("partition") or from_slurm or "")
-
-    @property
-    def reason(self) -> str:
-        """What the scheduler says: why a job is pending, or how it ended ("" if nothing)."""
-        return str(self.raw.get("reason") or "")
-
-    @property
-    def refused(self) -> str:
-        """Why `stop` signalled nothing (a `lost` run), "" otherwise."""
-        return str(self.raw.get("refused") or "")
 
 
 @dataclass
@@ -119,16 +53,8 @@ class Run:
     pushes: list[PushReport] = field(default_factory=list)
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         return combined_status([r.status for r in self.records])
-
-
-def combined_status(statuses: Sequence[str]) -> str:
-    """One status for a multi-node run: running while any node runs, then the worst outcome."""
-    for s in ("running", "pending", "corrupt", "lost", "stopped", "failed"):
-        if s in statuses:
-            return s
-    return "succeeded" if statuses else "lost"
 
 
 async def runs_dir(host: Host) -> str:

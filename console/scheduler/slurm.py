@@ -35,23 +35,24 @@ from console.scheduler.launch import (
     start_anyway,
     substitute,
 )
-from console.scheduler.records import RUNNER, Run, RunRecord, combined_status, host_records, runner
+from console.scheduler.records import RUNNER, Run, RunRecord, host_records, runner
+from console.scheduler.run_status import RunStatus, combined_status
 from console.settings.config import Config, HostConfig, Profile
 from console.settings.slurm_options import SlurmOptions, missing
 
-ACTIVE = ("pending", "running")
 #: squeue states of a job that is not over yet
 QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
           "SUSPENDED")
 STARTED = ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED")
 #: a finished job's state -> (status, reason) when its record did not say how it ended
-ENDED = {
-    "CANCELLED": ("stopped", "cancelled"), "PREEMPTED": ("stopped", "preempted"),
-    "TIMEOUT": ("failed", "time limit"), "NODE_FAIL": ("failed", "node failure"),
-    "BOOT_FAIL": ("failed", "node boot failure"), "OUT_OF_MEMORY": ("failed", "out of memory"),
-    "DEADLINE": ("failed", "deadline"), "FAILED": ("failed", "failed"),
-    "COMPLETED": ("lost", "the job ended but the run did not record its end"),
-    "SPECIAL_EXIT": ("failed", "special exit"), "REVOKED": ("stopped", "revoked"),
+_S, _F = RunStatus.STOPPED, RunStatus.FAILED
+JOB_ENDED: dict[str, tuple[RunStatus, str]] = {
+    "CANCELLED": (_S, "cancelled"), "PREEMPTED": (_S, "preempted"),
+    "TIMEOUT": (_F, "time limit"), "NODE_FAIL": (_F, "node failure"),
+    "BOOT_FAIL": (_F, "node boot failure"), "OUT_OF_MEMORY": (_F, "out of memory"),
+    "DEADLINE": (_F, "deadline"), "FAILED": (_F, "the job failed"),
+    "COMPLETED": (RunStatus.LOST, "the job ended but the run did not record its end"),
+    "SPECIAL_EXIT": (_F, "special exit"), "REVOKED": (_S, "revoked"),
 }
 #: how long after its end a record is still asked about (to learn e.g. a time limit)
 RECENT_S = 600.0
@@ -119,27 +120,28 @@ def parse_sacct(text: str) -> dict[str, Job]:
     return jobs
 
 
-def judge(rec: RunRecord, job: Job | None) -> tuple[str, str, bool]:
+def judge(rec: RunRecord, job: Job | None) -> tuple[RunStatus, str, bool]:
     """(status, reason, settle): what to show for a Slurm record given the scheduler's job, and
     whether to write it into the record (the job is over and the record did not say so)."""
     was = rec.status
+    settled = bool(rec.slurm and rec.slurm.state)   # the end was written back once already
     if job is None:
-        if was in ACTIVE:
-            return "lost", f"Slurm no longer knows job {rec.job_id or '?'}", False
+        if was.active:
+            return RunStatus.LOST, f"Slurm no longer knows job {rec.job_id or '?'}", False
         return was, rec.reason, False
     if job.state in QUEUED:
-        if was == "pending" or job.state == "PENDING":
+        if was == RunStatus.PENDING or job.state == "PENDING":
             where = f"#{job.position} " if job.position else ""
-            return "pending", f"{where}{job.reason}".strip(), False
+            return RunStatus.PENDING, f"{where}{job.reason}".strip(), False
         return was, job.reason, False
     if job.state in STARTED:
-        return ("running" if was in ACTIVE else was), "", False
-    status, reason = ENDED.get(job.state, ("failed", job.state.lower()))
-    if was not in ACTIVE:  # the run recorded its end: keep it, learn why (e.g. time limit)
+        return (RunStatus.RUNNING if was.active else was), "", False
+    status, reason = JOB_ENDED.get(job.state, (RunStatus.FAILED, job.state.lower()))
+    if not was.active:  # the run recorded its end: keep it, learn why (e.g. time limit)
         if job.state in ("COMPLETED", "FAILED", "CANCELLED"):
-            return was, rec.reason, not rec.raw.get("slurm_state")
-        return was, reason, not rec.raw.get("slurm_state")
-    if was == "pending":
+            return was, rec.reason, not settled
+        return was, reason, not settled
+    if was == RunStatus.PENDING:
         if job.state == "FAILED":
             reason = "failed before start" + (f": {job.reason}" if job.reason else "")
         elif job.state == "CANCELLED":
@@ -152,7 +154,7 @@ def end_reason(job: Job) -> str:
     node failure); "" for one that finished, failed or was cancelled."""
     if job.state in ("COMPLETED", "FAILED", "CANCELLED"):
         return ""
-    return ENDED.get(job.state, ("failed", job.state.lower()))[1]
+    return JOB_ENDED.get(job.state, (RunStatus.FAILED, job.state.lower()))[1]
 
 
 class SlurmScheduler(Scheduler):
@@ -167,7 +169,7 @@ class SlurmScheduler(Scheduler):
         await host.connect()
         if not force:  # early and friendly; the runner checks again under the profile lock
             busy = [r for r in await self.status(host)
-                    if r.profile == profile.name and r.status in ACTIVE]
+                    if r.profile == profile.name and r.status.active]
             if busy:
                 where = ", ".join(f"{r.id} (job {r.job_id}, {r.status})" for r in busy)
                 force = await start_anyway(profile.name, busy, where, hooks, queued=True)
@@ -215,18 +217,15 @@ class SlurmScheduler(Scheduler):
     async def status(self, host: Host, run_id: str | None = None) -> list[RunRecord]:
         recs = await host_records(host, run_id)
         now = time.time()
-        ask = [r for r in recs if r.raw.get("scheduler") == "slurm" and r.job_id and (
-            r.status in ACTIVE or (not r.raw.get("slurm_state") and r.end
-                                   and now - r.end < RECENT_S))]
+        ask = [r for r in recs if r.slurm is not None and r.job_id and (
+            r.status.active or (not r.slurm.state and r.end and now - r.end < RECENT_S))]
         if not ask:
             return [self._combined(r) for r in recs]
         try:
             jobs = await self.jobs(host, [r.job_id for r in ask])
         except ConsoleError as e:  # the registry still lists; the record says why it is stale
-            for r in ask:
-                if r.status in ACTIVE:
-                    r.raw["reason"] = str(e)
-            return [self._combined(r) for r in recs]
+            stale = {r.id: r.judged(reason=str(e)) for r in ask if r.status.active}
+            return [self._combined(stale.get(r.id, r)) for r in recs]
         out = {r.id: r for r in recs}
         for r in ask:
             job = jobs.get(r.job_id)
@@ -238,20 +237,18 @@ class SlurmScheduler(Scheduler):
                 if isinstance(data, dict):  # the record as it now stands on disk
                     r = out[r.id] = RunRecord.from_dict(data, host.name)
             else:
-                r.status = status
-                r.raw["reason"] = reason
+                r = out[r.id] = r.judged(status, reason=reason)
             if job is not None:
-                r.raw.update({"partition": job.partition or r.raw.get("partition"),
-                              "nodelist": job.nodes or r.raw.get("nodelist")})
+                r = out[r.id] = r.judged(partition=job.partition or r.partition,
+                                         nodelist=job.nodes or r.nodelist)
         return [self._combined(r) for r in out.values()]
 
     @staticmethod
     def _combined(rec: RunRecord) -> RunRecord:
         """A finished multi-node job: failed when any node failed, though node 0 succeeded."""
-        nodes = rec.raw.get("nodes")
-        if rec.status not in ACTIVE and isinstance(nodes, list) and nodes:
-            rec.status = combined_status([rec.status, *(str(n.get("status")) for n in nodes
-                                                        if isinstance(n, dict))])
+        nodes = rec.slurm.node_statuses if rec.slurm else ()
+        if not rec.status.active and nodes:
+            return rec.judged(combined_status([rec.status, *nodes]))
         return rec
 
     async def jobs(self, host: Host, ids: list[str]) -> dict[str, Job]:
@@ -288,15 +285,15 @@ class SlurmScheduler(Scheduler):
         return list(await asyncio.gather(*(self._stop_one(host, r, grace) for r in records)))
 
     async def _stop_one(self, host: Host, rec: RunRecord, grace: float) -> RunRecord:
-        if rec.raw.get("scheduler") != "slurm":
+        if rec.slurm is None:
             raise ConsoleError(f"{rec.id} on {host.name}: not a Slurm record")
         now = (await self.status(host, rec.id) or [rec])[0]
-        if now.status not in ACTIVE or not now.job_id:
+        if not now.status.active or not now.job_id:
             return now
         env = slurm_env(host.cfg.slurm or SlurmOptions())
         await runner(host, ["mark-stop", now.run_dir])
         job = now.job_id
-        if now.status == "running":  # TERM first: the runner hands it to the command's group
+        if now.status == RunStatus.RUNNING:  # TERM first: the runner hands it to its group
             await self._scancel(host, ["--signal=TERM", job], env)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and await self._alive(host, job, env):
@@ -321,7 +318,7 @@ class SlurmScheduler(Scheduler):
         return found is not None and (found.state in QUEUED or found.state in STARTED)
 
     def describe(self, rec: RunRecord) -> dict[str, str]:
-        nodes = rec.raw.get("nodelist") or (f"{rec.nnodes} node" + "s" * (rec.nnodes > 1))
+        nodes = rec.nodelist or (f"{rec.nnodes} node" + "s" * (rec.nnodes > 1))
         return {"job": rec.job_id, "partition": rec.partition,
                 "nodes": str(nodes), "reason": rec.reason}
 

@@ -24,6 +24,7 @@ from console.scheduler.launch import (
     substitute,
 )
 from console.scheduler.records import Run, RunRecord, host_records, runner, runs_dir
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Profile
 
 
@@ -51,7 +52,8 @@ async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host
     await asyncio.gather(*(n.connect() for n in nodes))
     if not force:  # early and friendly; the runner checks again, under its lock, at the start
         found = await asyncio.gather(*(host_records(n) for n in nodes))
-        busy = [r for recs in found for r in recs if r.profile == name and r.status == "running"]
+        busy = [r for recs in found for r in recs
+                if r.profile == name and r.status == RunStatus.RUNNING]
         if busy:
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
             force = await start_anyway(name, busy, where, hooks)

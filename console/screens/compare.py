@@ -23,6 +23,7 @@ from console.checkpoints.compare import Measurer, Row, table
 from console.checkpoints.serve import read_sessions
 from console.errors import ConsoleError
 from console.runs.service import list_runs
+from console.scheduler.run_status import RunStatus
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.footer import Footer
@@ -111,7 +112,7 @@ class CompareScreen(ModalScreen[None]):
             try:
                 host = await pool.ensure(name)
                 recs = await list_runs(host, str(s.get("run_id")))
-                if recs and recs[0].status == "running":
+                if recs and recs[0].status == RunStatus.RUNNING:
                     await self.measurer.measure(s, host)
             except ConsoleError:
                 continue  # the host's state shows in the hosts list; the row keeps its figures

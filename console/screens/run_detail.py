@@ -26,6 +26,7 @@ from console.errors import ConsoleError
 from console.runs.progress import HELD_OUT
 from console.runs.service import stop_run
 from console.runs.watch import RunFeed, describe_error
+from console.scheduler.run_status import RunStatus
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.footer import Footer
@@ -45,14 +46,14 @@ def progress_text(feed: RunFeed) -> str:
     """`step 37/150 · 25% · ETA 1:12 · 0.6 step/s` (or what the run has said so far)."""
     p = feed.progress
     if p.done is None:
-        return "waiting for the first progress event…" if feed.status == "running" else \
+        return "waiting for the first progress event…" if feed.status == RunStatus.RUNNING else \
             "no progress events (not an engine run, or it ended before its first step)"
     unit = p.unit or "it"
     parts = [f"{unit} {p.done}/{p.total}" if p.total else f"{unit} {p.done}"]
     frac = p.fraction
     if frac is not None:
         parts.append(f"{frac * 100:.0f}%")
-    if feed.status == "running" and p.eta_s is not None and frac is not None and frac < 1:
+    if feed.status == RunStatus.RUNNING and p.eta_s is not None and frac is not None and frac < 1:
         parts.append(f"ETA {fmt_duration(p.eta_s)}")
     if p.rate:
         parts.append(f"{p.rate:.2f} {unit}/s")
@@ -114,7 +115,7 @@ class RunDetailScreen(Screen[None]):
     def refresh_view(self, force: bool = False) -> None:
         feed = self.feed
         now: float = services(self).clock()
-        running = feed.status == "running"
+        running = feed.status == RunStatus.RUNNING
         key = (feed.progress.version, feed.status, feed.notice, feed.following,
                int(now) if running else 0)
         if key == self._drawn and not force:
@@ -160,16 +161,17 @@ class RunDetailScreen(Screen[None]):
 
     def _title(self, now: float) -> None:
         feed, rec = self.feed, self.feed.record
-        status = rec.status + ("" if rec.exit_code in (None, 0) else f" (exit {rec.exit_code})")
+        code = "" if rec.exit_code in (None, 0) else f" (exit {rec.exit_code})"
+        status = rec.status.value + code
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.start)) \
             if rec.start else "-"
-        end = rec.end or (now if rec.status == "running" else None)
+        end = rec.end or (now if rec.status == RunStatus.RUNNING else None)
         took = fmt_duration(end - rec.start) if end and rec.start else "-"
         line = (f"[b]{rec.id}[/b] on {rec.host} · {STATUS_MARK.get(rec.status, '')} {status} · "
                 f"started {started} · {took}")
         if feed.notice:
             line += f" · [$warning]{feed.notice}[/]"
-        elif feed.following and rec.status == "running":
+        elif feed.following and rec.status == RunStatus.RUNNING:
             line += " · [$success]live[/]"
         if feed.progress.error:
             line += f"\n[$error]{feed.progress.error}[/]"
@@ -179,7 +181,7 @@ class RunDetailScreen(Screen[None]):
         self.dismiss(None)
 
     def action_stop(self) -> None:
-        if self.feed.status not in ("running", "pending"):
+        if not self.feed.status.active:
             self.notify(f"{self.feed.run_id} has already ended ({self.feed.status}): "
                         "nothing to stop", severity="warning")
             return

@@ -1,2 +1,2 @@
-"""What the console is told: the TOML config (hosts, syncs, profiles, theme), the built-in demo
-default, Slurm options and metrics URLs as checked there, and safe writes of its own files."""
+"""What the console is told: the TOML config (hosts, syncs, profiles, theme), Slurm options and
+metrics URLs as checked there, and safe writes of its own files."""

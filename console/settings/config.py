@@ -117,9 +117,9 @@ class Config:
     profiles: dict[str, Profile] = field(default_factory=dict)
     theme: str | None = None
     path: Path | None = None        # None: built-in defaults, no file
-    demo: str | None = None         # the embedded demo workspace (console/settings/demo_default.py)
+    demo: str | None = None         # the embedded demo workspace (console/demo/config.py)
     #: no config of the user's (no file, or one holding only a remembered theme): the app factory
-    #: and the CLI add the demo (console/settings/demo_default.py), config loading never does
+    #: and the CLI add the demo (console/demo/config.py), config loading never does
     builtin: bool = False
 
     def host(self, name: str) -> HostConfig:

@@ -9,6 +9,7 @@ from textual.message import Message
 from console.hosts.host import HostState
 
 if TYPE_CHECKING:
+    from console.demo.build import DemoStatus
     from console.runs.watch import RunFeed
 
 
@@ -35,3 +36,11 @@ class OpenRun(Message):
     def __init__(self, feed: RunFeed) -> None:
         super().__init__()
         self.feed = feed
+
+
+class DemoChanged(Message):
+    """The embedded demo's build moved on (console/demo/build.py posts one per step)."""
+
+    def __init__(self, status: DemoStatus) -> None:
+        super().__init__()
+        self.status = status

@@ -13,14 +13,16 @@ from textual.widgets import DataTable
 
 from console.runs.progress import RunProgress
 from console.scheduler.records import RunRecord
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Profile
 from console.ui.keymap import bindings
 
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
 RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")
 COMMAND_WIDTH = 60
-STATUS_MARK = {"pending": "…", "running": "▶", "succeeded": "✔", "failed": "✖", "stopped": "■",
-               "lost": "?", "corrupt": "!"}
+STATUS_MARK = {RunStatus.PENDING: "…", RunStatus.RUNNING: "▶", RunStatus.SUCCEEDED: "✔",
+               RunStatus.FAILED: "✖", RunStatus.STOPPED: "■", RunStatus.LOST: "?",
+               RunStatus.CORRUPT: "!"}
 REASON_WIDTH = 48
 #: the RUN cell's width: a longer id is cut in the middle (its start names the profile, its end
 #: the time and suffix that tell runs apart), so STATUS keeps its place at 80 columns
@@ -29,7 +31,8 @@ RUN_TAIL = 11          # HHMMSS-xxxx, the end of every run id (console/scheduler
 
 
 def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
+    """`1:12` or `2:03:04`; `-` for no duration (a finite one: engine/events.py parse)."""
+    if seconds is None or not 0 <= seconds < 1e9:
         return "-"
     s = int(seconds)
     h, rem = divmod(s, 3600)
@@ -37,12 +40,12 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
-def stop_outcome(run_id: str, status: str, refused: str = "") -> str:
+def stop_outcome(run_id: str, status: RunStatus, refused: str = "") -> str:
     """What a stop did, for the pane's activity line and run detail: `stopped`, or a run that
     had ended before the signal (nothing was sent)."""
     if refused:
         return f"{run_id}: {status} ({refused})"
-    if status in ("stopped", "running", "pending"):
+    if status == RunStatus.STOPPED or status.active:
         return f"{run_id}: {status}"
     return f"{run_id} had already ended ({status}): nothing was signalled"
 
@@ -72,9 +75,8 @@ def profile_row(p: Profile) -> tuple[str, str, str]:
 
 def code_of(rec: RunRecord) -> str:
     """The pushed code a run used: the manifest hash, and the git commit when there is one."""
-    push = rec.raw.get("push") or {}
-    manifest = str(push.get("manifest") or "")[:8] or "-"
-    gits = [str(g) for g in (push.get("git") or {}).values() if g]
+    manifest = rec.push.manifest[:8] or "-"
+    gits = list(rec.push.git.values())
     return manifest + (f" {gits[0][:7]}{'+' if gits[0].endswith('-dirty') else ''}"
                        if gits else "")
 
@@ -84,7 +86,7 @@ def progress_of(rec: RunRecord, prog: RunProgress | None) -> str:
     if prog is None or prog.done is None:
         return "-"
     text = f"{prog.done}/{prog.total}" if prog.total else str(prog.done)
-    if rec.status == "running" and prog.eta_s is not None and prog.total and \
+    if rec.status == RunStatus.RUNNING and prog.eta_s is not None and prog.total and \
             prog.done < prog.total:
         text += f" {fmt_duration(prog.eta_s)}"
     return text
@@ -95,29 +97,34 @@ def slurm_of(rec: RunRecord) -> str:
     if not rec.job_id:
         return ""
     part = rec.partition
-    nodes = rec.raw.get("nodelist") or (f"{rec.nnodes} nodes" if rec.nnodes > 1 else "")
+    nodes = rec.nodelist or (f"{rec.nnodes} nodes" if rec.nnodes > 1 else "")
     return " · job " + " ".join(str(x) for x in (rec.job_id, part, nodes) if x)
+
+
+def status_text(rec: RunRecord) -> str:
+    """`failed (2)`: the status, with the exit code when it says more than the status does."""
+    quiet = rec.exit_code in (None, 0) or rec.status == RunStatus.STOPPED
+    return rec.status.value + ("" if quiet else f" ({rec.exit_code})")
 
 
 def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, ...]:
     if rec.job_id:  # a Slurm job: one record for all its nodes, the scheduler's facts
-        why = f" ({rec.reason})" if rec.reason and rec.status != "running" else ""
-        status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
-                               else f" ({rec.exit_code})") + why
-        end = rec.end if rec.end else (now if rec.status == "running" else None)
+        why = f" ({rec.reason})" if rec.reason and rec.status != RunStatus.RUNNING else ""
+        status = status_text(rec) + why
+        end = rec.end if rec.end else (now if rec.status == RunStatus.RUNNING else None)
         dur = fmt_duration(end - rec.start) if rec.start and end else "-"
         job = slurm_of(rec)
         return (fit_id(rec.id, max(16, RUN_WIDTH - len(job))) + job,
                 f"{STATUS_MARK.get(rec.status, ' ')} {status}",
                 progress_of(rec, prog), dur, code_of(rec))
     node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
-    status = rec.status + ("" if rec.exit_code in (None, 0) or rec.status == "stopped"
-                           else f" ({rec.exit_code})")
-    if rec.status == "corrupt":  # only why the record cannot be trusted, cut to a cell
+    status = status_text(rec)
+    if rec.status == RunStatus.CORRUPT:  # only why the record cannot be trusted, cut to a cell
         reason = rec.error if len(rec.error) <= REASON_WIDTH else \
             rec.error[:REASON_WIDTH - 1] + "…"
-        return (fit_id(rec.id), f"{STATUS_MARK['corrupt']} corrupt ({reason})", "-", "-", "-")
-    end = rec.end if rec.end else (now if rec.status == "running" else None)
+        return (fit_id(rec.id), f"{STATUS_MARK[rec.status]} {rec.status} ({reason})", "-", "-",
+                "-")
+    end = rec.end if rec.end else (now if rec.status == RunStatus.RUNNING else None)
     dur = fmt_duration(end - rec.start) if rec.start and end else "-"
     return (fit_id(rec.id, RUN_WIDTH - len(node)) + node,
             f"{STATUS_MARK.get(rec.status, ' ')} {status}",
@@ -159,7 +166,7 @@ class RunTable(DataTable[Any]):
 
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs", on="RunTable"))
     COMPONENT_CLASSES: ClassVar[set[str]] = {
-        *DataTable.COMPONENT_CLASSES, *(f"runs--{s}" for s in STATUS_MARK)}
+        *DataTable.COMPONENT_CLASSES, *(f"runs--{s.value}" for s in STATUS_MARK)}
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)

@@ -17,7 +17,7 @@ from engine.demo.public_drafter import as_downloaded
 from engine.errors import EngineError
 from engine.fileio import atomic_file
 
-#: where the log goes in a workspace (console/settings/demo_default.py lists the same path)
+#: where the log goes in a workspace (console/demo/config.py lists the same path)
 SERVE_LOG = "logs/vllm-serve.log"
 RECORDING = "vllm-serve-0.32.0-cpu.log"
 

@@ -1,0 +1,137 @@
+"""What the Runs pane shows and may do, decided apart from how it is drawn.
+
+`RunsModel` keeps each host's run records as last listed, the feeds that follow runs in the
+background (console/runs/watch.py), which finished engine runs were caught up on once this
+session (so a new console shows their PROGRESS too), and the busy lock: one push, launch, stop
+or prune at a time. It does the registry reads; starting a background follow is the caller's
+(`spawn`: the pane hands it to a Textual worker), so the model holds no widget and no timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from console.errors import ConsoleError
+from console.hosts.host import Host
+from console.runs.service import list_runs
+from console.runs.watch import RunFeed, RunFeeds, describe_error
+from console.scheduler.records import RunRecord, newest_first
+from console.scheduler.run_status import RunStatus
+
+#: finished engine runs read once per session (their PROGRESS after a restart)
+CATCH_UP = 20
+
+#: how a background follow is started: (the coroutine, a group name unique to the run)
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
+
+
+class RunsModel:
+    """Records, feeds, catch-up and the busy lock of the Runs pane (module docstring)."""
+
+    def __init__(self, spawn: Spawn) -> None:
+        self.spawn = spawn
+        self.records: dict[str, list[RunRecord]] = {}
+        self.feeds = RunFeeds()
+        self.busy: str | None = None            # what is being done (push, launch, ...)
+        self.list_error: str | None = None
+        self.listed = 0                          # how many registry reads have completed
+        self.listing = False
+        self._caught_up: set[tuple[str, str]] = set()   # finished runs read once already
+
+    # -- the busy lock -------------------------------------------------------------------------
+    def begin(self, what: str) -> bool:
+        """Take the lock for `what`; False while something else holds it (see `busy`)."""
+        if self.busy is not None:
+            return False
+        self.busy = what
+        return True
+
+    def end(self) -> None:
+        self.busy = None
+
+    # -- the registry --------------------------------------------------------------------------
+    async def load(self, h: Host) -> bool:
+        """Read h's registry and follow what should be followed; False (and `list_error`) when
+        the read failed."""
+        self.listing = True
+        try:
+            recs = await list_runs(h)
+        except ConsoleError as e:
+            self.list_error = f"cannot read {h.name}'s run registry: {describe_error(e)}"
+            return False
+        finally:
+            self.listing = False
+        self.list_error = None
+        self.records[h.name] = recs
+        self.listed += 1
+        self.start_feeds(h, recs)
+        return True
+
+    async def reload(self, h: Host) -> None:
+        """Read the registry again after an action (a failed read keeps what was shown)."""
+        try:
+            self.records[h.name] = await list_runs(h)
+        except ConsoleError:
+            return
+        self.start_feeds(h, self.records[h.name])
+
+    def shown(self, host: str) -> list[RunRecord]:
+        """The host's records in the order they are shown: newest first."""
+        return newest_first(self.records.get(host, []))
+
+    def find(self, host: str, run_id: str | None) -> RunRecord | None:
+        return next((r for r in self.records.get(host, []) if r.id == run_id), None)
+
+    def ended(self, host: str) -> list[str]:
+        """The ids `prune` would forget (the host decides again)."""
+        return [r.id for r in self.records.get(host, []) if r.status.ended]
+
+    def counts(self, host: str) -> tuple[int, int]:
+        """(running, queued) runs on host; queued: Slurm jobs waiting for nodes."""
+        recs = self.records.get(host, [])
+        return (sum(r.status == RunStatus.RUNNING for r in recs),
+                sum(r.status == RunStatus.PENDING for r in recs))
+
+    def newest_of(self, host: str, profile: str | None) -> RunRecord | None:
+        mine = [r for r in self.records.get(host, []) if r.profile == profile]
+        return newest_first(mine)[0] if mine else None
+
+    # -- feeds ---------------------------------------------------------------------------------
+    def start_feeds(self, h: Host, recs: list[RunRecord]) -> None:
+        """Follow the running runs; read the newest finished engine runs once, so a new
+        console shows their PROGRESS too (150/150, not -)."""
+        finished = 0
+        for rec in newest_first(recs):
+            feed = self.feeds.get(h, rec)
+            if rec.status == RunStatus.RUNNING:
+                if not feed.following:
+                    self.start_feed(feed)
+            elif rec.engine and rec.status != RunStatus.CORRUPT and finished < CATCH_UP:
+                finished += 1
+                if (h.name, rec.id) not in self._caught_up:
+                    self._caught_up.add((h.name, rec.id))
+                    self.start_feed(feed)
+
+    def feed(self, h: Host, rec: RunRecord) -> RunFeed:
+        """The run's feed, followed from now on (opening a run)."""
+        feed = self.feeds.get(h, rec)
+        self.start_feed(feed)
+        return feed
+
+    def start_feed(self, feed: RunFeed) -> None:
+        """Follow a run in the background (idempotent while it follows)."""
+        if feed.following or feed.finished:
+            return
+        feed.following = True   # set now: the follow starts on the next loop turn
+        self.spawn(self._follow(feed), f"feed-{feed.host.name}-{feed.run_id}")
+
+    @staticmethod
+    async def _follow(feed: RunFeed) -> None:
+        try:
+            await feed.follow()
+        except ConsoleError as e:
+            feed.notice = f"stopped following: {describe_error(e)}"
+            feed.progress.version += 1
+        finally:
+            feed.following = False

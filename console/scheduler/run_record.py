@@ -1,0 +1,161 @@
+"""A run record parsed once: run.json as the host-side runner listed it, into typed fields.
+
+The runner checks every field it acts on (console/hostside/run_records.py record_problem); the
+console checks again here, because what a host sends is not trusted. A record with a field of
+the wrong type comes back `corrupt` with the reason, and carries nothing else. Nothing on the
+console side reads run.json's dict: panes, commands and schedulers use these fields, and
+`to_json()` gives the record back whole for `--json` output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from console.hostside.run_records import record_problem
+from console.scheduler.run_status import RunStatus
+
+
+@dataclass(frozen=True)
+class PushInfo:
+    """What the push before a run sent: the manifest hash and, per tree, the local git commit
+    of the folder pushed (`-dirty` with local changes)."""
+
+    manifest: str = ""
+    git: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, d: object) -> PushInfo:
+        if not isinstance(d, dict):
+            return cls()
+        git = d.get("git")
+        commits = {str(k): str(v) for k, v in git.items() if v} if isinstance(git, dict) else {}
+        return cls(manifest=_text(d.get("manifest")), git=commits)
+
+
+@dataclass(frozen=True)
+class SlurmInfo:
+    """A Slurm run's job: its id, partition, nodes, what the scheduler says (why it waits, or
+    how it ended), the state recorded once it ended, and the other nodes' statuses."""
+
+    job_id: str = ""
+    partition: str = ""
+    nodelist: str = ""
+    reason: str = ""
+    state: str = ""                               # slurm_state, written once the job is over
+    node_statuses: tuple[RunStatus, ...] = ()    # the other nodes' records (node-R.json)
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> SlurmInfo:
+        opts = d.get("slurm")
+        from_opts = opts.get("partition") if isinstance(opts, dict) else None
+        nodes = d.get("nodes")
+        statuses = [RunStatus.parse(n.get("status")) for n in nodes if isinstance(n, dict)] \
+            if isinstance(nodes, list) else []
+        return cls(job_id=_text(d.get("job_id")),
+                   partition=_text(d.get("partition") or from_opts),
+                   nodelist=_text(d.get("nodelist")), reason=_text(d.get("reason")),
+                   state=_text(d.get("slurm_state")),
+                   node_statuses=tuple(s if s is not None else RunStatus.CORRUPT
+                                       for s in statuses))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One host's record of a run (run.json, with `lost` worked out by the host)."""
+
+    id: str
+    host: str
+    profile: str
+    status: RunStatus
+    exit_code: int | None = None
+    start: float | None = None
+    end: float | None = None
+    node_rank: int = 0
+    nnodes: int = 1
+    run_dir: str = ""
+    error: str = ""            # why a `corrupt` record cannot be trusted
+    refused: str = ""          # why `stop` signalled nothing (a `lost` run)
+    engine: bool = False       # an engine command: its stdout is events.jsonl
+    argv: tuple[str, ...] = ()
+    cwd: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)   # secrets already masked by the host
+    pid: int | None = None
+    push: PushInfo = field(default_factory=PushInfo)
+    slurm: SlurmInfo | None = None                 # set for a run placed by Slurm
+    _source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: Any, host: str) -> RunRecord:
+        """A record as the runner listed it; one with a field of the wrong type or range (the
+        runner checks too, this is the console's own guard) comes back `corrupt`."""
+        if isinstance(d, dict) and d.get("status") == RunStatus.CORRUPT.value:
+            problem: str | None = _text(d.get("error")) or "unreadable record"
+        else:
+            problem = record_problem(d)
+        if problem is not None:  # keep only what can be shown safely
+            src = d if isinstance(d, dict) else {}
+            rid, profile, run_dir = src.get("id"), src.get("profile"), src.get("run_dir")
+            safe = {"id": rid if isinstance(rid, str) and rid else "?",
+                    "status": RunStatus.CORRUPT.value, "error": problem,
+                    "profile": profile if isinstance(profile, str) else "",
+                    "run_dir": run_dir if isinstance(run_dir, str) else ""}
+            return cls(id=safe["id"], host=host, profile=safe["profile"],
+                       status=RunStatus.CORRUPT, run_dir=safe["run_dir"], error=problem,
+                       _source=safe)
+        status = RunStatus.parse(d["status"]) or RunStatus.CORRUPT  # record_problem checked it
+        env = d.get("env")
+        return cls(
+            id=d["id"], host=str(d.get("host") or host), profile=d.get("profile") or "",
+            status=status, exit_code=d.get("exit_code"), start=d.get("start"), end=d.get("end"),
+            node_rank=d.get("node_rank") or 0, nnodes=d.get("nnodes") or 1,
+            run_dir=_text(d.get("run_dir")), refused=_text(d.get("refused")),
+            engine=bool(d.get("engine")), argv=tuple(str(a) for a in d.get("argv") or []),
+            cwd=_text(d.get("cwd")),
+            env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+            pid=d.get("pid"), push=PushInfo.parse(d.get("push")),
+            slurm=SlurmInfo.parse(d) if d.get("scheduler") == "slurm" else None,
+            _source=d)
+
+    # -- derived ----------------------------------------------------------------------------
+    @property
+    def job_id(self) -> str:
+        """The Slurm job id of a run on a cluster host ("" elsewhere)."""
+        return self.slurm.job_id if self.slurm else ""
+
+    @property
+    def partition(self) -> str:
+        """The Slurm partition a job was queued in ("" elsewhere)."""
+        return self.slurm.partition if self.slurm else ""
+
+    @property
+    def reason(self) -> str:
+        """What the scheduler says: why a job is pending, or how it ended ("" if nothing)."""
+        return self.slurm.reason if self.slurm else ""
+
+    @property
+    def nodelist(self) -> str:
+        """The nodes a Slurm job ran on ("" when not known, or not Slurm)."""
+        return self.slurm.nodelist if self.slurm else ""
+
+    # -- changes (a record is never edited in place) ----------------------------------------
+    def judged(self, status: RunStatus | None = None, **slurm: Any) -> RunRecord:
+        """This record with the status and Slurm fields (reason, partition, nodelist) the
+        scheduler worked out."""
+        job = dataclasses.replace(self.slurm or SlurmInfo(), **slurm) if slurm else self.slurm
+        return dataclasses.replace(self, status=status or self.status, slurm=job)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record whole, as the host wrote it, with the status and Slurm facts the console
+        judged (what `runs --json` and `launch --json` print)."""
+        out = dict(self._source) | {"status": self.status.value}
+        if self.slurm is not None:
+            out |= {"reason": self.slurm.reason, "partition": self.slurm.partition,
+                    "nodelist": self.slurm.nodelist}
+        return out
+
+
+def _text(v: object) -> str:
+    return v if isinstance(v, str) else "" if v is None else str(v)
