@@ -204,3 +204,56 @@ def test_a_swap_failing_half_way_leaves_the_old_drafter(
         (before["total"]["accepted"], before["total"]["drafts"])
     assert after["replies"] == before["replies"]
 
+
+
+def served_acceptance(port: int, prompts: list[list[int]], new_tokens: int) -> float:
+    """The held-out prompts sent as tests/test_vllm_serve.py sends them (token ids, greedy, to
+    EOS or `new_tokens`), measured by the server's counters around them."""
+    def counters() -> tuple[float, float]:
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+        got = {"vllm:spec_decode_num_drafts_total": 0.0,
+               "vllm:spec_decode_num_accepted_tokens_total": 0.0}
+        for line in page.decode().splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in got:
+                got[name] += float(line.rsplit(" ", 1)[1])
+        return got["vllm:spec_decode_num_drafts_total"], \
+            got["vllm:spec_decode_num_accepted_tokens_total"]
+
+    models = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models",
+                                               timeout=60).read())
+    d0, a0 = counters()
+    body = json.dumps({"model": models["data"][0]["id"], "prompt": prompts,
+                       "max_tokens": new_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=900).read()
+    import time
+    deadline = time.monotonic() + 10
+    while True:  # vLLM records the stats just after it answers
+        d1, a1 = counters()
+        if time.monotonic() > deadline or d1 > d0 and (d1, a1) == counters():
+            break
+        time.sleep(0.5)
+    return 1 + (a1 - a0) / (d1 - d0)
+
+
+def test_eval_vllm_engine_agrees_with_the_server(
+        server: dict[str, Any], drafters: dict[str, Path], demo_dir: Path, vllm_python: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`engine eval --vllm-engine` (the target in vLLM's engine, the drafter as its speculative
+    config) within 10% of what the server measures on the same held-out prompts, k and
+    length (the figures tests/test_vllm_serve.py compares plain `engine eval` with)."""
+    from tests.test_vllm_serve import NEW_TOKENS, held_out_prompts
+    from tests.vllm_real import answer, engine_in_vllm
+    cli(server["cfg"], "swap", "box", str(drafters["early"]), "--json")
+    served = served_acceptance(server["port"], held_out_prompts(demo_dir), NEW_TOKENS)
+    est = answer(engine_in_vllm(vllm_python, "eval", "--vllm-engine", "--draft",
+                                str(drafters["early"]), "--target", str(demo_dir / "target"),
+                                "--data", str(demo_dir / "eval"), "--steps", str(K),
+                                "--max-new-tokens", str(NEW_TOKENS), "--json"))
+    with capsys.disabled():
+        print(f"\nserved {served:.3f}, eval --vllm-engine {est['acceptance_length']:.3f} "
+              f"({est['drafts']} drafts, {est['samples']} samples)")
+    assert est["engine"] == "vllm" and est["samples"] == len(held_out_prompts(demo_dir))
+    assert abs(est["acceptance_length"] - served) / served < 0.10
