@@ -49,6 +49,8 @@ COMMANDS: dict[str, str] = {
     "serve": "console.commands.serve",
     "metrics": "console.commands.metrics",
     "compare": "console.commands.compare",
+    "swap": "console.commands.swap",
+    "bench": "console.commands.bench",
 }
 
 

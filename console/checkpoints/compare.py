@@ -43,6 +43,7 @@ class Row:
     seconds: float | None       # how long the console watched (first to last scrape)
     started: float | None
     error: str | None = None    # the last scrape's failure, when it failed
+    weight_version: str | None = None  # the drafter swapped in (`swap`), None: as started
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -108,36 +109,49 @@ def _provenance(prov: dict[str, Any]) -> str:
     return out
 
 
+def _key(owner: str, sc: dict[str, Any]) -> tuple[str, str, float]:
+    """A row's key: its server (run id), the weight version the scrape saw (swap), and for a
+    replay (`bench`) its own time: each replay is a row."""
+    return owner, str(sc.get("weight_version") or ""), float(sc["t"]) if sc.get("bench") else 0.0
+
+
 def rows(sessions: Sequence[dict[str, Any]], scrapes: Sequence[dict[str, Any]]) -> list[Row]:
-    """One row per serving session, newest first, with the measured figures of its last scrape
-    in its newest series (no figures yet: None)."""
-    last: dict[str, dict[str, Any]] = {}
-    failed: dict[str, str] = {}
+    """One row per serving session and weight version (and per replay), newest first, with the
+    measured figures of its last scrape in its newest series (no figures yet: None)."""
+    last: dict[tuple[str, str, float], dict[str, Any]] = {}
+    failed: dict[tuple[str, str, float], str] = {}
     for sc in sorted(scrapes, key=lambda d: float(d["t"])):
         owner = _owner(sc, sessions)
         if owner is None:
             continue
+        key = _key(owner, sc)
         if sc.get("error"):
-            failed[owner] = str(sc["error"])
+            failed[key] = str(sc["error"])
             continue
-        failed.pop(owner, None)
-        prev = last.get(owner)
+        failed.pop(key, None)
+        prev = last.get(key)
         if prev is None or int(sc.get("series") or 1) >= int(prev.get("series") or 1):
-            last[owner] = sc
+            last[key] = sc
     out = []
-    for s in sorted(sessions, key=lambda d: float(d.get("started") or 0), reverse=True):
+    for s in sessions:
         rid = str(s.get("run_id"))
-        total = (last.get(rid) or {}).get("total") or {}
-        out.append(Row(
-            run_id=rid, host=str(s.get("host", "")), drafter=str(s.get("drafter", "")),
-            provenance=_provenance(s.get("provenance") or {}),
-            k=s.get("k"), acceptance_length=total.get("acceptance_length"),
-            per_position=tuple(total.get("per_position") or ()),
-            acceptance_rate=total.get("acceptance_rate"),
-            generation_tokens_per_s=total.get("generation_tokens_per_s"),
-            drafts=total.get("drafts"), seconds=total.get("seconds"),
-            started=s.get("started"), error=failed.get(rid)))
-    return out
+        keys = sorted({k for k in (*last, *failed) if k[0] == rid}) or [(rid, "", 0.0)]
+        for key in keys:
+            sc = last.get(key) or {}
+            total = sc.get("total") or {}
+            out.append(Row(
+                run_id=rid, host=str(s.get("host", "")),
+                drafter=str(sc.get("drafter") or s.get("drafter", "")),
+                provenance=_provenance(s.get("provenance") or {}) if not sc.get("drafter")
+                or sc.get("drafter") == s.get("drafter") else "",
+                k=s.get("k"), acceptance_length=total.get("acceptance_length"),
+                per_position=tuple(total.get("per_position") or ()),
+                acceptance_rate=total.get("acceptance_rate"),
+                generation_tokens_per_s=total.get("generation_tokens_per_s"),
+                drafts=total.get("drafts"), seconds=total.get("seconds"),
+                started=key[2] or s.get("started"), error=failed.get(key),
+                weight_version=key[1] or None))
+    return sorted(out, key=lambda r: float(r.started or 0), reverse=True)
 
 
 class Measurer:

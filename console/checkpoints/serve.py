@@ -44,6 +44,10 @@ from console.settings.metrics_url import split_url
 # SpeculativeConfig fields vLLM documents (vllm/config/speculative.py); we write only these.
 SPEC_CONFIG_FIELDS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size")
 LOADABLE_KEY_STYLES = ("eagle", "vllm", "speculators")
+# engine/capture/swap_backend.py's names (the console never imports the engine's torch side)
+SWAP_BACKEND = "eagle3_drafter_dir"
+SWAP_EXTENSION = "engine.capture.swap_backend.SwapExtension"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class ServeRequest:
     k: int = 3
     port: int = 8000
     extra: list[str] = field(default_factory=list)
+    swappable: bool = True  # the weight-update routes and our drafter backend (`swap`)
 
     def check(self) -> None:
         if not self.verifier.strip():
@@ -66,6 +71,11 @@ class ServeRequest:
             raise ConsoleError(f"--k {self.k}: must be 1..16")
         if not 1 <= self.port <= 65535:
             raise ConsoleError(f"--port {self.port}: must be 1..65535")
+        hosts = [self.extra[i + 1] for i, w in enumerate(self.extra[:-1]) if w == "--host"]
+        if self.swappable and any(h not in LOOPBACK for h in hosts):
+            raise ConsoleError(f"--host {hosts[-1]}: a swappable server stays on the loopback "
+                               "(its weight-update routes load files and run code; --no-swap "
+                               "to serve elsewhere)")
 
 
 def speculative_config(req: ServeRequest) -> dict[str, Any]:
@@ -73,10 +83,22 @@ def speculative_config(req: ServeRequest) -> dict[str, Any]:
 
 
 def vllm_argv(req: ServeRequest) -> list[str]:
-    """The `vllm serve` command line (the run's argv on the host)."""
-    return ["vllm", "serve", req.verifier, "--tensor-parallel-size", str(req.tp),
-            "--port", str(req.port), "--speculative-config",
-            json.dumps(speculative_config(req), separators=(",", ":")), *req.extra]
+    """The `vllm serve` command line (the run's argv on the host), bound to its loopback: the
+    console reaches it through the host's SSH connection; a swappable server also gets our
+    drafter backend (engine/capture/swap_backend.py, registered by its worker extension)."""
+    swap = ["--worker-extension-cls", SWAP_EXTENSION, "--weight-transfer-config",
+            json.dumps({"backend": SWAP_BACKEND}, separators=(",", ":"))] if req.swappable \
+        else []
+    return ["vllm", "serve", req.verifier, "--host", "127.0.0.1",
+            "--tensor-parallel-size", str(req.tp), "--port", str(req.port),
+            "--speculative-config", json.dumps(speculative_config(req), separators=(",", ":")),
+            *swap, *req.extra]
+
+
+def vllm_env(req: ServeRequest) -> dict[str, str]:
+    """The run's environment: dev mode mounts vLLM's weight-update routes (and its other
+    development routes, hence the loopback)."""
+    return {"VLLM_SERVER_DEV_MODE": "1"} if req.swappable else {}
 
 
 def profile_name(ckpt: str) -> str:
@@ -203,7 +225,8 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: dict[st
     req = replace(req, ckpt=await host.resolve(req.ckpt))
     report = await check_servable(host, req)
     name = profile_name(req.ckpt)
-    profile = Profile(name=name, hosts=[host_name], run=shlex.join(vllm_argv(req)))
+    profile = Profile(name=name, hosts=[host_name], run=shlex.join(vllm_argv(req)),
+                      env=vllm_env(req))
     run = await launch(replace(config, profiles={**config.profiles, name: profile}), name, pool,
                        force=force)
     prov = await read_provenance(host, req.ckpt)
@@ -212,7 +235,8 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: dict[st
                     "metrics": f"http://127.0.0.1:{req.port}/metrics", "provenance": prov,
                     "format": report.get("format"),
                     "draft_vocab_size": (report.get("config") or {}).get("draft_vocab_size"),
-                    "started": time.time(), "request": asdict(req)})
+                    "started": time.time(), "request": asdict(req),
+                    "swappable": req.swappable})
     return run
 
 

@@ -34,6 +34,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")
     p.add_argument("--port", type=int, default=8000, help="server port on the host (default 8000)")
     p.add_argument("--force", action="store_true", help="start even if it is already served")
+    p.add_argument("--no-swap", action="store_true",
+                   help="without vLLM's weight-update routes (dev mode) and our drafter backend: "
+                        "`swap` cannot replace its drafter")
     p.add_argument("--json", action="store_true", help="print the run and the command as JSON")
     p.add_argument("--check-timeout", type=float, default=CHECK_TIMEOUT, metavar="SECONDS",
                    help="how long to wait for the server before checking what it loaded "
@@ -45,7 +48,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, config: Config) -> int:
     req = ServeRequest(ckpt=args.ckpt, verifier=args.verifier, tp=args.tp, k=args.k,
-                       port=args.port, extra=list(args.passthrough))
+                       port=args.port, extra=list(args.passthrough), swappable=not args.no_swap)
     pool: dict[str, Host] = {}
     checked: ServedCheck | None = None
     try:

@@ -7,6 +7,8 @@
                started as a detached run (console/checkpoints/serve.py); the Runs pane follows and
                stops it. Once the server answers, what vLLM loaded is read back and a field that
                did not reach it is shown as a warning
+    w          swap it into the host's running vLLM server without a restart, checked against
+               the served drafter first (console/checkpoints/swap.py)
     m          compare the served drafters by vLLM's measured acceptance (screens/compare.py)
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
@@ -38,6 +40,7 @@ from console.checkpoints.service import (
     inspect_checkpoint,
     scan_checkpoints,
 )
+from console.checkpoints.swap import swap
 from console.errors import ConsoleError
 from console.panes.timers import ShownTimers
 from console.runs.watch import describe_error, on_host
@@ -433,6 +436,29 @@ class CheckpointsPane(ShownTimers, Vertical):
         if checked.warnings:
             self.notify(f"served config: {len(checked.warnings)} warning(s): "
                         f"{checked.warnings[0]}", severity="warning")
+
+    def action_swap(self) -> None:
+        ck = self.selected()
+        if ck is None or self.host is None:
+            self.notify("No checkpoint selected", severity="warning")
+            return
+        self.run_swap(self.host, ck.path)
+
+    @work(group="ckpt-swap", exit_on_error=False)
+    async def run_swap(self, host: str, path: str) -> None:
+        view = self.query_one(InspectView)
+        heading = f"swap {path} into the vLLM server on {host}"
+        self._shown_path = None
+        view.show_text(heading + "\nchecking it against the served drafter…")
+        try:
+            done = await swap(await services(self).pool.ensure(host), path)
+        except ConsoleError as e:
+            view.show_error(f"swap refused: {describe_error(e)}", heading)
+            return
+        view.show_text(f"{heading}\n{done['url']} now serves weight version "
+                       f"{done['weight_version']} (was {done['previous_version']}), swapped in "
+                       f"{done['seconds']:.3f} s; `bench` measures it")
+        self.notify(f"Swapped in {done['weight_version']}")
 
     def action_compare(self) -> None:
         self.app.push_screen(CompareScreen())

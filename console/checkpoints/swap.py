@@ -1,0 +1,251 @@
+"""Swap a drafter into a running vLLM server without restarting it (the `swap` command's and the
+Checkpoints pane's service).
+
+The server is a serving session started by `serve` (serving.jsonl): its host, port, verifier, k
+and the drafter it started with; the drafter it runs now is the last swap recorded for it
+(serving-swaps.jsonl), else that one. Before any route is called the new drafter is inspected on
+the host and set beside the one served, field by field: layer kind, hidden and head sizes,
+target and draft vocab sizes, aux layer ids, the EAGLE 3.1 flags, k, and every tensor's name and
+shape; what the running server cannot take is refused by name. Then vLLM's own routes
+(mounted by `VLLM_SERVER_DEV_MODE=1`, engine/capture/swap_backend.py loads the folder):
+
+    POST /start_draft_weight_update
+    POST /update_weights         {"update_info": {"path": CKPT}}
+    POST /finish_weight_update   {"weight_version": "NAME@SHA256"}
+    GET  /weight_info            -> {"weight_version": ...}   read back: the swap took
+
+The weight version is the drafter's folder name and the sha256 of its weight files (the first
+16 hex digits), so the comparison table can tell two drafters on one server apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import time
+from typing import Any
+
+from console.checkpoints.serve import drafter_fields, read_sessions, refusal
+from console.checkpoints.server_http import ServerError, call
+from console.checkpoints.service import inspect_checkpoint
+from console.errors import ConsoleError
+from console.hosts.host import Host
+from console.settings.config import data_dir
+
+SIZE_FIELDS = ("hidden_size", "target_hidden_size", "intermediate_size", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "draft_vocab_size")
+FLAG_FIELDS = ("norm_before_fc", "norm_output", "norm_before_residual", "fc_norm")
+
+
+def swaps_path() -> str:
+    return str(data_dir() / "serving-swaps.jsonl")
+
+
+def read_swaps() -> list[dict[str, Any]]:
+    """Every recorded swap, oldest first (malformed lines skipped)."""
+    try:
+        with open(swaps_path(), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and d.get("run_id"):
+            out.append(d)
+    return out
+
+
+def record_swap(entry: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(swaps_path()), exist_ok=True)
+    with open(swaps_path(), "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def base_url(session: dict[str, Any]) -> str:
+    return f"http://127.0.0.1:{session.get('port')}"
+
+
+def find_session(host_name: str, url: str | None) -> dict[str, Any]:
+    """The newest serving session on the host (at `url` when given: its base URL)."""
+    want = url.rstrip("/") if url else None
+    found = [s for s in read_sessions() if s.get("host") == host_name
+             and (want is None or base_url(s) == want or s.get("metrics") == want)]
+    if not found:
+        at = f" at {url}" if url else ""
+        raise ConsoleError(f"{host_name}: no vLLM server started by `serve`{at} is recorded "
+                           "(serve one first; `compare` lists them)")
+    return max(found, key=lambda s: float(s.get("started") or 0))
+
+
+def now_serving(session: dict[str, Any]) -> tuple[str, str | None]:
+    """The drafter the session's server runs now, and its weight version (None: the one it
+    started with, version "default")."""
+    done = [s for s in read_swaps() if s.get("run_id") == session.get("run_id")]
+    if done:
+        return str(done[-1]["drafter"]), str(done[-1]["weight_version"])
+    return str(session.get("drafter")), None
+
+
+def layer_kind(raw: dict[str, Any]) -> str:
+    """The drafter's decoder layer: MLA when its config has MLA's low-rank fields."""
+    cfg = {**raw, **(raw.get("transformer_layer_config") or {})}
+    return "mla" if "kv_lora_rank" in cfg else "llama"
+
+
+def stated_k(raw: dict[str, Any]) -> int | None:
+    """The k a drafter's config.json states, if it states one (speculators' proposal methods,
+    or a top-level num_speculative_tokens)."""
+    if isinstance(raw.get("num_speculative_tokens"), int):
+        return int(raw["num_speculative_tokens"])
+    spec = raw.get("speculators_config")
+    methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
+    for m in methods if isinstance(methods, list) else []:
+        if isinstance(m, dict) and isinstance(m.get("speculative_tokens"), int):
+            return int(m["speculative_tokens"])
+    return None
+
+
+def facts(report: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """What a running server fixes about its drafter, from the inspect report and config.json."""
+    cfg = report.get("config") or {}
+    out: dict[str, Any] = {"layer kind": layer_kind(raw)}
+    for name in SIZE_FIELDS:
+        out[name] = cfg.get(name)
+    out["target vocab"] = cfg.get("vocab_size")
+    fields = drafter_fields(raw)
+    out["aux_layer_ids"] = fields["aux_layer_ids"]
+    for name in FLAG_FIELDS:
+        out[name] = bool(fields.get(name, raw.get(name, cfg.get(name, False))))
+    out["tensors"] = {n: tuple(t.get("shape") or ()) for n, t in
+                      (report.get("tensors") or {}).items()}
+    return out
+
+
+def refusals(new: dict[str, Any], served: dict[str, Any], k: int | None,
+             new_k: int | None, target_vocab: int | None) -> list[str]:
+    """Each thing the running server cannot take, by name (pure)."""
+    out = []
+    for name, want in served.items():
+        if name == "tensors":
+            continue
+        if new.get(name) != want:
+            out.append(f"{name}: the drafter has {new.get(name)!r}, the server runs {want!r}")
+    if target_vocab is not None and new.get("target vocab") not in (None, target_vocab):
+        out.append(f"target vocab: the drafter has {new.get('target vocab')}, the verifier "
+                   f"{target_vocab}")
+    if k is not None and new_k is not None and new_k != k:
+        out.append(f"k: the drafter's config says {new_k}, the server runs k={k}")
+    if not any(o.startswith(("head_dim", "hidden_size", "draft_vocab_size")) for o in out):
+        a, b = new.get("tensors") or {}, served.get("tensors") or {}
+        for name in sorted(set(a) | set(b)):
+            if a.get(name) != b.get(name):
+                out.append(f"tensor {name}: the drafter has "
+                           f"{list(a[name]) if name in a else 'none'}, the server runs "
+                           f"{list(b[name]) if name in b else 'none'}")
+                break
+    return out
+
+
+async def _json_file(host: Host, path: str) -> dict[str, Any]:
+    res = await host.transport.run(["cat", path], check=False)
+    try:
+        doc = json.loads(res.stdout) if res.returncode == 0 else {}
+    except ValueError:
+        doc = {}
+    return doc if isinstance(doc, dict) else {}
+
+
+async def weight_version(host: Host, ckpt: str, report: dict[str, Any]) -> str:
+    """NAME@SHA: the drafter's folder name and the sha256 of its weight files (one file: that
+    file's digest; several: the digest of their sorted `name digest` lines)."""
+    files = sorted(report.get("files") or [])
+    if not files:
+        raise ConsoleError(f"{host.name}:{ckpt}: no weight files to hash")
+    res = await host.transport.run(["sha256sum", "--", *[posixpath.join(ckpt, f)
+                                                          for f in files]], check=False)
+    sums = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+    if res.returncode != 0 or len(sums) != len(files):
+        raise ConsoleError(f"{host.name}:{ckpt}: cannot hash its weight files "
+                           f"({res.stderr.strip()[:200]})")
+    digest = sums[0] if len(sums) == 1 else hashlib.sha256(
+        "".join(f"{f} {s}\n" for f, s in zip(files, sums, strict=True)).encode()).hexdigest()
+    return f"{posixpath.basename(ckpt.rstrip('/'))}@{digest[:16]}"
+
+
+async def plan(host: Host, session: dict[str, Any], ckpt: str) -> dict[str, Any]:
+    """Check the drafter against what the server runs; ConsoleError naming each refusal."""
+    if not session.get("swappable"):
+        raise ConsoleError(f"{host.name}: the server {session.get('run_id')} was started "
+                           "without the weight-update routes (serve --no-swap, or an older "
+                           "console): restart it with `serve`")
+    report = await inspect_checkpoint(host, ckpt)
+    why = refusal(report)
+    if why:
+        raise ConsoleError(f"{host.name}:{ckpt}: vLLM would not load it: {why}")
+    served_path, version = now_serving(session)
+    served_report = await inspect_checkpoint(host, served_path)
+    raw, served_raw = await _json_file(host, posixpath.join(ckpt, "config.json")), \
+        await _json_file(host, posixpath.join(served_path, "config.json"))
+    verifier = str(session.get("verifier") or "")
+    target_raw = await _json_file(host, posixpath.join(verifier, "config.json")) \
+        if verifier.startswith("/") else {}
+    tv = {**target_raw, **(target_raw.get("text_config") or {})}.get("vocab_size")
+    out = refusals(facts(report, raw), facts(served_report, served_raw), session.get("k"),
+                   stated_k(raw), tv if isinstance(tv, int) else None)
+    if out:
+        raise ConsoleError(f"{host.name}:{ckpt}: the running server cannot take it: "
+                           + "; ".join(out))
+    return {"report": report, "served": served_path, "served_version": version or "default",
+            "version": await weight_version(host, ckpt, report)}
+
+
+async def post_routes(host: Host, url: str, ckpt: str, version: str) -> None:
+    """vLLM's route sequence; a refusal at /update_weights leaves the old drafter serving."""
+    t = host.transport
+    try:
+        await call(t, url + "/start_draft_weight_update", "POST", {})
+    except ServerError as e:
+        if "already active" not in e.why:
+            raise
+        # an earlier swap stopped between start and finish: nothing was loaded by it
+        await call(t, url + "/finish_weight_update", "POST", {})
+        await call(t, url + "/start_draft_weight_update", "POST", {})
+    try:
+        await call(t, url + "/update_weights", "POST", {"update_info": {"path": ckpt}},
+                   timeout=1800)
+    except ServerError as e:
+        raise ConsoleError(f"{host.name}: the server refused {ckpt} ({e.why}); it still "
+                           "serves its previous drafter") from e
+    await call(t, url + "/finish_weight_update", "POST", {"weight_version": version},
+               timeout=1800)
+
+
+async def swap(host: Host, ckpt: str, url: str | None = None) -> dict[str, Any]:
+    """Swap `ckpt` (a folder on the host) into the host's server; the result as a dict."""
+    await host.connect()
+    ckpt = await host.resolve(ckpt)
+    session = find_session(host.name, url)
+    base = url.rstrip("/") if url and not url.endswith("/metrics") else base_url(session)
+    p = await plan(host, session, ckpt)
+    t0 = time.monotonic()
+    await post_routes(host, base, ckpt, p["version"])
+    seconds = time.monotonic() - t0
+    info = await call(host.transport, base + "/weight_info")
+    got = info.get("weight_version") if isinstance(info, dict) else None
+    if got != p["version"]:
+        raise ConsoleError(f"{host.name}: /weight_info says {got!r} after the swap, not "
+                           f"{p['version']!r}")
+    entry = {"run_id": session.get("run_id"), "host": host.name, "url": base, "drafter": ckpt,
+             "weight_version": got, "previous": p["served"],
+             "previous_version": p["served_version"], "seconds": round(seconds, 4),
+             "t": round(time.time(), 3)}
+    record_swap(entry)
+    return entry

@@ -1,0 +1,66 @@
+"""`eagle3-console bench HOST [--prompts FILE | --data DIR] [-n N] [--max-tokens M]
+[--concurrency C] [--url URL] [--json]`: replay the same prompts (chat-templated by the
+target's tokenizer in vLLM, greedy, fixed length) against the vLLM server `serve` started on
+HOST, through HOST's own connection, and report the acceptance length and per-position
+acceptance from the /metrics deltas of exactly that replay, throughput and latency. Each replay
+is a row in `compare` (its server and weight version)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from console.checkpoints.bench import read_prompts_dir, read_prompts_file, replay
+from console.errors import ConsoleError
+from console.hosts.host import Host, close_hosts, host_of
+from console.settings.config import Config
+
+HELP = "replay prompts against the vLLM server on HOST and measure that replay's acceptance"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name (the server runs there)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", metavar="FILE",
+                     help="JSON lines here: messages, conversations, prompt or a string each")
+    src.add_argument("--data", metavar="DIR",
+                     help="a folder of conversation files (*.jsonl) on HOST")
+    p.add_argument("-n", type=int, default=None, metavar="N", help="the first N prompts only")
+    p.add_argument("--max-tokens", type=int, default=64, metavar="M",
+                   help="tokens generated per prompt, fixed (default 64)")
+    p.add_argument("--concurrency", type=int, default=1, metavar="C",
+                   help="requests at once (default 1)")
+    p.add_argument("--url", help="the server's base URL as seen from the host (default: the "
+                                 "newest `serve` on HOST)")
+    p.add_argument("--json", action="store_true", help="print the replay as JSON")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    if args.n is not None and args.n < 1:
+        raise ConsoleError("-n must be at least 1")
+    pool: dict[str, Host] = {}
+    try:
+        host = host_of(pool, config, args.host)
+        await host.connect()
+        prompts = read_prompts_file(args.prompts) if args.prompts else \
+            await read_prompts_dir(host, args.data)
+        res = await replay(host, prompts[:args.n] if args.n else prompts, url=args.url,
+                           max_tokens=args.max_tokens, concurrency=args.concurrency)
+    finally:
+        await close_hosts(pool)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    t = res["total"]
+    al = t.get("acceptance_length")
+    print(f"{args.host}: {res['prompts']} prompts x {res['max_tokens']} tokens, "
+          f"concurrency {res['concurrency']}, {res['drafter']} ({res['weight_version']})")
+    print(f"  acceptance length {al:.3f}" if al is not None else "  no drafts measured")
+    print(f"  per position {[round(x, 3) for x in t.get('per_position') or []]}")
+    print(f"  {res['generation_tokens_per_s']:.1f} tok/s, latency median "
+          f"{res['latency_s']['median']:.2f} s, max {res['latency_s']['max']:.2f} s")
+    if res["other_traffic"]:
+        print("warning: the server served other requests during the replay: its counters "
+              "include them", file=sys.stderr)
+    return 0

@@ -1,0 +1,39 @@
+"""`eagle3-console swap HOST CKPT [--url URL] [--json]`: put the drafter CKPT (a folder on HOST)
+into the vLLM server `serve` started there, without restarting it. The drafter is first checked
+against the one served (layer kind, hidden and head sizes, vocab sizes, aux layer ids, EAGLE 3.1
+flags, k, tensor shapes) and refused by name when the server cannot take it; the swap's weight
+version (NAME@SHA256) is read back from the server's /weight_info."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from console.checkpoints.swap import swap
+from console.hosts.host import Host, close_hosts, host_of
+from console.settings.config import Config
+
+HELP = "swap a drafter into a running vLLM server on HOST (no restart)"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host", help="a configured host name (the server runs there)")
+    p.add_argument("ckpt", help="drafter checkpoint folder on that host (a vLLM-loadable export)")
+    p.add_argument("--url", help="the server's base URL as seen from the host, e.g. "
+                                 "http://127.0.0.1:8000 (default: the newest `serve` on HOST)")
+    p.add_argument("--json", action="store_true", help="print the swap as JSON")
+
+
+async def run(args: argparse.Namespace, config: Config) -> int:
+    pool: dict[str, Host] = {}
+    try:
+        done = await swap(host_of(pool, config, args.host), args.ckpt, args.url)
+    finally:
+        await close_hosts(pool)
+    if args.json:
+        print(json.dumps(done, indent=2))
+        return 0
+    print(f"{args.host}: {done['url']} now serves {done['drafter']}")
+    print(f"  weight version {done['weight_version']} (was {done['previous_version']}), "
+          f"swapped in {done['seconds']:.3f} s")
+    return 0
