@@ -168,7 +168,9 @@ def render(r: dict[str, Any]) -> str:
               f"{c['num_key_value_heads']}  head_dim {c['head_dim']}  V {c['vocab_size']}  Vd "
               f"{c['draft_vocab_size']}",
               f"aux layers {c['aux_layer_ids']}  rope {rope} theta {c['rope_theta']}  dtype "
-              f"{c['torch_dtype']}", ""]
+              f"{c['torch_dtype']}",
+              "  ".join(f"{k} {str(c.get(k, False)).lower()}"
+                        for k in ("norm_before_fc", "fc_norm", "norm_output")), ""]
     for ch in r["checks"]:
         lines.append(f"{'PASS' if ch['ok'] else 'FAIL'}  {ch['name']:<21} {ch['detail']}")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from engine.ckpt.key_map import (
 )
 from engine.ckpt.safetensors_io import FLOAT_CODES
 from engine.errors import EngineError
-from engine.model.config import Eagle3Config, aux_ids_problem
+from engine.model.config import NORM_FLAGS, Eagle3Config, aux_ids_problem
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,7 @@ def run_checks(ck: Checkpoint) -> list[Check]:
         checks.append(Check("serving_names", False, "EAGLE-style config with layers.0.* names: "
                             "SGLang silently ignores them (convert --to sglang)",
                             f"{ck.where()}: layers.0.* names under an EAGLE-style config"))
+    checks.append(norm_flags_check(ck))
     if ck.detected.config_style == "speculators":
         has = "norm_before_residual" in ck.config_dict
         checks.append(Check("norm_before_residual", has,
@@ -241,6 +242,21 @@ def require_checks(ck: Checkpoint) -> None:
             raise EngineError(c.error or f"{ck.path}: check {c.name} failed: {c.detail}")
 
 
+def norm_flags_check(ck: Checkpoint) -> Check:
+    """The EAGLE 3.1 flags (spec 4a) as this engine runs them, and any the config does not
+    state although the tensors show it (vLLM drops `input_norm` silently when `norm_before_fc`
+    is not in the config; `convert` writes the flag)."""
+    cfg, conf = ck.config, ck.config_dict
+    nested = conf.get("eagle_config")
+    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    said = {k for k in NORM_FLAGS if k in conf or k in eagle}
+    parts = [f"{k} {str(getattr(cfg, k)).lower()}" for k in NORM_FLAGS]
+    silent = [k for k in ("norm_before_fc", "fc_norm") if getattr(cfg, k) and k not in said]
+    if silent:
+        parts.append(f"({', '.join(silent)} from the tensors: the config does not say)")
+    return Check("norm_flags", True, " · ".join(parts))
+
+
 def load_drafter(d: Path) -> tuple[Eagle3Config, dict[str, torch.Tensor], Detected]:
     """Any style -> (config, canonical state dict, detected style). Raises on a failed check."""
     ck = open_checkpoint(Path(d))
@@ -266,6 +282,9 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
         if extras:
             warnings.append(f"{to}: {extras[0]} needs a {to} release that reads "
                             "norm_before_fc/fc_norm")
+    if to == "sglang" and cfg.norm_output:  # SGLang's key means SpecForge's, not 3.1's
+        raise EngineError("sglang: norm_output (EAGLE 3.1: the post-norm state goes to the next "
+                          "step) cannot be expressed for SGLang; export --to vllm or speculators")
     if to == "sglang":
         names = [from_canonical(c, "eagle") for c in canonical]
         layer = [n for n in names if n.startswith("layers.")]

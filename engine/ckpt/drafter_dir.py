@@ -8,6 +8,8 @@ detected style; nothing but what a caller asks for is loaded (inspect loads only
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,25 @@ from engine.ckpt.key_map import IGNORED_SUFFIXES, Detected, detect, to_canonical
 from engine.ckpt.safetensors_io import Entry, WeightSet, open_weights
 from engine.errors import EngineError
 from engine.fileio import read_json
-from engine.model.config import Eagle3Config
+from engine.model.config import NORM_OUTPUT_ENV, Eagle3Config
+
+
+def norm_output_meaning(d: Path) -> str | None:
+    """Who wrote a flat config's `norm_output` (spec 4a): what NORM_OUTPUT_ENV says, else
+    "speculators" for this engine's own exports (a provenance.json with our engine_version: we
+    write the key only in that meaning), else None (unknown: a config carrying it is refused)."""
+    env = os.environ.get(NORM_OUTPUT_ENV)
+    if env:
+        return env
+    prov = d / "provenance.json"
+    if prov.is_file():
+        try:
+            doc = json.loads(prov.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if isinstance(doc, dict) and "engine_version" in doc and "format" in doc:
+            return "speculators"
+    return None
 
 
 def read_config(d: Path) -> tuple[dict[str, Any], Eagle3Config]:
@@ -26,7 +46,9 @@ def read_config(d: Path) -> tuple[dict[str, Any], Eagle3Config]:
     path = d / "config.json"
     data = read_json(path, missing="missing")  # never blocks on a FIFO
     try:
-        return data, Eagle3Config.from_dict(data)
+        meaning = norm_output_meaning(d) if isinstance(data, dict) and "norm_output" in data \
+            else None
+        return data, Eagle3Config.from_dict(data, norm_output_meaning=meaning)
     except EngineError as e:
         raise EngineError(f"{path}: {e}") from None
 

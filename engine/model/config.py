@@ -6,12 +6,15 @@ Config styles (spec section 4):
 - EAGLE style: a flat Llama config with `architectures: ["LlamaForCausalLMEagle3"]`,
   `vocab_size` = TARGET vocab, `draft_vocab_size`, `tie_word_embeddings: false`,
   `target_hidden_size` only when it differs from `hidden_size`, aux ids (vLLM convention) only when
-  they are not the defaults, never `norm_output`.
+  they are not the defaults; `norm_output` only in the speculators/vLLM meaning and only when true
+  (section 4a: SpecForge reads the same key differently, so a reader needs to know the writer).
 - speculators style: `speculators_model_type: "eagle3"` with a full Llama dict under
   `transformer_layer_config`, `norm_before_residual` written explicitly, `speculators_config`.
 
 `Eagle3Config.from_dict` reads either (and transformers 5's `rope_parameters` / `dtype` spellings);
-problems raise EngineError naming the field, callers prefix the file name.
+problems raise EngineError naming the field, callers prefix the file name. A flat config carrying
+`norm_output` is read in the meaning of who wrote it (`norm_output_meaning`, NORM_OUTPUT_MEANINGS);
+unknown writer: refused, naming NORM_OUTPUT_ENV.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_VERSION = "0.3.0"
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "float16", "bfloat16")
+# `norm_output` has two meanings (spec 4a): speculators/vLLM "hand the post-final-norm state to the
+# next step" and SpecForge "apply the final norm before lm_head at all". The environment variable
+# states which one a flat config means when nothing else tells.
+NORM_OUTPUT_MEANINGS = ("speculators", "specforge")
+NORM_OUTPUT_ENV = "EAGLE3_NORM_OUTPUT_MEANING"
+NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")  # spec 4a, spelled as vLLM reads them
 
 # Llama config keys we do not interpret but carry through both styles unchanged.
 PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
@@ -74,6 +83,9 @@ class Eagle3Config:
     """speculators `norm_before_fc`: an RMSNorm `input_norm` [3Ht] applied before fc."""
     fc_norm: bool = False
     """per-chunk RMSNorms `fc_norm.{0,1,2}` [Ht] before fc (seen in some public drafters)."""
+    norm_output: bool = False
+    """speculators/vLLM `norm_output` (EAGLE 3.1): the state handed to the next draft step is the
+    one after the final norm (logits = lm_head of it); False: the pre-norm state is handed on."""
     verifier: str | None = None
     """speculators_config.verifier.name_or_path (the target this drafter serves)."""
     verifier_architectures: list[str] | None = None
@@ -149,8 +161,10 @@ class Eagle3Config:
 
     # -- config styles -------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
-        """Read an EAGLE-style (flat Llama) or speculators-style config dict."""
+    def from_dict(cls, d: dict[str, Any], norm_output_meaning: str | None = None
+                  ) -> Eagle3Config:
+        """Read an EAGLE-style (flat Llama) or speculators-style config dict. A flat config's
+        `norm_output` is read as `norm_output_meaning` says (who wrote it; None: unknown)."""
         if not isinstance(d, dict):
             raise EngineError("config is not a JSON object")
         if config_style(d) == "speculators":
@@ -158,7 +172,7 @@ class Eagle3Config:
             if not isinstance(layer, dict):
                 raise EngineError("config field 'transformer_layer_config': missing or not an "
                                   "object")
-            cfg = _from_llama(layer, top=d)
+            cfg = _from_llama(layer, top=d, norm_output_meaning="speculators")
             spec = d.get("speculators_config") or {}
             if not isinstance(spec, dict):
                 raise EngineError("config field 'speculators_config': not an object")
@@ -177,7 +191,7 @@ class Eagle3Config:
             cfg.norm_before_residual = nbr
             cfg.__post_init__()
             return cfg
-        return _from_llama(d, top=d)
+        return _from_llama(d, top=d, norm_output_meaning=norm_output_meaning)
 
     def _llama_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -225,8 +239,9 @@ class Eagle3Config:
         return out
 
     def _extra_norm_flags(self) -> dict[str, bool]:
-        # Written only when used: newer vLLM/SGLang read them, older ones never see them.
-        return {k: True for k in ("norm_before_fc", "fc_norm") if getattr(self, k)}
+        # Written only when used, at the top level where vLLM's llama/deepseek_eagle3 and its
+        # speculators adapter read all three; older engines never see them.
+        return {k: True for k in NORM_FLAGS if getattr(self, k)}
 
     def to_speculators_dict(self, verifier: str | None = None,
                             speculative_tokens: int | None = None,
@@ -258,7 +273,9 @@ class Eagle3Config:
             },
             "torch_dtype": self.torch_dtype,
         }
-        out.update(self._extra_norm_flags())
+        # speculators 0.9 writes all three at the top level, false included (vLLM's adapter
+        # reads them there, default false).
+        out.update({k: bool(getattr(self, k)) for k in NORM_FLAGS})
         if self.target_num_layers is not None:
             out["target_num_hidden_layers"] = self.target_num_layers
         return out
@@ -323,7 +340,8 @@ def config_style(d: dict[str, Any]) -> str:
     return "eagle"
 
 
-def _from_llama(layer: dict[str, Any], top: dict[str, Any]) -> Eagle3Config:
+def _from_llama(layer: dict[str, Any], top: dict[str, Any],
+                norm_output_meaning: str | None) -> Eagle3Config:
     """Build from a flat Llama dict (`layer`); draft-level fields come from `top`."""
     def req(key: str) -> Any:
         if key not in layer or layer[key] is None:
@@ -382,12 +400,35 @@ def _from_llama(layer: dict[str, Any], top: dict[str, Any]) -> Eagle3Config:
         if not isinstance(v, bool):
             raise EngineError(f"config field {flag!r}: {v!r} is not a bool")
         kwargs[flag] = v
-    if top.get("norm_output") is not None:
-        pass  # ambiguous across projects (spec section 4): read as nothing, never written
+    kwargs["norm_output"] = _read_norm_output(top, norm_output_meaning)
     try:
         return Eagle3Config(**kwargs)
     except TypeError as e:  # a field with a wrong JSON type reached a comparison
         raise EngineError(f"config: {e}") from e
+
+
+def _read_norm_output(top: dict[str, Any], meaning: str | None) -> bool:
+    """The top-level `norm_output` in our (speculators/vLLM) meaning. vLLM reads it from the top
+    level only, default false. SpecForge's true is plain EAGLE math (final norm before lm_head);
+    its false (no final norm) is a model this engine does not have."""
+    v = top.get("norm_output")
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise EngineError(f"config field 'norm_output': {v!r} is not a bool")
+    if meaning == "speculators":
+        return v
+    if meaning == "specforge":
+        if not v:
+            raise EngineError("config field 'norm_output': false in SpecForge's meaning (no "
+                              "final norm before lm_head) is not supported")
+        return False
+    if meaning is not None:
+        raise EngineError(f"{NORM_OUTPUT_ENV}={meaning!r}: not one of "
+                          f"{', '.join(NORM_OUTPUT_MEANINGS)}")
+    raise EngineError(f"config field 'norm_output': {v!r} means different things to "
+                      "speculators/vLLM and SpecForge and nothing says who wrote this config; set "
+                      f"{NORM_OUTPUT_ENV}=speculators or =specforge")
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -23,7 +23,8 @@ Eagle3Draft(cfg)
         d2t (buffer)                        int64 [Vd]  target_id = draft_id + d2t[draft_id]
         t2d (buffer)                        bool  [V]   true for target ids in the draft vocab
     Optional, by config flag: input_norm.weight [3Ht] (norm_before_fc), fc_norm.{0,1,2}.weight
-    [Ht] (fc_norm). Rotary tables are non-persistent buffers, never saved.
+    [Ht] (fc_norm). Rotary tables are non-persistent buffers, never saved. `norm_output`
+    (EAGLE 3.1, spec 4a): the state handed to the next step is norm(out), not out.
     `trainable_state_dict()` is the state dict without the frozen embedding; `set_embedding(w)`
     installs the target's (engine.formats.load_target_embedding reads it from a target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
@@ -320,6 +321,12 @@ class Eagle3Draft(nn.Module):
         """Pre-norm hidden [..., H] -> draft-vocab logits [..., Vd]."""
         return self.lm_head(self.norm(out))
 
+    def hand_on(self, out: Tensor) -> Tensor:
+        """The layer's pre-norm output -> the state the next draft step receives: the same, or
+        with `norm_output` (EAGLE 3.1, spec 4a) the final norm of it. Logits are `logits(out)`
+        either way (lm_head of the normalised state)."""
+        return self.norm(out) if self.config.norm_output else out
+
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         """Draft ids -> target ids through the d2t offsets."""
         return draft_ids + self.d2t[draft_ids]
@@ -373,14 +380,19 @@ class Eagle3Draft(nn.Module):
 
     def _ttt_step(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
                   mask: Tensor | None, rows: Tensor | None = None) -> tuple[Tensor, Tensor, KV]:
-        """One TTT step (ep: the step's tokens' `embed_proj`): (out [B,T,H], logits [B,T,Vd]
-        or [n,Vd] of the flat `rows`, this step's (k, v))."""
+        """One TTT step (ep: the step's tokens' `embed_proj`): (the next step's h [B,T,H] (pre-
+        final-norm, or after it with `norm_output`), logits [B,T,Vd] or [n,Vd] of the flat
+        `rows`, this step's (k, v))."""
         if self.checkpoint_activations and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
             out, kv = checkpoint(self.midlayer, ep, h, cos, sin, list(past), mask,  # a snapshot:
                                  use_reentrant=False)  # the caller appends to `past`
         else:
             out, kv = self.midlayer(ep, h, cos, sin, past, mask)
+        if self.config.norm_output:  # EAGLE 3.1: the normalised state goes on, logits from it
+            out = self.norm(out)
+            sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
+            return out, self.lm_head(sel), kv
         sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
         return out, self.logits(sel), kv
 
@@ -451,8 +463,8 @@ class Eagle3Draft(nn.Module):
                 if attention_mask is not None:
                     keep = torch.cat([attention_mask.bool()[:, None, None, :],
                                       keep[..., t:].expand(b, 1, 1, i + 1)], dim=-1)
-            last, kv = self.midlayer(self.midlayer.embed_proj(emb), last, cos, sin, past, keep,
-                                     causal=False)
+            last, kv = self.midlayer(self.midlayer.embed_proj(emb), self.hand_on(last), cos, sin,
+                                     past, keep, causal=False)
             past.append(kv)
         return torch.cat(drafts, dim=1)  # [B,k]
 
@@ -480,7 +492,8 @@ class Eagle3Draft(nn.Module):
             emb = self.embed_tokens(tok).to(dtype)  # [B,T,H]: row p's draft i at p+i+1
             cos, sin = self._cos_sin(pos + i + 1, dtype)
             mask = None if self.attn_impl == "split" else ttt_mask(t, i + 1, None, dev)
-            last, kv = self.midlayer(self.midlayer.embed_proj(emb), last, cos, sin, past, mask)
+            last, kv = self.midlayer(self.midlayer.embed_proj(emb), self.hand_on(last), cos, sin,
+                                     past, mask)
             past.append(kv)
         return torch.stack(drafts, dim=-1)  # [B,T,k]
 
