@@ -45,8 +45,10 @@ STANDIN = """#!/bin/sh
 # log and serve /v1/models and Prometheus /metrics on its --port (standin_main below) until
 # signalled
 "{python}" - "$0" "$@" <<'PY'
-import json, sys
+import json, os, sys
 json.dump(sys.argv[2:], open(sys.argv[1] + ".argv", "w"))
+json.dump({k: v for k, v in os.environ.items() if k.startswith("EAGLE3_HOST_")},
+          open(sys.argv[1] + ".env", "w"))
 PY
 cd "{repo}" && exec "{python}" -c "import sys; from tests.test_serve import standin_main; \\
 standin_main(sys.argv[1], sys.argv[2:])" "$0" "$@"
@@ -484,3 +486,59 @@ async def test_serve_says_when_it_could_not_check(
     assert out["warnings"][0].startswith("served config not fully checked: " + want)
     status = {f["field"]: f["status"] for f in out["served"]["fields"]}
     assert status["num_speculative_tokens"] == "ok" and status["verifier"] == "not checked"
+
+
+async def test_serve_starts_the_vllm_beside_the_hosts_python_with_the_hosts_env(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A host whose `python` is a venv's: its `vllm` is started, not a bare `vllm` from the
+    session's PATH (there is none on it here); the host's `env` reaches the run."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    exe = venv / "vllm"
+    exe.write_text(STANDIN.replace("{python}", sys.executable).replace("{repo}", str(REPO)))
+    exe.chmod(0o755)
+    root = tmp_path / "host root"
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(f'[hosts.box]\npython = "{python}"\nroot = "{root}"\n'
+                        'env = { EAGLE3_HOST_HF_HOME = "/data/hf" }\n')
+    ckpt = tmp_path / "drafters" / "ft"
+    write_drafter(ckpt)
+    verifier = write_verifier(tmp_path / "target")
+    rc = await asyncio.to_thread(cli_main, [
+        "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier),
+        "--port", str(free_port()), "--no-check", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["status"] == "running", out
+    try:
+        argv = json.loads(await wait_file(Path(str(exe) + ".argv")))
+        assert argv[:2] == ["serve", str(verifier)]
+        env = json.loads(await wait_file(Path(str(exe) + ".env")))
+        assert env == {"EAGLE3_HOST_HF_HOME": "/data/hf"}
+    finally:
+        assert await asyncio.to_thread(cli_main, [
+            "--config", str(cfg_path), "stop", out["id"], "--grace", "2"]) == 0
+
+
+async def test_vllm_command_setting_then_beside_python_then_path(tmp_path: Path) -> None:
+    from console.checkpoints.serve import vllm_command
+
+    (tmp_path / "bin").mkdir()
+    python = tmp_path / "bin" / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    host = Host(HostConfig(name="box", python=str(python), root=str(tmp_path / "root")))
+    try:
+        assert await vllm_command(host) == ["vllm"]  # nothing beside it: the run's PATH
+        (tmp_path / "bin" / "vllm").write_text("#!/bin/sh\n")
+        (tmp_path / "bin" / "vllm").chmod(0o755)
+        assert await vllm_command(host) == [str(tmp_path / "bin" / "vllm")]
+        host.cfg.vllm = "/opt/v env/bin/python -m vllm.entrypoints.cli.main"
+        assert await vllm_command(host) == ["/opt/v", "env/bin/python", "-m",
+                                            "vllm.entrypoints.cli.main"]
+        host.cfg.vllm = "'/opt/v env/bin/vllm'"
+        assert await vllm_command(host) == ["/opt/v env/bin/vllm"]
+    finally:
+        await host.close()

@@ -25,7 +25,7 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -82,14 +82,30 @@ def speculative_config(req: ServeRequest) -> dict[str, Any]:
     return {"method": "eagle3", "model": req.ckpt, "num_speculative_tokens": req.k}
 
 
-def vllm_argv(req: ServeRequest) -> list[str]:
-    """The `vllm serve` command line (the run's argv on the host), bound to its loopback: the
-    console reaches it through the host's SSH connection; a swappable server also gets our
-    drafter backend (engine/capture/swap_backend.py, registered by its worker extension)."""
+async def vllm_command(host: Host) -> list[str]:
+    """How this host starts vLLM: its `vllm` setting (words, e.g. a venv's vllm or `python -m
+    vllm.entrypoints.cli.main`), else the `vllm` beside the configured `python` (the venv that
+    has the engine usually has vLLM too), else the `vllm` on the run's PATH. A bare `vllm`
+    from the SSH session's PATH missed a venv's own (`cannot run vllm: No such file`)."""
+    if host.cfg.vllm:
+        return shlex.split(host.cfg.vllm)
+    python = host.cfg.python
+    if "/" in python:
+        beside = posixpath.join(posixpath.dirname(python), "vllm")
+        if (await host.transport.run(["test", "-x", beside])).ok:
+            return [beside]
+    return ["vllm"]
+
+
+def vllm_argv(req: ServeRequest, command: Sequence[str] = ("vllm",)) -> list[str]:
+    """The `vllm serve` command line (the run's argv on the host; `command` starts vLLM there:
+    vllm_command), bound to its loopback: the console reaches it through the host's SSH
+    connection; a swappable server also gets our drafter backend (engine/capture/
+    swap_backend.py, registered by its worker extension)."""
     swap = ["--worker-extension-cls", SWAP_EXTENSION, "--weight-transfer-config",
             json.dumps({"backend": SWAP_BACKEND}, separators=(",", ":"))] if req.swappable \
         else []
-    return ["vllm", "serve", req.verifier, "--host", "127.0.0.1",
+    return [*command, "serve", req.verifier, "--host", "127.0.0.1",
             "--tensor-parallel-size", str(req.tp), "--port", str(req.port),
             "--speculative-config", json.dumps(speculative_config(req), separators=(",", ":")),
             *swap, *req.extra]
@@ -225,7 +241,8 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: dict[st
     req = replace(req, ckpt=await host.resolve(req.ckpt))
     report = await check_servable(host, req)
     name = profile_name(req.ckpt)
-    profile = Profile(name=name, hosts=[host_name], run=shlex.join(vllm_argv(req)),
+    profile = Profile(name=name, hosts=[host_name],
+                      run=shlex.join(vllm_argv(req, await vllm_command(host))),
                       env=vllm_env(req))
     run = await launch(replace(config, profiles={**config.profiles, name: profile}), name, pool,
                        force=force)

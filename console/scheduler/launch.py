@@ -47,6 +47,13 @@ def new_run_id(profile: str) -> str:
     return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def run_env(profile: Profile, cfg: HostConfig) -> dict[str, str]:
+    """A run's environment on a host: the host's `env`, then the profile's over it (less the
+    rendezvous settings, which place the run rather than reach it)."""
+    merged = {**cfg.env, **profile.env}
+    return {k: v for k, v in merged.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+
+
 def substitute(text: str, run_id: str, run_dir: str) -> str:
     """`{run_id}` and `{run_dir}` in a profile's run words and cwd (nothing else is touched:
     other braces, e.g. JSON arguments, stay as written)."""

@@ -32,6 +32,7 @@ from console.scheduler.launch import (
     build_argv,
     new_run_id,
     push_for,
+    run_env,
     start_anyway,
     substitute,
 )
@@ -183,7 +184,7 @@ class SlurmScheduler(Scheduler):
         argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank="{node_rank}",
                                      rdzv="{rdzv_endpoint}", run_dir=run_dir,
                                      nnodes=profile.nodes)
-        env = {k: v for k, v in profile.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        env = run_env(profile, host.cfg)
         env.setdefault("PYTHONUNBUFFERED", "1")
         code = await host.code_dir()
         out = posixpath.join(run_dir, "slurm-%j.out")

@@ -20,6 +20,7 @@ from console.scheduler.launch import (
     build_argv,
     new_run_id,
     push_for,
+    run_env,
     start_anyway,
     substitute,
 )
@@ -111,7 +112,7 @@ async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
     run_dir = posixpath.join(await runs_dir(host), run_id)
     argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv,
                                  run_dir=run_dir)
-    env = {k: v for k, v in profile.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env = run_env(profile, host.cfg)
     env.setdefault("PYTHONUNBUFFERED", "1")
     spec = {
         "id": run_id, "profile": profile.name, "host": host.name, "node_rank": rank,

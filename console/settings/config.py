@@ -9,6 +9,9 @@
     known_hosts = "~/.ssh/known_hosts"  # optional: which known_hosts file verifies this host
     identity = "~/.ssh/id_ed25519"      # optional: a key file (else ssh-agent and ssh config)
     metrics = "http://127.0.0.1:8000/metrics"  # optional: vLLM's /metrics, seen from the host
+    vllm = "/opt/vllm-env/bin/vllm"   # optional: how `serve` starts vLLM (words; default: the
+                                      # `vllm` beside `python`, else the one on PATH)
+    env = { HF_HOME = "/data/hf", CUDA_VISIBLE_DEVICES = "0,1,2,3" }  # optional: every run's
 
     [sync.train-scripts]
     host = "gpu1"
@@ -76,6 +79,8 @@ class HostConfig:
     metrics: str | None = None      # vLLM's /metrics URL as seen from the host (http://...)
     scheduler: str = "ssh"          # "slurm": a cluster's login node (console/scheduler/)
     slurm: SlurmOptions | None = None  # [hosts.X.slurm] sbatch defaults
+    vllm: str | None = None         # how `serve` starts vLLM; None: the vllm beside `python`
+    env: dict[str, str] = field(default_factory=dict)  # for every run started there
 
     @property
     def is_local(self) -> bool:
@@ -234,7 +239,7 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     for name, t in _tables(top, "hosts").items():
         r = _Reader(file, f"hosts.{name}", t)
         r.check_keys({"ssh", "python", "root", "logs", "checkpoints", "known_hosts", "ssh_config",
-                      "identity", "metrics", "scheduler", "slurm"})
+                      "identity", "metrics", "scheduler", "slurm", "vllm", "env"})
         base = local_host() if r.text("ssh") is None else HostConfig(name=name)
         hosts[name] = HostConfig(
             name=name, ssh=r.text("ssh"), python=r.text("python", base.python) or base.python,
@@ -244,7 +249,8 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
             metrics=_metrics_url(r),
             scheduler=parse_scheduler(r.table.get("scheduler"), file, f"hosts.{name}"),
             slurm=(parse_slurm(r.table["slurm"], file, f"hosts.{name}.slurm")
-                   if "slurm" in r.table else None))
+                   if "slurm" in r.table else None),
+            vllm=r.text("vllm"), env=r.strdict("env"))
         if hosts[name].slurm is not None and hosts[name].scheduler != "slurm":
             r.fail("slurm", 'scheduler = "slurm" with a [slurm] table')
     if LOCAL not in hosts:
