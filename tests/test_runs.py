@@ -22,6 +22,7 @@ from console.hosts.host import Host, close_hosts
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler.launch import LaunchHooks, NotStarted, build_argv
 from console.scheduler.records import RunRecord, combined_status
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Profile
 from engine import events
 from tests.sshd import SSHD
@@ -265,8 +266,8 @@ def test_build_argv() -> None:
 
 
 def test_combined_status() -> None:
-    assert combined_status(["succeeded", "running"]) == "running"
-    assert combined_status(["succeeded", "failed"]) == "failed"
-    assert combined_status(["stopped", "failed"]) == "stopped"
-    assert combined_status(["succeeded", "succeeded"]) == "succeeded"
-    assert combined_status(["lost", "succeeded"]) == "lost"
+    assert combined_status([RunStatus("succeeded"), RunStatus("running")]) == "running"
+    assert combined_status([RunStatus("succeeded"), RunStatus("failed")]) == "failed"
+    assert combined_status([RunStatus("stopped"), RunStatus("failed")]) == "stopped"
+    assert combined_status([RunStatus("succeeded"), RunStatus("succeeded")]) == "succeeded"
+    assert combined_status([RunStatus("lost"), RunStatus("succeeded")]) == "lost"

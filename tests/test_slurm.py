@@ -236,7 +236,8 @@ async def test_cancelled_while_pending(sshd: SSHD, cluster: SlurmCluster,
     finally:
         await close_hosts(pool)
     for rec in (stopped.records[0], other):
-        assert rec.status == "stopped" and rec.reason == "cancelled before it started", rec.to_json()
+        assert rec.status == "stopped" and rec.reason == "cancelled before it started", \
+            rec.to_json()
         on_disk = json.loads((Path(rec.run_dir) / "run.json").read_text())
         assert on_disk["status"] == "stopped" and on_disk["slurm_state"] == "CANCELLED"
         assert not (Path(rec.run_dir) / "output.log").exists()  # it never ran
@@ -258,8 +259,9 @@ async def test_two_node_gloo_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Pa
     run_dir = Path(rec.run_dir)
     logs = {p.name: p.read_text() for p in run_dir.glob("output*.log")}
     assert rec.status == "succeeded", (rec.to_json(), logs)
-    assert rec.nnodes == 2 and rec.to_json()["nodes"][0]["status"] == "succeeded"
-    assert {rec.to_json()["node_host"], rec.to_json()["nodes"][0]["node_host"]} == {"node1", "node2"}
+    whole = rec.to_json()
+    assert rec.nnodes == 2 and whole["nodes"][0]["status"] == "succeeded"
+    assert {whole["node_host"], whole["nodes"][0]["node_host"]} == {"node1", "node2"}
     assert "of 2 sum 3.0" in logs["output.log"] and "of 2 sum 3.0" in logs["output.node-1.log"]
     argv = list(rec.argv)
     assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == "0"

@@ -19,6 +19,15 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
+from console.checkpoints.results import (
+    Check,
+    ConvertSummary,
+    InspectReport,
+    convert_line,
+    parse_scan,
+)
+from console.errors import ConsoleError
+from console.panes.runs import RunsPane
 from console.screens.run_detail import RunDetailScreen
 from console.widgets.line_plot import LinePlot
 from engine import events
@@ -59,13 +68,15 @@ async def open_diverged(pilot: Pilot[Any], n_lines: int, detail: bool) -> None:
     await pilot.press("5")
     await wait_for(pilot, lambda: (f := feed_of(pilot, RUNNING)) is not None
                    and f.progress.events == n_lines)
-    pane = app.screen.query_one("RunsPane")
+    pane = app.screen.query_one(RunsPane)
     pane.refresh_view(force=True)   # the PROGRESS column: steps and an ETA (fmt_duration)
     await pilot.pause()
     if detail:
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
-        app.screen.refresh_view(force=True)      # the plots (braille_grid) and the ETA
+        screen = app.screen
+        assert isinstance(screen, RunDetailScreen)
+        screen.refresh_view(force=True)          # the plots (braille_grid) and the ETA
     await pilot.pause(0.3)
     assert app.is_running and app.return_code is None
 
@@ -147,6 +158,25 @@ def test_parse_returns_typed_records_with_finite_numbers_and_bounded_strings() -
         events.decode(line(kind="metric", values=[1]))
     big = events.parse(line(kind="metric", step=1, values={"n": 10 ** 400}))
     assert isinstance(big, events.Metric) and big.values["n"] is None
+
+
+def test_checkpoint_answers_are_records_and_bad_fields_are_one_line_errors() -> None:
+    report = InspectReport.parse({"ok": False, "checks": [{"name": "keys", "ok": False,
+                                                           "detail": "missing fc"}, "junk"],
+                                  "key_style": "eagle", "config": {"verifier": "org/t",
+                                                                   "draft_vocab_size": True},
+                                  "provenance": {"step": "x"}})
+    assert not report.ok and report.first_failed() == Check("keys", False, "missing fc")
+    assert report.verifier == "org/t" and report.draft_vocab_size is None and report.step is None
+    assert report.check_lines() == ["FAIL  keys                  missing fc"]
+    summary = ConvertSummary.parse({"tensors": 7, "bytes": 3 * 2**20, "seconds": float("nan"),
+                                    "source_format": "eagle"}, "/d/out")
+    assert convert_line(summary, "vllm") == "converted to vllm: /d/out (7 tensors, 3.0 MiB, 0.0 s)"
+    found, missing = parse_scan({"found": [{"path": "/a", "source": "run r", "mtime": 1.0,
+                                            "bytes": 5}], "missing": [["/b", "absent"]]}, "h")
+    assert [c.name for c in found] == ["a"] and missing == [("/b", "absent")]
+    with pytest.raises(ConsoleError, match=r"^h: the checkpoint scan's entry 0 is not a"):
+        parse_scan({"found": [{"path": "/a", "source": "run r", "mtime": "soon"}]}, "h")
 
 
 # -- the grep: no hand-read host data outside the parsers -------------------------------------

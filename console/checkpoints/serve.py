@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from console.checkpoints.service import inspect_checkpoint
+from console.checkpoints.service import InspectReport, inspect_checkpoint
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host
 from console.logs.metrics_service import MetricsError, fetch
@@ -129,15 +129,14 @@ def profile_name(ckpt: str) -> str:
     return "serve-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in base)
 
 
-def refusal(report: dict[str, Any]) -> str | None:
+def refusal(report: InspectReport) -> str | None:
     """Why vLLM would not load the inspected checkpoint, or None."""
-    for c in report.get("checks") or []:
-        if not c.get("ok"):
-            return f"check {c.get('name')} failed: {c.get('detail')}"
-    if report.get("key_style") not in LOADABLE_KEY_STYLES:
-        return f"key style {report.get('key_style')!r} is not one vLLM loads"
-    cfg = report.get("config") or {}
-    if report.get("config_style") == "speculators" and not cfg.get("verifier"):
+    failed = report.first_failed()
+    if failed is not None:
+        return f"check {failed.name} failed: {failed.detail}"
+    if report.key_style not in LOADABLE_KEY_STYLES:
+        return f"key style {report.key_style!r} is not one vLLM loads"
+    if report.config_style == "speculators" and not report.verifier:
         return "a speculators-style config needs its verifier (convert --to speculators " \
                "--verifier TARGET)"
     return None
@@ -161,7 +160,7 @@ def verifier_mismatch(draft_cfg: dict[str, Any], target_cfg: dict[str, Any]) -> 
     return None
 
 
-async def check_servable(host: Host, req: ServeRequest) -> dict[str, Any]:
+async def check_servable(host: Host, req: ServeRequest) -> InspectReport:
     """The inspect report, after refusing (ConsoleError) what vLLM would not load."""
     req.check()
     report = await inspect_checkpoint(host, req.ckpt)
@@ -180,7 +179,7 @@ async def check_servable(host: Host, req: ServeRequest) -> dict[str, Any]:
         target_cfg = json.loads(res.stdout)
     except ValueError as e:
         raise ConsoleError(f"{host.name}:{path}/config.json: invalid JSON ({e})") from e
-    why = verifier_mismatch(report.get("config") or {}, target_cfg)
+    why = verifier_mismatch(dict(report.config), target_cfg)
     if why:
         raise ConsoleError(f"{host.name}:{req.ckpt}: does not fit verifier {path}: {why}")
     return report
@@ -250,8 +249,8 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: dict[st
     record_session({"run_id": run.id, "host": host_name, "drafter": req.ckpt,
                     "verifier": req.verifier, "k": req.k, "tp": req.tp, "port": req.port,
                     "metrics": f"http://127.0.0.1:{req.port}/metrics", "provenance": prov,
-                    "format": report.get("format"),
-                    "draft_vocab_size": (report.get("config") or {}).get("draft_vocab_size"),
+                    "format": report.format or None,
+                    "draft_vocab_size": report.draft_vocab_size,
                     "started": time.time(), "request": asdict(req),
                     "swappable": req.swappable})
     return run

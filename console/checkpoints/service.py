@@ -19,13 +19,22 @@ import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import console.hostside.checkpoint_scan as checkpoint_scan
+from console.checkpoints.results import (
+    Checkpoint,
+    ConvertSummary,
+    InspectReport,
+    parse_scan,
+)
 from console.errors import CommandFailed, ConsoleError
 from console.hosts.engine_client import EngineError, run_engine
 from console.hosts.host import Host
 from engine import events
+
+__all__ = ["DTYPES", "STYLES", "Checkpoint", "ConvertSummary", "Found", "InspectReport",
+           "convert_checkpoint", "converted_dir", "find_checkpoints", "inspect_checkpoint",
+           "scan_checkpoints"]
 
 STYLES = ("eagle", "speculators", "vllm", "sglang")
 DTYPES = ("keep", "bf16", "fp16", "fp32")
@@ -35,20 +44,6 @@ MAX_ENTRIES = 500
 #: the checkpoint scan, run by the host's Python through `python -c` (its source, so nothing
 #: needs to be pushed first): console/hostside/checkpoint_scan.py
 _SCAN = Path(checkpoint_scan.__file__).read_text(encoding="utf-8")
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One checkpoint folder on a host."""
-
-    path: str
-    source: str          # "configured", "run <run-id>" or "converted"
-    mtime: float
-    bytes: int
-
-    @property
-    def name(self) -> str:
-        return posixpath.basename(self.path.rstrip("/")) or self.path
 
 
 async def converted_dir(host: Host) -> str:
@@ -87,30 +82,27 @@ async def scan_checkpoints(host: Host) -> Found:
                            f"{e}") from e
     except ValueError as e:
         raise ConsoleError(f"{host.name}: the checkpoint scan printed no list") from e
-    if not isinstance(data, dict):
-        raise ConsoleError(f"{host.name}: the checkpoint scan printed no list")
-    return Found([Checkpoint(str(d["path"]), str(d["source"]), float(d["mtime"]),
-                             int(d["bytes"])) for d in data.get("found") or []],
-                 [(str(f), str(why)) for f, why in data.get("missing") or []])
+    return Found(*parse_scan(data, host.name))
 
 
-async def inspect_checkpoint(host: Host, path: str) -> dict[str, Any]:
+async def inspect_checkpoint(host: Host, path: str) -> InspectReport:
     """The engine's inspect report (`ok` false when a check failed: the report says which).
 
     Raises EngineError when the folder cannot be read as a checkpoint at all."""
-    got: dict[str, Any] = {}
+    got: list[events.Result] = []
 
     def grab(ev: events.Event) -> None:
         if isinstance(ev, events.Result):
-            got["report"] = ev.data
+            got.append(ev)
 
     try:
         # `--`: a folder named like an option (`--help`, `-x`) is still a folder
-        return await run_engine(host, ["inspect", "--", path], on_event=grab, timeout=600)
+        data = await run_engine(host, ["inspect", "--", path], on_event=grab, timeout=600)
     except EngineError:
-        if "report" in got:   # inspect exits 1 when a check fails, after its report
-            return dict(got["report"])
-        raise
+        if not got:
+            raise
+        data = dict(got[-1].data)   # inspect exits 1 when a check fails, after its report
+    return InspectReport.parse(data)
 
 
 def convert_args(src: str, dst: str, to: str, dtype: str = "keep", force: bool = False,
@@ -130,7 +122,7 @@ def convert_args(src: str, dst: str, to: str, dtype: str = "keep", force: bool =
 async def convert_checkpoint(host: Host, src: str, dst: str, to: str, dtype: str = "keep",
                              force: bool = False, verifier: str | None = None,
                              on_event: Callable[[events.Event], None] | None = None,
-                             extra: list[str] | None = None) -> dict[str, Any]:
+                             extra: list[str] | None = None) -> ConvertSummary:
     """Run `engine convert` on the host; its summary. Raises EngineError with the engine's
     message (DST is then absent: the engine writes a temp folder and renames it at the end)."""
     args = convert_args(src, dst, to, dtype, force, verifier, extra)
@@ -138,4 +130,5 @@ async def convert_checkpoint(host: Host, src: str, dst: str, to: str, dtype: str
     parent = posixpath.dirname(dst.rstrip("/"))
     if parent:
         await host.transport.run(["mkdir", "-p", parent], check=True)
-    return await run_engine(host, args, on_event=on_event, timeout=None)
+    return ConvertSummary.parse(await run_engine(host, args, on_event=on_event, timeout=None),
+                                dst)

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from console.checkpoints.results import convert_line
 from console.checkpoints.service import DTYPES, STYLES, convert_checkpoint, inspect_checkpoint
 from console.hosts.host import open_host
 from console.settings.config import Config
@@ -45,19 +46,15 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         src, dst = await host.resolve(args.src), await host.resolve(args.dst)
         summary = await convert_checkpoint(host, src, dst, args.to, args.dtype, args.force,
                                            verifier=args.verifier, on_event=progress)
-        report = await inspect_checkpoint(host, str(summary.get("dst") or dst))
+        report = await inspect_checkpoint(host, summary.dst)
     finally:
         await host.close()
         if tty:
             print(file=sys.stderr)
     if args.json:
-        print(json.dumps({"summary": summary, "inspect": report}, indent=2))
+        print(json.dumps({"summary": summary.to_json(), "inspect": report.to_json()}, indent=2))
     else:
-        mib = float(summary.get("bytes") or 0) / 2**20
-        print(f"wrote {summary.get('dst')} ({args.to} style from {summary.get('source_format')}, "
-              f"{summary.get('tensors')} tensors, {mib:.1f} MiB, "
-              f"{float(summary.get('seconds') or 0):.2f} s)")
-        for c in report.get("checks") or []:
-            print(f"{'PASS' if c.get('ok') else 'FAIL'}  {c.get('name', ''):<21} "
-                  f"{c.get('detail', '')}")
-    return 0 if report.get("ok") else 1
+        print(convert_line(summary, args.to, wrote=True))
+        for line in report.check_lines():
+            print(line)
+    return 0 if report.ok else 1

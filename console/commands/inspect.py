@@ -28,5 +28,5 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         report = await inspect_checkpoint(host, await host.resolve(args.path))
     finally:
         await host.close()
-    print(json.dumps(report, indent=2) if args.json else render(report))
-    return 0 if report.get("ok") else 1
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report.to_json()))
+    return 0 if report.ok else 1

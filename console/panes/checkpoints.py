@@ -31,9 +31,11 @@ from textual.containers import Vertical, VerticalScroll
 from textual.markup import escape
 from textual.widgets import DataTable, Static
 
+from console.checkpoints.results import convert_line
 from console.checkpoints.serve import ServeRequest, check_served, serve
 from console.checkpoints.service import (
     Checkpoint,
+    InspectReport,
     convert_checkpoint,
     converted_dir,
     find_checkpoints,
@@ -155,7 +157,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.found: dict[str, list[Checkpoint]] = {}
         self.roots: dict[str, str] = {}
         self.missing: dict[str, list[tuple[str, str]]] = {}  # host -> configured folders unread
-        self.reports: dict[tuple[str, float], dict[str, Any]] = {}
+        self.reports: dict[tuple[str, float], InspectReport] = {}
         self.scan_error: str | None = None
         self.scans = 0
         self.converting: str | None = None
@@ -271,7 +273,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         self._shown_path = ck.path
         cached = None if again else self.reports.get((ck.path, ck.mtime))
         if cached is not None:
-            self.query_one(InspectView).show_report(cached, ck.path)
+            self.query_one(InspectView).show_report(cached.to_json(), ck.path)
             return
         self.query_one(InspectView).show_text(f"inspecting {ck.path} …")
         self.inspect(self.host, ck)
@@ -293,7 +295,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             return
         self.reports[(ck.path, ck.mtime)] = report
         if self._shown_path == ck.path:
-            view.show_report(report, ck.path)
+            view.show_report(report.to_json(), ck.path)
 
     # -- converting --------------------------------------------------------------------------
     def action_convert(self) -> None:
@@ -311,14 +313,14 @@ class CheckpointsPane(ShownTimers, Vertical):
         """The dialog, then the conversion; a destination that is refused (it exists, or the
         engine will not replace it) reopens the dialog as it was, the reason under the field."""
         h = await services(self).pool.ensure(host)
-        report = self.reports.get((ck.path, ck.mtime)) or {}
-        step = (report.get("provenance") or {}).get("step")
+        known = self.reports.get((ck.path, ck.mtime))
+        step = known.step if known is not None else None
         req: ConvertRequest | None = None
         error: str | None = None
         while True:
             req = await self.app.push_screen_wait(ConvertDialog(
                 ck.path, await converted_dir(h), verifier=self.known_verifier(host, ck),
-                step=step if isinstance(step, int) else None, request=req, error=error))
+                step=step, request=req, error=error))
             if req is None:
                 return
             if req.verifier:
@@ -333,10 +335,9 @@ class CheckpointsPane(ShownTimers, Vertical):
         """The verifier to propose: the checkpoint's config names it, else the one last given
         on the host (served, or recorded by a conversion), else the target the host's profiles
         train against."""
-        report = self.reports.get((ck.path, ck.mtime)) or {}
-        named = (report.get("config") or {}).get("verifier")
-        if named:
-            return str(named)
+        known = self.reports.get((ck.path, ck.mtime))
+        if known is not None and known.verifier:
+            return known.verifier
         if self.last_verifier.get(host):
             return self.last_verifier[host]
         config = services(self).config
@@ -375,7 +376,7 @@ class CheckpointsPane(ShownTimers, Vertical):
                                                on_event=on_event)
             bar.update(total=1, progress=1)
             view.show_text(f"{heading}\nconverted; inspecting the result…")
-            report = await inspect_checkpoint(h, str(summary.get("dst") or req.dst))
+            report = await inspect_checkpoint(h, summary.dst)
         except ConsoleError as e:
             if refused:   # nothing was written: back to the report, and to the dialog
                 self.converting = None
@@ -386,11 +387,8 @@ class CheckpointsPane(ShownTimers, Vertical):
         finally:
             self.converting = None
             bar.display = False
-        dst = str(summary.get("dst") or req.dst)
-        mib = float(summary.get("bytes") or 0) / 2**20
-        done = (f"converted to {req.to}: {dst} ({summary.get('tensors')} tensors, {mib:.1f} MiB, "
-                f"{float(summary.get('seconds') or 0):.1f} s)")
-        view.show_report(report, done)
+        dst = summary.dst
+        view.show_report(report.to_json(), convert_line(summary, req.to))
         self._shown_path = dst
         await self._rescan_and_select(host, dst, report)
         return None
@@ -463,7 +461,7 @@ class CheckpointsPane(ShownTimers, Vertical):
     def action_compare(self) -> None:
         self.app.push_screen(CompareScreen())
 
-    async def _rescan_and_select(self, host: str, path: str, report: dict[str, Any]) -> None:
+    async def _rescan_and_select(self, host: str, path: str, report: InspectReport) -> None:
         try:
             h = await services(self).pool.ensure(host)
             self.found[host] = await find_checkpoints(h)

@@ -157,12 +157,11 @@ class RunsPane(ShownTimers, Vertical):
     async def load_runs(self, host: str) -> None:
         self.model.listing = True   # at once: the poll must not start a second read
         try:
-            h = await services(self).pool.ensure(host)
+            await self.model.load(await services(self).pool.ensure(host))
         except ConsoleError as e:
-            self.model.listing = False
             self.model.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
-        else:
-            await self.model.load(h)
+        finally:
+            self.model.listing = False   # also when a newer read cancelled this one
         self.refresh_view(force=True)
 
     # -- drawing -------------------------------------------------------------------------------
