@@ -241,16 +241,22 @@ def write_text(path: Path | str, text: str) -> None:
 
 def json_text(data: Any, indent: int | None = 2,
               default: Callable[[Any], Any] | None = None) -> str:
-    """The one JSON layout the engine writes: indented (by default) and ending in a newline."""
+    """The one JSON layout the engine writes: indented (by default) and ending in a newline.
+    Strict JSON only: NaN and Infinity (which Python would write bare, and other parsers refuse)
+    raise ValueError."""
     if indent is None:
-        return json.dumps(data, separators=(",", ":"), default=default) + "\n"
-    return json.dumps(data, indent=indent, default=default) + "\n"
+        return json.dumps(data, separators=(",", ":"), default=default, allow_nan=False) + "\n"
+    return json.dumps(data, indent=indent, default=default, allow_nan=False) + "\n"
 
 
 def write_json(path: Path | str, data: Any, indent: int | None = 2,
                default: Callable[[Any], Any] | None = None) -> None:
-    """Replace `path` with `data` as JSON atomically."""
-    write_text(path, json_text(data, indent, default))
+    """Replace `path` with `data` as JSON atomically (strict JSON: json_text)."""
+    try:
+        text = json_text(data, indent, default)
+    except ValueError as e:
+        raise EngineError(f"{path}: not written ({e})") from None
+    write_text(path, text)
 
 
 def _remove(path: Path) -> None:

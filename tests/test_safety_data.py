@@ -323,3 +323,37 @@ def test_a_tampered_optimizer_state_is_refused_by_name(tiny_target: Path, prepar
     p = train(tiny_target, prepared[0], run, *steps, "--resume")
     assert p.returncode == 1 and last_line(p).startswith(
         f"error: {opt}: not a loadable weights-only torch file ("), last_line(p)
+
+
+# -- defect 10: non-finite config values are refused, and only strict JSON is written ----------
+
+def test_non_finite_config_values_are_refused(tmp_path: Path) -> None:
+    from tests.drafters import tiny_config, write_drafter
+    d = tmp_path / "drafter"
+    write_drafter(d, tiny_config())
+    conf = json.loads((d / "config.json").read_text())
+    for field, value, named in (("rms_norm_eps", float("inf"), "rms_norm_eps"),
+                                ("rope_scaling", {"rope_type": "linear", "factor": float("nan")},
+                                 "rope_scaling.factor")):
+        (d / "config.json").write_text(json.dumps({**conf, field: value}))  # Infinity, NaN
+        want = (f"error: {d / 'config.json'}: config field {named!r}: not a finite number "
+                "(NaN or Infinity)")
+        p = run_engine("inspect", str(d), check=False)
+        assert p.returncode == 1 and last_line(p) == want, p.stderr[-800:] + p.stdout[-800:]
+        out = tmp_path / f"out-{field}"
+        p = run_engine("convert", str(d), str(out), "--to", "vllm", check=False)
+        assert p.returncode == 1 and last_line(p) == want, p.stderr[-800:]
+        assert not out.exists()
+
+
+def test_the_json_writer_writes_strict_json_only(tmp_path: Path) -> None:
+    from engine.errors import EngineError
+    from engine.fileio import write_json
+    path = tmp_path / "x.json"
+    try:
+        write_json(path, {"loss": float("nan")})
+    except EngineError as e:
+        assert str(e).startswith(f"{path}: not written (Out of range float values")
+    else:
+        raise AssertionError("NaN was written")
+    assert not path.exists() and not list(tmp_path.iterdir())

@@ -2,8 +2,8 @@
 (names, shapes, dtypes, the vocab map), and what each export target would mis-load.
 
     expected_tensors(cfg) -> {canonical name: Expect}
-    run_checks(ckpt) -> list[Check]      the `inspect` checks (reads each float tensor once, for
-                                         the finiteness check, one tensor at a time)
+    run_checks(ckpt) -> list[Check]      the `inspect` checks (streams each float tensor's bytes
+                                         once for the finiteness check, in bounded chunks)
     require_checks(ckpt)                 the first failing check as the one-line error
     require_finite(tensors, where)       refuses NaN/inf weights (what train will not save)
     load_drafter(dir) -> (Eagle3Config, canonical state dict, Detected)   raises on any failed check
@@ -26,7 +26,7 @@ from engine.ckpt.key_map import (
     output_style,
     to_canonical,
 )
-from engine.ckpt.safetensors_io import FLOAT_CODES
+from engine.ckpt.safetensors_io import FLOAT_CODES, torch_dtype
 from engine.errors import EngineError
 from engine.model.config import NORM_FLAGS, Eagle3Config, aux_ids_problem
 
@@ -179,9 +179,11 @@ def _finite_check(ck: Checkpoint, exp: dict[str, Expect]) -> Check:
         x = exp.get(c)
         if x is None or x.kind != "float" or ck.entry(c).dtype not in FLOAT_CODES:
             continue
-        n = nonfinite_count(ck.load(c))
+        e = ck.entry(c)
+        dtype = torch_dtype(e.dtype)
+        n = sum(nonfinite_count(torch.frombuffer(chunk, dtype=dtype))  # streamed: bounded memory
+                for chunk in ck.weights.raw_chunks(e.name) if len(chunk))
         if n:
-            e = ck.entry(c)
             msg = f"{e.name}: {n} of {e.numel} values are NaN or inf"
             return Check("finite", False, msg, f"{e.file}: tensor {e.name!r} holds {n} "
                          "non-finite values (NaN or inf)")

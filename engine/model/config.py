@@ -167,6 +167,8 @@ class Eagle3Config:
         `norm_output` is read as `norm_output_meaning` says (who wrote it; None: unknown)."""
         if not isinstance(d, dict):
             raise EngineError("config is not a JSON object")
+        if (bad := nonfinite_field(d)) is not None:  # Python's json reads NaN and Infinity
+            raise EngineError(f"config field {bad!r}: not a finite number (NaN or Infinity)")
         if config_style(d) == "speculators":
             layer = d.get("transformer_layer_config")
             if not isinstance(layer, dict):
@@ -490,3 +492,15 @@ def preset(name: str) -> Eagle3Config:
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(Eagle3Config))
+
+
+def nonfinite_field(d: Any, where: str = "") -> str | None:
+    """The first field (dotted path) of a JSON document holding NaN or +-Infinity, else None."""
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        path = f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k)
+        if isinstance(v, float) and not math.isfinite(v):
+            return path
+        if isinstance(v, (dict, list)) and (bad := nonfinite_field(v, path)) is not None:
+            return bad
+    return None
