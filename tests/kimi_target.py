@@ -59,16 +59,19 @@ def _text_config(vocab: dict) -> dict:
 
 def build_kimi_pair(demo_target: Path, out: Path) -> tuple[Path, Path]:
     """(wrapper dir, plain dir) under `out`, the same random text stack in both."""
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     vocab = json.loads((demo_target / "config.json").read_text())
     text = _text_config(vocab)
     torch.manual_seed(29)
     model = DeepseekV3ForCausalLM(DeepseekV3Config(**text)).to(torch.float32)
-    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    plain, wrapped = out / "plain", out / "kimi-k25"
+    # save_pretrained writes the checkpoint layout (one tensor per expert, as vLLM reads it),
+    # not transformers 5's fused in-memory experts
+    model.save_pretrained(plain)
+    sd = load_file(str(plain / "model.safetensors"))
     for i in range(1, LAYERS):  # written whether or not transformers counts it as a weight
         sd[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = BIAS.clone()
-    plain, wrapped = out / "plain", out / "kimi-k25"
     for d in (plain, wrapped):
         d.mkdir(parents=True, exist_ok=True)
         _copy_tokenizer(demo_target, d)

@@ -18,7 +18,9 @@ Trust: for the first sample of every --check-every'th batch vLLM also returns it
 log-probs, and the target's log-prob of each next token is rebuilt from the captured final state
 (final norm + lm_head): a mean difference above the tolerance stops the capture naming the
 sample (a backbone that hands back the wrong layer, as vLLM's DeepSeek-V2 did before PR 46973,
-fails it by whole nats).
+fails it by whole nats). That check asks vLLM about vLLM; the same sample is also compared with a
+transformers forward of the text stack (engine/capture/reference_check.py, `--reference-check`),
+which stops a forward vLLM computes wrongly but consistently, naming the layer id and position.
 
 One node: the engine holds the GPUs' share --gpu-memory-utilization gives it. `train --online`
 streams from a separate vLLM server instead (--from-vllm); with the executor path, capture to a
