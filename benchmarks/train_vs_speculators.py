@@ -303,7 +303,8 @@ def math_check(venv: Path, work: Path, eagle31: bool = False) -> dict[str, Any]:
     grad_diff = {n: float((ours_grads[n] - theirs["grads"][n]).abs().max()) for n in ours_grads}
     grad_scale = {n: float(ours_grads[n].abs().max()) for n in ours_grads}
     ours_trainable = sum(x.numel() for x in draft.parameters() if x.requires_grad)
-    return {"shape": c, "eagle31": eagle31, "logits_max_abs_diff": logit_diff, "logits_max_abs": logit_scale,
+    return {"shape": c, "eagle31": eagle31, "logits_max_abs_diff": logit_diff,
+            "logits_max_abs": logit_scale,
             "their_loss": float(theirs["loss"]), "their_loss_on_our_logits": float(equiv.detach()),
             "loss_abs_diff": abs(float(theirs["loss"]) - float(equiv)),
             "our_loss": float(ours_loss),
