@@ -385,7 +385,7 @@ def flags_vllm_drops(draft_cfg: dict[str, Any]) -> list[tuple[str, bool, bool]]:
     nested = draft_cfg.get("eagle_config")
     eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
     taken = drafter_fields(draft_cfg)
-    out = []
+    out: list[tuple[str, bool, bool]] = []
     for name in ("fc_norm", "norm_output"):
         if name in eagle and bool(eagle[name]) != bool(taken.get(name, False)):
             out.append((name, bool(eagle[name]), bool(taken.get(name, False))))
