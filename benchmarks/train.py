@@ -133,7 +133,9 @@ def step_draft(spec: dict[str, Any]) -> Any:
                                 num_attention_heads=STEP_SHAPE["heads"],
                                 num_key_value_heads=STEP_SHAPE["kv_heads"],
                                 head_dim=h // STEP_SHAPE["heads"], target_hidden_size=h,
-                                vocab_size=v, draft_vocab_size=vd)
+                                vocab_size=v, draft_vocab_size=vd,
+                                norm_before_fc=bool(spec.get("eagle31")),
+                                norm_output=bool(spec.get("eagle31")))
     torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
     draft.d2t.copy_(torch.arange(vd) * (v // vd) - torch.arange(vd))  # spread over the vocab

@@ -2,7 +2,7 @@
 
     python benchmarks/train_vs_speculators.py [--venv DIR] [--hidden 256 1024] [--k 3 7]
                                               [--lm-head trained frozen] [--repeats 3]
-                                              [--steps 2] [--no-check] [--json]
+                                              [--steps 2] [--no-check] [--json] [--eagle31]
 
 speculators 0.9.0 runs in its own throwaway venv, built by this script on first use (default
 ~/.cache/eagle3-bench/speculators-0.9.0, reused while it imports): torch==2.13.0 (the CPU build;
@@ -13,6 +13,9 @@ speculators is copied here; its side only calls `Eagle3DraftModel.from_training_
 `resolve_loss_config("kl_div", "eager")` (the fused loss needs Triton), with the dense-mask
 attention (`draft_attn_impl="sdpa"`) and a verifier directory this script writes (a Llama
 config.json with the benchmark's shape, safetensors with embed_tokens, lm_head and norm).
+
+`--eagle31`: both sides build the drafter speculators 0.9 trains by default ("EAGLE 3.1":
+`norm_before_fc` and `norm_output` on; spec section 4a) for the check and the timing alike.
 
 (a) math check first (hidden 64, T 64, K 3, V 512, Vd 128): our weights copied into theirs, the
     same inputs in both conventions (theirs pre-shifted as its `shift_batch` does); per-TTT-step
@@ -151,7 +154,8 @@ def spec_model(spec: dict[str, Any], t2d: Any, d2t: Any) -> Any:
     return Eagle3DraftModel.from_training_args(
         verifier_config=tl, t2d=t2d, d2t=d2t, verifier_name_or_path=spec["verifier"],
         draft_vocab_size=spec["vd"], norm_before_residual=False, ttt_steps=spec["k"],
-        target_layer_ids=AUX_LAYERS, draft_attn_impl="sdpa")
+        target_layer_ids=AUX_LAYERS, draft_attn_impl="sdpa",
+        norm_before_fc=bool(spec.get("eagle31")), norm_output=bool(spec.get("eagle31")))
 
 
 def spec_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +235,7 @@ def their_name(name: str) -> str:
     return name
 
 
-def math_check(venv: Path, work: Path) -> dict[str, Any]:
+def math_check(venv: Path, work: Path, eagle31: bool = False) -> dict[str, Any]:
     """(a) of the docstring; returns the max differences."""
     import torch
     import torch.nn.functional as F
@@ -243,7 +247,8 @@ def math_check(venv: Path, work: Path) -> dict[str, Any]:
     cfg = preset("tiny").with_(hidden_size=h, intermediate_size=h * 7 // 2,
                                num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"],
                                head_dim=h // c["heads"], target_hidden_size=h, vocab_size=v,
-                               draft_vocab_size=vd, max_position_embeddings=4096)
+                               draft_vocab_size=vd, max_position_embeddings=4096,
+                               norm_before_fc=eagle31, norm_output=eagle31)
     torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
     t2d, d2t = vocab_maps(v, vd)
@@ -288,7 +293,8 @@ def math_check(venv: Path, work: Path) -> dict[str, Any]:
     vdir = work / "verifier-check"
     write_verifier(vdir, h, v, c["heads"], c["kv_heads"], draft.embed_tokens.weight.detach(),
                    lm_head)
-    spec = {**c, "mode": "check", "threads": 2, "verifier": str(vdir), "io": str(io)}
+    spec = {**c, "mode": "check", "threads": 2, "verifier": str(vdir), "io": str(io),
+            "eagle31": eagle31}
     run_spec(venv, spec)
     theirs = torch.load(io, weights_only=True)
     out = [lg.detach() for lg in out]
@@ -297,7 +303,8 @@ def math_check(venv: Path, work: Path) -> dict[str, Any]:
     grad_diff = {n: float((ours_grads[n] - theirs["grads"][n]).abs().max()) for n in ours_grads}
     grad_scale = {n: float(ours_grads[n].abs().max()) for n in ours_grads}
     ours_trainable = sum(x.numel() for x in draft.parameters() if x.requires_grad)
-    return {"shape": c, "logits_max_abs_diff": logit_diff, "logits_max_abs": logit_scale,
+    return {"shape": c, "eagle31": eagle31, "logits_max_abs_diff": logit_diff,
+            "logits_max_abs": logit_scale,
             "their_loss": float(theirs["loss"]), "their_loss_on_our_logits": float(equiv.detach()),
             "loss_abs_diff": abs(float(theirs["loss"]) - float(equiv)),
             "our_loss": float(ours_loss),
@@ -326,7 +333,8 @@ def run_ours(spec: dict[str, Any], threads: int) -> dict[str, Any]:
 
 
 def compare(venv: Path, work: Path, hiddens: list[int], ks: list[int], repeats: int, steps: int,
-            heads: list[str], coverage: float | None = None) -> dict[str, Any]:
+            heads: list[str], coverage: float | None = None, eagle31: bool = False
+            ) -> dict[str, Any]:
     """(b) of the docstring."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from step_timing import median_rows
@@ -342,10 +350,11 @@ def compare(venv: Path, work: Path, hiddens: list[int], ks: list[int], repeats: 
             for side in (("ours", "speculators") if r % 2 == 0 else ("speculators", "ours")):
                 if side == "ours":
                     res = run_ours({"impl": "new", "hidden": h, "k": k, "freeze": fr,
-                                    "steps": steps, "coverage": coverage}, shape["threads"])
+                                    "steps": steps, "coverage": coverage, "eagle31": eagle31},
+                                   shape["threads"])
                 else:
                     res = run_spec(venv, {**shape, "mode": "time", "hidden": h, "k": k,
-                                          "freeze": fr, "steps": steps,
+                                          "freeze": fr, "steps": steps, "eagle31": eagle31,
                                           "verifier": str(work / f"verifier-{h}")})
                 runs.setdefault((h, k, fr, side), []).append(res)
                 print(f"  repeat {r} hidden {h} K {k} frozen {fr} {side}: {res}",
@@ -354,13 +363,14 @@ def compare(venv: Path, work: Path, hiddens: list[int], ks: list[int], repeats: 
     for row, (h, k, fr) in zip(rows, configs, strict=True):
         row["speculators_trainable"] = runs[(h, k, fr, "speculators")][0]["trainable"]
     return {"shape": shape, "repeats": repeats, "steps": steps, "coverage": coverage,
-            "rows": rows}
+            "eagle31": eagle31, "rows": rows}
 
 
 def print_check(c: dict[str, Any]) -> None:
     s = c["shape"]
     print(f"(a) math check, hidden {s['hidden']}, T {s['t']}, K {s['k']}, V {s['v']}, "
-          f"Vd {s['vd']}: our weights in theirs, same inputs")
+          f"Vd {s['vd']}{', EAGLE 3.1 flags on' if c.get('eagle31') else ''}: our weights in "
+          "theirs, same inputs")
     for i, (d, m) in enumerate(zip(c["logits_max_abs_diff"], c["logits_max_abs"], strict=True)):
         print(f"    TTT step {i} logits: max |diff| {d:.2e} (max |logit| {m:.2f})")
     print(f"    loss: theirs {c['their_loss']:.6f}, their objective on our logits "
@@ -389,6 +399,9 @@ def main() -> int:
                          "what the random target gives, ~Vd/V; 1.0: every position is "
                          "supervised, as speculators' loss always counts them)")
     ap.add_argument("--no-check", action="store_true", help="skip the math check (a)")
+    ap.add_argument("--eagle31", action="store_true",
+                    help="norm_before_fc and norm_output on, both sides (speculators 0.9's "
+                         "default drafter)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--spec-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -400,17 +413,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="eagle3-vs-spec-") as tmp:
         work = Path(tmp)
         if not args.no_check:
-            res["check"] = math_check(venv, work)
+            res["check"] = math_check(venv, work, args.eagle31)
             if not args.json:
                 print_check(res["check"])
                 sys.stdout.flush()
         res["compare"] = compare(venv, work, args.hidden, args.k, args.repeats, args.steps,
-                                 args.lm_head, args.coverage)
+                                 args.lm_head, args.coverage, args.eagle31)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     cmp = res["compare"]
-    print(f"(b) training step, ours vs speculators {SPECULATORS}: float32, 2 threads, T=1024, "
+    print(f"(b) training step{' (EAGLE 3.1)' if args.eagle31 else ''}, ours vs speculators "
+          f"{SPECULATORS}: float32, 2 threads, T=1024, "
           f"batch 1, 8/4 heads, V 32000, Vd 8000; medians of {cmp['repeats']}; targets in "
           f"the draft vocab: {'~Vd/V' if cmp['coverage'] is None else cmp['coverage']}")
     from step_timing import print_rows

@@ -542,3 +542,20 @@ async def test_vllm_command_setting_then_beside_python_then_path(tmp_path: Path)
         assert await vllm_command(host) == ["/opt/v env/bin/vllm"]
     finally:
         await host.close()
+
+
+def test_eagle31_flag_vllm_does_not_read_is_a_warning() -> None:
+    """norm_output / fc_norm under eagle_config only: vLLM 0.32 reads them at the top level, so
+    it runs the drafter without them and says nothing; the read-back warns."""
+    asked = ServeRequest(ckpt=REC_DRAFTER, verifier=REC_TARGET, k=3)
+    log = parse_startup_log(REAL_LOG.read_text().splitlines())
+    models = json.loads(REAL_MODELS.read_text())["data"]
+    drafter = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 128,
+               "vocab_size": 512, "eagle_config": {"norm_output": True, "norm_before_fc": True}}
+    fields = {f.field: f for f in compare_served(asked, drafter, log, models)}
+    assert fields["norm_output"].status == "mismatch"
+    assert "norm_output: asked True, vLLM loaded False" in (fields["norm_output"].warning or "")
+    assert fields["norm_before_fc"].status == NOT_SHOWN  # vLLM does read this one there
+    top = {**drafter, "norm_output": True, "eagle_config": {}}
+    fields = {f.field: f for f in compare_served(asked, top, log, models)}
+    assert fields["norm_output"].status == NOT_SHOWN

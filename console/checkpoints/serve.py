@@ -412,8 +412,24 @@ def drafter_fields(draft_cfg: dict[str, Any]) -> dict[str, Any]:
         "norm_before_fc": bool(eagle.get("norm_before_fc", draft_cfg.get("norm_before_fc",
                                                                          False))),
         "draft_vocab_size": draft_cfg.get("draft_vocab_size") or draft_cfg.get("vocab_size")}
-    if "norm_output" in draft_cfg:
-        out["norm_output"] = bool(draft_cfg["norm_output"])
+    for name in ("fc_norm", "norm_output"):  # vLLM reads these at the top level only
+        if name in draft_cfg:
+            out[name] = bool(draft_cfg[name])
+    return out
+
+
+def flags_vllm_drops(draft_cfg: dict[str, Any]) -> list[tuple[str, bool, bool]]:
+    """EAGLE 3.1 flags (spec 4a) the config states where vLLM 0.32 does not read them:
+    (name, asked, what vLLM takes). vLLM's llama/deepseek_eagle3 take `norm_before_fc` from
+    eagle_config, else the top level, but `fc_norm` and `norm_output` from the top level only
+    (default false); a speculators-style config is read at the top level by its adapter."""
+    nested = draft_cfg.get("eagle_config")
+    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    taken = drafter_fields(draft_cfg)
+    out: list[tuple[str, bool, bool]] = []
+    for name in ("fc_norm", "norm_output"):
+        if name in eagle and bool(eagle[name]) != bool(taken.get(name, False)):
+            out.append((name, bool(eagle[name]), bool(taken.get(name, False))))
     return out
 
 
@@ -465,8 +481,13 @@ def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog
         put("aux_layer_ids", aux, got_aux if got_aux is not None else
             "no 'Using auxiliary layers from speculative config' line: vLLM captures the "
             "target's default layers", "log", got_aux == aux, got_aux is not None)
-    for name in ("norm_before_fc", "norm_output", "draft_vocab_size"):
-        if name in want:
+    dropped = {name: (asked, took) for name, asked, took in flags_vllm_drops(draft_cfg)}
+    for name in ("norm_before_fc", "fc_norm", "norm_output", "draft_vocab_size"):
+        if name in dropped:  # not printed by vLLM, but where it reads the config it is not
+            out.append(FieldCheck(name, dropped[name][0], dropped[name][1],
+                                  "config.json (eagle_config only; vLLM reads the top level)",
+                                  "mismatch"))
+        elif name in want:
             out.append(FieldCheck(name, want[name], None, "", NOT_SHOWN))
     return out
 

@@ -275,6 +275,9 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
     if to == "speculators" and not cfg.verifier:
         raise EngineError("speculators: the verifier is unknown (pass --verifier NAME_OR_PATH; "
                           "vLLM requires speculators_config.verifier.name_or_path)")
+    if to == "speculators" and cfg.norm_before_fc and cfg.fc_norm:
+        raise EngineError("speculators: norm_before_fc and fc_norm both on (speculators 0.9 "
+                          "refuses the pair; vLLM runs it: export --to vllm)")
     if output_style(to) == "eagle":
         cfg.to_eagle_dict()  # raises for norm_before_residual: true
     if to in ("vllm", "sglang"):
