@@ -89,6 +89,9 @@ def cli(cfg: Path, *args: str, json_out: bool = True, rc: int = 0) -> Any:
     import contextlib
     import io
     buf = io.StringIO()
+    # the console's records (serving sessions, swaps) are the module's: conftest gives each
+    # test a data dir of its own
+    os.environ["XDG_DATA_HOME"] = str(cfg.parent / "data")
     with contextlib.redirect_stdout(buf):
         got = cli_main(["--config", str(cfg), *args])
     assert got == rc, (args, buf.getvalue()[-2000:])

@@ -135,7 +135,7 @@ KEYS: list[Key] = [
         help="serve it in vLLM (verifier, TP, k, port, extra args)"),
     Key("m", "compare", "Compare", "checkpoints",
         help="compare the served drafters by vLLM's measured acceptance"),
-    Key("w", "swap", "Swap in", "checkpoints",
+    Key("w", "swap", "Swap in", "checkpoints", footer=False,
         help="swap it into the host's running vLLM server (no restart; checked first)"),
     Key("r", "refresh", "Rescan", "checkpoints", help="scan the host for checkpoints again"),
     # -- screens on top ----------------------------------------------------------------------
