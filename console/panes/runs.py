@@ -27,6 +27,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.widgets import DataTable, Label, Static
 
 from console.errors import ConsoleError
@@ -40,6 +41,7 @@ from console.scheduler.launch import LaunchHooks, NotStarted
 from console.scheduler.records import RunRecord, newest_first
 from console.settings.config import LOCAL, Config
 from console.settings.demo_default import refresh_demo_profiles
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.messages import OpenRun
 from console.ui.services import services
@@ -115,9 +117,11 @@ class RunsPane(ShownTimers, Vertical):
     def _host(self, name: str) -> Host:
         return services(self).pool[name]
 
-    def activity(self, text: str, error: bool = False) -> None:
+    def activity(self, text: str | Content, error: bool = False) -> None:
+        """The activity line: a str is shown as written (it quotes run ids, paths, errors);
+        Content made with host_text.markup where a part is bold."""
         w = self.query_one("#runs-activity", Static)
-        w.update(text)
+        w.update(text if isinstance(text, Content) else plain(text))
         w.set_class(error, "-error")
         self._hint = False
 
@@ -229,15 +233,15 @@ class RunsPane(ShownTimers, Vertical):
         running = sum(r.status == "running" for r in recs)
         queued = sum(r.status == "pending" for r in recs)  # Slurm jobs waiting for nodes
         where = self.config.hosts[host].ssh or "this machine"
-        status = f"[b]{host}[/b] ({where}) · {count(len(profiles), 'profile')} · " \
-            f"{count(len(recs), 'run')}" + \
-            (f", {running} running" if running else "") + \
-            (f", {queued} queued" if queued else "")
+        status = markup("[b]$host[/b] ($where) · $counts", host=host, where=where, counts=(
+            f"{count(len(profiles), 'profile')} · {count(len(recs), 'run')}" +
+            (f", {running} running" if running else "") +
+            (f", {queued} queued" if queued else "")))
         selected = self.query_one(ProfileTable).selected
         if selected:   # what t starts: the cursor in the profiles table, wherever focus is
-            status += f" · [b]t[/b] launches [b]{selected}[/b]"
+            status += markup(" · [b]t[/b] launches [b]$name[/b]", name=selected)
         if self.list_error:
-            status += f"\n[$error]{self.list_error}[/]"
+            status += markup("\n[$error]$error[/]", error=self.list_error)
         self.query_one("#runs-status", Static).update(status)
         # while the demo builds, and after it failed, the activity line says so instead
         if self.busy is None and self.demo_state not in ("building", "failed") and not profiles:
@@ -308,9 +312,9 @@ class RunsPane(ShownTimers, Vertical):
         async def confirm(busy: list[RunRecord]) -> bool:
             from console.screens.confirm import ConfirmScreen
             ids = ", ".join(sorted({r.id for r in busy}))
-            again: bool = await self.app.push_screen_wait(ConfirmScreen(
-                f"Profile [b]{name}[/b] is already running ({ids}).\n\n"
-                "Start a second copy?", yes="Start another"))
+            again: bool = await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Profile [b]$name[/b] is already running ($ids).\n\nStart a second copy?",
+                name=name, ids=ids), yes="Start another"))
             return again
 
         def step(text: str) -> None:
@@ -336,7 +340,8 @@ class RunsPane(ShownTimers, Vertical):
         finally:
             self.busy = None
             self.bar(None, None)
-        self.activity(f"started [b]{run.id}[/b] · " + " · ".join(map(push_summary, run.pushes)))
+        self.activity(markup("started [b]$id[/b] · $pushes", id=run.id,
+                             pushes=" · ".join(map(push_summary, run.pushes))))
         if self.host is not None:
             await self._reload(self.host)
             # the new run is selected below; focus and the profile cursor stay where the user
@@ -375,8 +380,8 @@ class RunsPane(ShownTimers, Vertical):
             how = (f"scancel --signal=TERM, scancel after {STOP_GRACE_S:.0f} s"
                    if rec is not None and rec.id == run_id and rec.job_id else
                    f"SIGTERM to its process group, SIGKILL after {STOP_GRACE_S:.0f} s")
-            ok = await self.app.push_screen_wait(ConfirmScreen(
-                f"Stop [b]{run_id}[/b]?\n\n{how}.", yes="Stop it"))
+            ok = await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Stop [b]$run[/b]?\n\n$how.", run=run_id, how=how), yes="Stop it"))
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")
@@ -406,10 +411,10 @@ class RunsPane(ShownTimers, Vertical):
     async def do_prune(self, host: str, n: int) -> None:
         from console.screens.confirm import ConfirmScreen
         try:
-            ok = await self.app.push_screen_wait(ConfirmScreen(
-                f"Forget the {count(n, 'ended run')} on [b]{host}[/b]?\n\n"
-                "Their records and logs are deleted; files they wrote (out/) stay. Running "
-                "runs stay; nothing is signalled.", yes="Forget them"))
+            ok = await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Forget the $n on [b]$host[/b]?\n\nTheir records and logs are deleted; files "
+                "they wrote (out/) stay. Running runs stay; nothing is signalled.",
+                n=count(n, 'ended run'), host=host), yes="Forget them"))
             if not ok:
                 return
             report = await prune_runs(await services(self).pool.ensure(host))
@@ -463,8 +468,8 @@ class RunsPane(ShownTimers, Vertical):
             h = await services(self).pool.ensure(host)
             if await demo_ready(h, workspace):
                 self.demo_state = "ready"
-                self.activity("Demo workspace: select a profile and press [b]t[/b] "
-                              "(the finetune takes about 30 s on a CPU)")
+                self.activity(markup("Demo workspace: select a profile and press [b]t[/b] "
+                                     "(the finetune takes about 30 s on a CPU)"))
                 return
             self.activity("Building the demo workspace (first start only): a tiny target, "
                           "data and a public drafter…")
@@ -490,8 +495,8 @@ class RunsPane(ShownTimers, Vertical):
         self.demo_state = "ready"
         refresh_demo_profiles(self.config)
         took = (info.get("seconds") or {}).get("total")
-        self.activity("Demo workspace ready" + (f" ({took:.0f} s)" if took else "") +
-                      ": press [b]t[/b] to finetune the public drafter, [b]enter[/b] to "
-                      "watch the run")
+        self.activity(markup("Demo workspace ready$took: press [b]t[/b] to finetune the public "
+                             "drafter, [b]enter[/b] to watch the run",
+                             took=f" ({took:.0f} s)" if took else ""))
         self.notify("Demo workspace ready: press t to start the finetune")
         self.refresh_view(force=True)
