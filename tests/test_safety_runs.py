@@ -1,4 +1,4 @@
-"""Safety of detached runs (issue 12): stop signals only what it started (PID plus start time),
+"""Safety of detached runs: stop signals only what it started (PID plus start time),
 a run that cannot be recorded never starts, secrets in a profile's env stay off disk and run
 records are private, a truncated bytecode cache cannot break the host-side runner, a corrupt
 record does not break the registry, and concurrent launches of one profile start one run.
