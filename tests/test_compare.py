@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 from console.checkpoints.compare import read_scrapes, record_scrape, rows, table
 from console.checkpoints.serve import ServeRequest, record_session, serve
 from console.cli import main as cli_main
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import list_runs, stop_run
 from console.screens.compare import CompareScreen
 from tests.drafters import write_drafter
@@ -84,7 +84,7 @@ async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcomman
         async with app.run_test(size=SIZE) as pilot:
             for ckpt, srv in ((public, servers[0]), (tuned, servers[1])):
                 await serve(cfg, host, ServeRequest(str(ckpt), str(verifier), port=srv.port),
-                            app.pool.hosts)
+                            app.pool)
             await pilot.press("6")
             await pilot.press("m")
             screen = app.screen
@@ -103,13 +103,13 @@ async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcomman
     finally:
         for srv in servers:
             srv.stop()
-        pool = {h: Host(c) for h, c in cfg.hosts.items()}
+        pool = HostPool(cfg)
         try:
             for rec in await list_runs(pool[host]):
                 if rec.status == "running":
                     await stop_run(cfg, rec.id, pool, grace=2.0)
         finally:
-            await close_hosts(pool)
+            await pool.close()
     # the measurements were kept: the subcommand re-shows them after the servers are gone
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text('[hosts.box]\nroot = "/tmp/unused"\n')

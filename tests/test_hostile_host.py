@@ -132,7 +132,7 @@ async def test_runs_pane_shows_hostile_runs_as_text(hostile: Hostile) -> None:
         screen = app.screen
         await wait_for(pilot, lambda: screen.feed.progress.events > 0)
         await pilot.pause(0.3)
-        screen.refresh_view(force=True)   # type: ignore[attr-defined]
+        screen.refresh_view(force=True)
         await pilot.pause()
         title = plain(screen.query_one("#detail-title", Static))
         assert QUIT_RUN in title and no_escapes(title), title

@@ -9,7 +9,7 @@ import json
 import sys
 
 from console.checkpoints.service import DTYPES, STYLES, convert_checkpoint, inspect_checkpoint
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.settings.config import Config
 from engine import events
 
@@ -34,7 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     tty = sys.stderr.isatty() and not args.json
 
     def progress(ev: events.Event) -> None:
@@ -48,7 +49,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                                            verifier=args.verifier, on_event=progress)
         report = await inspect_checkpoint(host, str(summary.get("dst") or dst))
     finally:
-        await host.close()
+        await pool.close()
         if tty:
             print(file=sys.stderr)
     if args.json:

@@ -417,7 +417,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         pool = services(self).pool
         try:
             await pool.ensure(host)
-            run = await serve(services(self).config, host, req, pool.hosts)
+            run = await serve(services(self).config, host, req, pool)
         except ConsoleError as e:
             view.show_error(f"serve refused: {describe_error(e)}", heading)
             return
@@ -426,7 +426,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         view.show_text(started + "\nwaiting for the server to read back what vLLM loaded…")
         self.notify(f"Serving {req.ckpt} as run {run.id}")
         try:
-            checked = await check_served(pool.hosts[host], req, run)
+            checked = await check_served(pool[host], req, run)
         except ConsoleError as e:
             view.show_text(f"{started}\nserved config not checked: {describe_error(e)}")
             return

@@ -329,7 +329,7 @@ class RunsPane(ShownTimers, Vertical):
             for h in profile.hosts:
                 await pool.ensure(h)  # the hosts list shows each connecting
             # one call: it asks before a second copy, pushes (only what changed), then starts
-            run = await launch(self.config, name, pool.hosts,
+            run = await launch(self.config, name, pool,
                                hooks=LaunchHooks(confirm=confirm, step=step, progress=progress))
         except NotStarted as e:
             self.activity(str(e))
@@ -385,8 +385,8 @@ class RunsPane(ShownTimers, Vertical):
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")
-            hosts = services(self).pool.hosts
-            run = await stop_run(self.config, run_id, hosts, grace=STOP_GRACE_S)
+            # through the pool: the hosts list shows the host connecting, or failing
+            run = await stop_run(self.config, run_id, services(self).pool, grace=STOP_GRACE_S)
             refused = next((r.refused for r in run.records if r.refused), "")
             self.activity(stop_outcome(run_id, run.status, refused), error=bool(refused))
         except ConsoleError as e:

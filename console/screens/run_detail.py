@@ -198,7 +198,7 @@ class RunDetailScreen(Screen[None]):
             return
         try:
             app = services(self)
-            run = await stop_run(app.config, run_id, app.pool.hosts, grace=STOP_GRACE_S)
+            run = await stop_run(app.config, run_id, app.pool, grace=STOP_GRACE_S)
             await self.feed.refresh_record()
             self.notify(stop_outcome(run_id, run.status, run.records[0].refused
                                      if run.records else ""))
