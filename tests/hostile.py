@@ -50,12 +50,12 @@ def events_lines(t0: float) -> list[str]:
     def ev(dt: float, kind: str, fields: str) -> str:
         return f'{{"v": 1, "cmd": "train", "t": {t0 + dt}, "kind": "{kind}", {fields}}}'
 
-    return [
-        ev(1, "progress", f'"done": 1, "total": 10, "unit": "step", "desc": {msg}, '
-                          '"eta_s": 1e400, "rate": NaN'),
-        ev(1.5, "metric", '"step": 1, "values": {"loss": NaN, "acc_0": 1e400, "tau": -Infinity}'),
-        ev(2, "progress", '"done": 2, "total": 10, "unit": "step", "eta_s": NaN'),
-        ev(2.5, "metric", '"step": 2, "values": {"loss": 1.5, "acc_0": NaN, "tau": 2.0}'),
+    return [   # a step's metric, then its progress (as the engine writes them)
+        ev(1, "metric", '"step": 1, "values": {"loss": NaN, "acc_0": 1e400, "tau": -Infinity}'),
+        ev(1.5, "progress", f'"done": 1, "total": 10, "unit": "step", "desc": {msg}, '
+                            '"eta_s": 1e400, "rate": NaN'),
+        ev(2, "metric", '"step": 2, "values": {"loss": 1.5, "acc_0": NaN, "tau": 2.0}'),
+        ev(2.5, "progress", '"done": 2, "total": 10, "unit": "step", "eta_s": NaN'),
         ev(3, "log", f'"level": "warning", "msg": {msg}'),
         ev(4, "error", f'"type": "RuntimeError", "msg": {msg}'),
     ]

@@ -159,22 +159,18 @@ async def test_checkpoint_folders_are_text_in_the_pane_and_dialogs(hostile: Host
         table.select(click)
         table.focus()
         await pilot.pause()
-        await pilot.press("v")
-        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
-        title = plain(app.screen.query_one("#serve-title", Static))
-        assert f"Serve {click} in vLLM" in title, title
-        for x in range(6, 6 + len(click), 7):
-            await pilot.click("#serve-title", offset=(x, 0))
-        await pilot.press("escape")
-        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
-        await pilot.press("c")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog))
-        title = plain(app.screen.query_one("#convert-title", Static))
-        assert f"Convert {click}" in title, title
-        for x in range(8, 8 + len(click), 7):
-            await pilot.click("#convert-title", offset=(x, 0))
-        await pilot.press("escape")
-        await pilot.pause()
+        dialogs = (("v", ServeDialog, "#serve-title", f"Serve {click} in vLLM"),
+                   ("c", ConvertDialog, "#convert-title", f"Convert {click}"))
+        for key, dialog, title, said in dialogs:
+            await pilot.press(key)
+            await wait_for(pilot, lambda d=dialog: isinstance(app.screen, d))
+            widget = app.screen.query_one(title, Static)
+            shown = plain(widget)
+            assert said in shown, shown
+            for x in range(0, widget.size.width, 5):   # clicks along the whole title
+                await pilot.click(title, offset=(x, 0))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
         assert app.is_running
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import posixpath
 import sys
 import time
@@ -147,7 +148,8 @@ class StepLines:
             if self.pending is not None and self.pending[0] == done:
                 vals = self.pending[1]
                 self.pending, self.printed_step = None, done
-                eta_text = f"  ETA {_clock(eta)}" if _number(eta) and done != total else ""
+                eta_text = f"  ETA {_clock(eta)}" if _number(eta) and math.isfinite(eta) \
+                    and done != total else ""   # an ETA of NaN or 1e400 is no ETA
                 return [f"{self.head(done)}  {vals}{eta_text}"]
             if done == self.printed_step:
                 return []
