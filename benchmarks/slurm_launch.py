@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from console.demo.config import demo_profiles
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import launch, list_runs
 from console.settings.config import Config, HostConfig
 from console.settings.slurm_options import SlurmOptions
@@ -32,7 +32,7 @@ from tests.sshd import start_sshd  # noqa: E402
 
 
 async def one(cfg: Config, profile: str) -> tuple[float, float, float]:
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     t0 = time.monotonic()
     try:
         run = await launch(cfg, profile, pool)
@@ -46,11 +46,11 @@ async def one(cfg: Config, profile: str) -> tuple[float, float, float]:
             if any(json.loads(x).get("kind") == "metric" for x in lines if x.startswith("{")):
                 metric = time.monotonic() - t0
             await asyncio.sleep(0.02)
-        host = pool[cfg.profiles[profile].hosts[0]]
+        host = await pool.ensure(cfg.profiles[profile].hosts[0])
         while (await list_runs(host, run.id))[0].status in ("pending", "running"):
             await asyncio.sleep(0.2)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     return t_launched, first or float("nan"), metric or float("nan")
 
 

@@ -16,7 +16,7 @@ Without --demo, a demo workspace is built in a temporary directory first (about 
                                [--steps 2] [--lm-head trained frozen]
 
 (c) the training step alone, old (dense [T, (i+1)T] attention mask, full-vocab target logits,
-    shifted copies of p, log_softmax + product sum: the step before issue 15) against new
+    shifted copies of p, log_softmax + product sum) against new
     (engine/model/ttt_attention.py, draft-vocab target rows, the stored argmax, SoftCrossEntropy),
     at float32, 2 threads, T=1024, batch 1, 8 heads / 4 kv heads, target vocab 32000, draft vocab
     8000; each measurement a fresh process, old and new interleaved, medians over repeats:

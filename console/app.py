@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import PurePath
 
 from textual.app import App
+from textual.content import Content
+from textual.notifications import SeverityLevel
 from textual.theme import Theme
 
 from console.demo.config import add_demo
@@ -17,6 +19,7 @@ from console.monitor.service import MonitorHub
 from console.screens.help import HelpScreen
 from console.screens.main import MainScreen
 from console.settings.config import Config
+from console.text import terminal_text
 from console.ui.messages import HostStateChanged
 from console.ui.palette import ConsoleCommands
 from console.ui.themes import (
@@ -67,6 +70,18 @@ class Eagle3App(App):
             tabs = self.screen.query(TabbedContent)
             active = tabs.first().active if tabs else ""
             self.push_screen(HelpScreen(first=active.removeprefix("tab-") or None))
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = True) -> None:
+        """Every toast is text: what it quotes (a run id, a path, a host's error) came from a
+        host, and read as markup it ended the app (`[/b]`) or ran an action when clicked. The
+        `markup` flag a widget passes on is ignored; control characters show as ^X."""
+        super().notify(terminal_text(message), title=terminal_text(title), severity=severity,
+                       timeout=timeout, markup=False)
+
+    def format_title(self, title: str, sub_title: str) -> Content:
+        """The header: a screen's title is a run id or a host (control characters as ^X)."""
+        return super().format_title(terminal_text(title), terminal_text(sub_title))
 
     def _freeze_startup_objects(self) -> None:
         """The widget tree, styles and modules live as long as the app: keep them out of the

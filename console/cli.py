@@ -4,7 +4,9 @@ Each subcommand lives in console/commands/<name>.py and exposes:
     HELP: str
     configure(parser: argparse.ArgumentParser) -> None
     async run(args, config: console.settings.config.Config) -> int
-A console.errors.ConsoleError prints one line `error: ...` on stderr and exits 1. Ctrl-C, SIGTERM
+A console.errors.ConsoleError prints one line `error: ...` on stderr and exits 1. What a
+subcommand prints goes through console/text.py's TerminalText: a host's control characters
+(escape sequences) are shown as `^X`, never sent to the terminal raw. Ctrl-C, SIGTERM
 and SIGHUP cancel the subcommand (its remote commands are terminated, never orphaned); a closed
 stdout (`| head`) ends it quietly.
 
@@ -22,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib
-import importlib.util
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ from typing import Any
 from console import __version__
 from console.demo.config import console_config
 from console.errors import ConfigError, ConsoleError
+from console.text import TerminalText
 
 COMMANDS: dict[str, str] = {
     "doctor": "console.commands.doctor",
@@ -43,7 +45,6 @@ COMMANDS: dict[str, str] = {
     "stop": "console.commands.stop",
     "follow": "console.commands.follow",
     "logs": "console.commands.logs",
-    "monitor": "console.commands.monitor",
     "inspect": "console.commands.inspect",
     "convert": "console.commands.convert",
     "serve": "console.commands.serve",
@@ -64,8 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on failure")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS.items():
-        if importlib.util.find_spec(modname) is None:
-            continue
         mod = importlib.import_module(modname)
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.configure(p)
@@ -156,11 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.command:
             from console.app import run_app
             return run_app(config, theme=args.theme, host=args.host)
-        return int(asyncio.run(run_subcommand(args._module.run(args, config))) or 0)
+        with contextlib.redirect_stdout(TerminalText(sys.stdout)), \
+                contextlib.redirect_stderr(TerminalText(sys.stderr)):
+            return int(asyncio.run(run_subcommand(args._module.run(args, config))) or 0)
     except ConsoleError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=TerminalText(sys.stderr))
         return 1
     except KeyboardInterrupt:
         return 130

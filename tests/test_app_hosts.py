@@ -133,3 +133,53 @@ def test_an_unknown_host_flag_is_refused_naming_the_hosts(tmp_path: Path) -> Non
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("error: --host nosuch") and "alpha, beta" in lines[0], lines
+
+
+async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -> None:
+    """x on a run looks for it on every host that could hold it through the app's HostPool
+    (`ensure`), so a host the stop connected to shows as connected in the list; the stop
+    connected on its own before, and the list went on saying `idle`."""
+    import json
+
+    from console.hostside.runner import proc_start
+    from console.panes.runs import RunsPane
+    from console.screens.confirm import ConfirmScreen
+    from console.widgets.run_tables import RunTable
+    from tests.runs_registry import local_app, local_config, write_run
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        root = tmp_path / "host"
+        run_dir = write_run(root, "job-1", [], status="running", start=time.time(),
+                            train_json=False)
+        rec = json.loads((run_dir / "run.json").read_text())
+        rec.update(pid=proc.pid, pgid=proc.pid, pid_start=proc_start(proc.pid), engine=False)
+        (run_dir / "run.json").write_text(json.dumps(rec))
+        cfg = local_config(root)
+        cfg.hosts["other"] = HostConfig(name="other", python=sys.executable,
+                                        root=str(tmp_path / "other"))
+        app = local_app(cfg)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("5")
+            pane = app.screen.query_one(RunsPane)
+            table = pane.query_one(RunTable)
+            deadline = time.monotonic() + 60
+            while table.ids != ["job-1"] and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            assert app.pool.state["other"] is HostState.IDLE   # nothing asked it yet
+            table.focus()
+            await pilot.press("x")
+            while not isinstance(app.screen, ConfirmScreen) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.press("y")
+            while (proc.poll() is None or pane.busy is not None) and \
+                    time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            assert proc.poll() is not None, "the run was not stopped"
+            await pilot.pause()
+            assert app.pool.state["other"] is HostState.CONNECTED
+            item = next(i for i in app.screen.query(HostItem) if i.host == "other")
+            assert item.has_class("-connected")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -150,7 +150,7 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: dst in table.paths)
         assert table.selected == dst
         # the same again without "replace": refused before the engine runs, and the dialog
-        # comes back as it was with the reason under the destination (issue 24 point 6)
+        # comes back as it was with the reason under the destination
         table.select(str(shelf / "aq-medai-eagle3"))
         await pilot.pause()
         await pilot.press("c")
@@ -185,7 +185,7 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
 
 
 async def test_replace_refused_by_the_engine_reopens_the_dialog(tmp_path: Path) -> None:
-    """Issue 24 points 6 and 12 in the pane: "replace" over a folder holding notes.txt is
+    """A "replace" over a folder holding notes.txt is
     refused by the engine; the dialog comes back filled in with its reason; notes.txt stays."""
     shelf = checkpoints_tree(tmp_path)
     notes = tmp_path / "host" / "converted" / "mine"
@@ -242,7 +242,7 @@ async def test_convert_dialog_requires_and_prefills_the_verifier_for_speculators
 
 
 async def test_the_inspect_view_shows_the_provenance(tmp_path: Path) -> None:
-    """Issue 24 point 8: step, held-out tau, finetune source and hashes, or that none is
+    """Step, held-out tau, finetune source and hashes, or that none is
     recorded, where a checkpoint is chosen."""
     shelf = checkpoints_tree(tmp_path)
     app = app_for(tmp_path, shelf)
@@ -262,7 +262,7 @@ async def test_the_inspect_view_shows_the_provenance(tmp_path: Path) -> None:
 
 
 async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Path) -> None:
-    """Issue 24 point 13: the serve dialog was empty where the convert dialog proposed the
+    """The serve dialog was empty where the convert dialog proposed the
     profiles' target; a verifier given to a conversion is proposed to serve as well."""
     from console.screens.serve_dialog import ServeDialog
 
@@ -293,7 +293,7 @@ async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Pa
 
 
 async def test_a_configured_folder_that_does_not_exist_is_named(tmp_path: Path) -> None:
-    """Issue 24 point 13: `checkpoints = ["/data/ckpts"]` with no such folder said nothing."""
+    """`checkpoints = ["/data/ckpts"]` with no such folder said nothing."""
     shelf = checkpoints_tree(tmp_path)
     gone = tmp_path / "no-such-shelf"
     config = local_config(tmp_path / "host", checkpoints=[str(shelf), str(gone)])
@@ -326,7 +326,7 @@ async def test_a_corrupt_checkpoint_shows_the_engine_error(tmp_path: Path) -> No
 
 
 def test_default_destination_names_the_run_step_and_one_style() -> None:
-    """Issue 24 point 7: by run and step (`checkpoints-step_000150-vllm` was the same for every
+    """By run and step (`checkpoints-step_000150-vllm` was the same for every
     run), and a re-convert names one style (not `…-vllm-speculators-sglang`)."""
     c = "/r/converted"
     assert default_destination("/r/runs/ft-1/out/checkpoints/step_000150", "vllm", c) == \
@@ -403,7 +403,7 @@ def test_inspect_and_convert_subcommands(tmp_path: Path, capsys: pytest.CaptureF
 
 
 async def test_long_paths_leave_size_and_modified_on_80x24(tmp_path: Path) -> None:
-    """Issue 24 point 5: long configured paths pushed SIZE and MODIFIED off an 80-column
+    """Long configured paths pushed SIZE and MODIFIED off an 80-column
     pane; the start of the path gives way (its end names the drafter)."""
     deep = tmp_path / ("a-rather-long-folder-name-" * 3) / "checkpoints"
     shelf = checkpoints_tree(deep)

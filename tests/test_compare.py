@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 from console.checkpoints.compare import read_scrapes, record_scrape, rows, table
 from console.checkpoints.serve import ServeRequest, record_session, serve
 from console.cli import main as cli_main
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import list_runs, stop_run
 from console.screens.compare import CompareScreen
 from tests.drafters import write_drafter
@@ -84,7 +84,7 @@ async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcomman
         async with app.run_test(size=SIZE) as pilot:
             for ckpt, srv in ((public, servers[0]), (tuned, servers[1])):
                 await serve(cfg, host, ServeRequest(str(ckpt), str(verifier), port=srv.port),
-                            app.pool.hosts)
+                            app.pool)
             await pilot.press("6")
             await pilot.press("m")
             screen = app.screen
@@ -103,13 +103,13 @@ async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcomman
     finally:
         for srv in servers:
             srv.stop()
-        pool = {h: Host(c) for h, c in cfg.hosts.items()}
+        pool = HostPool(cfg)
         try:
             for rec in await list_runs(pool[host]):
                 if rec.status == "running":
                     await stop_run(cfg, rec.id, pool, grace=2.0)
         finally:
-            await close_hosts(pool)
+            await pool.close()
     # the measurements were kept: the subcommand re-shows them after the servers are gone
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text('[hosts.box]\nroot = "/tmp/unused"\n')
@@ -174,7 +174,7 @@ def test_snapshot_compare_table(snap_compare: Any) -> None:
 
 
 async def test_the_table_keeps_the_acceptance_length_on_80x24(tmp_path: Path) -> None:
-    """Issue 24 point 5: at 80 columns the drafter's name pushed Acc len off the screen."""
+    """At 80 columns the drafter's name pushed Acc len off the screen."""
     url = "http://127.0.0.1:8000/metrics"
     drafter = "/srv/eagle3/runs/finetune-20261130-140141-0f0f/out/final"
     record_session({"run_id": "serve-ft-final-1", "host": "local", "k": 3, "metrics": url,
@@ -191,8 +191,9 @@ async def test_the_table_keeps_the_acceptance_length_on_80x24(tmp_path: Path) ->
         assert t.virtual_size.width <= t.size.width   # nothing beyond the right edge
         labels = [str(c.label) for c in t.columns.values()]
         assert labels[:4] == ["Drafter", "Provenance", "k", "Acc len"]
-        assert t.get_row_at(0)[3] == "2.94" and t.get_row_at(0)[0] == "…" + drafter[-16:]
+        row = [c.plain for c in t.get_row_at(0)]   # cells are Text: a host's path is not markup
+        assert row[3] == "2.94" and row[0] == "…" + drafter[-16:]
         await pilot.resize_terminal(140, 36)   # wide again: every column back
         await pilot.pause()
         assert [str(c.label) for c in t.columns.values()][-1] == "Watched"
-        assert t.get_row_at(0)[0] == "…" + drafter[-31:]
+        assert t.get_row_at(0)[0].plain == "…" + drafter[-31:]

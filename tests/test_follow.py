@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from console.cli import main as cli_main
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.logs.follow import MAX_LINE, Line, LogFollower
 from console.logs.vllm_log import MARKERS, parse_line
 from console.runs.service import launch
@@ -188,11 +188,11 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
     cfg = Config(hosts={"box": HostConfig(name="box", python=sys.executable,
                                           root=str(tmp_path / "root"))},
                  profiles={"talk": Profile(name="talk", hosts=["box"], run=f"python {script}")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         run = await launch(cfg, "talk", pool)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     import argparse
 
     from console.commands import follow as follow_cmd

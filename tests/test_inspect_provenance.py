@@ -1,4 +1,4 @@
-"""`python -m engine inspect` shows where a drafter came from (issue 24 point 8): the step and
+"""`python -m engine inspect` shows where a drafter came from: the step and
 held-out tau of out/best, out/final and a step checkpoint of a real demo finetune, its finetune
 source with the sha256 of its weights, the data and vocab hashes, and the same again through
 two conversions; the demo's public drafter says it was trained from scratch."""

@@ -112,7 +112,7 @@ async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None
         assert pane.model.at(view.cursor).text == "line 199"  # type: ignore[union-attr]
 
 
-# -- following shows the newest lines (issue 24, point 1) ------------------------------------------
+# -- following shows the newest lines ------------------------------------------------------
 # These wait for the pane's own redraw timer (no forced redraw, unlike _open_logs): the view must
 # land on the end by itself, as a person sees it.
 

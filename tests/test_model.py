@@ -34,7 +34,7 @@ def _model(cfg: Eagle3Config, seed: int = 0) -> Eagle3Draft:
     return m
 
 
-# -- a slow, literal reference of spec sections 1 and 5 ----------------------------------------
+# -- a slow, literal reference of the draft layer and the TTT objective -------------------------
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * x / torch.sqrt((x * x).mean() + eps)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import find_run, launch, stop_run
 from console.scheduler.records import Run
 from console.settings.config import Config, HostConfig, Profile
@@ -35,7 +35,7 @@ def two_nodes(sshd: SSHD, tmp_path: Path, profile: Profile) -> Config:
     return Config(hosts={"gpu1": node("gpu1"), "gpu2": node("gpu2")}, profiles={"p": profile})
 
 
-async def wait_run(config: Config, run_id: str, pool: dict[str, Host], timeout: float) -> Run:
+async def wait_run(config: Config, run_id: str, pool: HostPool, timeout: float) -> Run:
     deadline = time.monotonic() + timeout
     while True:
         run = Run(run_id, [r for _, r in await find_run(config, run_id, pool)])
@@ -51,14 +51,14 @@ async def test_two_node_gloo_all_reduce(sshd: SSHD, tmp_path: Path) -> None:
     cfg = two_nodes(sshd, tmp_path, Profile(
         name="p", hosts=["gpu1", "gpu2"], run=f"python {script}",
         env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}))
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "p", pool)
         assert [r.host for r in started.records] == ["gpu1", "gpu2"]
         assert {r.id for r in started.records} == {started.id}
         run = await wait_run(cfg, started.id, pool, timeout=90)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     logs = {r.host: (Path(r.run_dir) / "output.log").read_text() for r in run.records}
     assert run.status == "succeeded", logs
     assert [(r.node_rank, r.nnodes, r.exit_code) for r in run.records] == [(0, 2, 0), (1, 2, 0)]
@@ -75,11 +75,11 @@ async def test_stop_every_node(sshd: SSHD, tmp_path: Path) -> None:
     cfg = two_nodes(sshd, tmp_path, Profile(name="p", hosts=["gpu1", "gpu2"],
                                             run="sh -c 'sleep 300'", env={"MASTER_PORT": "1"}))
     # a non-Python command still goes through torchrun (--no-python); stop it before it matters
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "p", pool)
         stopped = await stop_run(cfg, started.id, pool, grace=2)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert [r.status for r in stopped.records] == ["stopped", "stopped"]
     assert stopped.status == "stopped"

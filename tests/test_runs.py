@@ -18,7 +18,7 @@ import pytest
 
 from console.cli import main as cli_main
 from console.errors import ConsoleError
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import Host, HostPool
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler.launch import LaunchHooks, NotStarted, build_argv
 from console.scheduler.records import RunRecord, combined_status
@@ -68,12 +68,12 @@ async def test_odd_names_args_exit_code_and_output(server: SSHD | None, tmp_path
     cfg = make_config(server, tmp_path, {
         "odd": Profile(name="odd", hosts=["box"], run=run, cwd=str(work),
                        env={"GREETING": "hello; $HOME 'x'"})})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "odd", pool)
         rec = await wait_status(pool["box"], started.id, {"failed"})
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert rec.exit_code == 3 and rec.end is not None and rec.end >= (rec.start or 0)
     out = (Path(rec.run_dir) / "output.log").read_text().splitlines()
     assert json.loads(out[0]) == args
@@ -91,7 +91,7 @@ async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> No
                       ".write_text('ok')\nprint('finished')\nraise SystemExit(7)\n")
     cfg = make_config(sshd, tmp_path, {
         "slow": Profile(name="slow", hosts=["box"], run=f"python {script}")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "slow", pool)
         assert started.status == "running"
@@ -104,7 +104,7 @@ async def test_run_survives_dropped_connection(sshd: SSHD, tmp_path: Path) -> No
         assert marker.read_text() == "ok"
         rec = await wait_status(pool["box"], started.id, {"failed"}, timeout=10)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert rec.exit_code == 7
     assert (Path(rec.run_dir) / "output.log").read_text() == "finished\n"
 
@@ -121,7 +121,7 @@ async def test_double_launch_refused_and_stop_kills_children(server: SSHD | None
     cfg = make_config(server, tmp_path, {
         "tree": Profile(name="tree", hosts=["box"], cwd=str(tmp_path),
                         run="sh -c 'sleep 300 & echo $! > child-$$.pid; wait'")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         first = await launch(cfg, "tree", pool)
         with pytest.raises(ConsoleError, match="already running"):
@@ -164,7 +164,7 @@ async def test_double_launch_refused_and_stop_kills_children(server: SSHD | None
         assert recs == {first.id: "stopped", second.id: "running", third.id: "stopped"}
         await stop_run(cfg, second.id, pool, grace=5)
     finally:
-        await close_hosts(pool)
+        await pool.close()
 
 
 async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
     cfg = make_config(None, tmp_path, {
         "stubborn": Profile(name="stubborn", hosts=["box"], run=f"python {stubborn}"),
         "victim": Profile(name="victim", hosts=["box"], run="sleep 300")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         run = await launch(cfg, "stubborn", pool)
         log = Path(run.records[0].run_dir) / "output.log"
@@ -199,19 +199,19 @@ async def test_stop_escalates_to_sigkill_and_lost_runs(tmp_path: Path) -> None:
         again = await launch(cfg, "victim", pool)
         await stop_run(cfg, again.id, pool, grace=1)
     finally:
-        await close_hosts(pool)
+        await pool.close()
 
 
 async def test_engine_run_writes_events(tmp_path: Path) -> None:
     cfg = make_config(None, tmp_path, {
         "mon": Profile(name="mon", hosts=["box"],
                        run=f"engine monitor --count 3 --interval 0.1 --path '{tmp_path}'")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         run = await launch(cfg, "mon", pool)
         rec = await wait_status(pool["box"], run.id, {"succeeded", "failed"}, timeout=60)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert rec.status == "succeeded", (Path(rec.run_dir) / "output.log").read_text()
     assert rec.argv[1:4] == ("-m", "engine", "monitor") and rec.argv[-1] == "--events"
     lines = (Path(rec.run_dir) / "events.jsonl").read_text().splitlines()

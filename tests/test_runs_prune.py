@@ -17,7 +17,7 @@ import pytest
 from textual.widgets import Static
 
 from console.errors import ConsoleError
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import Host, HostPool
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
 from console.runs.service import launch, list_runs, stop_run
@@ -59,7 +59,7 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
     cfg_file.write_text(f'[hosts.box]\npython = "{sys.executable}"\nroot = "{root}"\n')
     config = Config(hosts={"box": HostConfig(name="box", python=sys.executable,
                                              root=str(root))}, profiles=profiles)
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     try:
         with pytest.raises(ConsoleError, match="no-such-command-xyz"):
             await launch(config, "refused", pool)
@@ -73,7 +73,7 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
         assert recs["refused"].status == "failed" and recs["refused"].exit_code == 127
         running_pid = recs["sleeper"].pid
     finally:
-        await close_hosts(pool)
+        await pool.close()
     runs = root / "runs"
     refused_dir = runs / recs["refused"].id
     (refused_dir / "notes.txt").write_text("mine\n")           # a user's file in a run folder
@@ -113,11 +113,11 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
         assert report["removed"] == [] and report["host"] == "box"
         assert {k["id"] for k in report["kept"]} == {sleeper.id, "bad-20261130-100000-dddd"}
     finally:
-        pool = {}
+        pool = HostPool(config)
         try:
             await stop_run(config, sleeper.id, pool, grace=5)
         finally:
-            await close_hosts(pool)
+            await pool.close()
 
 
 def test_runs_prune_on_an_unknown_host_names_it(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Console-side safety (issue 12): remote commands are terminated (TERM, then KILL) and never
+"""Console-side safety: remote commands are terminated (TERM, then KILL) and never
 orphaned when a subcommand is interrupted or signalled; `trust` dials jump hosts exactly as
 connections do; malformed events, closed pipes, directories, host-key type mismatches and
 option-like paths each give one clear line, never a traceback; the config and known_hosts are

@@ -1,5 +1,5 @@
 """convert and inspect never destroy what is not theirs, never hang, and clean up after
-themselves (issue 12, defects 9, 10 and the engine part of 15)."""
+themselves."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_dst_containing_the_embed_target_is_refused(tmp_path: Path,
     assert snapshot(tmp_path / "models") == before
 
 
-# -- 15 and issue 24 point 12: --force replaces a drafter directory, nothing else ---------------
+# -- --force replaces a drafter directory, nothing else ------------------------------------
 
 
 def console_convert(tmp_path: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -159,7 +159,7 @@ NOT_OURS = {"notes": (_notes_dir, "notes.txt"), "nested": (_nested_notes, "deep/
 
 @pytest.mark.parametrize("case", sorted(NOT_OURS))
 def test_force_refuses_what_is_not_a_drafter_directory(tmp_path: Path, case: str) -> None:
-    """Issue 24 point 12: `convert --force` removed a plain directory holding notes.txt."""
+    """`convert --force` removed a plain directory holding notes.txt."""
     w = tmp_path / "w"
     write_drafter(w / "src")
     make, named = NOT_OURS[case]

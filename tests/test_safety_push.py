@@ -1,4 +1,4 @@
-"""Push safety (issue 12): --delete removes only files a push wrote; records cannot reach out of
+"""Push safety: --delete removes only files a push wrote; records cannot reach out of
 their tree; dangerous sync remotes are refused; non-UTF-8 names; --verify repairs what push owns
 (bytecode caches included); stale upload temps are cleaned; a full disk is named as such.
 Real sshd, real files, a real tmpfs for the full disk."""

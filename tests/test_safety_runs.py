@@ -1,4 +1,4 @@
-"""Safety of detached runs (issue 12): stop signals only what it started (PID plus start time),
+"""Safety of detached runs: stop signals only what it started (PID plus start time),
 a run that cannot be recorded never starts, secrets in a profile's env stay off disk and run
 records are private, a truncated bytecode cache cannot break the host-side runner, a corrupt
 record does not break the registry, and concurrent launches of one profile start one run.
@@ -24,7 +24,7 @@ import pytest
 from console.cli import main as cli_main
 from console.errors import ConsoleError
 from console.hosts.engine_client import ensure_engine
-from console.hosts.host import Host, close_hosts, host_of
+from console.hosts.host import HostPool
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler.records import RunRecord
 from console.settings.config import Profile
@@ -89,14 +89,14 @@ async def test_stop_never_signals_a_reused_pid(server: SSHD | None, tmp_path: Pa
         unproven = "ghost-20260101-000000-ef01"
         write_record(Path(cfg.hosts["box"].root), unproven, pid=stranger.pid,
                      pgid=stranger.pid, pid_start=None, monitor_pid=None)
-        pool: dict[str, Host] = {}
+        pool = HostPool(cfg)
         try:
-            listed = await list_runs(host_of(pool, cfg, "box"))
+            listed = await list_runs(pool["box"])
             assert [(r.id, r.status) for r in listed] == [(run_id, "lost"), (unproven, "lost")]
             stopped = await stop_run(cfg, run_id, pool, grace=0.5)
             again = await stop_run(cfg, unproven, pool, grace=0.5)
         finally:
-            await close_hosts(pool)
+            await pool.close()
         assert stranger.poll() is None, "stop signalled a process it did not start"
         assert [r.status for r in stopped.records + again.records] == ["lost", "lost"]
         assert "not signalled" in stopped.records[0].refused
@@ -190,12 +190,12 @@ async def test_secrets_masked_and_records_private(server: SSHD | None, tmp_path:
     env = {**SECRETS, "GREETING": "hello"}
     cfg = make_config(server, tmp_path, {"sec": Profile(name="sec", hosts=["box"],
                                                         run=f"python {script}", env=env)})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         run = await launch(cfg, "sec", pool)
         rec = await wait_status(pool["box"], run.id, {"succeeded", "failed"})
     finally:
-        await close_hosts(pool)
+        await pool.close()
     run_dir = Path(rec.run_dir)
     out = (run_dir / "output.log").read_text().splitlines()
     assert rec.status == "succeeded", out
@@ -306,10 +306,10 @@ def test_console_parses_malformed_records_as_corrupt() -> None:
 async def test_concurrent_launches_start_one(server: SSHD | None, tmp_path: Path) -> None:
     cfg = make_config(server, tmp_path, {"race": Profile(name="race", hosts=["box"],
                                                          run="sleep 300")})
-    pools: list[dict[str, Host]] = [{}, {}, {}]
+    pools = [HostPool(cfg) for _ in range(3)]
     try:
         for pool in pools:   # connected and pushed: the launches meet at the start itself
-            h = host_of(pool, cfg, "box")
+            h = pool["box"]
             await h.connect()
             await ensure_engine(h)
         results = await asyncio.gather(*(launch(cfg, "race", p) for p in pools),
@@ -327,4 +327,4 @@ async def test_concurrent_launches_start_one(server: SSHD | None, tmp_path: Path
                 await stop_run(cfg, run.id, pools[0], grace=2)
     finally:
         for pool in pools:
-            await close_hosts(pool)
+            await pool.close()

@@ -33,7 +33,7 @@ from console.checkpoints.serve import (
     read_sessions,
 )
 from console.cli import main as cli_main
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import Host, HostPool
 from console.runs.service import list_runs, stop_run
 from console.settings.config import Config, HostConfig
 from tests.conftest import REPO
@@ -236,7 +236,7 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
     assert rc == 0 and len(scrapes) == 2
     assert abs(scrapes[1]["interval"]["acceptance_length"] - 3.4) < 1e-9, scrapes[1]
     # registered like a profile run: listed, refused a second time, stoppable
-    pool = {"box": Host(cfg.hosts["box"])}
+    pool = HostPool(cfg)
     try:
         recs = await list_runs(pool["box"], out["id"])
         assert recs[0].profile == profile_name(str(ckpt)) == "serve-ft-final"
@@ -246,7 +246,7 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
         stopped = await stop_run(cfg, out["id"], pool, grace=2.0)
         assert stopped.status == "stopped"
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert session["run_id"] == out["id"] and session["k"] == 5
 
 
@@ -322,14 +322,14 @@ async def test_serve_from_the_checkpoints_pane(tmp_path: Path, standin_vllm: Pat
     argv = json.loads(await wait_file(Path(str(standin_vllm) + ".argv")))
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["model"] == str(shelf / "aq-medai-eagle3") and spec["num_speculative_tokens"] == 4
-    pool = {h: Host(c) for h, c in app.config.hosts.items()}
+    pool = HostPool(app.config)
     try:  # stop what the pane started (the stand-in would otherwise sleep on)
-        for host in pool.values():
+        for host in pool.hosts.values():
             for rec in await list_runs(host):
                 if rec.status == "running":
                     await stop_run(app.config, rec.id, pool, grace=2.0)
     finally:
-        await close_hosts(pool)
+        await pool.close()
 
 
 # -- the served-config check ----------------------------------------------------------------------
@@ -421,13 +421,13 @@ async def _serve(cfg_path: Path, ckpt: Path, verifier: Path, port: int, *extra: 
 
 
 async def _stop_all(cfg: Config) -> None:
-    pool = {"box": Host(cfg.hosts["box"])}
+    pool = HostPool(cfg)
     try:
         for rec in await list_runs(pool["box"]):
             if rec.status == "running":
                 await stop_run(cfg, rec.id, pool, grace=2.0)
     finally:
-        await close_hosts(pool)
+        await pool.close()
 
 
 async def test_serve_warns_about_fields_vllm_did_not_load(

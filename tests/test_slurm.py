@@ -17,7 +17,7 @@ import pytest
 from console.app import create_app
 from console.cli import main as cli_main
 from console.errors import ConfigError, ConsoleError
-from console.hosts.host import Host, close_hosts, host_of
+from console.hosts.host import Host, HostPool
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler import scheduler_for
 from console.scheduler.records import RunRecord, runner
@@ -89,7 +89,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
     cfg = cluster_config(sshd, cluster, tmp_path, {"hello": Profile(
         name="hello", hosts=["cluster"], run=f"python {script} {flag}",
         slurm=SlurmOptions(extra=("--begin=now+2",)))})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     seen: list[str] = []
     try:
         started = await launch(cfg, "hello", pool)
@@ -105,7 +105,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
         flag.write_text("")
         rec = await wait_for(box, started.id, {"succeeded", "failed"}, seen=seen)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert seen[0] == "pending" and "running" in seen and seen[-1] == "succeeded", seen
     assert rec.exit_code == 0 and rec.to_json()["node_host"] in ("node1", "node2")
     out = (Path(rec.run_dir) / "output.log").read_text()
@@ -157,11 +157,11 @@ host = "cluster"
 run = "python -c 'print(\\"hello from the cluster\\")'"
 """)
     cfg = load_config(cfg_file)
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "hi", pool)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert started.status == "pending"
     assert await asyncio.to_thread(cli_main, ["--config", str(cfg_file), "follow",
                                               started.id]) == 0
@@ -176,7 +176,7 @@ async def test_stop_running_job_terms_first(sshd: SSHD, cluster: SlurmCluster,
         name="spin", hosts=["cluster"],
         run="sh -c 'trap \"echo got TERM; exit 7\" TERM; echo up; "
             "while :; do sleep 0.05; done'")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "spin", pool)
         box = pool["cluster"]
@@ -187,7 +187,7 @@ async def test_stop_running_job_terms_first(sshd: SSHD, cluster: SlurmCluster,
             await runner(box, ["stop", rec.run_dir, "1"])
         stopped = await stop_run(cfg, started.id, pool, grace=10)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     rec = stopped.records[0]
     assert stopped.status == "stopped", rec.to_json()
     assert "got TERM" in (Path(rec.run_dir) / "output.log").read_text()
@@ -200,12 +200,12 @@ async def test_failing_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Path) ->
         name="bad", hosts=["cluster"], env={"HF_TOKEN": secret},
         run="python -c 'import os, sys; print(\"oops\", len(os.environ[\"HF_TOKEN\"])); "
             "sys.exit(3)'")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "bad", pool)
         rec = await wait_for(pool["cluster"], started.id, {"failed", "succeeded"})
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert rec.status == "failed" and rec.exit_code == 3
     # the command got the secret (through sbatch's environment), no file of ours holds it
     assert (Path(rec.run_dir) / "output.log").read_text() == f"oops {len(secret)}\n"
@@ -221,7 +221,7 @@ async def test_cancelled_while_pending(sshd: SSHD, cluster: SlurmCluster,
     cfg = cluster_config(sshd, cluster, tmp_path, {
         name: Profile(name=name, hosts=["cluster"], run="true", slurm=later)
         for name in ("ours", "theirs")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         ours = await launch(cfg, "ours", pool)
         theirs = await launch(cfg, "theirs", pool)
@@ -234,7 +234,7 @@ async def test_cancelled_while_pending(sshd: SSHD, cluster: SlurmCluster,
         cluster.run("scancel", theirs.records[0].job_id)
         other = await wait_for(pool["cluster"], theirs.id, {"stopped"}, timeout=15)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     for rec in (stopped.records[0], other):
         assert rec.status == "stopped" and rec.reason == "cancelled before it started", \
             rec.to_json()
@@ -250,12 +250,12 @@ async def test_two_node_gloo_job(sshd: SSHD, cluster: SlurmCluster, tmp_path: Pa
     cfg = cluster_config(sshd, cluster, tmp_path, {"two": Profile(
         name="two", hosts=["cluster"], run=f"python {script}", nodes=2,
         env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         started = await launch(cfg, "two", pool)
         rec = await wait_for(pool["cluster"], started.id, {"succeeded", "failed"}, timeout=120)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     run_dir = Path(rec.run_dir)
     logs = {p.name: p.read_text() for p in run_dir.glob("output*.log")}
     assert rec.status == "succeeded", (rec.to_json(), logs)
@@ -272,12 +272,12 @@ async def test_sbatch_rejection_named_nothing_left(sshd: SSHD, cluster: SlurmClu
     cfg = cluster_config(sshd, cluster, tmp_path, {"nowhere": Profile(
         name="nowhere", hosts=["cluster"], run="true",
         slurm=SlurmOptions(partition="nosuch"))})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         with pytest.raises(ConsoleError) as e:
             await launch(cfg, "nowhere", pool)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     msg = str(e.value)
     assert "sbatch rejected the job" in msg and "invalid partition" in msg.lower()
     assert "\n" not in msg
@@ -292,12 +292,12 @@ async def test_sbatch_not_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                      scheduler="slurm", slurm=SlurmOptions(partition="p", account="a"))
     cfg = Config(hosts={"login": box}, profiles={"p": Profile(name="p", hosts=["login"],
                                                               run="true")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
         with pytest.raises(ConsoleError, match="sbatch is not on PATH") as e:
             await scheduler_for(box).submit(cfg, cfg.profiles["p"], pool, force=True)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert "\n" not in str(e.value)
     assert list((tmp_path / "root" / "runs").iterdir()) == []
 
@@ -409,9 +409,9 @@ async def test_partitions_from_sinfo(sshd: SSHD, cluster: SlurmCluster, tmp_path
     flag = tmp_path / "go"
     cfg = cluster_config(sshd, cluster, tmp_path, {"w": Profile(
         name="w", hosts=["cluster"], run=f"python {script} {flag}")})
-    pool: dict[str, Host] = {}
+    pool = HostPool(cfg)
     try:
-        box = host_of(pool, cfg, "cluster")
+        box = pool["cluster"]
         assert [p.text() for p in await partitions(box)] == ["debug: 2 nodes, 2 idle · no GPUs"]
         started = await launch(cfg, "w", pool)
         await wait_for(box, started.id, {"running"})
@@ -419,7 +419,7 @@ async def test_partitions_from_sinfo(sshd: SSHD, cluster: SlurmCluster, tmp_path
         flag.write_text("")
         await wait_for(box, started.id, {"succeeded"})
     finally:
-        await close_hosts(pool)
+        await pool.close()
     assert [(p.name, p.nodes, p.idle, p.down) for p in parts] == [("debug", 2, 1, 0)]
 
 

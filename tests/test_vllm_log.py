@@ -1,4 +1,4 @@
-"""vLLM log parsing: every format of spec section 6, and non-metrics lines are not metrics."""
+"""vLLM log parsing: every stats-line format vLLM writes, and non-metrics lines are not metrics."""
 
 from __future__ import annotations
 

@@ -11,8 +11,12 @@ import json
 import math
 import re
 import shutil
+import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +24,12 @@ import pytest
 
 from console.cli import main as cli_main
 from console.errors import ConfigError, TransportError
+from console.logs.metrics_service import MAX_RESPONSE, MetricsError, fetch, scrape
 from console.logs.vllm_metrics import Series, is_reset, parse_snapshot
 from console.panes import logs as logs_pane
 from console.panes.logs import LogsPane
 from console.settings.config import load_config
+from console.settings.metrics_url import split_url
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
 from console.widgets.log_charts import LogCharts
@@ -360,3 +366,78 @@ def test_real_pages_tokens_per_s_match_vllms_own_log() -> None:
     assert (first.generation_tokens_per_s, first.prompt_tokens_per_s) == (12.0, 2.4)
     assert (second.generation_tokens_per_s, second.prompt_tokens_per_s) == (1.6, 1.6)
     assert (second.drafts, second.draft_tokens, second.acceptance_length) == (14, 42, 1.0)
+
+
+class _Bomb(BaseHTTPRequestHandler):
+    """/metrics as a gzip bomb: BOMB_MIB of zeros (and a line of markup) in ~130 KB on the
+    wire, Content-Encoding: gzip; /page: a page of one 1 MiB line that is not Prometheus text."""
+
+    BODY = b""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/page":
+            body, enc = b"[/b] " * (1 << 18) + b"\n", "identity"
+        else:
+            body, enc = self.BODY, "gzip"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Encoding", enc)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+BOMB_MIB = 128
+
+
+def gzip_bomb(mib: int) -> bytes:
+    """gzip of `mib` MiB of zeros, made a MiB at a time (never held inflated)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zero = bytes(1 << 20)
+    return b"".join([*(z.compress(zero) for _ in range(mib)), z.flush()])
+
+
+def test_a_gzip_bomb_is_stopped_at_the_cap_in_bounded_memory_and_time() -> None:
+    """130 KB of gzip inflating to 128 MiB: refused at 32 MiB inflated, memory under 3x the cap
+    (it was 1.6 GB), off the event loop (a timer ticks on while it inflates), one short line."""
+    _Bomb.BODY = gzip_bomb(BOMB_MIB)
+    assert len(_Bomb.BODY) < 200_000
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Bomb)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    async def main() -> tuple[str, float, int, str]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        async with LocalTransport("here") as t:
+            t0 = time.monotonic()
+            with pytest.raises(MetricsError) as bomb:
+                await fetch(t, split_url(f"http://127.0.0.1:{port}/metrics"), timeout=30)
+            took = time.monotonic() - t0
+            with pytest.raises(MetricsError) as page:
+                await scrape(t, split_url(f"http://127.0.0.1:{port}/page"), timeout=30)
+        ticker.cancel()
+        return str(bomb.value), took, ticks, str(page.value)
+
+    tracemalloc.start()
+    try:
+        why, took, ticks, page_why = asyncio.run(main())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        server.shutdown()
+    assert "inflates past 32 MiB" in why and "\n" not in why and len(why) < 200, why
+    assert peak < 3 * MAX_RESPONSE, peak
+    assert took < 10 and ticks > 0, (took, ticks)
+    assert "\n" not in page_why and len(page_why) < 400, page_why[:500]
+    assert "more characters" in page_why, page_why[:500]

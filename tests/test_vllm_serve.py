@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from console.cli import main as cli_main
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import stop_run
 from console.settings.config import Config, HostConfig
 from engine.data.readers import open_data
@@ -89,7 +89,7 @@ async def serve_and_measure(tmp_path: Path, drafter: Path, target: Path, prompts
         "--k", str(K), "--port", str(port), "--json", "--check-timeout", "600", "--",
         "--max-model-len", "512", "--enforce-eager"])
     out = json.loads(capsys.readouterr().out)
-    pool = {"box": Host(cfg.hosts["box"])}
+    pool = HostPool(cfg)
     try:
         assert rc == 0 and out["served"]["ready"], out
         choices = await asyncio.to_thread(complete, port, prompts)
@@ -101,7 +101,7 @@ async def serve_and_measure(tmp_path: Path, drafter: Path, target: Path, prompts
         return {"total": scrape["total"], "warnings": out["warnings"], "choices": choices}
     finally:
         await stop_run(cfg, out["id"], pool, grace=10.0)
-        await close_hosts(pool)
+        await pool.close()
 
 
 def offline(drafter: Path, demo_dir: Path) -> dict[str, Any]:

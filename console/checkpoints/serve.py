@@ -32,7 +32,7 @@ from typing import Any
 
 from console.checkpoints.service import InspectReport, inspect_checkpoint
 from console.errors import ConsoleError, TransportError
-from console.hosts.host import Host
+from console.hosts.host import Host, HostPool
 from console.logs.metrics_service import MetricsError, fetch
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import launch, list_runs
@@ -232,11 +232,10 @@ def read_sessions() -> list[dict[str, Any]]:
     return out
 
 
-async def serve(config: Config, host_name: str, req: ServeRequest, pool: dict[str, Host], *,
+async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPool, *,
                 force: bool = False) -> Run:
     """Check, then start `vllm serve` detached on the host; records the serving session."""
-    host = pool[host_name]
-    await host.connect()
+    host = await pool.ensure(host_name)
     req = replace(req, ckpt=await host.resolve(req.ckpt))
     report = await check_servable(host, req)
     name = profile_name(req.ckpt)

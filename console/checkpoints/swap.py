@@ -198,13 +198,14 @@ async def plan(host: Host, session: dict[str, Any], ckpt: str) -> dict[str, Any]
     target_raw = await _json_file(host, posixpath.join(verifier, "config.json")) \
         if verifier.startswith("/") else {}
     tv = {**target_raw, **(target_raw.get("text_config") or {})}.get("vocab_size")
-    out = refusals(facts(report, raw), facts(served_report, served_raw), session.get("k"),
-                   stated_k(raw), tv if isinstance(tv, int) else None)
+    out = refusals(facts(report.to_json(), raw), facts(served_report.to_json(), served_raw),
+                   session.get("k"), stated_k(raw), tv if isinstance(tv, int) else None)
     if out:
         raise ConsoleError(f"{host.name}:{ckpt}: the running server cannot take it: "
                            + "; ".join(out))
-    return {"report": report, "served": served_path, "served_version": version or "default",
-            "version": await weight_version(host, ckpt, report)}
+    return {"report": report.to_json(), "served": served_path,
+            "served_version": version or "default",
+            "version": await weight_version(host, ckpt, report.to_json())}
 
 
 async def post_routes(host: Host, url: str, ckpt: str, version: str) -> None:

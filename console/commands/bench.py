@@ -13,7 +13,7 @@ import sys
 
 from console.checkpoints.bench import read_prompts_dir, read_prompts_file, replay
 from console.errors import ConsoleError
-from console.hosts.host import Host, close_hosts, host_of
+from console.hosts.host import HostPool
 from console.settings.config import Config
 
 HELP = "replay prompts against the vLLM server on HOST and measure that replay's acceptance"
@@ -39,16 +39,16 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, config: Config) -> int:
     if args.n is not None and args.n < 1:
         raise ConsoleError("-n must be at least 1")
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     try:
-        host = host_of(pool, config, args.host)
+        host = await pool.ensure(args.host)
         await host.connect()
         prompts = read_prompts_file(args.prompts) if args.prompts else \
             await read_prompts_dir(host, args.data)
         res = await replay(host, prompts[:args.n] if args.n else prompts, url=args.url,
                            max_tokens=args.max_tokens, concurrency=args.concurrency)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from console.checkpoints.compare import Measurer, Row, table
 from console.checkpoints.serve import read_sessions
-from console.hosts.host import Host, close_hosts, host_of
+from console.hosts.host import HostPool
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
@@ -29,14 +29,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def measure(config: Config, seconds: float) -> None:
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     measurer = Measurer()
     try:
         live = []
         for s in read_sessions():
             if s.get("host") not in config.hosts:
                 continue
-            host = host_of(pool, config, str(s["host"]))
+            host = await pool.ensure(str(s["host"]))
             recs = await list_runs(host, str(s["run_id"]))
             if recs and recs[0].status == RunStatus.RUNNING:
                 live.append((s, host))
@@ -45,7 +45,7 @@ async def measure(config: Config, seconds: float) -> None:
                 await asyncio.sleep(seconds)
             await asyncio.gather(*(measurer.measure(s, h) for s, h in live))
     finally:
-        await close_hosts(pool)
+        await pool.close()
 
 
 def _f(v: float | None, fmt: str) -> str:

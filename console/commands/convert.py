@@ -10,7 +10,7 @@ import sys
 
 from console.checkpoints.results import convert_line
 from console.checkpoints.service import DTYPES, STYLES, convert_checkpoint, inspect_checkpoint
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.settings.config import Config
 from engine import events
 
@@ -35,7 +35,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     tty = sys.stderr.isatty() and not args.json
 
     def progress(ev: events.Event) -> None:
@@ -48,7 +49,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                                            verifier=args.verifier, on_event=progress)
         report = await inspect_checkpoint(host, summary.dst)
     finally:
-        await host.close()
+        await pool.close()
         if tty:
             print(file=sys.stderr)
     if args.json:

@@ -7,7 +7,7 @@ import json
 
 from console.hosts.doctor_report import render
 from console.hosts.engine_client import doctor
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.settings.config import Config
 
 HELP = ("what HOST can run: Python, engine packages, torch/CUDA, GPUs, vLLM, free disk; "
@@ -20,11 +20,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     try:
         report = await doctor(host)
     finally:
-        await host.close()
+        await pool.close()
     print(json.dumps(report, indent=2) if args.json else render(report))
     # 1 when the host cannot run the engine (a missing or broken package), so scripts see it
     return 1 if report.get("problems") else 0

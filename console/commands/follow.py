@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import Host, HostPool
 from console.logs.follow import Line, LogFollower
 from console.runs.service import find_run, list_runs
 from console.scheduler.run_status import RunStatus
@@ -172,7 +172,7 @@ class Skipped:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     try:
         nodes = await find_run(config, args.run, pool)
         match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
@@ -210,5 +210,5 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         code = "" if watch.exit_code is None else f", exit {watch.exit_code}"
         print(f"-- run {args.run} {watch.status}{code}", file=sys.stderr)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     return 0

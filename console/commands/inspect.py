@@ -9,7 +9,7 @@ import argparse
 import json
 
 from console.checkpoints.service import inspect_checkpoint
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.settings.config import Config
 from engine.inspect_report import render
 
@@ -23,10 +23,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     try:
         report = await inspect_checkpoint(host, await host.resolve(args.path))
     finally:
-        await host.close()
+        await pool.close()
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report.to_json()))
     return 0 if report.ok else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import launch
 from console.settings.config import Config
 
@@ -20,11 +20,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     try:
         started = await launch(config, args.profile, pool, force=args.force)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     if args.json:
         print(json.dumps({"id": started.id, "status": started.status,
                           "records": [r.to_json() for r in started.records]}, indent=2))

@@ -8,7 +8,7 @@ import json
 import sys
 
 from console.errors import ConsoleError
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.logs.follow import LogFollower
 from console.logs.vllm_log import MARKERS, EngineStats, Metrics, parse_line
 from console.settings.config import Config
@@ -29,11 +29,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     path = await host.resolve(args.path)
     st = await host.transport.stat(path)
     if (st is None and not args.follow) or (st is not None and st.is_dir):
-        await host.close()
+        await pool.close()
         what = "no such file" if st is None else "is a directory (logs prints a file)"
         raise ConsoleError(f"{args.host}: {path}: {what}")
     lines = args.lines if args.lines is not None else (None if args.metrics else 10)
@@ -56,7 +57,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                     out.write(line.display() + "\n")
             out.flush()
     finally:
-        await host.close()
+        await pool.close()
     return 0
 
 

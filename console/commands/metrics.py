@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from console.errors import ConsoleError
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.logs.metrics_service import MetricsError, MetricsWatch
 from console.logs.vllm_metrics import Figures, Report
 from console.settings.config import Config
@@ -46,7 +46,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if args.interval <= 0 or (args.count is not None and args.count < 1):
         raise ConsoleError("--interval must be positive and --count at least 1")
     count = 1 if args.once else args.count
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     failures = 0
     try:
         n = 0
@@ -66,7 +67,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             print(json.dumps(report.to_dict(**head)) if args.json else render(report),
                   flush=True)
     finally:
-        await host.close()
+        await pool.close()
     return 1 if count is not None and failures == count else 0
 
 

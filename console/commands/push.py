@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.hosts.push import host_trees, push
 from console.settings.config import Config
 
@@ -29,7 +29,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     try:
         trees = await host_trees(host, config, args.sync or None)
 
@@ -40,7 +41,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         report = await push(host, trees, delete=args.delete, verify=args.verify,
                             on_progress=progress)
     finally:
-        await host.close()
+        await pool.close()
     if args.json:
         for w in report.warnings:
             print(f"warning: {w}", file=sys.stderr)

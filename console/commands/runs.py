@@ -8,7 +8,7 @@ import argparse
 import json
 import time
 
-from console.hosts.host import open_host
+from console.hosts.host import HostPool
 from console.runs.service import list_runs, prune_runs
 from console.scheduler.records import PruneReport, RunRecord, newest_first
 from console.scheduler.run_status import RunStatus
@@ -28,14 +28,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    host = await open_host(config, args.host)
+    pool = HostPool(config)
+    host = await pool.ensure(args.host)
     try:
         if args.prune:
             report = await prune_runs(host)
         else:
             records = newest_first(await list_runs(host))   # the runs pane's order
     finally:
-        await host.close()
+        await pool.close()
     if args.prune:
         return _print_prune(report, args.json)
     if args.json:

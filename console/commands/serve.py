@@ -18,7 +18,7 @@ from console.checkpoints.serve import (
     serve,
     vllm_argv,
 )
-from console.hosts.host import Host, close_hosts, host_of
+from console.hosts.host import HostPool
 from console.settings.config import Config
 
 PASSTHROUGH = True  # the words after `--` are `vllm serve`'s (console/cli.py)
@@ -49,16 +49,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, config: Config) -> int:
     req = ServeRequest(ckpt=args.ckpt, verifier=args.verifier, tp=args.tp, k=args.k,
                        port=args.port, extra=list(args.passthrough), swappable=not args.no_swap)
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     checked: ServedCheck | None = None
     try:
-        host_of(pool, config, args.host)
         started = await serve(config, args.host, req, pool, force=args.force)
         if not args.no_check:
             checked = await check_served(pool[args.host], req, started,
                                          timeout=args.check_timeout)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     warnings = checked.warnings if checked else []
     if args.json:
         print(json.dumps({"id": started.id, "status": started.status,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from console.hosts.host import Host, close_hosts
+from console.hosts.host import HostPool
 from console.runs.service import stop_run
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
@@ -26,11 +26,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     try:
         stopped = await stop_run(config, args.run, pool, grace=args.grace)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     lost = 0
     for r in stopped.records:
         if r.status == RunStatus.LOST:  # its pids are gone or someone else's: nothing was signalled

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from console.checkpoints.swap import swap
-from console.hosts.host import Host, close_hosts, host_of
+from console.hosts.host import HostPool
 from console.settings.config import Config
 
 HELP = "swap a drafter into a running vLLM server on HOST (no restart)"
@@ -25,11 +25,11 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
-    pool: dict[str, Host] = {}
+    pool = HostPool(config)
     try:
-        done = await swap(host_of(pool, config, args.host), args.ckpt, args.url)
+        done = await swap(await pool.ensure(args.host), args.ckpt, args.url)
     finally:
-        await close_hosts(pool)
+        await pool.close()
     if args.json:
         print(json.dumps(done, indent=2))
         return 0

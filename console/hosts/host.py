@@ -1,6 +1,10 @@
-"""The host service: one configured host and its transport (connection, paths, commands).
+"""The host service: one configured host and its transport (connection, paths, commands), and
+the pool that holds them.
 
-Panes and subcommands call this; it never touches widgets. What runs the engine on a host
+`HostPool` is the one way to hold hosts: the app's (its state callback feeds the hosts list),
+each subcommand's, and every service that acts on several hosts (launch, find, stop, serve) is
+handed one and connects through `ensure`, so what the hosts list says stays true whoever
+connected. Panes and subcommands call this; it never touches widgets. What runs the engine on a host
 (push it when needed, `python -m engine ... --events`, doctor) sits above push, in
 console/hosts/engine_client.py.
 """
@@ -81,7 +85,8 @@ class Host:
 
 
 class HostPool:
-    """Every configured host, connected on demand, with a state callback for the UI."""
+    """Every configured host, connected on demand (`ensure`), with an optional state callback
+    (the app's hosts list). `async with HostPool(config) as pool:` closes what it opened."""
 
     def __init__(self, config: Config,
                  on_state: Callable[[str, HostState, str], None] | None = None) -> None:
@@ -92,7 +97,16 @@ class HostPool:
         self.on_state = on_state
 
     def __getitem__(self, name: str) -> Host:
+        """The host, not connected yet; ConfigError naming the configured ones if unknown."""
+        if name not in self.hosts:
+            self.config.host(name)   # raises: unknown host (configured: ...)
         return self.hosts[name]
+
+    async def __aenter__(self) -> HostPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def set_state(self, name: str, state: HostState, detail: str = "") -> None:
         self.state[name], self.detail[name] = state, detail
@@ -101,7 +115,7 @@ class HostPool:
 
     async def ensure(self, name: str) -> Host:
         """Connected host, or raise after setting FAILED with the reason."""
-        host = self.hosts[name]
+        host = self[name]
         if host.transport.connected:
             if self.state[name] is not HostState.CONNECTED:  # local: connected from the start
                 self.set_state(name, HostState.CONNECTED)
@@ -121,25 +135,8 @@ class HostPool:
         await asyncio.gather(*(h.close() for h in self.hosts.values()), return_exceptions=True)
 
 
-async def open_host(config: Config, name: str) -> Host:
-    """For subcommands: the named host, connected."""
-    host = Host(config.host(name))
-    await host.connect()
-    return host
-
-
 async def stream_lines(host: Host, argv: Sequence[str]) -> AsyncIterator[str]:
     await host.connect()
     async for line in host.transport.stream(argv):
         yield line
 
-
-def host_of(pool: dict[str, Host], config: Config, name: str) -> Host:
-    """The pool's Host for name, created on first use (the caller closes the pool)."""
-    if name not in pool:
-        pool[name] = Host(config.host(name))
-    return pool[name]
-
-
-async def close_hosts(pool: dict[str, Host]) -> None:
-    await asyncio.gather(*(h.close() for h in pool.values()), return_exceptions=True)

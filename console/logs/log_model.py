@@ -11,7 +11,8 @@ taken in whole: its texts go into the deque as they are, and only the few lines 
 get any per-line work. Entries (`LogEntry`) are made when asked for.
 
 Texts are kept as a terminal would show them (`terminal_text`): a progress bar's carriage
-returns overwrite (tqdm's `\rLoading ... 100%`), other control characters become `^X`; sent to
+returns overwrite (tqdm's `\rLoading ... 100%`), other control characters become `^X`
+(console/text.py, shared with the subcommands and the TUI's host text); sent to
 the screen as they are, they moved the cursor and drew over the rest of the console.
 """
 
@@ -24,6 +25,7 @@ from typing import NamedTuple, overload
 
 from console.logs.follow import Line, LineBatch
 from console.logs.vllm_log import MARKERS, EngineStats, SpecDecodeStats, parse_line, strip_ansi
+from console.text import CONTROL, terminal_text
 
 MAX_LINES = 20_000
 MAX_POINTS = 1_000       # metric lines kept (at vLLM's 10 s interval: about 2.8 hours)
@@ -33,8 +35,6 @@ WARNING = re.compile(r"\bWARN(?:ING)?\b")
 #: a logger's own level word, looked for in the first LEVEL_SPAN characters of a line
 LEVEL = re.compile(r"\b(DEBUG|INFO|WARN(?:ING)?|ERROR|CRITICAL|FATAL)\b")
 LEVEL_SPAN = 60
-#: control characters but the newline (the batch separator) and tab (expanded when drawn)
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 _HINTS = ("ERR", "Err", "CRIT", "FATAL", "Traceback", "out of memory", "WARN")
@@ -67,17 +67,6 @@ def severity(text: str) -> str:
     if WARNING.search(text):
         return "warning"
     return ""
-
-
-def terminal_text(text: str) -> str:
-    """text as a terminal shows it: each carriage return starts overwriting from the left (a
-    trailing one, as in CRLF line ends, changes nothing), other controls as `^X`."""
-    if "\r" in text:
-        shown = ""
-        for part in text.rstrip("\r").split("\r"):
-            shown = part + shown[len(part):]
-        text = shown
-    return CONTROL.sub(lambda m: "^?" if m[0] == "\x7f" else "^" + chr(ord(m[0]) + 64), text)
 
 
 def lines_containing(blob: str, needles: Iterable[str]) -> list[int]:

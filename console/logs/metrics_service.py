@@ -6,12 +6,16 @@ connection for the `local` host), so no port is opened anywhere and no HTTP cros
 outside SSH. The request is a minimal HTTP/1.1 GET with `Connection: close`; the answer is read
 to its end (bounded), de-chunked and, if the server insists, gunzipped. The figures come from
 console/logs/vllm_metrics.py (pure).
+
+Both bounds are MAX_RESPONSE: the bytes read and the bytes a compressed body inflates to (a
+130 KB gzip bomb inflates to 128 MiB; it is stopped at the cap, never held whole). Inflating and
+parsing a page run in a worker thread, off the event loop the TUI draws from; an error quotes
+at most EXCERPT characters of what the server sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import time
 import zlib
 from typing import TYPE_CHECKING
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
 FETCH_TIMEOUT = 5.0
 #: a vLLM page is 50-200 KB (histogram buckets per model); anything this big is not one
 MAX_RESPONSE = 32 << 20
+EXCERPT = 160       # characters of a server's text an error quotes
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 class MetricsError(ConsoleError):
@@ -88,13 +94,32 @@ def response_body(raw: bytes) -> bytes:
             raise ValueError(f"truncated body ({len(body)} of {n} bytes)")
         body = body[:n]
     encoding = headers.get("content-encoding", "identity")
-    if encoding == "gzip":
-        body = gzip.decompress(body)
-    elif encoding == "deflate":
-        body = zlib.decompress(body)
-    elif encoding != "identity":
-        raise ValueError(f"unsupported content encoding {encoding!r}")
+    if encoding in _WBITS:
+        return inflate(body, _WBITS[encoding])
+    if encoding != "identity":
+        raise ValueError(f"unsupported content encoding {excerpt(encoding)!r}")
     return body
+
+
+def inflate(data: bytes, wbits: int, limit: int = MAX_RESPONSE) -> bytes:
+    """A gzip / zlib body inflated to at most `limit` bytes: ValueError past it (the output is
+    made in one bounded call: zlib stops at max_length and keeps the rest of the input)."""
+    d = zlib.decompressobj(wbits)
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        raise ValueError(f"compressed answer inflates past {limit >> 20} MiB")
+    if not d.eof:
+        raise ValueError("truncated compressed body")
+    return out
+
+
+def excerpt(text: str, room: int = EXCERPT) -> str:
+    """The start of a server's text for an error line: its first line, at most `room`
+    characters, the length of what was left out said."""
+    first = text.split("\n", 1)[0]
+    if len(first) <= room and len(first) == len(text):
+        return text
+    return first[:room] + f"… ({len(text) - min(len(first), room)} more characters)"
 
 
 async def fetch(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIMEOUT) -> str:
@@ -111,9 +136,12 @@ async def fetch(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIMEO
                     raise ValueError(f"answer larger than {MAX_RESPONSE >> 20} MiB")
             return bytes(raw)
 
+    def page(raw: bytes) -> str:
+        return response_body(raw).decode("utf-8", errors="replace")
+
     try:
         raw = await asyncio.wait_for(get(), timeout)
-        return response_body(raw).decode("utf-8", errors="replace")
+        return await asyncio.to_thread(page, raw)   # inflating 32 MiB is not for the loop
     except asyncio.TimeoutError as e:
         raise MetricsError(transport.name, ep.url, f"no answer within {timeout:g} s") from e
     except TransportError as e:
@@ -121,7 +149,7 @@ async def fetch(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIMEO
         why = str(e).removeprefix(f"{transport.name}: ")
         raise MetricsError(transport.name, ep.url, why) from e
     except (ValueError, OSError, EOFError, zlib.error) as e:
-        raise MetricsError(transport.name, ep.url, str(e)) from e
+        raise MetricsError(transport.name, ep.url, excerpt(str(e))) from e
 
 
 async def scrape(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIMEOUT) -> Snapshot:
@@ -129,9 +157,10 @@ async def scrape(transport: Transport, ep: Endpoint, timeout: float = FETCH_TIME
     t, clock = time.time(), time.monotonic()
     text = await fetch(transport, ep, timeout)
     try:
-        return parse_snapshot(text, t, clock)
+        return await asyncio.to_thread(parse_snapshot, text, t, clock)
     except ValueError as e:
-        raise MetricsError(transport.name, ep.url, f"not a metrics page: {e}") from e
+        raise MetricsError(transport.name, ep.url, f"not a metrics page: {excerpt(str(e))}") \
+            from e
 
 
 async def scrape_host(host: Host, url: str, timeout: float = FETCH_TIMEOUT) -> Snapshot:

@@ -1,4 +1,5 @@
-"""vLLM log lines -> typed metrics records (pure functions; spec section 6).
+"""vLLM log lines -> typed metrics records (pure functions; every stats-line format vLLM
+writes).
 
 Two lines matter to an EAGLE-3 user watching a server:
 

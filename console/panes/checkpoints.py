@@ -28,7 +28,6 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
-from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from console.checkpoints.results import convert_line
@@ -54,11 +53,13 @@ from console.screens.convert_dialog import (
     exists_message,
 )
 from console.screens.serve_dialog import ServeDialog
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.inspect_view import InspectView
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
+from console.widgets.text_table import TextTable
 from engine import events
 
 SCAN_EVERY_S = 10.0
@@ -111,7 +112,7 @@ def path_room(width: int, rows: list[tuple[str, str, str]]) -> int:
     return max(12, width - size_w - mod_w - 3 * 2)
 
 
-class CheckpointTable(DataTable[Any]):
+class CheckpointTable(TextTable):
     """Checkpoints of the selected host; enter inspects the one under the cursor."""
 
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("checkpoints", on="CheckpointTable"))
@@ -232,15 +233,16 @@ class CheckpointsPane(ShownTimers, Vertical):
         table.show([c.path for c in found], [ckpt_row(c, root, room) for c in found])
         config = services(self).config
         folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
-        text = f"[b]{host}[/b] · {count(len(found), 'checkpoint')} · folders: {folders}"
+        text = markup("[b]$host[/b] · $n · folders: $folders", host=host,
+                      n=count(len(found), 'checkpoint'), folders=folders)
         if root:
-            text += f" · runs and conversions under {root}"
+            text += plain(f" · runs and conversions under {root}")
         missing = self.missing.get(host, [])
         if missing:   # a typo in `checkpoints = [...]` would otherwise look like an empty folder
-            text += "\n[$warning]" + "; ".join(f"configured folder {escape(f)}: {why}"
-                                                for f, why in missing) + "[/]"
+            text += markup("\n[$warning]$why[/]", why="; ".join(
+                f"configured folder {f}: {why}" for f, why in missing))
         if self.scan_error:
-            text += f"\n[$error]{self.scan_error}[/]"
+            text += markup("\n[$error]$why[/]", why=self.scan_error)
         self.query_one("#ckpt-status", Static).update(text)
         if not found and self.scans:
             unread = "; ".join(f"the configured folder {f}: {why} on {host}"
@@ -416,7 +418,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         pool = services(self).pool
         try:
             await pool.ensure(host)
-            run = await serve(services(self).config, host, req, pool.hosts)
+            run = await serve(services(self).config, host, req, pool)
         except ConsoleError as e:
             view.show_error(f"serve refused: {describe_error(e)}", heading)
             return
@@ -425,7 +427,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         view.show_text(started + "\nwaiting for the server to read back what vLLM loaded…")
         self.notify(f"Serving {req.ckpt} as run {run.id}")
         try:
-            checked = await check_served(pool.hosts[host], req, run)
+            checked = await check_served(pool[host], req, run)
         except ConsoleError as e:
             view.show_text(f"{started}\nserved config not checked: {describe_error(e)}")
             return

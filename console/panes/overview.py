@@ -8,12 +8,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import VerticalScroll
-from textual.markup import escape
 from textual.widgets import Static
 
 from console.errors import ConsoleError
 from console.hosts.doctor_report import render
 from console.hosts.engine_client import doctor
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.services import services
 
@@ -32,7 +32,7 @@ class OverviewPane(VerticalScroll):
 
     def show_host(self, host: str) -> None:
         self.host = host
-        self.query_one("#doctor-report", Static).update(f"Connecting to {host} …")
+        self.query_one("#doctor-report", Static).update(plain(f"Connecting to {host} …"))
         self.load_report(host)
 
     def action_refresh_report(self) -> None:
@@ -47,7 +47,7 @@ class OverviewPane(VerticalScroll):
             h = await pool.ensure(host)
             report = await doctor(h)
         except ConsoleError as e:
-            report_widget.update(f"[b]{host}[/b]\n\n[red]{e}[/]")
+            report_widget.update(markup("[b]$host[/b]\n\n[$error]$e[/]", host=host, e=e))
             return
         if self.host == host:
-            report_widget.update(escape(render(report)))
+            report_widget.update(plain(render(report)))

@@ -30,6 +30,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.widgets import DataTable, Label, Static
 
 from console.demo.build import DemoState, DemoStatus, build_demo
@@ -44,6 +45,7 @@ from console.scheduler.launch import LaunchHooks, NotStarted
 from console.scheduler.records import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import LOCAL, Config
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.messages import DemoChanged, OpenRun
 from console.ui.services import services
@@ -114,9 +116,11 @@ class RunsPane(ShownTimers, Vertical):
     def _host(self, name: str) -> Host:
         return services(self).pool[name]
 
-    def activity(self, text: str | Text, error: bool = False) -> None:
+    def activity(self, text: str | Content | Text, error: bool = False) -> None:
+        """The activity line: a str is shown as written (it quotes run ids, paths, errors);
+        Content made with host_text.markup where a part is bold, Text as it is."""
         w = self.query_one("#runs-activity", Static)
-        w.update(text)
+        w.update(text if isinstance(text, (Content, Text)) else plain(text))
         w.set_class(error, "-error")
         self._hint = False
 
@@ -191,15 +195,15 @@ class RunsPane(ShownTimers, Vertical):
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds, strict=False)])
         running, queued = model.counts(host)
         where = self.config.hosts[host].ssh or "this machine"
-        status = f"[b]{host}[/b] ({where}) · {count(len(profiles), 'profile')} · " \
-            f"{count(len(recs), 'run')}" + \
-            (f", {running} running" if running else "") + \
-            (f", {queued} queued" if queued else "")
+        status = markup("[b]$host[/b] ($where) · $counts", host=host, where=where, counts=(
+            f"{count(len(profiles), 'profile')} · {count(len(recs), 'run')}" +
+            (f", {running} running" if running else "") +
+            (f", {queued} queued" if queued else "")))
         selected = self.query_one(ProfileTable).selected
         if selected:   # what t starts: the cursor in the profiles table, wherever focus is
-            status += f" · [b]t[/b] launches [b]{selected}[/b]"
+            status += markup(" · [b]t[/b] launches [b]$name[/b]", name=selected)
         if model.list_error:
-            status += f"\n[$error]{model.list_error}[/]"
+            status += markup("\n[$error]$error[/]", error=model.list_error)
         self.query_one("#runs-status", Static).update(status)
         # while the demo builds, and after it failed, the activity line says so instead
         if model.busy is None and self.demo_state not in (DemoState.BUILDING, DemoState.FAILED) \
@@ -267,9 +271,9 @@ class RunsPane(ShownTimers, Vertical):
         async def confirm(busy: list[RunRecord]) -> bool:
             from console.screens.confirm import ConfirmScreen
             ids = ", ".join(sorted({r.id for r in busy}))
-            again: bool = await self.app.push_screen_wait(ConfirmScreen(
-                f"Profile [b]{name}[/b] is already running ({ids}).\n\n"
-                "Start a second copy?", yes="Start another"))
+            again: bool = await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Profile [b]$name[/b] is already running ($ids).\n\nStart a second copy?",
+                name=name, ids=ids), yes="Start another"))
             return again
 
         def step(text: str) -> None:
@@ -284,7 +288,7 @@ class RunsPane(ShownTimers, Vertical):
             for h in profile.hosts:
                 await pool.ensure(h)  # the hosts list shows each connecting
             # one call: it asks before a second copy, pushes (only what changed), then starts
-            run = await launch(self.config, name, pool.hosts,
+            run = await launch(self.config, name, pool,
                                hooks=LaunchHooks(confirm=confirm, step=step, progress=progress))
         except NotStarted as e:
             self.activity(str(e))
@@ -295,7 +299,8 @@ class RunsPane(ShownTimers, Vertical):
         finally:
             self.model.end()
             self.bar(None, None)
-        self.activity(f"started [b]{run.id}[/b] · " + " · ".join(map(push_summary, run.pushes)))
+        self.activity(markup("started [b]$id[/b] · $pushes", id=run.id,
+                             pushes=" · ".join(map(push_summary, run.pushes))))
         if self.host is not None:
             await self._reload(self.host)
             # the new run is selected below; focus and the profile cursor stay where the user
@@ -333,13 +338,13 @@ class RunsPane(ShownTimers, Vertical):
             how = (f"scancel --signal=TERM, scancel after {STOP_GRACE_S:.0f} s"
                    if rec is not None and rec.id == run_id and rec.job_id else
                    f"SIGTERM to its process group, SIGKILL after {STOP_GRACE_S:.0f} s")
-            ok = await self.app.push_screen_wait(ConfirmScreen(
-                f"Stop [b]{run_id}[/b]?\n\n{how}.", yes="Stop it"))
+            ok = await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Stop [b]$run[/b]?\n\n$how.", run=run_id, how=how), yes="Stop it"))
             if not ok:
                 return
             self.activity(f"stopping {run_id}…")
-            hosts = services(self).pool.hosts
-            run = await stop_run(self.config, run_id, hosts, grace=STOP_GRACE_S)
+            # through the pool: the hosts list shows the host connecting, or failing
+            run = await stop_run(self.config, run_id, services(self).pool, grace=STOP_GRACE_S)
             refused = next((r.refused for r in run.records if r.refused), "")
             self.activity(stop_outcome(run_id, run.status, refused), error=bool(refused))
         except ConsoleError as e:
@@ -364,10 +369,10 @@ class RunsPane(ShownTimers, Vertical):
     async def do_prune(self, host: str, n: int) -> None:
         from console.screens.confirm import ConfirmScreen
         try:
-            ok = await self.app.push_screen_wait(ConfirmScreen(
-                f"Forget the {count(n, 'ended run')} on [b]{host}[/b]?\n\n"
-                "Their records and logs are deleted; files they wrote (out/) stay. Running "
-                "runs stay; nothing is signalled.", yes="Forget them"))
+            ok = await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Forget the $n on [b]$host[/b]?\n\nTheir records and logs are deleted; files "
+                "they wrote (out/) stay. Running runs stay; nothing is signalled.",
+                n=count(n, 'ended run'), host=host), yes="Forget them"))
             if not ok:
                 return
             report = await prune_runs(await services(self).pool.ensure(host))

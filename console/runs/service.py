@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from console.errors import ConsoleError, TransportError
-from console.hosts.host import Host, host_of
+from console.hosts.host import Host, HostPool
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
 from console.scheduler.records import PruneReport, Run, RunRecord, host_prune
@@ -25,7 +25,7 @@ async def list_runs(host: Host, run_id: str | None = None) -> list[RunRecord]:
 
 
 
-async def launch(config: Config, name: str, pool: dict[str, Host], *, force: bool = False,
+async def launch(config: Config, name: str, pool: HostPool, *, force: bool = False,
                  hooks: LaunchHooks | None = None) -> Run:
     """Push what changed, then start the profile: detached on every one of its hosts, or
     queued with the cluster's scheduler (console/scheduler). hooks: progress, and whether to
@@ -36,15 +36,13 @@ async def launch(config: Config, name: str, pool: dict[str, Host], *, force: boo
 
 
 
-async def find_run(config: Config, run_id: str, pool: dict[str, Host]
-                   ) -> list[tuple[Host, RunRecord]]:
+async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Host, RunRecord]]:
     """Every node record of run_id: the hosts of the profile the id names first, then the rest."""
     preferred = list(dict.fromkeys(h for p in config.profiles.values()
                                    if run_id.startswith(p.name + "-") for h in p.hosts))
     rest = [h for h in config.hosts if h not in preferred]
     for group in (preferred, rest):
-        found = await asyncio.gather(*(_records_on(host_of(pool, config, h), run_id)
-                                       for h in group))
+        found = await asyncio.gather(*(_records_on(pool, h, run_id) for h in group))
         hits = [hit for hs in found for hit in hs]
         if hits:
             return sorted(hits, key=lambda hr: hr[1].node_rank)
@@ -52,10 +50,11 @@ async def find_run(config: Config, run_id: str, pool: dict[str, Host]
 
 
 
-async def _records_on(host: Host, run_id: str) -> list[tuple[Host, RunRecord]]:
+async def _records_on(pool: HostPool, name: str, run_id: str) -> list[tuple[Host, RunRecord]]:
     if "/" in run_id or run_id in ("", ".", ".."):
         return []
     try:
+        host = await pool.ensure(name)   # the hosts list shows it connecting (or failing)
         return [(host, r) for r in await list_runs(host, run_id)]
     except TransportError:
         return []  # an unreachable host cannot hold the run we can act on
@@ -71,7 +70,7 @@ async def prune_runs(host: Host) -> PruneReport:
 
 
 
-async def stop_run(config: Config, run_id: str, pool: dict[str, Host], grace: float = 10.0) -> Run:
+async def stop_run(config: Config, run_id: str, pool: HostPool, grace: float = 10.0) -> Run:
     """Stop every node: SIGTERM its process group, SIGKILL after grace (an SSH host), or
     scancel (a Slurm job); records say `stopped`."""
     nodes = await find_run(config, run_id, pool)

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from console.hosts.host import Host
+    from console.hosts.host import Host, HostPool
     from console.scheduler.launch import LaunchHooks
     from console.scheduler.records import Run, RunRecord
     from console.settings.config import Config, Profile
@@ -21,7 +21,7 @@ class Scheduler(ABC):
     name: str = ""
 
     @abstractmethod
-    async def submit(self, config: Config, profile: Profile, pool: dict[str, Host], *,
+    async def submit(self, config: Config, profile: Profile, pool: HostPool, *,
                      force: bool = False, hooks: LaunchHooks | None = None) -> Run:
         """Push what changed and start (or queue) the profile's run; its records as they are
         right after (`running`, or `pending` while a scheduler holds it). An active run of the

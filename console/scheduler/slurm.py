@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from console.errors import ConfigError, ConsoleError
-from console.hosts.host import Host, host_of
+from console.hosts.host import Host, HostPool
 from console.hosts.push import HOSTSIDE_PACKAGE
 from console.scheduler.base import Scheduler
 from console.scheduler.launch import (
@@ -163,11 +163,11 @@ class SlurmScheduler(Scheduler):
 
     # -- submit -----------------------------------------------------------------------------
 
-    async def submit(self, config: Config, profile: Profile, pool: dict[str, Host], *,
+    async def submit(self, config: Config, profile: Profile, pool: HostPool, *,
                      force: bool = False, hooks: LaunchHooks | None = None) -> Run:
-        host = host_of(pool, config, profile.hosts[0])
+        host = pool[profile.hosts[0]]
         opts = options_for(host.cfg, profile)
-        await host.connect()
+        await pool.ensure(host.name)
         if not force:  # early and friendly; the runner checks again under the profile lock
             busy = [r for r in await self.status(host)
                     if r.profile == profile.name and r.status.active]

@@ -11,7 +11,7 @@ import posixpath
 from typing import Any
 
 from console.errors import ConfigError
-from console.hosts.host import Host, host_of
+from console.hosts.host import Host, HostPool
 from console.hosts.push import PushReport
 from console.scheduler.base import Scheduler
 from console.scheduler.launch import (
@@ -32,7 +32,7 @@ from console.settings.config import Config, HostConfig, Profile
 class SshScheduler(Scheduler):
     name = "ssh"
 
-    async def submit(self, config: Config, profile: Profile, pool: dict[str, Host], *,
+    async def submit(self, config: Config, profile: Profile, pool: HostPool, *,
                      force: bool = False, hooks: LaunchHooks | None = None) -> Run:
         return await launch_on_hosts(config, profile, pool, force=force, hooks=hooks)
 
@@ -43,14 +43,14 @@ class SshScheduler(Scheduler):
         return list(await asyncio.gather(*(stop_on(host, r.id, grace) for r in records)))
 
 
-async def launch_on_hosts(config: Config, profile: Profile, pool: dict[str, Host], *,
+async def launch_on_hosts(config: Config, profile: Profile, pool: HostPool, *,
                           force: bool = False, hooks: LaunchHooks | None = None) -> Run:
     """The plain-SSH launch: detached on every one of the profile's hosts, node 0 first."""
     name = profile.name
-    nodes = [host_of(pool, config, h) for h in profile.hosts]
+    nodes = [pool[h] for h in profile.hosts]
     if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
         raise ConfigError(f"[profiles.{name}] hosts: two nodes share one host and root")
-    await asyncio.gather(*(n.connect() for n in nodes))
+    await asyncio.gather(*(pool.ensure(h) for h in profile.hosts))
     if not force:  # early and friendly; the runner checks again, under its lock, at the start
         found = await asyncio.gather(*(host_records(n) for n in nodes))
         busy = [r for recs in found for r in recs

@@ -24,9 +24,11 @@ from console.checkpoints.serve import read_sessions
 from console.errors import ConsoleError
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
+from console.ui.host_text import plain
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.footer import Footer
+from console.widgets.text_table import TextTable
 
 MEASURE_EVERY_S = 5.0
 COLUMNS = ("Drafter", "Provenance", "k", "Acc len", "Per position", "Gen tok/s", "Watched")
@@ -67,7 +69,7 @@ class CompareScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="compare-box", classes="dialog"):
             yield Static("Served drafters, as vLLM measured them", id="compare-title")
-            yield DataTable(id="compare-table", cursor_type="row", zebra_stripes=True)
+            yield TextTable(id="compare-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="compare-status")
         yield Footer()   # its own keys: the Checkpoints pane's footer below is not for it
 
@@ -97,7 +99,7 @@ class CompareScreen(ModalScreen[None]):
         if not self.rows:
             status = "no serving sessions yet: `v` on a checkpoint serves it in vLLM"
         self.query_one("#compare-status", Static).update(
-            status + ("\n" + "; ".join(errors[:2]) if errors else ""))
+            plain(status + ("\n" + "; ".join(errors[:2]) if errors else "")))
 
     def action_refresh(self) -> None:
         self.scrape()

@@ -7,9 +7,11 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from console.ui.host_text import plain
 from console.ui.keymap import bindings
 
 
@@ -19,9 +21,12 @@ class ConfirmScreen(ModalScreen[bool]):
     KEY_SECTION: ClassVar[str] = "confirm"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("confirm"))
 
-    def __init__(self, question: str, yes: str = "Yes", no: str = "No") -> None:
+    def __init__(self, question: str | Content, yes: str = "Yes", no: str = "No") -> None:
+        """question: text (shown as written), or Content made with console/ui/host_text.py's
+        `markup` where a part is bold."""
         super().__init__()
-        self.question, self.yes, self.no = question, yes, no
+        self.question = question if isinstance(question, Content) else plain(question)
+        self.yes, self.no = yes, no
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box", classes="dialog"):

@@ -17,10 +17,12 @@ from typing import Any, ClassVar
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from console.checkpoints.service import DTYPES, STYLES
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 
 STYLE_HELP = {
@@ -38,10 +40,10 @@ REPLACE = "replace if it exists"
 SHORT = 30   # below this many lines the dialog's fields are compact
 
 
-def verifier_label(style: str) -> str:
+def verifier_label(style: str) -> Content:
     if style in VERIFIER_REQUIRED:
-        return f"Verifier [b]*[/b] (required for {style}: the target model)"
-    return f"Verifier (optional for {style}: the target model)"
+        return markup("Verifier [b]*[/b] (required for $style: the target model)", style=style)
+    return plain(f"Verifier (optional for {style}: the target model)")
 
 
 def compact_fields(screen: ModalScreen[Any], compact: bool) -> None:
@@ -126,14 +128,14 @@ class ConvertDialog(ModalScreen["ConvertRequest | None"]):
     def compose(self) -> ComposeResult:
         req = self.request
         with Vertical(id="convert-box", classes="dialog"):
-            yield Static(f"Convert [b]{self.src}[/b]", id="convert-title")
+            yield Static(markup("Convert [b]$src[/b]", src=self.src), id="convert-title")
             yield Label("Target style")
             yield Select([(f"{s}: {STYLE_HELP[s]}", s) for s in STYLES], value=self.to,
                          allow_blank=False, id="convert-to")
             yield Label("Destination")
             yield Input(req.dst if req else self._default(), id="convert-dst")
-            error = Static(f"✖ {self.error}" if self.error else "", id="convert-dst-error",
-                           classes="dialog-error", markup=False)
+            error = Static(plain(f"✖ {self.error}" if self.error else ""), id="convert-dst-error",
+                           classes="dialog-error")
             error.display = bool(self.error)
             yield error
             yield Label(verifier_label(self.to), id="convert-verifier-label")

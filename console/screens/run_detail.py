@@ -18,7 +18,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
-from textual.markup import escape
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
@@ -27,6 +27,7 @@ from console.runs.progress import HELD_OUT
 from console.runs.service import stop_run
 from console.runs.watch import RunFeed, describe_error
 from console.scheduler.run_status import RunStatus
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.footer import Footer
@@ -72,11 +73,12 @@ def fit_value(value: str, room: int) -> str:
     return value[:room - 1] + "…"
 
 
-def provenance_text(rows: list[tuple[str, str]], width: int) -> str:
+def provenance_text(rows: list[tuple[str, str]], width: int) -> Content:
     """The provenance box: one row per line, each fitted to `width` columns (0: unknown)."""
     label = max((len(k) for k, _ in rows), default=0)
     room = width - label - 2 if width else 0
-    return "\n".join(f"[b]{k.ljust(label)}[/b]  {escape(fit_value(v, room))}" for k, v in rows)
+    return Content("\n").join(markup("[b]$k[/b]  $v", k=k.ljust(label), v=fit_value(v, room))
+                               for k, v in rows)
 
 
 class RunDetailScreen(Screen[None]):
@@ -128,7 +130,7 @@ class RunDetailScreen(Screen[None]):
             bar.update(total=p.total, progress=p.done or 0)
         else:
             bar.update(total=100, progress=100 if not running else 0)
-        self.query_one("#detail-progress", Static).update(progress_text(feed))
+        self.query_one("#detail-progress", Static).update(plain(progress_text(feed)))
         self._plots()
         self.query_one(LogTail).show(list(p.lines))
         rows = feed.provenance()
@@ -167,14 +169,15 @@ class RunDetailScreen(Screen[None]):
             if rec.start else "-"
         end = rec.end or (now if rec.status == RunStatus.RUNNING else None)
         took = fmt_duration(end - rec.start) if end and rec.start else "-"
-        line = (f"[b]{rec.id}[/b] on {rec.host} · {STATUS_MARK.get(rec.status, '')} {status} · "
-                f"started {started} · {took}")
+        line = markup("[b]$id[/b] on $host · $state · started $started · $took", id=rec.id,
+                      host=rec.host, state=f"{STATUS_MARK.get(rec.status, '')} {status}",
+                      started=started, took=took)
         if feed.notice:
-            line += f" · [$warning]{feed.notice}[/]"
+            line += markup(" · [$warning]$notice[/]", notice=feed.notice)
         elif feed.following and rec.status == RunStatus.RUNNING:
-            line += " · [$success]live[/]"
+            line += markup(" · [$success]live[/]")
         if feed.progress.error:
-            line += f"\n[$error]{feed.progress.error}[/]"
+            line += markup("\n[$error]$error[/]", error=feed.progress.error)
         self.query_one("#detail-title", Static).update(line)
 
     def action_close(self) -> None:
@@ -191,13 +194,13 @@ class RunDetailScreen(Screen[None]):
     async def do_stop(self) -> None:
         from console.screens.confirm import ConfirmScreen
         run_id = self.feed.run_id
-        if not await self.app.push_screen_wait(ConfirmScreen(
-                f"Stop [b]{run_id}[/b]?\n\nSIGTERM to its process group, SIGKILL after "
-                f"{STOP_GRACE_S:.0f} s.", yes="Stop it")):
+        if not await self.app.push_screen_wait(ConfirmScreen(markup(
+                "Stop [b]$run[/b]?\n\nSIGTERM to its process group, SIGKILL after $grace s.",
+                run=run_id, grace=f"{STOP_GRACE_S:.0f}"), yes="Stop it")):
             return
         try:
             app = services(self)
-            run = await stop_run(app.config, run_id, app.pool.hosts, grace=STOP_GRACE_S)
+            run = await stop_run(app.config, run_id, app.pool, grace=STOP_GRACE_S)
             await self.feed.refresh_record()
             self.notify(stop_outcome(run_id, run.status, run.records[0].refused
                                      if run.records else ""))

@@ -17,6 +17,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from console.checkpoints.serve import ServeRequest
 from console.screens.convert_dialog import SHORT, compact_fields
+from console.ui.host_text import markup
 from console.ui.keymap import bindings
 
 
@@ -34,7 +35,7 @@ class ServeDialog(ModalScreen["ServeRequest | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="serve-box", classes="dialog"):
-            yield Static(f"Serve [b]{self.ckpt}[/b] in vLLM", id="serve-title")
+            yield Static(markup("Serve [b]$ckpt[/b] in vLLM", ckpt=self.ckpt), id="serve-title")
             yield Label("Verifier [b]*[/b] (the target model: hub name or folder on the host)")
             yield Input(self.verifier, placeholder="e.g. /models/Llama-3.1-8B-Instruct",
                         id="serve-verifier")

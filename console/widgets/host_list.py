@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
+from textual.content import Content
 from textual.widgets import Label, ListItem, ListView
 
 from console.hosts.host import HostState
+from console.ui.host_text import markup
 from console.ui.messages import HostSelected
 
 _MARK = {
@@ -34,9 +36,10 @@ class HostItem(ListItem):
     def compose(self) -> ComposeResult:
         yield self.label
 
-    def _text(self, state: HostState) -> str:
-        text = f"{_MARK[state]} {self.host}  [dim]{state.value}[/]"
-        return text + (f"\n  [dim]{self.note}[/]" if self.note else "")
+    def _text(self, state: HostState) -> Content:
+        text = markup("$mark $host  [dim]$state[/]", mark=_MARK[state], host=self.host,
+                      state=state.value)
+        return text + (markup("\n  [dim]$note[/]", note=self.note) if self.note else "")
 
     def show(self, state: HostState) -> None:
         self.label.update(self._text(state))

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.widget import Widget
 
+from console.text import terminal_text
 from console.widgets.meters import fmt_bytes
 from engine.inspect_report import provenance_rows
 
@@ -63,13 +64,13 @@ class InspectView(Widget):
     def render(self) -> Text:
         out = Text()
         if self.heading:
-            out.append(self.heading + "\n", self._s("header"))
+            out.append(terminal_text(self.heading) + "\n", self._s("header"))
         if self.error is not None:
-            out.append("✖ " + self.error, self._s("error"))
+            out.append("✖ " + terminal_text(self.error), self._s("error"))
             return out
         r = self.report
         if r is None:
-            out.append(self.message, self._s("label"))
+            out.append(terminal_text(self.message), self._s("label"))
             return out
         ok = bool(r.get("ok"))
         checks = r.get("checks") or []
@@ -84,12 +85,13 @@ class InspectView(Widget):
         root = self.root.rstrip("/") + "/" if self.root.strip("/") else None
         for k, v in rows:
             out.append(f" {k.ljust(label)}  ", self._s("label"))
-            out.append((v[len(root):] if root and v.startswith(root) else v) + "\n")
+            out.append(terminal_text(v[len(root):] if root and v.startswith(root) else v) + "\n")
         width = max((len(str(c.get("name", ""))) for c in checks), default=0)
         for c in checks:
             good = bool(c.get("ok"))
             out.append(" PASS " if good else " FAIL ", self._s("pass" if good else "fail"))
-            out.append(f" {str(c.get('name', '')).ljust(width)}  {c.get('detail', '')}\n")
+            out.append(terminal_text(f" {str(c.get('name', '')).ljust(width)}  "
+                                     f"{c.get('detail', '')}") + "\n")
         out.append("\n")
         for line in config_lines(r.get("config") or {}):
             out.append(line + "\n")

@@ -8,6 +8,7 @@ themes/runs.tcss from theme variables); a cell shared by two series takes the la
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -27,7 +28,8 @@ def braille_grid(series: Sequence[Points], width: int, height: int,
                  ) -> list[list[tuple[int, int]]]:
     """Cells (dot bits, index of the series that drew last there, -1 if none), top row first.
 
-    Consecutive points of a series are joined by straight lines in dot space."""
+    Consecutive points of a series are joined by straight lines in dot space; a point that is
+    not a finite number (a diverged loss: NaN) is not drawn and breaks the line."""
     grid = [[(0, -1)] * width for _ in range(height)]
     if width <= 0 or height <= 0:
         return grid
@@ -45,6 +47,9 @@ def braille_grid(series: Sequence[Points], width: int, height: int,
     for k, pts in enumerate(series):
         prev: tuple[int, int] | None = None
         for x, y in pts:
+            if not (math.isfinite(x) and math.isfinite(y)):
+                prev = None
+                continue
             px = round((x - x0) * sx) if sx else 0
             py = dh - 1 - (round((min(max(y, y0), y1) - y0) * sy) if sy else dh // 2)
             if prev is None:
@@ -101,8 +106,10 @@ class LinePlot(Widget):
              x_range: tuple[float, float] | None = None,
              y_min: float | None = None, y_max: float | None = None) -> None:
         """Replace what is drawn; x_range defaults to the data's steps, y to the data's values
-        (y_min / y_max pin either end, e.g. 0 and 1 for accuracies)."""
-        self.series = [(name, list(pts)) for name, pts in series]
+        (y_min / y_max pin either end, e.g. 0 and 1 for accuracies). Points that are not
+        finite numbers are left out: they have no place on the axes."""
+        self.series = [(name, [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)])
+                       for name, pts in series]
         self.x_range = x_range
         self.y_fixed = (y_min, y_max)
         self.refresh()

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from console.runs.progress import LogLine
+from console.text import terminal_text
 
 
 class LogTail(Widget):
@@ -40,6 +41,6 @@ class LogTail(Widget):
                 out.append(stamp, self.get_component_rich_style("tail--dim", partial=True))
             style = {"warning": "tail--warning", "error": "tail--error",
                      "debug": "tail--dim"}.get(ln.level)
-            out.append(ln.text, self.get_component_rich_style(style, partial=True)
+            out.append(terminal_text(ln.text), self.get_component_rich_style(style, partial=True)
                        if style else "")
         return out

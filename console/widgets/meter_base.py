@@ -20,6 +20,8 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
+from console.text import visible
+
 
 class MeterLine:
     """One line of styled text runs."""
@@ -29,11 +31,11 @@ class MeterLine:
     def __init__(self, text: str = "", style: Style | None = None) -> None:
         self.runs: list[tuple[str, Style | None]] = []
         if text:
-            self.runs.append((text, style))
+            self.runs.append((visible(text), style))
 
     def append(self, text: str, style: Style | None = None) -> MeterLine:
-        if text:
-            self.runs.append((text, style))
+        if text:   # a process name or a host's error: its control characters as ^X
+            self.runs.append((visible(text), style))
         return self
 
     def extend(self, other: MeterLine) -> MeterLine:

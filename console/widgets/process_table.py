@@ -13,6 +13,7 @@ from textual.widgets import DataTable
 from console.monitor.record import GpuProcess
 from console.ui.keymap import bindings
 from console.widgets.meters import fmt_bytes
+from console.widgets.text_table import TextTable
 
 # (column label, sort key, largest first?)
 COLUMNS: list[tuple[str, Callable[[GpuProcess], Any], bool]] = [
@@ -25,7 +26,7 @@ COLUMNS: list[tuple[str, Callable[[GpuProcess], Any], bool]] = [
 ]
 
 
-class ProcessTable(DataTable[str]):
+class ProcessTable(TextTable):
     """GPU processes; the sort survives refreshes."""
 
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("gpu", on="ProcessTable"))

@@ -4,6 +4,7 @@ tables only draw them (status colours from the `runs--*` component classes)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 from rich.style import Style
@@ -16,6 +17,7 @@ from console.scheduler.records import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Profile
 from console.ui.keymap import bindings
+from console.widgets.text_table import TextTable
 
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
 RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")
@@ -31,8 +33,9 @@ RUN_TAIL = 11          # HHMMSS-xxxx, the end of every run id (console/scheduler
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """`1:12` or `2:03:04`; `-` for no duration (a finite one: engine/events.py parse)."""
-    if seconds is None or not 0 <= seconds < 1e9:
+    """`1:02:03` / `2:03`; `-` for no time, a negative one, NaN or infinity (an engine's ETA
+    before its rate is known can be either)."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "-"
     s = int(seconds)
     h, rem = divmod(s, 3600)
@@ -131,7 +134,7 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
             progress_of(rec, prog), dur, code_of(rec))
 
 
-class ProfileTable(DataTable[Any]):
+class ProfileTable(TextTable):
     """Profiles runnable on the selected host; enter opens the profile's newest run."""
 
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs", on="ProfileTable"))
@@ -161,7 +164,7 @@ class ProfileTable(DataTable[Any]):
         return self.rows_shown[min(self.cursor_row, len(self.rows_shown) - 1)][0]
 
 
-class RunTable(DataTable[Any]):
+class RunTable(TextTable):
     """Runs of the selected host, newest first; enter opens the one under the cursor."""
 
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("runs", on="RunTable"))

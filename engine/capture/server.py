@@ -56,7 +56,7 @@ def target_config(target_dir: str) -> dict[str, Any]:
 
 
 def default_layer_ids(num_layers: int) -> list[int]:
-    """The engine's aux ids (engine/model/config.py `default_aux_layer_ids`: spec section 2's
+    """The engine's aux ids (engine/model/config.py `default_aux_layer_ids`: vLLM's
     2, N//2, N-3, distinct) plus N."""
     return capture_layer_ids(default_aux_layer_ids(num_layers), num_layers)
 

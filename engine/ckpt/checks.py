@@ -42,7 +42,8 @@ class Expect:
 
 
 def expected_tensors(cfg: Eagle3Config) -> dict[str, Expect]:
-    """Canonical name -> expected shape/kind for this config (spec sections 1, 3, 4)."""
+    """Canonical name -> expected shape/kind for this config (the draft layer, its vocab maps
+    and each style's names)."""
     H, Ht, Im, V, Vd = (cfg.hidden_size, cfg.target_hidden_size, cfg.intermediate_size,
                        cfg.vocab_size, cfg.draft_vocab_size)
     assert Ht is not None and Vd is not None and cfg.head_dim and cfg.num_key_value_heads

@@ -1,7 +1,7 @@
 """The key-map adapter: how each checkpoint style names its tensors, and where a target model
 keeps its embedding and lm_head.
 
-Drafter styles (spec section 4)
+Drafter styles (EAGLE and speculators key names)
     eagle        `midlayer.*` names, flat Llama config (EAGLE, SpecForge, AQ-MedAI; what vLLM and
                  SGLang both load; `vllm` and `sglang` exports are this style plus engine checks)
     speculators  `layers.0.*` names, config with `speculators_model_type` and

@@ -1,4 +1,5 @@
-"""Draft vocab maps (spec section 3): build them from data, and re-index a drafter's lm_head.
+"""Draft vocab maps (d2t: draft id -> offset to its target id; t2d: whether a target id is in
+the draft vocab): build them from data, and re-index a drafter's lm_head.
 
 Conventions
     d2t  int64 [Vd]  offsets: target_id = draft_id + d2t[draft_id]

@@ -1,6 +1,6 @@
 """How much disk captured target features take, and a refusal before writing when it won't fit.
 
-Hidden states dominate: tokens x layers x hidden x dtype bytes (spec section 8). For a data
+Hidden states dominate: tokens x layers x hidden x dtype bytes. For a data
 directory (engine/data/prepare.py) layers = 3 aux + 1 final = 4, plus 5 bytes a token for the int32
 token id and the uint8 loss mask. Example: hidden 7168, bf16, 4 layers: ~57 KB per token, so 50k
 conversations of 2k tokens need ~5.7 TB. Both capture paths (transformers and vLLM) call

@@ -13,7 +13,7 @@ Each shard holds S samples concatenated along the token axis (no padding), N tok
     loss_mask          uint8  [N]        1 on assistant tokens (content and end-of-turn marker)
     offsets            int64  [S+1]      sample s is tokens offsets[s] .. offsets[s+1]-1
     aux_hidden_states  DTYPE  [N, 3*Ht]  inputs of the three aux decoder layers, low|mid|high
-                                         (residual stream, not normalised; spec section 2)
+                                         (residual stream, not normalised)
     hidden_states      DTYPE  [N, Ht]    the target's final hidden state AFTER its final norm (the
                                          lm_head input); target logits = lm_head(hidden_states)
     target_argmax      int32  [N]        optional: the target's argmax over its full vocab,

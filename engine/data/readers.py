@@ -133,7 +133,7 @@ class SpecForgeData(FeatureData):
         self.path = path
         self.files = sorted(files, key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
         self.meta = {"format": "specforge-offline", "samples": len(self.files)}
-        self.aux_layer_ids = None  # SpecForge defaults == ours (spec section 2)
+        self.aux_layer_ids = None  # SpecForge defaults == ours (2, N//2, N-3)
         self.lengths, self.loss_counts = [], []
         self.hidden_size = 0
         for f in self.files:

@@ -14,7 +14,7 @@ scripts/data_generation_offline.py, scripts/launch_vllm.py, src/speculators/trai
                                     started with, in order, by default [2, N//2, N-3, N]
           token_ids      [T] int64  the prompt, equal to row i's input_ids
 
-vLLM layer id k < N is the INPUT of decoder layer k (spec section 2); id N is the last layer's
+vLLM layer id k < N is the INPUT of decoder layer k; id N is the last layer's
 output BEFORE the final norm (speculators applies its own `verifier_norm` to it). Slots 0..L-2 are
 therefore our aux states, concatenated low|mid|high, and the final-norm hidden state our trainer
 wants is the target's final norm applied to slot L-1: this reader does that with the norm's

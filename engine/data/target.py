@@ -3,7 +3,7 @@
 Two ways in:
 - `Target.load(dir)` loads the whole transformers model (prepare, `train --online`, eval, demo):
   `features()` runs the decoder stack once and returns the three aux hidden states (the INPUTS of
-  decoder layers 2, N//2, N-3 by default -- spec section 2, vLLM convention, captured with forward
+  decoder layers 2, N//2, N-3 by default -- vLLM's convention, captured with forward
   pre-hooks, so no full `output_hidden_states` tuple is kept) and the final-norm hidden state (the
   lm_head input). The vocabulary logits are not computed here: the trainer recomputes them from the
   final hidden state with the target's lm_head. `device_map="auto"` spreads a target too big for
@@ -31,7 +31,7 @@ from engine.model.config import default_aux_layer_ids
 
 def default_aux_ids(num_layers: int) -> list[int]:
     """The aux ids captured and trained with (vLLM convention, id k = input of decoder layer
-    k): spec section 2's 2, N//2, N-3, or the nearest distinct layers where those meet
+    k): vLLM's 2, N//2, N-3, or the nearest distinct layers where those meet
     (engine/model/config.py `default_aux_layer_ids`)."""
     return default_aux_layer_ids(num_layers)
 

@@ -1,2 +1,2 @@
 """The EAGLE-3 draft network and its math: the config, one decoder layer over fused target
-features, TTT attention and the training objective (spec sections 1 and 5)."""
+features, TTT attention and the training objective."""

@@ -2,7 +2,7 @@
 
 Re-exported by engine/model/draft.py; kept apart so the model file reads as the math only.
 
-Config styles (spec section 4):
+Config styles (the two config.json layouts drafters ship in):
 - EAGLE style: a flat Llama config with `architectures: ["LlamaForCausalLMEagle3"]`,
   `vocab_size` = TARGET vocab, `draft_vocab_size`, `tie_word_embeddings: false`,
   `target_hidden_size` only when it differs from `hidden_size`, aux ids (vLLM convention) only when
@@ -219,7 +219,7 @@ class Eagle3Config:
         return out
 
     def to_eagle_dict(self) -> dict[str, Any]:
-        """The EAGLE-style config.json that vLLM and SGLang both load (spec section 4)."""
+        """The EAGLE-style config.json that vLLM and SGLang both load."""
         if self.norm_before_residual:
             raise EngineError("config field 'norm_before_residual' is true: EAGLE-style engines "
                               "(vLLM/SGLang llama_eagle3) cannot express it; keep speculators "
@@ -295,7 +295,7 @@ class Eagle3Config:
 
 
 def serving_default_aux_ids(n: int) -> list[int]:
-    """Spec section 2: the inputs of decoder layers 2, N//2 and N-3 (vLLM convention), what vLLM
+    """The inputs of decoder layers 2, N//2 and N-3 (vLLM convention), what vLLM
     and SGLang compute when a drafter's config names no ids. Below 7 layers two of them meet."""
     return [2, n // 2, n - 3]
 

@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft model: one decoder layer over fused target features (spec sections 1 and 5).
+"""The EAGLE-3 draft model: one decoder layer over fused target features.
 
 Public API
 ----------
@@ -7,7 +7,7 @@ Eagle3Config, PRESETS, preset(name), default_aux_layer_ids(n)   (from engine/mod
     config style, `to_eagle_dict()` / `to_speculators_dict(verifier=, speculative_tokens=)` write
     them. Presets: "tiny" (CPU tests), "llama3-8b", "kimi-k2".
 Eagle3Draft(cfg)
-    The nn.Module. Canonical parameter names are the EAGLE ones (engine/formats.py maps the
+    The nn.Module. Canonical parameter names are the EAGLE ones (engine/ckpt/key_map.py maps the
     speculators `layers.0.*` names to and from them):
         embed_tokens.weight                 [V, H]    frozen (requires_grad False), from the target
         fc.weight                           [H, 3Ht]
@@ -30,7 +30,7 @@ Eagle3Draft(cfg)
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
                         attention_mask [B,T] | None, position_ids [B,T] | None,
                         rows: K index tensors | None)
-    -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll of spec section 5.
+    -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll.
     With `rows`, step i's logits are only those of the flat positions rows[i] (indices into
     B*T): [n_i, Vd]. The trainer passes the positions its loss reads, so the norm, the lm_head
     and the loss skip the others (prompt tokens, padding, targets outside the draft vocab).
@@ -236,7 +236,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """The single EAGLE-3 layer (spec section 1)."""
+    """The single EAGLE-3 layer: its attention reads [embedding; fused features] (2H wide)."""
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""TTT attention without the dense mask (spec section 5; issue 15 point 1).
+"""TTT attention (training-time test) without the dense mask.
 
 At TTT step i a query at position t attends to the step-0 keys at positions <= t (causal) and to
 the key of every later step j = 1..i at the SAME position t; one softmax over all of them. The

@@ -1,4 +1,5 @@
-"""The EAGLE-3 training objective and its metrics (spec section 5).
+"""The EAGLE-3 training objective (training-time test: K unrolled steps, each predicting one
+token further ahead) and its metrics.
 
 Alignment follows engine/model/draft.py: `logits[i][:, t]` predicts token t+2+i, so its target
 distribution is the target's logits at position t+1+i and its loss mask is the loss mask of token

@@ -33,12 +33,13 @@ class TrainConfig:
     out: str
     """Run directory: checkpoints/, events.jsonl, run.json, final/, best/."""
     finetune_from: str | None = field(default=None, metadata={"cli": {"metavar": "CKPT"}})
-    """Drafter checkpoint to start from, any style engine/formats.py reads (auto-detected)."""
+    """Drafter checkpoint to start from, in any style engine/ckpt/key_map.py detects."""
     vocab: str | None = field(default=None, metadata={"cli": {"metavar": "FILE",
                                                               "exclusive": "vocab"}})
     """Draft vocab file (from `python -m engine vocab build`) to train with."""
     rebuild_vocab: bool = field(default=False, metadata={"cli": {"exclusive": "vocab"}})
-    """Build the draft vocab from DATA's assistant tokens (spec section 3), even when finetuning."""
+    """Build the draft vocab from DATA's assistant tokens (the most frequent), even when
+    finetuning."""
     draft_vocab_size: int | None = None
     """Vd for a vocab built here; default min(32000, V), or the finetune source's Vd."""
     resume: bool = False

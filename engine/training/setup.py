@@ -1,7 +1,7 @@
 """What a training run needs before its first step: data, target heads, draft vocab, drafter.
 
-- The drafter starts from scratch (shapes from the target's config, spec section 1) or from
-  `--finetune-from` in any style engine/formats.py reads.
+- The drafter starts from scratch (shapes from the target's config) or from `--finetune-from`
+  in any style engine/ckpt/key_map.py detects (engine/ckpt/drafter_dir.py opens it).
 - The draft vocab is `--vocab FILE`, else rebuilt from DATA (`--rebuild-vocab`, and always from
   scratch), else the finetune source's. When a finetune's vocab differs from its source's, lm_head
   rows are re-indexed by target id (engine/ckpt/vocab.py): shared tokens keep their trained rows,
