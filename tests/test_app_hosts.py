@@ -172,7 +172,7 @@ async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -
             while not isinstance(app.screen, ConfirmScreen) and time.monotonic() < deadline:
                 await pilot.pause(0.05)
             await pilot.press("y")
-            while (proc.poll() is None or pane.busy is not None) and \
+            while (proc.poll() is None or pane.model.busy is not None) and \
                     time.monotonic() < deadline:
                 await pilot.pause(0.05)
             assert proc.poll() is not None, "the run was not stopped"

@@ -43,7 +43,7 @@ def test_engine_doctor_reports_missing_torch(tmp_path: Path) -> None:
     evs = [parse(line) for line in r.stdout.splitlines()]
     assert evs and all(e is not None for e in evs)
     result = [e for e in evs if e.kind == "result"][0]
-    assert result.data["data"]["torch"]["available"] is False
+    assert result.data["torch"]["available"] is False
 
 
 def test_console_doctor_exits_1_on_a_host_that_cannot_run_the_engine(

@@ -96,7 +96,7 @@ async def test_runs_pane_shows_hostile_runs_as_text(hostile: Hostile) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
         pane = main_screen(pilot).query_one(RunsPane)
-        await wait_for(pilot, lambda: pane.listed > 0)
+        await wait_for(pilot, lambda: pane.model.listed > 0)
         table = pane.query_one(RunTable)
         await wait_for(pilot, lambda: len(table.ids) == 3)   # and the torn record
         pane.refresh_view(force=True)
@@ -118,7 +118,7 @@ async def test_runs_pane_shows_hostile_runs_as_text(hostile: Hostile) -> None:
         question = plain(app.screen.query_one("#confirm-question", Static))
         assert f"Stop {BAD_MARKUP_RUN}?" in question
         await pilot.press("n")
-        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) and pane.busy is None)
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) and pane.model.busy is None)
         # x on the ended one: the activity line and the toast name it
         table.select(QUIT_RUN)
         await pilot.press("x")

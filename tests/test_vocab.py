@@ -106,7 +106,7 @@ def test_build_from_prepared_shard_directory(tmp_path: Path) -> None:
     ('{"input_ids": [1, 99], "loss_mask": [1, 1]}', ["d.jsonl:2", "99", "input_ids"]),
     ('{"input_ids": [1, 2], "loss_mask": [1]}', ["d.jsonl:2", "differ"]),
     ('{"input_ids": [1, 2]}', ["d.jsonl:2", "loss_mask"]),
-    ("not json", ["d.jsonl:2", "not valid JSON"]),
+    ("not json", ["d.jsonl:2", "invalid JSON"]),
     ('{"input_ids": [1, 2], "loss_mask": [1, 2]}', ["d.jsonl:2", "0 or 1"]),
 ])
 def test_bad_data_lines(tmp_path: Path, capsys: pytest.CaptureFixture, line: str,

@@ -183,7 +183,7 @@ def _finite_check(ck: Checkpoint, exp: dict[str, Expect]) -> Check:
         e = ck.entry(c)
         dtype = torch_dtype(e.dtype)
         n = sum(nonfinite_count(torch.frombuffer(chunk, dtype=dtype))  # streamed: bounded memory
-                for chunk in ck.weights.raw_chunks(e.name) if len(chunk))
+                for chunk in ck.weights.raw_chunks(e.name, 1 << 20) if len(chunk))
         if n:
             msg = f"{e.name}: {n} of {e.numel} values are NaN or inf"
             return Check("finite", False, msg, f"{e.file}: tensor {e.name!r} holds {n} "
