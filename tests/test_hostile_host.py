@@ -118,7 +118,8 @@ async def test_runs_pane_shows_hostile_runs_as_text(hostile: Hostile) -> None:
         question = plain(app.screen.query_one("#confirm-question", Static))
         assert f"Stop {BAD_MARKUP_RUN}?" in question
         await pilot.press("n")
-        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) and pane.model.busy is None)
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen)
+                       and pane.model.busy is None)
         # x on the ended one: the activity line and the toast name it
         table.select(QUIT_RUN)
         await pilot.press("x")
