@@ -215,10 +215,10 @@ def record_session(entry: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def read_sessions() -> list[dict[str, Any]]:
-    """Every recorded serving session, oldest first (malformed lines skipped)."""
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines record file's objects, oldest first (malformed lines skipped)."""
     try:
-        lines = sessions_path().read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         return []
     out = []
@@ -230,6 +230,11 @@ def read_sessions() -> list[dict[str, Any]]:
         if isinstance(d, dict):
             out.append(d)
     return out
+
+
+def read_sessions() -> list[dict[str, Any]]:
+    """Every recorded serving session, oldest first (malformed lines skipped)."""
+    return read_records(sessions_path())
 
 
 async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPool, *,

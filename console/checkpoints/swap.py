@@ -25,9 +25,10 @@ import json
 import os
 import posixpath
 import time
+from pathlib import Path
 from typing import Any
 
-from console.checkpoints.serve import drafter_fields, read_sessions, refusal
+from console.checkpoints.serve import drafter_fields, read_records, read_sessions, refusal
 from console.checkpoints.server_http import ServerError, call
 from console.checkpoints.service import inspect_checkpoint
 from console.errors import ConsoleError
@@ -45,20 +46,7 @@ def swaps_path() -> str:
 
 def read_swaps() -> list[dict[str, Any]]:
     """Every recorded swap, oldest first (malformed lines skipped)."""
-    try:
-        with open(swaps_path(), encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict) and d.get("run_id"):
-            out.append(d)
-    return out
+    return [d for d in read_records(Path(swaps_path())) if d.get("run_id")]
 
 
 def record_swap(entry: dict[str, Any]) -> None:
