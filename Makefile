@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # pip (26) shows even with -q; it is information only, so the installs below filter it out
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: run test setup setup-test setup-vllm check lint clean
+.PHONY: run test test-fast setup setup-test setup-vllm check lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,11 @@ run: setup
 PYTEST_WORKERS ?= 2
 test: setup-test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests marked slow (Pilot apps, training runs, tmux) and the
+# real-vLLM ones. One half only: `make test-fast PYTEST_ARGS=tests/engine` (or tests/console).
+test-fast: setup-test
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
 # pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).

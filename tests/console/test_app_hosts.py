@@ -1,0 +1,184 @@
+"""Hosts: the list shows each host's real connection state (driven by the host pool), `[` / `]`
+switch hosts from any pane, a failed host says why it has no data, `--host` must name one."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets._footer import FooterKey
+
+from console.app import create_app
+from console.errors import Unreachable
+from console.hosts.host import HostState
+from console.panes.gpu import GpuPane
+from console.screens.help import flat, sections
+from console.screens.main import PANES
+from console.settings.config import Config, HostConfig, local_host
+from console.widgets.footer import Footer
+from console.widgets.gpu_table import GpuTable
+from console.widgets.host_list import HostItem, HostList
+from tests.paths import REPO
+from tests.replay import fleet_app
+
+
+async def test_states_follow_the_pool(tmp_path: Path) -> None:
+    # a host on a closed loopback port fails; the local host connects
+    dead = HostConfig(name="dead", ssh="nobody@127.0.0.1:1", root=str(tmp_path / "r"),
+                      known_hosts=str(tmp_path / "kh"))
+    cfg = Config(hosts={"local": local_host(), "dead": dead})
+    app = create_app(cfg)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.pool.ensure("local")
+        # a refused connection is Unreachable (console/errors.py), raised after the pool set
+        # FAILED; any other error (auth, host key, a bug) fails the test
+        with pytest.raises(Unreachable) as failed:
+            await app.pool.ensure("dead")
+        assert type(failed.value) is Unreachable and failed.value.host == "dead", failed.value
+        await pilot.pause(0.2)
+        items = {i.host: i for i in app.screen.query(HostItem)}
+        assert app.pool.state["local"] is HostState.CONNECTED
+        assert items["local"].has_class("-connected")
+        assert app.pool.state["dead"] is HostState.FAILED
+        assert items["dead"].has_class("-failed")
+        assert "failed" in str(items["dead"].label.render())
+
+
+def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
+    from console.hosts.host import HostPool
+    from console.monitor.service import MonitorHub, MonitorState
+
+    seen: list[tuple[str, HostState]] = []
+    pool = HostPool(Config(hosts={"local": local_host()}),
+                    on_state=lambda name, state, detail: seen.append((name, state)))
+    hub = MonitorHub(pool, autostart=False)
+    hub["local"].set_state(MonitorState.RECONNECTING, "no monitor data for 10 s")
+    assert pool.state["local"] is HostState.RECONNECTING
+    assert pool.detail["local"] == "no monitor data for 10 s"
+    hub["local"].set_state(MonitorState.LIVE, "")
+    assert pool.state["local"] is HostState.CONNECTED
+    assert seen == [("local", HostState.RECONNECTING), ("local", HostState.CONNECTED)]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_brackets_switch_hosts_from_every_pane(tmp_path: Path) -> None:
+    """`]` / `[`: next / previous host in the list's order, wrapping, from each pane, with
+    focus left in the pane (the hosts list follows); the footer and help show the keys."""
+    app = fleet_app(tmp_path)          # gpu1, gpu2, local: three local-transport hosts
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        hosts = screen.query_one(HostList)
+        assert screen.selected == "gpu1"
+        for n, (tab_id, _title, _cls) in enumerate(PANES, start=1):
+            await pilot.press(str(n))
+            focused = app.focused
+            await pilot.press("]")
+            assert screen.selected == "gpu2", tab_id
+            assert screen.query_one(GpuPane).host == "gpu2"
+            assert hosts.index == 1 and screen.sub_title.startswith("gpu2 ")
+            assert app.focused is focused and not isinstance(app.focused, HostList), tab_id
+            await pilot.press("[", "[")          # back past gpu1: wraps to the last host
+            assert screen.selected == "local", tab_id
+            await pilot.press("]")
+            assert screen.selected == "gpu1", tab_id
+        keys = [(k.key_display, k.description) for k in screen.query_one(Footer)
+                .query(FooterKey) if k.display]
+        assert ("[ ]", "Host") in keys
+    rows = flat(sections())
+    assert {("Everywhere", "["), ("Everywhere", "]")} <= {(t, k) for t, k, _d in rows}
+
+
+async def test_a_failed_hosts_gpu_pane_says_why_it_has_no_data(tmp_path: Path) -> None:
+    """An ssh host on a loopback port nothing listens on: the GPUs pane names its state and
+    the connection error where the GPUs would be, not "Waiting for the first sample…"."""
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    dead = HostConfig(name="dead", ssh=f"nobody@127.0.0.1:{_closed_port()}",
+                      known_hosts=str(known), root="/tmp/eagle3-dead")
+    app = create_app(Config(hosts={"dead": dead, "local": local_host()}), host="dead")
+    async with app.run_test(size=(120, 40)) as pilot:
+        end = time.monotonic() + 30
+        while app.pool.state.get("dead") is not HostState.FAILED:
+            assert time.monotonic() < end, app.pool.state
+            await pilot.pause(0.1)
+        pane = app.screen.query_one(GpuPane)
+        pane.refresh_view(force=True)
+        await pilot.pause()
+        table = "\n".join(app.screen.query_one(GpuTable).plain_lines())
+        assert "Waiting for the first sample" not in table
+        assert "dead ✖ failed" in table and app.pool.detail["dead"] in table, table
+        assert "refused" in table or "cannot reach" in table, table
+        assert "dead ✖ failed" in app.screen.sub_title
+
+
+def test_an_unknown_host_flag_is_refused_naming_the_hosts(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[hosts.alpha]\nroot = "/tmp/a"\n[hosts.beta]\nroot = "/tmp/b"\n')
+    out = subprocess.run([sys.executable, "-m", "console", "--config", str(cfg),
+                          "--host", "nosuch"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL, cwd=REPO)
+    assert out.returncode != 0 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: --host nosuch") and "alpha, beta" in lines[0], lines
+
+
+async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -> None:
+    """x on a run looks for it on every host that could hold it through the app's HostPool
+    (`ensure`), so a host the stop connected to shows as connected in the list; the stop
+    connected on its own before, and the list went on saying `idle`."""
+    import json
+
+    from console.hostside.runner import proc_start
+    from console.panes.runs import RunsPane
+    from console.screens.confirm import ConfirmScreen
+    from console.widgets.run_tables import RunTable
+    from tests.runs_registry import local_app, local_config, write_run
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        root = tmp_path / "host"
+        run_dir = write_run(root, "job-1", [], status="running", start=time.time(),
+                            train_json=False)
+        rec = json.loads((run_dir / "run.json").read_text())
+        rec.update(pid=proc.pid, pgid=proc.pid, pid_start=proc_start(proc.pid), engine=False)
+        (run_dir / "run.json").write_text(json.dumps(rec))
+        cfg = local_config(root)
+        cfg.hosts["other"] = HostConfig(name="other", python=sys.executable,
+                                        root=str(tmp_path / "other"))
+        app = local_app(cfg)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("5")
+            pane = app.screen.query_one(RunsPane)
+            table = pane.query_one(RunTable)
+            deadline = time.monotonic() + 60
+            while table.ids != ["job-1"] and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            assert app.pool.state["other"] is HostState.IDLE   # nothing asked it yet
+            table.focus()
+            await pilot.press("x")
+            while not isinstance(app.screen, ConfirmScreen) and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.press("y")
+            while (proc.poll() is None or pane.model.busy is not None) and \
+                    time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            assert proc.poll() is not None, "the run was not stopped"
+            await pilot.pause()
+            assert app.pool.state["other"] is HostState.CONNECTED
+            item = next(i for i in app.screen.query(HostItem) if i.host == "other")
+            assert item.has_class("-connected")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,177 @@
+"""Run detail and `x` as a new user meets them: `q` quits there too, `x` on a run that has ended
+says so (in the pane and in run detail, and when the run ended while the question was asked),
+the two acceptance lengths are labelled apart (the training-batch estimate, the held-out
+measurement), and a run that reports no metrics gets no empty plots."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Static
+
+from console.hostside.runner import proc_start
+from console.panes.runs import RunsPane
+from console.runs.progress import HELD_OUT
+from console.screens.confirm import ConfirmScreen
+from console.screens.run_detail import TAU_HELD_OUT, TAU_TRAIN, RunDetailScreen
+from console.widgets.line_plot import LinePlot
+from console.widgets.log_tail import LogTail
+from console.widgets.run_tables import RunTable
+from tests.panes import FINISHED, RUNNING, show_runs, two_runs
+from tests.runs_registry import (
+    local_app,
+    local_config,
+    recorded_events,
+    upto_step,
+    write_run,
+)
+from tests.waiting import wait_for
+
+SIZE = (120, 40)
+pytestmark = pytest.mark.usefixtures("utc")   # times on screen are local times
+
+
+def notes(app: Any) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def open_finished(pilot: Pilot[Any]) -> RunDetailScreen:
+    """Run detail of the finished run, read to its end."""
+    await show_runs(pilot, len(upto_step(recorded_events(), 60)))
+    app = pilot.app
+    app.screen.query_one(RunTable).focus()
+    await pilot.press("down", "enter")
+    await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+    screen = app.screen
+    assert isinstance(screen, RunDetailScreen)
+    feed = screen.feed
+    await wait_for(pilot, lambda: feed.finished and
+                   feed.progress.events == len(recorded_events()))
+    screen.refresh_view(force=True)
+    await pilot.pause()
+    return screen
+
+
+async def test_q_quits_from_run_detail() -> None:
+    root, clock = two_runs("detail-q")
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_finished(pilot)
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_x_on_an_ended_run_says_it_has_ended() -> None:
+    root, clock = two_runs("detail-x")
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await show_runs(pilot, len(upto_step(recorded_events(), 60)))
+        pane_activity = app.screen.query_one("#runs-activity", Static)
+        app.screen.query_one(RunTable).focus()
+        await pilot.press("down")
+        assert app.screen.query_one(RunTable).selected == FINISHED
+        await pilot.press("x")
+        await pilot.pause()
+        said = f"{FINISHED} has already ended (succeeded): nothing to stop"
+        assert not isinstance(app.screen, ConfirmScreen)       # nothing to ask
+        assert said in str(pane_activity.render()) and said in notes(app)
+        app.clear_notifications()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        await pilot.press("x")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen) and said in notes(app)
+
+
+async def test_x_on_a_run_that_ends_while_asked_says_nothing_was_signalled(
+        tmp_path: Path) -> None:
+    """The pane lists the run running; it ends while the question is on screen; `y`: the
+    runner finds it ended and signals nothing, and the activity line says so."""
+    lines = recorded_events()
+    # the recorded pid is a process of ours in its own group: nothing else could be hit
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                               start_new_session=True)
+    try:
+        run_dir = write_run(tmp_path, RUNNING, upto_step(lines, 10), status="running",
+                            start=time.time())
+        rec = json.loads((run_dir / "run.json").read_text())
+        rec.update(pid=sleeper.pid, pgid=sleeper.pid, pid_start=proc_start(sleeper.pid))
+        (run_dir / "run.json").write_text(json.dumps(rec))
+        app = local_app(local_config(tmp_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("5")
+            table = app.screen.query_one(RunTable)
+            await wait_for(pilot, lambda: table.rows_shown and
+                           table.rows_shown[0][1] == "▶ running")
+            table.focus()
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            rec.update(status="succeeded", exit_code=0, end=time.time())
+            (run_dir / "run.json").write_text(json.dumps(rec))
+            await pilot.press("y")
+            activity = app.screen.query_one("#runs-activity", Static)
+            await wait_for(pilot, lambda: "had already ended" in str(activity.render()))
+            assert f"{RUNNING} had already ended (succeeded): nothing was signalled" in \
+                str(activity.render())
+            pane = app.screen.query_one(RunsPane)
+            await wait_for(pilot, lambda: pane.model.busy is None)
+        assert sleeper.poll() is None                  # not signalled
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+async def test_the_two_acceptance_lengths_are_labelled_apart() -> None:
+    """The trainer's `tau` metric is estimated on each training batch; its checkpoint lines
+    measure it on held-out samples. The plot names both, each with its latest value."""
+    root, clock = two_runs("detail-tau")
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_finished(pilot)
+        plot = screen.query_one("#plot-tau", LinePlot)
+        assert [name for name, _ in plot.series] == [TAU_TRAIN, TAU_HELD_OUT]
+        held = dict(plot.series)[TAU_HELD_OUT]
+        assert held == screen.feed.progress.points(HELD_OUT)
+        assert held == [(50.0, 3.812), (100.0, 3.821), (150.0, 3.93)]   # the log's lines
+        title = plot.render().plain.splitlines()[0]
+        assert title.startswith("acceptance length")
+        assert "train (est.) 4.396" in title and "held-out 3.930" in title
+
+
+async def test_a_run_without_metrics_gets_no_plots(tmp_path: Path) -> None:
+    """A plain `python script.py` profile: output lines, no events, so no plots; its log
+    takes their room."""
+    run_dir = write_run(tmp_path, "script-20261130-100000-aaaa", [], status="succeeded",
+                        start=time.time() - 60, end=time.time(), exit_code=0,
+                        train_json=False)
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec.update(engine=False, argv=["python3", "train.py"], stdout="output.log")
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    (run_dir / "events.jsonl").unlink()
+    (run_dir / "output.log").write_text("".join(f"epoch {i} done\n" for i in range(30)))
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        table = app.screen.query_one(RunTable)
+        await wait_for(pilot, lambda: bool(table.ids))
+        table.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        screen = app.screen
+        assert isinstance(screen, RunDetailScreen)
+        await wait_for(pilot, lambda: screen.feed.finished)
+        screen.refresh_view(force=True)
+        await pilot.pause()
+        assert not screen.query_one("#detail-plots").display
+        assert not screen.query_one("#plot-acc").display
+        tail = screen.query_one(LogTail)
+        assert tail.size.height >= 20                  # the log has the plots' room
+        assert "epoch 29 done" in tail.render().plain

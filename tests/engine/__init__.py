@@ -1,0 +1,1 @@
+"""Tests of the server half, engine/ (python -m engine and its library)."""

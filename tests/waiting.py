@@ -1,0 +1,31 @@
+"""Polling instead of sleeping, in one place: wait for a condition in a running app (Pilot) or in
+this process, and fail with what was awaited when it does not come in time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from textual.pilot import Pilot
+
+
+async def wait_for(pilot: Pilot[Any], cond: Callable[[], object], timeout: float = 90.0,
+                   what: str = "the app") -> None:
+    """Let the app run until `cond()` holds; fails at once if the app ended meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert pilot.app.is_running, f"the app ended while waiting for {what}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def wait_until(cond: Callable[[], object], timeout: float = 20.0,
+               what: str = "condition") -> None:
+    """Poll `cond()` from this thread (a subprocess or a file written by another process)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
