@@ -20,6 +20,11 @@ from typing import Any
 from engine.capture.server import DEFAULT_STORAGE
 from engine.errors import EngineError
 
+EAGLE_VERSIONS = ("3.0", "3.1")
+# A new drafter's default flavour: EAGLE 3.1 measured at least as good as 3.0 on the demo at equal
+# steps (README, "Demo acceptance"), and it is what speculators 0.9 and vLLM 0.32 default to.
+DEFAULT_EAGLE_VERSION = "3.1"
+
 
 @dataclass
 class TrainConfig:
@@ -40,6 +45,9 @@ class TrainConfig:
     rebuild_vocab: bool = field(default=False, metadata={"cli": {"exclusive": "vocab"}})
     """Build the draft vocab from DATA's assistant tokens (the most frequent), even when
     finetuning."""
+    eagle_version: str | None = field(default=None, metadata={"cli": {"choices": ("3.0", "3.1")}})
+    """A new drafter's flavour: "3.1" (the default, as speculators 0.9 trains: `norm_before_fc`
+    and `norm_output` on) or "3.0" (both off). A finetune keeps its source's flags."""
     draft_vocab_size: int | None = None
     """Vd for a vocab built here; default min(32000, V), or the finetune source's Vd."""
     resume: bool = False
@@ -140,6 +148,11 @@ class TrainConfig:
             raise EngineError(f"--warmup-ratio {self.warmup_ratio}: must be in [0, 1)")
         if self.clip <= 0:
             raise EngineError(f"--clip {self.clip}: must be > 0")
+        if self.eagle_version is not None and self.eagle_version not in EAGLE_VERSIONS:
+            raise EngineError(f"--eagle-version {self.eagle_version}: choose 3.0 or 3.1")
+        if self.eagle_version is not None and self.finetune_from:
+            raise EngineError("--eagle-version: sets a new drafter's flags; a finetune keeps "
+                              f"those of --finetune-from {self.finetune_from}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise EngineError(f"--draft-vocab-size {self.draft_vocab_size}: must be >= 1")
         if self.holdout is not None and self.holdout < 0:
@@ -154,7 +167,7 @@ class TrainConfig:
     RESUME_KEYS = ("target", "data", "finetune_from", "vocab", "rebuild_vocab", "draft_vocab_size",
                    "ttt_steps", "lr", "weight_decay", "epochs", "max_steps", "batch_tokens",
                    "grad_accum", "warmup_ratio", "clip", "seed", "holdout", "online", "max_len",
-                   "fsdp", "freeze_lm_head", "precision")
+                   "fsdp", "freeze_lm_head", "precision", "eagle_version")
 
 
 @functools.cache

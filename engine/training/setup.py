@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from engine.events import Emitter
 from engine.fileio import sha256_file
 from engine.model.config import aux_ids_problem, serving_default_aux_ids
 from engine.model.draft import Eagle3Config, Eagle3Draft
-from engine.training.config import TrainConfig
+from engine.training.config import DEFAULT_EAGLE_VERSION, TrainConfig
 
 
 @dataclass
@@ -62,8 +63,10 @@ def data_hash(data: FeatureData) -> str:
                                     for p in names).encode()).hexdigest()
 
 
-def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int]) -> Eagle3Config:
-    """The drafter's shapes from the target's config (one Llama layer at the target's width)."""
+def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int],
+                   eagle_version: str = DEFAULT_EAGLE_VERSION) -> Eagle3Config:
+    """The drafter's shapes from the target's config (one Llama layer at the target's width);
+    EAGLE 3.1 turns on `norm_before_fc` and `norm_output` (spec 4a)."""
     keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
             "max_position_embeddings", "vocab_size")
@@ -74,7 +77,9 @@ def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int]) -> Eagle3Confi
              target_num_hidden_layers=n, torch_dtype=stored)
     if aux != serving_default_aux_ids(n) or aux_ids_problem(aux) is not None:
         d["eagle_aux_hidden_state_layer_ids"] = aux  # what serving engines compute, else named
-    return Eagle3Config.from_dict(d)
+    cfg = Eagle3Config.from_dict(d)
+    on = eagle_version == "3.1"
+    return dataclasses.replace(cfg, norm_before_fc=on, norm_output=on)
 
 
 def _vocab(cfg: TrainConfig, data: FeatureData, v: int, source_vd: int | None,
@@ -181,7 +186,8 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     else:
         vocab = _vocab(cfg, data, v, None, ev)
         assert vocab is not None
-        dcfg = scratch_config(tcfg, int(vocab[0].numel()), aux)
+        dcfg = scratch_config(tcfg, int(vocab[0].numel()), aux,
+                              cfg.eagle_version or DEFAULT_EAGLE_VERSION)
         sd = {"d2t": vocab[0], "t2d": vocab[1]}
     torch.manual_seed(cfg.seed)  # scratch weights depend on the seed only
     draft = Eagle3Draft(dcfg)

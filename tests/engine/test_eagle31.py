@@ -23,6 +23,8 @@ from engine.model.config import NORM_OUTPUT_ENV, Eagle3Config
 from engine.model.draft import Eagle3Draft
 from tests.drafters import random_state, tiny_config
 
+pytest_plugins = ("tests.demo_workspace",)
+
 SPECULATORS_09_FLAGS = {"norm_before_fc": True, "fc_norm": False, "norm_output": True}
 
 
@@ -225,3 +227,31 @@ def test_flat_norm_output_needs_its_writer(tmp_path: Path, monkeypatch: pytest.M
     (d / "provenance.json").unlink()
     monkeypatch.setenv(NORM_OUTPUT_ENV, "specforge")
     assert not open_checkpoint(d).config.norm_output
+
+
+# -- new drafters: EAGLE 3.1 by default, 3.0 on request; a finetune keeps its source's flags ------
+
+def _flags(final: Path) -> dict[str, bool]:
+    conf = json.loads((final / "config.json").read_text(encoding="utf-8"))
+    return {k: bool(conf.get(k, False)) for k in ("norm_before_fc", "norm_output")}
+
+
+def test_scratch_run_is_eagle31_by_default_and_30_on_request(demo_dir: Path, tmp_path: Path
+                                                            ) -> None:
+    from tests.engine_helpers import run_engine, train_args
+    runs = {v: tmp_path / f"scratch-{v or 'default'}" for v in (None, "3.0")}
+    for v, out in runs.items():
+        run_engine(*train_args(demo_dir, out, "--max-steps", "2", "--save-every", "0",
+                               *(["--eagle-version", v] if v else [])))
+    assert _flags(runs[None] / "final") == {"norm_before_fc": True, "norm_output": True}
+    assert _flags(runs["3.0"] / "final") == {"norm_before_fc": False, "norm_output": False}
+    # the exported 3.1 drafter loads back with both flags (vLLM's reading of the export)
+    cfg = open_checkpoint(runs[None] / "final").config
+    assert (cfg.norm_before_fc, cfg.norm_output) == (True, True)
+    # a finetune keeps its source's flags: asking for a flavour there is refused by name
+    p = run_engine(*train_args(demo_dir, tmp_path / "ft", "--max-steps", "1",
+                               "--finetune-from", str(runs["3.0"] / "final"),
+                               "--eagle-version", "3.1"), check=False)
+    assert p.returncode != 0
+    assert "--eagle-version" in p.stderr and "finetune" in p.stderr
+    assert not (tmp_path / "ft" / "final").exists()
