@@ -52,6 +52,7 @@ COMMANDS: dict[str, str] = {
     "compare": "console.commands.compare",
     "swap": "console.commands.swap",
     "bench": "console.commands.bench",
+    "eval": "console.commands.eval",
 }
 
 

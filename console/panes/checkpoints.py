@@ -7,6 +7,9 @@
                started as a detached run (console/checkpoints/serve.py); the Runs pane follows and
                stops it. Once the server answers, what vLLM loaded is read back and a field that
                did not reach it is shown as a warning
+    e          evaluate it: `engine eval` on the host (dialog: target, held-out data, k, samples,
+               transformers or vLLM's engine); a progress bar, then the acceptance length and
+               the rate at each draft position (console/checkpoints/evaluate.py)
     w          swap it into the host's running vLLM server without a restart, checked against
                the served drafter first (console/checkpoints/swap.py)
     m          compare the served drafters by vLLM's measured acceptance (screens/compare.py)
@@ -30,6 +33,7 @@ from textual.binding import BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
+from console.checkpoints.evaluate import EvalRequest, evaluate_checkpoint
 from console.checkpoints.results import convert_line
 from console.checkpoints.serve import ServeRequest, check_served, serve
 from console.checkpoints.service import (
@@ -52,6 +56,7 @@ from console.screens.convert_dialog import (
     dialog_words,
     exists_message,
 )
+from console.screens.eval_dialog import EvalDialog
 from console.screens.serve_dialog import ServeDialog
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
@@ -163,6 +168,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.scans = 0
         self.converting: str | None = None
         self.last_verifier: dict[str, str] = {}  # host -> the verifier last served there
+        self.last_eval_data: dict[str, str] = {}  # host -> the data folder last evaluated on
         self._scanning = False
         self._shown_path: str | None = None
 
@@ -459,6 +465,62 @@ class CheckpointsPane(ShownTimers, Vertical):
                        f"{done['weight_version']} (was {done['previous_version']}), swapped in "
                        f"{done['seconds']:.3f} s; `bench` measures it")
         self.notify(f"Swapped in {done['weight_version']}")
+
+    # -- evaluating ----------------------------------------------------------------------------
+    def action_evaluate(self) -> None:
+        ck = self.selected()
+        if ck is None or self.host is None:
+            self.notify("No checkpoint selected", severity="warning")
+            return
+        if self.converting is not None:
+            self.notify(f"Busy converting {self.converting}", severity="warning")
+            return
+        self.ask_evaluate(self.host, ck)
+
+    @work(group="ckpt-eval", exit_on_error=False)
+    async def ask_evaluate(self, host: str, ck: Checkpoint) -> None:
+        req = await self.app.push_screen_wait(EvalDialog(
+            ck.path, self.known_verifier(host, ck), self.known_data(host)))
+        if req is not None:
+            await self.run_evaluate(host, req)
+
+    def known_data(self, host: str) -> str:
+        """The data folder to propose: the one last evaluated on there, else the `--data` the
+        host's profiles train on."""
+        if self.last_eval_data.get(host):
+            return self.last_eval_data[host]
+        for profile in services(self).config.profiles.values():
+            data = flag_value(profile.run, "--data") if host in profile.hosts else None
+            if data:
+                return data
+        return ""
+
+    async def run_evaluate(self, host: str, req: EvalRequest) -> None:
+        view = self.query_one(InspectView)
+        bar = self.query_one("#ckpt-bar", ProgressBar)
+        how = "vLLM's engine" if req.vllm_engine else "transformers"
+        heading = f"evaluate {req.draft} on {req.data} (k={req.k}, target {req.target}, {how})"
+        self.last_verifier[host], self.last_eval_data[host] = req.target, req.data
+        self._shown_path = None
+        view.show_text(heading + "\nloading the target and the drafter…")
+        bar.display = True
+        bar.update(total=None, progress=0)
+
+        def on_event(ev: events.Event) -> None:
+            if isinstance(ev, events.Progress):
+                bar.update(total=ev.total, progress=ev.done)
+                view.show_text(f"{heading}\n{ev.desc or 'eval'} {ev.done}/{ev.total} {ev.unit}")
+
+        try:
+            result = await evaluate_checkpoint(await services(self).pool.ensure(host), req,
+                                               on_event=on_event)
+        except ConsoleError as e:
+            view.show_error(f"evaluate failed: {describe_error(e)}", heading)
+            return
+        finally:
+            bar.display = False
+        view.show_text(f"{heading}\n{result.line()}")
+        self.notify(f"{req.draft}: acceptance length {result.acceptance_length:.2f}")
 
     def action_compare(self) -> None:
         self.app.push_screen(CompareScreen())

@@ -166,7 +166,11 @@ def _public_drafter(tmp: Path, seed: int, ev: Emitter) -> None:
                       draft_vocab_size=PUBLIC_DRAFT_VOCAB, max_steps=PUBLIC_STEPS,
                       lr=float(args["--lr"]), batch_tokens=int(args["--batch-tokens"]),
                       ttt_steps=int(args["--ttt-steps"]), epochs=40, save_every=0,
-                      holdout=0, seed=seed + 7, device="cpu")
+                      holdout=0, seed=seed + 7, device="cpu",
+                      # EAGLE 3.0, as the Llama-style hub drafters it stands for (AQ-MedAI's):
+                      # no norm flags, so the config reads the same to every tool without our
+                      # provenance record (which as_downloaded removes)
+                      eagle_version="3.0")
     try:
         train(cfg, quiet, argv=["demo", "public drafter"])
     finally:

@@ -36,6 +36,7 @@ CONSOLE_LAYERS: list[tuple[str, ...]] = [
     ("console.widgets",),
     # the modal screens a pane opens (a question, a dialog, the comparison table)
     ("console.screens.confirm", "console.screens.convert_dialog", "console.screens.serve_dialog",
+     "console.screens.eval_dialog",
      "console.screens.compare"),
     ("console.panes",),
     ("console.screens",),
