@@ -29,9 +29,10 @@ from engine.data.readers import OnlineData, open_data
 from engine.data.target import Target, read_config
 from engine.errors import EngineError
 from engine.events import Emitter
-from engine.fileio import sha256_file
+from engine.fileio import read_json, sha256_file
 from engine.model.config import aux_ids_problem, serving_default_aux_ids
 from engine.model.draft import Eagle3Config, Eagle3Draft
+from engine.training.checkpointing import latest_dir
 from engine.training.config import DEFAULT_EAGLE_VERSION, TrainConfig
 
 
@@ -80,6 +81,16 @@ def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int],
     cfg = Eagle3Config.from_dict(d)
     on = eagle_version == "3.1"
     return dataclasses.replace(cfg, norm_before_fc=on, norm_output=on)
+
+
+def resumed_version(out: str) -> str | None:
+    """The EAGLE flavour of the run in OUT's latest checkpoint (its config.json, ours): a run
+    started before new drafters became 3.1 resumes as the 3.0 drafter it is."""
+    latest = latest_dir(Path(out) / "checkpoints")
+    if latest is None:
+        return None
+    conf = read_json(latest / "config.json")
+    return "3.1" if conf.get("norm_before_fc") and conf.get("norm_output") else "3.0"
 
 
 def _vocab(cfg: TrainConfig, data: FeatureData, v: int, source_vd: int | None,
@@ -186,8 +197,9 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
     else:
         vocab = _vocab(cfg, data, v, None, ev)
         assert vocab is not None
+        version = cfg.eagle_version or (resumed_version(cfg.out) if cfg.resume else None)
         dcfg = scratch_config(tcfg, int(vocab[0].numel()), aux,
-                              cfg.eagle_version or DEFAULT_EAGLE_VERSION)
+                              version or DEFAULT_EAGLE_VERSION)
         sd = {"d2t": vocab[0], "t2d": vocab[1]}
     torch.manual_seed(cfg.seed)  # scratch weights depend on the seed only
     draft = Eagle3Draft(dcfg)

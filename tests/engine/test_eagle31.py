@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,22 @@ def test_scratch_run_is_eagle31_by_default_and_30_on_request(demo_dir: Path, tmp
     assert p.returncode != 0
     assert "--eagle-version" in p.stderr and "finetune" in p.stderr
     assert not (tmp_path / "ft" / "final").exists()
+
+
+def test_a_run_from_before_31_resumes_as_the_30_drafter_it_is(demo_dir: Path, tmp_path: Path
+                                                              ) -> None:
+    """A scratch run an older engine started (3.0: no flags, no `eagle_version` in its
+    recorded settings) resumes under the 3.1 default without a tensor mismatch, still 3.0."""
+    from tests.engine_helpers import run_engine, train_args
+    out = tmp_path / "run"
+    run_engine(*train_args(demo_dir, out, "--max-steps", "2", "--save-every", "1",
+                           "--eagle-version", "3.0"))
+    for trainer in (out / "checkpoints").glob("step_*/trainer.json"):
+        t = json.loads(trainer.read_text(encoding="utf-8"))
+        del t["settings"]["eagle_version"]   # as an engine before the option wrote it
+        trainer.write_text(json.dumps(t), encoding="utf-8")
+    shutil.rmtree(out / "final")   # the resumed run writes it again
+    p = run_engine(*train_args(demo_dir, out, "--max-steps", "2", "--save-every", "1",
+                               "--resume"), check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert _flags(out / "final") == {"norm_before_fc": False, "norm_output": False}
