@@ -198,7 +198,7 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
     from console.commands import follow as follow_cmd
     rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None, json=False), cfg)
     out, err = capsys.readouterr()
-    assert rc == 0
+    assert rc == 1      # the run failed: follow says so to a script too
     assert out.splitlines() == [f"tick {i}" for i in range(5)]
     assert f"run {run.id} failed, exit 2" in err
 
