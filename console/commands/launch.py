@@ -1,4 +1,6 @@
 """`eagle3-console launch PROFILE [--force]`: push what changed, start the run detached.
+`eagle3-console launch [HOST] --resume RUN`: start a stopped, failed or lost `engine train` run
+again in its own run directory, with `--resume` (console/runs/service.py resume_run).
 
 A run whose command ends within its first SETTLE_S seconds without succeeding (a program that
 is not there, a bad option) makes launch exit with the run's code (console/scheduler/
@@ -12,8 +14,9 @@ import json
 import sys
 import time
 
+from console.errors import ConsoleError
 from console.hosts.host import HostPool
-from console.runs.service import launch, list_runs
+from console.runs.service import launch, list_runs, resume_run
 from console.scheduler.records import Run
 from console.scheduler.run_status import EXIT_CODES, RunStatus, combined_status
 from console.settings.config import Config
@@ -24,7 +27,12 @@ SETTLE_S = 1.0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("profile", help="a [profiles.*] name from the config")
+    p.add_argument("profile", nargs="?", metavar="PROFILE | HOST",
+                   help="a [profiles.*] name from the config; with --resume, the host that "
+                        "holds the run (optional)")
+    p.add_argument("--resume", metavar="RUN",
+                   help="start this stopped, failed or lost run again in its own run directory "
+                        "with its command's --resume (engine train)")
     p.add_argument("--force", action="store_true",
                    help="start even if this profile already has a running run")
     p.add_argument("--json", action="store_true", help="print the run records as JSON")
@@ -43,9 +51,20 @@ async def settle(run: Run, pool: HostPool) -> Run:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
+    if args.resume is None and args.profile is None:
+        raise ConsoleError("launch: name a profile (or --resume RUN)")
+    if args.resume is not None and args.profile is not None and \
+            args.profile not in config.hosts:
+        raise ConsoleError(f"launch --resume: {args.profile!r} is not a configured host "
+                           f"({', '.join(config.hosts)})")
     pool = HostPool(config)
     try:
-        started = await settle(await launch(config, args.profile, pool, force=args.force), pool)
+        if args.resume is not None:
+            begun = await resume_run(config, args.resume, pool, host=args.profile,
+                                     force=args.force)
+        else:
+            begun = await launch(config, args.profile, pool, force=args.force)
+        started = await settle(begun, pool)
     finally:
         await pool.close()
     status = combined_status([r.status for r in started.records])
