@@ -27,7 +27,7 @@ PROFILES = {
     "sleepy": "python -c 'import time; time.sleep(60)'",
     "engerr": "engine inspect {run_dir}/no-such-drafter",
     "ticks": "python -c 'import time\nfor i in range(40):\n    print(\"tick\", i, flush=True); "
-             "time.sleep(0.1)'",
+             "time.sleep(0.25)'",
 }
 
 
@@ -99,12 +99,15 @@ def test_follow_names_the_file_it_resumes(config: Path, sshd: SSHD) -> None:
     follow = subprocess.Popen([sys.executable, "-m", "console", "--config", str(config),
                                "follow", rid], cwd=REPO, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert follow.stdout is not None
+    first = follow.stdout.readline()   # following: from here on only the follower reconnects
     drops = 0
     deadline = time.monotonic() + 60
     while follow.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.7)
         drops += sshd.drop_connections() > 0
-    out, err = follow.communicate(timeout=60)
+        time.sleep(1.5)
+    rest, err = follow.communicate(timeout=60)
+    out = first + rest
     assert drops >= 1
     assert out.splitlines() == [f"tick {i}" for i in range(40)]   # none lost, none twice
     resumed = [ln for ln in err.splitlines() if ln.startswith("-- reconnected")]
