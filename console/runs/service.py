@@ -101,7 +101,7 @@ async def resume_run(config: Config, run_id: str, pool: HostPool, *, host: str |
     status = RunStatus.CORRUPT if any(r.status == RunStatus.CORRUPT for _h, r in nodes) else \
         Run(run_id, [r for _h, r in nodes]).status
     if status not in (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST):
-        why = f"is still {status}" if status.active else "succeeded" \
+        why = f"is still {status}" if status.active else f"{status}" \
             if status == RunStatus.SUCCEEDED else "has a corrupt record"
         raise ConsoleError(f"run {run_id} {why}: only a stopped, failed or lost run is resumed")
     profile = config.profiles.get(rec.profile)
