@@ -61,14 +61,25 @@ class HostKeyTypeMismatch(TransportError):
         self.recorded = recorded
 
 
+def shown_command(words: list[str], room: int = 120) -> str:
+    """A command in one line of an error: whole words until `room` columns are passed (the
+    word that passes it is kept whole: a path is never cut in the middle), then `… (N more)`."""
+    out: list[str] = []
+    for i, w in enumerate(words):
+        if len(" ".join(out)) >= room:
+            return " ".join(out) + f" … ({len(words) - i} more)"
+        out.append(w)
+    return " ".join(out)
+
+
 class CommandFailed(TransportError):
     """A remote/local command exited non-zero when success was required."""
 
     def __init__(self, host: str, argv: list[str] | str, returncode: int | None,
                  stderr: str) -> None:
-        cmd = argv if isinstance(argv, str) else " ".join(argv)
+        cmd = shown_command(argv.split() if isinstance(argv, str) else argv)
         last = (stderr.strip().splitlines() or [""])[-1]
         how = "failed" if returncode is None else f"exited {returncode}"
-        super().__init__(host, f"`{cmd[:120]}` {how}" + (f": {last}" if last else ""))
+        super().__init__(host, f"`{cmd}` {how}" + (f": {last}" if last else ""))
         self.returncode = returncode
         self.stderr = stderr

@@ -97,15 +97,25 @@ def _owner(scrape: dict[str, Any], sessions: Sequence[dict[str, Any]]) -> str | 
     return str(best["run_id"]) if best else None
 
 
+def run_name(path: str) -> str:
+    """A training run's name from its output directory: `RUNS/finetune-2026…/out` is
+    `finetune-2026…` (the engine's `--out {run_dir}/out`), any other folder its own name."""
+    parts = [p for p in str(path).rstrip("/").split("/") if p]
+    if len(parts) > 1 and parts[-1] == "out":
+        return parts[-2]
+    return parts[-1] if parts else ""
+
+
 def _provenance(prov: dict[str, Any]) -> str:
-    """A short cell: RUN@STEP < SOURCE (run name, its step, the drafter it was finetuned from)."""
-    out = os.path.basename(str(prov["run"]).rstrip("/")) if prov.get("run") else ""
-    if prov.get("step") is not None:
+    """A short cell: RUN@STEP < SOURCE (run name, its step, the drafter it was finetuned from),
+    from the inspect summary a session records (console/checkpoints/serve.py)."""
+    out = run_name(prov["run"]) if isinstance(prov.get("run"), str) else ""
+    if isinstance(prov.get("step"), int):
         out += f"@{prov['step']}"
     ft = prov.get("finetune")
-    src = ft.get("path") if isinstance(ft, dict) else prov.get("source")
-    if src:
-        out += f"{' ' if out else ''}< {os.path.basename(str(src).rstrip('/'))}"
+    src = ft.get("path") if isinstance(ft, dict) else None
+    if isinstance(src, str) and src:
+        out += f"{' ' if out else ''}< {os.path.basename(src.rstrip('/'))}"
     return out
 
 

@@ -185,19 +185,19 @@ async def check_servable(host: Host, req: ServeRequest) -> InspectReport:
     return report
 
 
-async def read_provenance(host: Host, ckpt: str) -> dict[str, Any]:
-    """The drafter's provenance.json, cut to what tells drafters apart (run, step, source)."""
-    res = await host.transport.run(["cat", posixpath.join(ckpt, "provenance.json")], check=False)
-    try:
-        prov = json.loads(res.stdout) if res.returncode == 0 else {}
-    except ValueError:
-        prov = {}
+def session_provenance(report: InspectReport) -> dict[str, Any]:
+    """What the comparison tells drafters apart by, from the provenance `engine inspect`
+    reported (the summary the inspect view shows: a converted drafter's run and step come
+    from the training record its conversion carried over, `origin`): run, step, held-out tau,
+    the finetune source's path, and what a conversion was made from."""
+    prov = report.data.get("provenance")
     if not isinstance(prov, dict):
         return {}
-    keep = {k: prov[k] for k in ("run", "step", "source", "format") if prov.get(k) is not None}
-    ft = prov.get("finetune")
-    if isinstance(ft, dict) and ft.get("path"):
-        keep["finetune"] = {"path": ft["path"]}  # not its per-file digests: a table cell
+    keep = {k: prov[k] for k in ("written_by", "run", "step", "held_out_tau", "format")
+            if prov.get(k) is not None}
+    for k in ("finetune", "derived_from"):   # their paths, not their per-file digests
+        if isinstance(prov.get(k), dict) and prov[k].get("path"):
+            keep[k] = {"path": prov[k]["path"]}
     return keep
 
 
@@ -249,7 +249,7 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
                       env=vllm_env(req))
     run = await launch(replace(config, profiles={**config.profiles, name: profile}), name, pool,
                        force=force)
-    prov = await read_provenance(host, req.ckpt)
+    prov = session_provenance(report)
     record_session({"run_id": run.id, "host": host_name, "drafter": req.ckpt,
                     "verifier": req.verifier, "k": req.k, "tp": req.tp, "port": req.port,
                     "metrics": f"http://127.0.0.1:{req.port}/metrics", "provenance": prov,

@@ -3,7 +3,10 @@ from the start, resuming by byte offset across dropped connections; ends when th
 
 A training step is one compact line (`step 37/150  loss 5.498  acc_0 0.866  tau 3.660  ETA
 1:12`); `--json` prints every event whole instead, one JSON object a line (output lines as
-{"kind": "output", "file", "offset", "text"})."""
+{"kind": "output", "file", "offset", "text"}). The engine's error is printed once (it is both an
+event and a line of its stderr); a run that could not start shows the runner's recorded reason.
+The exit status is the run's outcome: 0 succeeded, 1 failed, 3 stopped, 4 lost, 5 corrupt
+(console/scheduler/run_status.py EXIT_CODES)."""
 
 from __future__ import annotations
 
@@ -13,12 +16,12 @@ import json
 import posixpath
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from console.hosts.host import Host, HostPool
 from console.logs.follow import Line, LogFollower
 from console.runs.service import find_run, list_runs
-from console.scheduler.run_status import RunStatus
+from console.scheduler.run_status import EXIT_CODES, RunStatus
 from console.settings.config import Config
 from engine import events
 from engine.events import MalformedEvent
@@ -44,6 +47,7 @@ class RunWatch:
         self.host, self.run_id = host, run_id
         self.status = RunStatus.RUNNING
         self.exit_code: int | None = None
+        self.failure = ""      # the runner's recorded reason (run.json `error`)
         self._asked = 0.0
 
     async def ended(self) -> bool:
@@ -52,6 +56,7 @@ class RunWatch:
             recs = await list_runs(self.host, self.run_id)
             if recs:
                 self.status, self.exit_code = recs[0].status, recs[0].exit_code
+                self.failure = recs[0].failure
         return not self.status.active  # active: running, or a Slurm job still queued
 
 
@@ -157,6 +162,51 @@ def json_lines(line: Line, name: str) -> list[str]:
                         "text": line.text})]
 
 
+class ErrorsOnce:
+    """The engine's error is an event and a stderr line (`error: MSG`, with `(run with --debug
+    for the traceback)` after an unexpected one): each message is printed once, whichever
+    file is read first."""
+
+    SUFFIX = " (run with --debug for the traceback)"
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def first(self, text: str) -> bool:
+        """Whether a line to print is new (False: an error already printed)."""
+        if not text.startswith("error: "):
+            return True
+        msg = text.removeprefix("error: ").removesuffix(self.SUFFIX)
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+class Notices:
+    """The followers' notices on stderr, naming the file (`-- reconnected: output.log: resuming
+    at byte 0`); the connection's own `reconnecting` is one for both files."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def of(self, name: str) -> Callable[[str, str], None]:
+        """The on_notice of the follower of `name`."""
+        return lambda kind, detail: self.add(name, kind, detail)
+
+    def add(self, name: str, kind: str, detail: str) -> None:
+        if kind == "reconnecting":
+            if self.down:
+                return
+            self.down = True
+        elif kind == "reconnected":
+            self.down = False
+            detail = f"{name}: {detail}"
+        else:
+            detail = f"{name}: {detail}" if detail else name
+        print(f"-- {kind}: {detail}", file=sys.stderr)
+
+
 class Skipped:
     """Malformed event lines: each of the first few named on stderr, all of them counted."""
 
@@ -181,12 +231,14 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         watch = RunWatch(host, args.run)
         names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
         start = "begin" if args.lines is None else "end"
+        notices = Notices()
         followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
                                  tail_lines=args.lines, until=watch.ended,
-                                 on_notice=lambda k, d: print(f"-- {k}: {d}", file=sys.stderr))
+                                 on_notice=notices.of(n))
                      for n in names]
 
         skipped = Skipped()
+        errors = ErrorsOnce()
 
         async def pump(f: LogFollower, name: str) -> None:
             is_events = name == "events.jsonl"
@@ -199,7 +251,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                     except MalformedEvent as e:
                         skipped.add(line, str(e))
                         continue
-                    sys.stdout.writelines(t + "\n" for t in texts)
+                    sys.stdout.writelines(t + "\n" for t in texts
+                                          if args.json or errors.first(t))
                 sys.stdout.writelines(t + "\n" for t in steps.flush())
                 sys.stdout.flush()
 
@@ -208,7 +261,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             print(f"-- warning: skipped {skipped.count} malformed event line"
                   f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
         code = "" if watch.exit_code is None else f", exit {watch.exit_code}"
-        print(f"-- run {args.run} {watch.status}{code}", file=sys.stderr)
+        why = f": {watch.failure}" if watch.failure else ""
+        print(f"-- run {args.run} {watch.status}{code}{why}", file=sys.stderr)
     finally:
         await pool.close()
-    return 0
+    return EXIT_CODES.get(watch.status, 0)

@@ -1,11 +1,14 @@
 """`eagle3-console logs HOST PATH [--follow] [--lines N] [--metrics] [--json]`: a host file's
-last lines (tail), optionally followed; --metrics keeps only vLLM metrics lines, parsed."""
+last lines (tail), optionally followed; --metrics keeps only vLLM metrics lines, parsed, and
+then --lines counts those (the last N metrics lines of the whole file). When the file holds
+none, --metrics says so on stderr and exits 1 (like grep), unless following."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections import deque
 
 from console.errors import ConsoleError
 from console.hosts.host import HostPool
@@ -21,7 +24,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the file on the host (e.g. /root/vllm.log)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended")
     p.add_argument("-n", "--lines", type=int, default=None,
-                   help="start at the last N lines (default 10; with --metrics the whole file)")
+                   help="start at the last N lines (default 10); with --metrics the last N "
+                        "metrics lines (default all)")
     p.add_argument("--metrics", action="store_true",
                    help="only vLLM engine-stats and SpecDecoding lines, parsed")
     p.add_argument("--json", action="store_true",
@@ -37,27 +41,50 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         await pool.close()
         what = "no such file" if st is None else "is a directory (logs prints a file)"
         raise ConsoleError(f"{args.host}: {path}: {what}")
-    lines = args.lines if args.lines is not None else (None if args.metrics else 10)
-    follower = LogFollower(host.transport, path, start="begin", tail_lines=lines,
-                           follow=args.follow, on_notice=_notice)
+    lines = None if args.metrics else args.lines if args.lines is not None else 10
+    # --metrics --lines N: the last N metrics lines of the file, held until it is read to its
+    # end (the follower is idle there: `until`), then printed; later ones as they come
+    held: deque[str] | None = deque(maxlen=max(args.lines, 0)) \
+        if args.metrics and args.lines is not None else None
     out = sys.stdout
+    shown = 0
+
+    def show(texts: list[str]) -> None:
+        nonlocal shown, held
+        if held is not None:
+            held.extend(texts)
+            return
+        out.writelines(t + "\n" for t in texts)
+        shown += len(texts)
+        out.flush()
+
+    def release() -> None:
+        nonlocal held
+        if held is not None:
+            texts, held = list(held), None
+            show(texts)
+
+    async def at_end() -> bool:
+        release()
+        return False
+
+    follower = LogFollower(host.transport, path, start="begin", tail_lines=lines,
+                           follow=args.follow, on_notice=_notice, until=at_end)
     try:
         async for batch in follower.batches():
             if args.metrics:
-                for line in batch.containing(MARKERS):
-                    rec = parse_line(line.text)
-                    if rec is not None:
-                        out.write((json.dumps(rec.to_dict()) if args.json else render(rec)) + "\n")
-                out.flush()
+                recs = [parse_line(line.text) for line in batch.containing(MARKERS)]
+                show([json.dumps(r.to_dict()) if args.json else render(r)
+                      for r in recs if r is not None])
                 continue
-            for line in batch:
-                if args.json:
-                    out.write(json.dumps({"offset": line.offset, "text": line.text}) + "\n")
-                else:
-                    out.write(line.display() + "\n")
-            out.flush()
+            show([json.dumps({"offset": line.offset, "text": line.text}) if args.json
+                  else line.display() for line in batch])
+        release()
     finally:
         await pool.close()
+    if args.metrics and not shown and not args.follow:
+        print(f"-- no vLLM metrics lines in {args.host}:{path}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -45,14 +45,16 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if not records:
         print(f"no runs on {args.host}")
         return 0
-    # ids are handles (follow, stop): never cut; the column is as wide as the longest
+    # ids and profile names are handles (follow, stop, launch): never cut; each column is as
+    # wide as its longest, so the columns after it stay in line
     w = max(40, *(len(r.id) for r in records))
-    print(f"{'RUN':<{w}} {'PROFILE':<16} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
+    pw = max(16, *(len(r.profile) for r in records))
+    print(f"{'RUN':<{w}} {'PROFILE':<{pw}} {'STATUS':<10} {'EXIT':>5}  {'STARTED':<19} DURATION")
     for r in records:
         if r.status == RunStatus.CORRUPT:  # nothing in it can be trusted but the reason
-            print(f"{r.id:<{w}} {r.profile:<16} {r.status:<10} {r.error}")
+            print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {r.error}")
             continue
-        print(f"{r.id:<{w}} {r.profile:<16} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
+        print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {_exit(r):>5}  {_when(r.start):<19} "
               f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
               + _job(r))
     return 0

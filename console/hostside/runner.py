@@ -1,6 +1,6 @@
 """Detached runs on the host: start, list, stop, prune (standard library only; on the host).
 
-    python -B runner.py start RUN_DIR [--unless-running] < spec.json   prints {"pid", ...}
+    python -B runner.py start RUN_DIR [--unless-running] [--resume] < spec.json  prints {"pid"}
     python -B runner.py list RUNS_DIR [RUN_ID]                         prints [record, ...]
     python -B runner.py stop RUN_DIR GRACE_S                           prints the final record
     python -B runner.py prune RUNS_DIR                                 forgets ended runs (ours)
@@ -20,7 +20,10 @@ the command, which calls setsid() again: the command leads its own session and p
 run.json (atomically: temp name, then rename) with its pid, group and start time; a run that
 cannot be recorded (a full disk) is killed before it runs anything. The monitor then waits for
 the command and records its exit code and end time, whether or not any console is connected.
-Nothing but the monitor writes a record while it lives; `list` reports `lost` for a record
+`start --resume` starts an ended run (stopped, failed, lost) again in its own directory, under
+the same id: its record is replaced by the new attempt's (the earlier ones kept as "attempts"),
+its logs are appended to, a stop marker left from before is removed. Nothing but the monitor
+writes a record while it lives; `list` reports `lost` for a record
 still `running` whose command and monitor are both gone (a reboot, a killed monitor), and
 `corrupt` (with the reason) for a record it cannot trust; `stop` finishes the record itself
 only when the monitor is gone.
@@ -89,13 +92,41 @@ proc_start = records.proc_start
 
 # -- start ---------------------------------------------------------------------------------------
 
-def start(run_dir: str, spec: Dict[str, Any], unless_running: bool = False) -> int:
+def start(run_dir: str, spec: Dict[str, Any], unless_running: bool = False,
+          resume: bool = False) -> int:
     """Start spec["argv"] detached (see the module docstring). Prints the record's pid part,
     or {"error": ...} with exit status 1 when the run did not start."""
-    return records.answer("start", run_dir, lambda: _start(run_dir, spec, unless_running))
+    return records.answer("start", run_dir,
+                          lambda: _start(run_dir, spec, unless_running, resume))
 
 
-def _start(run_dir: str, spec: Dict[str, Any], unless_running: bool) -> Dict[str, Any]:
+def _again(run_dir: str, spec: Dict[str, Any]) -> Dict[str, Any]:
+    """spec for another attempt of the ended run in run_dir (RunnerError when it cannot be
+    started again): the earlier attempts go with it, the stop marker of the last one goes."""
+    try:
+        rec, problem = records.load_record(run_dir)
+    except FileNotFoundError:
+        raise records.RunnerError("no run record at %s: nothing to resume"
+                                  % os.path.join(run_dir, records.RECORD)) from None
+    if rec is None:
+        raise records.RunnerError("the record of run %s is corrupt (%s); not started again"
+                                  % (os.path.basename(run_dir), problem))
+    status = records.effective(rec)["status"]
+    if status not in ("stopped", "failed", "lost"):
+        raise records.RunnerError("run %s is %s: only a stopped, failed or lost run is started "
+                                  "again" % (rec["id"], status))
+    attempts = [a for a in rec.get("attempts") or [] if isinstance(a, dict)]
+    attempts.append(dict({k: rec.get(k) for k in ("start", "end", "exit_code", "argv")},
+                         status=status))
+    try:
+        os.unlink(os.path.join(run_dir, records.STOP_MARKER))
+    except FileNotFoundError:
+        pass
+    return dict(spec, attempts=attempts)
+
+
+def _start(run_dir: str, spec: Dict[str, Any], unless_running: bool,
+           resume: bool = False) -> Dict[str, Any]:
     run_dir = os.path.normpath(run_dir)
     runs_dir = os.path.dirname(run_dir)
     if not os.path.isdir(runs_dir):
@@ -109,7 +140,10 @@ def _start(run_dir: str, spec: Dict[str, Any], unless_running: bool) -> Dict[str
             if busy:
                 return {"error": "profile %r is already running (%s); stop it or launch with "
                                  "--force" % (profile, ", ".join(busy))}
-        os.mkdir(run_dir, 0o700)  # a run id is never reused
+        if resume:  # the same run again: its directory (and out/) are kept
+            spec = _again(run_dir, spec)
+        else:
+            os.mkdir(run_dir, 0o700)  # a run id is never reused for another run
         os.chmod(run_dir, 0o700)  # whatever the umask: records may name private paths
         try:
             records.write_json(os.path.join(run_dir, records.SPEC),
@@ -347,8 +381,11 @@ def free_port() -> int:
 def main(argv: List[str]) -> int:
     cmd = argv[1] if len(argv) > 1 else ""
     try:
-        if cmd == "start" and len(argv) in (3, 4) and argv[3:] in ([], ["--unless-running"]):
-            return start(argv[2], json.load(sys.stdin), unless_running=len(argv) == 4)
+        if cmd == "start" and len(argv) >= 3 and \
+                set(argv[3:]) <= {"--unless-running", "--resume"}:
+            return start(argv[2], json.load(sys.stdin),
+                         unless_running="--unless-running" in argv[3:],
+                         resume="--resume" in argv[3:])
         if cmd == "list" and len(argv) in (3, 4):
             print(json.dumps(records.list_runs(argv[2], argv[3] if len(argv) == 4 else None)))
             return 0

@@ -68,6 +68,8 @@ from console.widgets.text_table import TextTable
 from engine import events
 
 SCAN_EVERY_S = 10.0
+#: how a refusal that stays on screen is put away
+DISMISS = "  (i, enter or another row: back to the inspect report)"
 INSPECT_DELAY_S = 0.3   # the cursor rests this long before a report is asked for
 COLUMNS = ("CHECKPOINT", "SIZE", "MODIFIED")
 
@@ -171,6 +173,9 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.last_eval_data: dict[str, str] = {}  # host -> the data folder last evaluated on
         self._scanning = False
         self._shown_path: str | None = None
+        # an outcome (serve refused or started, swap) stays on screen while the cursor rests on
+        # this checkpoint: a rescan does not replace it; moving, `i` or enter go back to reports
+        self._pinned: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="ckpt-status")
@@ -258,6 +263,10 @@ class CheckpointsPane(ShownTimers, Vertical):
             self.query_one(InspectView).show_text(
                 f"No checkpoints yet: {hint}, or finish a training run.")
 
+    def _pin(self) -> str:
+        """The checkpoint an outcome shown now stays over (the row under the cursor)."""
+        return self.query_one(CheckpointTable).selected or ""
+
     def selected(self) -> Checkpoint | None:
         path = self.query_one(CheckpointTable).selected
         return next((c for c in self.found.get(self.host or "", []) if c.path == path), None)
@@ -278,6 +287,9 @@ class CheckpointsPane(ShownTimers, Vertical):
             return
         if ck.path == self._shown_path and not again:
             return
+        if ck.path == self._pinned and not again:
+            return
+        self._pinned = None
         self._shown_path = ck.path
         cached = None if again else self.reports.get((ck.path, ck.mtime))
         if cached is not None:
@@ -418,7 +430,7 @@ class CheckpointsPane(ShownTimers, Vertical):
     async def run_serve(self, host: str, req: ServeRequest) -> None:
         view = self.query_one(InspectView)
         heading = f"serve {req.ckpt} with {req.verifier} (k={req.k}, TP {req.tp}, port {req.port})"
-        self._shown_path = None
+        self._shown_path, self._pinned = None, self._pin()
         view.show_text(heading + "\nchecking the checkpoint and the verifier…")
         self.last_verifier[host] = req.verifier
         pool = services(self).pool
@@ -426,7 +438,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             await pool.ensure(host)
             run = await serve(services(self).config, host, req, pool)
         except ConsoleError as e:
-            view.show_error(f"serve refused: {describe_error(e)}", heading)
+            view.show_error(f"serve refused: {describe_error(e)}", heading + DISMISS)
             return
         started = (f"{heading}\nstarted as run {run.id} ({run.status}); follow or stop it in "
                    f"the Runs pane (5); metrics at http://127.0.0.1:{req.port}/metrics")
@@ -454,12 +466,12 @@ class CheckpointsPane(ShownTimers, Vertical):
     async def run_swap(self, host: str, path: str) -> None:
         view = self.query_one(InspectView)
         heading = f"swap {path} into the vLLM server on {host}"
-        self._shown_path = None
+        self._shown_path, self._pinned = None, self._pin()
         view.show_text(heading + "\nchecking it against the served drafter…")
         try:
             done = await swap(await services(self).pool.ensure(host), path)
         except ConsoleError as e:
-            view.show_error(f"swap refused: {describe_error(e)}", heading)
+            view.show_error(f"swap refused: {describe_error(e)}", heading + DISMISS)
             return
         view.show_text(f"{heading}\n{done['url']} now serves weight version "
                        f"{done['weight_version']} (was {done['previous_version']}), swapped in "

@@ -39,7 +39,7 @@ from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
 from console.runs.model import RunsModel
-from console.runs.service import launch, prune_runs, stop_run
+from console.runs.service import launch, prune_runs, resume_run, stop_run
 from console.runs.watch import describe_error
 from console.scheduler.launch import LaunchHooks, NotStarted
 from console.scheduler.records import RunRecord
@@ -351,6 +351,31 @@ class RunsPane(ShownTimers, Vertical):
             self.activity(f"stop failed: {describe_error(e)}", error=True)
         finally:
             self.model.end()
+        if self.host is not None:
+            await self._reload(self.host)
+
+    def action_resume(self) -> None:
+        rec = self._selected_run()
+        if rec is None:
+            self.notify("No run selected", severity="warning")
+            return
+        if self._start(f"resume {rec.id}"):
+            self.do_resume(rec.id, rec.host)
+
+    @work(group="runs-action", exit_on_error=False)
+    async def do_resume(self, run_id: str, host: str) -> None:
+        """R: the run again in its run directory with --resume (refusals said on the activity
+        line: a run still running or that succeeded, a command without --resume)."""
+        try:
+            self.activity(f"resuming {run_id}…")
+            run = await resume_run(self.config, run_id, services(self).pool, host=host)
+        except ConsoleError as e:
+            self.activity(f"resume of {run_id} refused: {describe_error(e)}", error=True)
+            return
+        finally:
+            self.model.end()
+        self.activity(markup("resumed [b]$id[/b] in its run directory · $pushes", id=run.id,
+                             pushes=" · ".join(map(push_summary, run.pushes))))
         if self.host is not None:
             await self._reload(self.host)
 

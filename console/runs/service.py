@@ -1,5 +1,5 @@
-"""Runs: launch a profile, list a host's registry, find and stop a run, forget ended ones,
-whatever places them.
+"""Runs: launch a profile, list a host's registry, find, stop and resume a run, forget ended
+ones, whatever places them.
 
 Each host's scheduler (console/scheduler: `ssh` runs detached processes through the host-side
 runner, `slurm` submits batch jobs) does the work; the records both read live in
@@ -9,12 +9,14 @@ console/scheduler/records.py, the launch steps they share in console/scheduler/l
 from __future__ import annotations
 
 import asyncio
+import shlex
 
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, HostPool
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
 from console.scheduler.records import PruneReport, Run, RunRecord, host_prune
+from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
 
@@ -80,3 +82,40 @@ async def stop_run(config: Config, run_id: str, pool: HostPool, grace: float = 1
     done = await asyncio.gather(*(scheduler_for(h.cfg).stop(h, recs, grace)
                                   for h, recs in by_host.values()))
     return Run(run_id, sorted((r for recs in done for r in recs), key=lambda r: r.node_rank))
+
+
+#: the commands that continue from their own checkpoints with `--resume` (profile run words)
+RESUMABLE = (("engine", "train"),)
+
+
+async def resume_run(config: Config, run_id: str, pool: HostPool, *, host: str | None = None,
+                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
+    """Start a stopped, failed or lost run again: its profile's command, in the same run
+    directory (so `{run_dir}/out` holds its checkpoints) under the same id, with `--resume`.
+    Refused, naming why, for a run still active or that succeeded, a profile that is gone, or
+    a command without `--resume` (only `engine train` has one)."""
+    nodes = [hr for hr in await find_run(config, run_id, pool) if host in (None, hr[0].name)]
+    if not nodes:
+        raise ConsoleError(f"no run {run_id!r} on {host}")
+    rec = nodes[0][1]
+    status = RunStatus.CORRUPT if any(r.status == RunStatus.CORRUPT for _h, r in nodes) else \
+        Run(run_id, [r for _h, r in nodes]).status
+    if status not in (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST):
+        why = f"is still {status}" if status.active else f"{status}" \
+            if status == RunStatus.SUCCEEDED else "has a corrupt record"
+        raise ConsoleError(f"run {run_id} {why}: only a stopped, failed or lost run is resumed")
+    profile = config.profiles.get(rec.profile)
+    if profile is None:
+        raise ConsoleError(f"run {run_id}: its profile {rec.profile!r} is not in the config "
+                           "(any more): nothing says how to start it again")
+    try:
+        words = tuple(shlex.split(profile.run)[:2])
+    except ValueError:
+        words = ()
+    if words not in RESUMABLE:
+        raise ConsoleError(f"run {run_id}: `{' '.join(words) or profile.run} …` (profile "
+                           f"{profile.name}) has no --resume: only `engine train` runs "
+                           "continue from their checkpoints")
+    cfg = config.host(profile.hosts[0])
+    return await scheduler_for(cfg).submit(config, profile, pool, force=force, hooks=hooks,
+                                           resume=run_id)

@@ -231,6 +231,12 @@ class RunFeeds:
             feed = self._feeds[key] = RunFeed(host, record)
         elif feed.status == RunStatus.RUNNING:
             feed.record = record    # records only move on: running, then how it ended
+        elif (record.start or 0) > (feed.record.start or 0):
+            # started again (resumed, console/runs/service.py resume_run): the same files go
+            # on, so the feed follows on from its offsets; the last attempt's outcome is over
+            feed.record, feed.finished = record, False
+            feed.progress.error, feed.progress.result = None, None
+            feed.progress.version += 1
         return feed
 
     def find(self, host: str, run_id: str) -> RunFeed | None:

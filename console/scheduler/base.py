@@ -22,10 +22,13 @@ class Scheduler(ABC):
 
     @abstractmethod
     async def submit(self, config: Config, profile: Profile, pool: HostPool, *,
-                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
+                     force: bool = False, hooks: LaunchHooks | None = None,
+                     resume: str | None = None) -> Run:
         """Push what changed and start (or queue) the profile's run; its records as they are
         right after (`running`, or `pending` while a scheduler holds it). An active run of the
-        profile is refused unless force, or hooks.confirm says to start another."""
+        profile is refused unless force, or hooks.confirm says to start another. resume: the
+        id of an ended run of the profile to start again, in its own directory, with the
+        command's `--resume` (console/runs/service.py resume_run checks the command has one)."""
 
     @abstractmethod
     async def status(self, host: Host, run_id: str | None = None) -> list[RunRecord]:

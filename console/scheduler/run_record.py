@@ -78,6 +78,8 @@ class RunRecord:
     run_dir: str = ""
     error: str = ""            # why a `corrupt` record cannot be trusted
     refused: str = ""          # why `stop` signalled nothing (a `lost` run)
+    failure: str = ""          # why the command could not run (run.json `error`, written by
+    #                            the runner: `cannot run vllm: No such file or directory`)
     engine: bool = False       # an engine command: its stdout is events.jsonl
     argv: tuple[str, ...] = ()
     cwd: str = ""
@@ -112,6 +114,7 @@ class RunRecord:
             status=status, exit_code=d.get("exit_code"), start=d.get("start"), end=d.get("end"),
             node_rank=d.get("node_rank") or 0, nnodes=d.get("nnodes") or 1,
             run_dir=_text(d.get("run_dir")), refused=_text(d.get("refused")),
+            failure=_text(d.get("error")),
             engine=bool(d.get("engine")), argv=tuple(str(a) for a in d.get("argv") or []),
             cwd=_text(d.get("cwd")),
             env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},

@@ -164,8 +164,12 @@ class SlurmScheduler(Scheduler):
     # -- submit -----------------------------------------------------------------------------
 
     async def submit(self, config: Config, profile: Profile, pool: HostPool, *,
-                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
+                     force: bool = False, hooks: LaunchHooks | None = None,
+                     resume: str | None = None) -> Run:
         host = pool[profile.hosts[0]]
+        if resume is not None:
+            raise ConsoleError(f"{host.name}: resuming {resume} on a Slurm host is not "
+                               f"supported yet: launch {profile.name} with --resume in its run")
         opts = options_for(host.cfg, profile)
         await pool.ensure(host.name)
         if not force:  # early and friendly; the runner checks again under the profile lock

@@ -33,8 +33,10 @@ class SshScheduler(Scheduler):
     name = "ssh"
 
     async def submit(self, config: Config, profile: Profile, pool: HostPool, *,
-                     force: bool = False, hooks: LaunchHooks | None = None) -> Run:
-        return await launch_on_hosts(config, profile, pool, force=force, hooks=hooks)
+                     force: bool = False, hooks: LaunchHooks | None = None,
+                     resume: str | None = None) -> Run:
+        return await launch_on_hosts(config, profile, pool, force=force, hooks=hooks,
+                                     resume=resume)
 
     async def status(self, host: Host, run_id: str | None = None) -> list[RunRecord]:
         return await host_records(host, run_id)
@@ -44,8 +46,11 @@ class SshScheduler(Scheduler):
 
 
 async def launch_on_hosts(config: Config, profile: Profile, pool: HostPool, *,
-                          force: bool = False, hooks: LaunchHooks | None = None) -> Run:
-    """The plain-SSH launch: detached on every one of the profile's hosts, node 0 first."""
+                          force: bool = False, hooks: LaunchHooks | None = None,
+                          resume: str | None = None) -> Run:
+    """The plain-SSH launch: detached on every one of the profile's hosts, node 0 first.
+    resume: an ended run's id, started again under that id in its directory (its {run_dir}),
+    with `--resume` added to the command."""
     name = profile.name
     nodes = [pool[h] for h in profile.hosts]
     if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
@@ -59,12 +64,13 @@ async def launch_on_hosts(config: Config, profile: Profile, pool: HostPool, *,
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
             force = await start_anyway(name, busy, where, hooks)
     pushes = list(await asyncio.gather(*(push_for(config, profile, n, hooks) for n in nodes)))
-    run_id = new_run_id(name)
+    run_id = resume or new_run_id(name)
     rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
     # node 0 first: of two launches racing for one profile, the one that starts there wins and
     # the other is refused before it starts anything
-    first = await _start_node(profile, nodes[0], 0, run_id, rdzv, pushes[0], force)
-    starts = [_start_node(profile, nodes[rank], rank, run_id, rdzv, pushes[rank], force)
+    again = resume is not None
+    first = await _start_node(profile, nodes[0], 0, run_id, rdzv, pushes[0], force, again)
+    starts = [_start_node(profile, nodes[rank], rank, run_id, rdzv, pushes[rank], force, again)
               for rank in range(1, len(nodes))]
     results = [first, *await asyncio.gather(*starts, return_exceptions=True)]
     failed = [r for r in results if isinstance(r, BaseException)]
@@ -108,10 +114,12 @@ def _ssh_hostname(cfg: HostConfig) -> str | None:
 
 async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
                       rdzv: Rendezvous | None, report: PushReport,
-                      force: bool = False) -> dict[str, Any]:
+                      force: bool = False, resume: bool = False) -> dict[str, Any]:
     run_dir = posixpath.join(await runs_dir(host), run_id)
     argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv,
                                  run_dir=run_dir)
+    if resume and "--resume" not in argv:
+        argv.append("--resume")
     env = run_env(profile, host.cfg)
     env.setdefault("PYTHONUNBUFFERED", "1")
     spec = {
@@ -127,6 +135,8 @@ async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
     # without --force the runner refuses, under a per-profile lock held until the new run is
     # recorded, when the profile already runs there: two launches at once start one run
     args = ["start", run_dir] if force else ["start", run_dir, "--unless-running"]
+    if resume:   # the runner starts it again in its directory, only once it has ended
+        args.append("--resume")
     result = await runner(host, args, input=json.dumps(spec))
     return dict(result or {})
 

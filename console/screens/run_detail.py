@@ -176,8 +176,10 @@ class RunDetailScreen(Screen[None]):
             line += markup(" · [$warning]$notice[/]", notice=feed.notice)
         elif feed.following and rec.status == RunStatus.RUNNING:
             line += markup(" · [$success]live[/]")
-        if feed.progress.error:
-            line += markup("\n[$error]$error[/]", error=feed.progress.error)
+        # the engine's error event, else why the host's runner could not start the command
+        error = feed.progress.error or rec.failure
+        if error:
+            line += markup("\n[$error]$error[/]", error=error)
         self.query_one("#detail-title", Static).update(line)
 
     def action_close(self) -> None:

@@ -121,6 +121,9 @@ KEYS: list[Key] = [
     Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
         help="open the run under the cursor"),
     Key("r", "refresh", "Refresh", "runs", help="re-read the host's run registry"),
+    Key("R", "resume", "Resume", "runs", footer=False,
+        help="start the selected stopped or failed run again in its run directory with "
+             "--resume (engine train runs)"),
     Key("P", "prune", "Prune", "runs",
         help="forget the host's ended runs (asks first): their records and logs are deleted, "
              "files they wrote (out/) stay; nothing is signalled"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from console.runs.service import list_runs, stop_run
 from console.screens.compare import CompareScreen
 from tests.console.test_serve import standin_vllm, write_verifier  # noqa: F401 (a fixture)
 from tests.drafters import write_drafter
+from tests.paths import REPO
 from tests.runs_registry import fresh_snap_root, local_app, local_config
 from tests.vllm_metrics_standin import State, VllmMetricsStandin
 
@@ -116,6 +119,48 @@ async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcomman
     assert await asyncio.to_thread(cli_main, ["--config", str(cfg_path), "compare", "--json"]) == 0
     shown = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert [round(r["acceptance_length"], 3) for r in shown] == [3.4, 2.5]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("standin_vllm")
+async def test_provenance_names_the_run_and_step_of_exported_and_converted_drafters(
+        tmp_path: Path) -> None:
+    """RUN@STEP < SOURCE, from what `engine inspect` reports: a training export's run is its
+    run directory's name (not `out`); a converted drafter's comes from the training record
+    the conversion carried over (`origin`), never from its `source` dict."""
+    from engine.ckpt.drafter_save import save_drafter
+    from tests.drafters import random_state, tiny_config
+
+    verifier = write_verifier(tmp_path / "target")
+    public = tmp_path / "shelf" / "public-eagle3"
+    write_drafter(public, seed=1)
+    cfg = local_config(tmp_path / "host")
+    host = next(iter(cfg.hosts))
+    out = tmp_path / "host" / "runs" / "finetune-20261205-080000-ab12" / "out"
+    save_drafter(out / "final", tiny_config(), random_state(tiny_config(), 2),
+                 include_embed=False, provenance={  # what the trainer's export records
+                     "run": str(out), "step": 150, "held_out_tau": 3.1,
+                     "finetune": {"path": str(public), "format": "eagle",
+                                  "sha256": {"model.safetensors": "ab" * 32}}})
+    converted = tmp_path / "host" / "converted" / "finetune-step_150-vllm"
+    r = subprocess.run([sys.executable, "-m", "engine", "convert", str(out / "final"),
+                        str(converted), "--to", "vllm", "--verifier", str(verifier)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads((converted / "provenance.json").read_text())["source"], dict)
+    pool = HostPool(cfg)
+    try:
+        for port, ckpt in enumerate((public, out / "final", converted), start=18401):
+            await serve(cfg, host, ServeRequest(str(ckpt), str(verifier), port=port), pool)
+        for rec in await list_runs(pool[host]):
+            if rec.status == "running":
+                await stop_run(cfg, rec.id, pool, grace=2.0)
+    finally:
+        await pool.close()
+    by = {r.drafter: r.provenance for r in table()}
+    assert by[str(out / "final")] == "finetune-20261205-080000-ab12@150 < public-eagle3"
+    assert by[str(converted)] == "finetune-20261205-080000-ab12@150 < public-eagle3"
+    assert by[str(public)] == ""      # a downloaded drafter: its name says it all
 
 
 async def _until(pilot: Pilot[Any], cond: Any, timeout: float = 60.0) -> None:

@@ -198,7 +198,7 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
     from console.commands import follow as follow_cmd
     rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None, json=False), cfg)
     out, err = capsys.readouterr()
-    assert rc == 0
+    assert rc == 1      # the run failed: follow says so to a script too
     assert out.splitlines() == [f"tick {i}" for i in range(5)]
     assert f"run {run.id} failed, exit 2" in err
 
@@ -220,3 +220,28 @@ async def test_batches_are_lazy_and_containing_finds_metrics(tmp_path: Path) -> 
     assert [ln for ln in everything if any(m in ln.text for m in MARKERS)] == hits
     assert everything[3] == Line(len("INFO request 0\r\n") * 3, "INFO request 3")
     assert batch[-1].text == "bad \ufffd metrics: x" and batch[-2:][0].text == "tail"
+
+
+def test_logs_metrics_lines_counts_the_lines_shown(sshd: SSHD, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    spec = VLLM.splitlines()[2]
+    log = tmp_path / "vllm.log"      # six metrics lines, then a long stretch of requests
+    log.write_text("".join(spec.replace("2.84", f"2.{i}") + "\n" for i in range(6))
+                   + "".join(f"INFO request {i}\n" for i in range(200)))
+    plain = tmp_path / "plain.log"
+    plain.write_text("".join(f"INFO request {i}\n" for i in range(50)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[hosts.gpu]\nssh = "{sshd.target}"\npython = "{sys.executable}"\n'
+                   f'known_hosts = "{sshd.known_hosts}"\nidentity = "{sshd.user_key}"\n')
+    assert cli_main(["--config", str(cfg), "logs", "gpu", str(log), "--metrics",
+                     "--lines", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split("accept len ")[1].split()[0] for ln in out] == ["2.2", "2.3", "2.4", "2.5"]
+    assert cli_main(["--config", str(cfg), "logs", "gpu", str(log), "--metrics", "--json",
+                     "-n", "2"]) == 0
+    recs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["mean_acceptance_length"] for r in recs] == [2.4, 2.5]
+    assert cli_main(["--config", str(cfg), "logs", "gpu", str(plain), "--metrics",
+                     "--lines", "4"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"-- no vLLM metrics lines in gpu:{plain}"

@@ -167,7 +167,6 @@ async def test_a_run_without_metrics_gets_no_plots(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
         screen = app.screen
         assert isinstance(screen, RunDetailScreen)
-        await wait_for(pilot, lambda: screen.feed.finished)
         screen.refresh_view(force=True)
         await pilot.pause()
         assert not screen.query_one("#detail-plots").display
@@ -175,3 +174,37 @@ async def test_a_run_without_metrics_gets_no_plots(tmp_path: Path) -> None:
         tail = screen.query_one(LogTail)
         assert tail.size.height >= 20                  # the log has the plots' room
         assert "epoch 29 done" in tail.render().plain
+
+
+async def test_a_run_that_could_not_start_shows_why(tmp_path: Path) -> None:
+    """run.json's `error` (the runner could not start the command) is in run detail's title,
+    not only `failed (exit 127)` over an empty log."""
+    from console.errors import ConsoleError
+    from console.hosts.host import HostPool
+    from console.runs.service import launch, list_runs
+    from console.runs.watch import RunFeed
+    from console.settings.config import Profile
+
+    cfg = local_config(tmp_path / "root")
+    cfg.profiles["vllm-gone"] = Profile(name="vllm-gone", hosts=["local"],
+                                        run="/opt/no-venv/bin/vllm serve /models/x")
+    pool = HostPool(cfg)
+    try:
+        with pytest.raises(ConsoleError, match="cannot run /opt/no-venv/bin/vllm"):
+            await launch(cfg, "vllm-gone", pool)
+        (rec,) = [r for r in await list_runs(await pool.ensure("local"))
+                  if r.profile == "vllm-gone"]
+    finally:
+        await pool.close()
+    app = local_app(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = RunDetailScreen(RunFeed(await app.pool.ensure("local"), rec))
+        await app.push_screen(screen)
+        await wait_for(pilot, lambda: app.screen is screen)
+        title = screen.query_one("#detail-title", Static)
+        screen.refresh_view(force=True)
+        await pilot.pause()
+        text = str(title.render())
+        assert "failed (exit 127)" in text
+        assert "cannot run /opt/no-venv/bin/vllm: No such file or directory" in text

@@ -271,3 +271,26 @@ def test_combined_status() -> None:
     assert combined_status([RunStatus("stopped"), RunStatus("failed")]) == "stopped"
     assert combined_status([RunStatus("succeeded"), RunStatus("succeeded")]) == "succeeded"
     assert combined_status([RunStatus("lost"), RunStatus("succeeded")]) == "lost"
+
+
+def test_runs_columns_stay_in_line_with_a_long_profile_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.runs_registry import recorded_events, write_run
+
+    long = "serve_converted_finetune_step_150_vllm_style"
+    write_run(tmp_path, "finetune-20261205-120000-ab12", recorded_events()[:5],
+              status="succeeded", start=1.0, end=2.0, exit_code=0, train_json=False)
+    write_run(tmp_path, f"{long}-20261205-120500-cd34", recorded_events()[:5],
+              status="failed", start=3.0, end=4.0, exit_code=1, train_json=False)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "runs", "local"]) == 0
+    head, *rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 and rows[0].split()[1] == long
+    for col, words in (("STATUS", ("failed", "succeeded")), ("EXIT", ("1", "0"))):
+        at = head.index(col)
+        for row, word in zip(rows, words, strict=True):
+            if col == "EXIT":     # right-aligned under its header
+                assert row[at:at + 4].strip() == word, (head, row)
+            else:
+                assert row[at:].startswith(word), (head, row)

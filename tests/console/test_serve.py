@@ -568,3 +568,43 @@ def test_eagle31_flag_vllm_does_not_read_is_a_warning() -> None:
     top = {**drafter, "norm_output": True, "eagle_config": {}}
     fields = {f.field: f for f in compare_served(asked, top, log, models)}
     assert fields["norm_output"].status == NOT_SHOWN
+
+
+@pytest.mark.slow
+async def test_a_refused_serve_stays_on_screen_until_dismissed(tmp_path: Path) -> None:
+    """The refusal (here: the host's vllm is not there) is not replaced by the inspect report
+    when the pane rescans; moving to another checkpoint, or `i`, puts it away."""
+    from textual.widgets import Input
+
+    from console.screens.serve_dialog import ServeDialog
+    from console.widgets.inspect_view import InspectView
+    from tests.console.test_checkpoints_pane import SIZE, checkpoints_tree, open_pane
+    from tests.replay import FrozenClock
+    from tests.runs_registry import local_app, local_config
+    from tests.waiting import wait_for
+
+    shelf = checkpoints_tree(tmp_path)
+    verifier = write_verifier(tmp_path / "target")
+    app = local_app(local_config(tmp_path / "host", checkpoints=[str(shelf)],
+                                 vllm=str(tmp_path / "no-venv" / "bin" / "vllm")),
+                    FrozenClock(time.time()))
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await open_pane(pilot)
+        view = pane.query_one(InspectView)
+        await wait_for(pilot, lambda: view.report is not None)
+        first = view.heading
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
+        app.screen.query_one("#serve-verifier", Input).value = str(verifier)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: view.error is not None, timeout=60)
+        assert view.error.startswith("serve refused: ") and "cannot run" in view.error
+        scans = pane.scans
+        pane.action_refresh()                      # what the pane does every few seconds
+        await wait_for(pilot, lambda: pane.scans > scans)
+        await pilot.pause(1.0)                     # longer than the inspect delay
+        assert view.error is not None and "cannot run" in view.error and view.report is None
+        await pilot.press("i")                     # dismissed: the report again
+        await wait_for(pilot, lambda: view.report is not None and view.error is None)
+        assert view.heading == first
+
