@@ -16,7 +16,6 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
-from console.hosts.host import HostState
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
@@ -74,9 +73,10 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         hosts = self.query_one(HostList)
         hosts.index = self.host_names.index(self.selected)
-        for name, state in services(self).pool.state.items():
-            hosts.show_state(name, state)  # states set before this screen existed
+        self._show_states()  # states set before this screen existed
         self._select(self.selected)
+        # a silent host's "no answer for N s" counts up without a state change
+        self.set_interval(1.0, self._show_states)
         # keys go to the pane on screen from the start (hosts switch with [ and ]), not to the
         # hosts list, which is hidden on a narrow screen
         self.call_after_refresh(self._focus_shown_pane)
@@ -86,9 +86,16 @@ class MainScreen(Screen):
             self._select(message.host)
 
     def on_host_state_changed(self, message: HostStateChanged) -> None:
-        self.query_one(HostList).show_state(message.host, message.state)
+        self.query_one(HostList).show_state(message.host, services(self).pool.view(message.host))
         if message.host == self.selected:
             self._title()
+
+    def _show_states(self) -> None:
+        """Every host's state in the list and the header, from the pool's one view of it."""
+        pool, hosts = services(self).pool, self.query_one(HostList)
+        for name in self.host_names:
+            hosts.show_state(name, pool.view(name))
+        self._title()
 
     def action_cycle_host(self, step: int) -> None:
         """`[` / `]`: the previous / next host, in the hosts list's order (wrapping)."""
@@ -124,5 +131,6 @@ class MainScreen(Screen):
 
     def _title(self) -> None:
         """The header's host line: `gpu1 ● connected` (all a narrow screen has of the list)."""
-        state = services(self).pool.state.get(self.selected, HostState.IDLE)
-        self.sub_title = f"{self.selected} {state_text(state)}"
+        title = f"{self.selected} {state_text(services(self).pool.view(self.selected))}"
+        if title != self.sub_title:
+            self.sub_title = title
