@@ -145,6 +145,39 @@ def _assert_at_end(pane: LogsPane, last: str) -> None:
     assert _bottom_row(view) == last[:view.size.width].rstrip()  # lines are cut, not wrapped
 
 
+async def test_a_long_metrics_line_is_read_whole_by_panning(tmp_path: Path) -> None:
+    """At 120 columns a `SpecDecoding metrics` line (230 characters) was cut at `Mean
+    acceptan`: right pans half a screen at a time until its last figure shows, left back."""
+    app, log = _app(tmp_path)
+    last = [ln for ln in log.read_text().splitlines() if "SpecDecoding metrics" in ln][-1]
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await _open_logs(pilot, N_LINES)
+        await pilot.press("slash", *"SpecDecoding", "enter")
+        pane.redraw(force=True)
+        await pilot.pause()
+        view = pane.query_one(LogView)
+        width = view.size.width
+        assert len(last) > width + 100 and view.model.at(view.model.visible() - 1).text == last
+        shown = [_bottom_row(view)]
+        while view.scroll_offset.x + width < len(last):
+            before = view.scroll_offset.x
+            await pilot.press("right")
+            await pilot.pause()
+            assert view.scroll_offset.x > before, "right did not pan"
+            x = view.scroll_offset.x
+            assert _bottom_row(view) == last[x:x + width].rstrip()
+            shown.append(_bottom_row(view))
+        assert "Mean acceptance length: " in "".join(shown)
+        pane.redraw()
+        assert f"from column {view.scroll_offset.x + 1} (← →)" in \
+            pane.query_one(StatusLine).plain
+        assert _bottom_row(view).endswith("Avg Draft acceptance rate: " +
+                                          last.rsplit(": ", 1)[1])
+        await pilot.press(*["left"] * -(-view.scroll_offset.x // (width // 2)))
+        await pilot.pause()
+        assert view.scroll_offset.x == 0 and _bottom_row(view) == last[:width].rstrip()
+
+
 async def test_following_opens_on_the_newest_lines(tmp_path: Path) -> None:
     """`4` on a host with a long log: the view shows its end, not line 1."""
     app, log = _app(tmp_path)
