@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Static
+from textual.widgets import ProgressBar, Static
 
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
@@ -165,10 +165,10 @@ async def _open_plain_run(pilot: Pilot[Any]) -> RunDetailScreen:
     return screen
 
 
-def _plain_run(root: Path, output: str) -> None:
+def _plain_run(root: Path, output: str, status: str = "succeeded", exit_code: int = 0) -> None:
     """A plain `python3 train.py` run (no events) whose output.log holds `output`."""
-    run_dir = write_run(root, "script-20261130-100000-aaaa", [], status="succeeded",
-                        start=time.time() - 60, end=time.time(), exit_code=0,
+    run_dir = write_run(root, "script-20261130-100000-aaaa", [], status=status,
+                        start=time.time() - 60, end=time.time(), exit_code=exit_code,
                         train_json=False)
     rec = json.loads((run_dir / "run.json").read_text())
     rec.update(engine=False, argv=["python3", "train.py"], stdout="output.log")
@@ -208,3 +208,20 @@ async def test_a_long_log_line_wraps_in_run_detail(tmp_path: Path) -> None:
         assert rows[-1].endswith("Avg Draft acceptance rate: 60.1%") or \
             rows[-1].endswith(line.rsplit(" ", 1)[1]), rows
         assert "step 39" in rows                       # the lines before it, as fit
+
+
+@pytest.mark.parametrize("status,code,full", [("failed", 127, False), ("stopped", -15, False),
+                                              ("succeeded", 0, True)])
+async def test_a_run_that_ended_before_any_step_shows_no_full_bar(
+        tmp_path: Path, status: str, code: int, full: bool) -> None:
+    """No steps reported: a failed (or stopped) run showed a full 100% bar; it shows none. A
+    script that succeeded without reporting steps is done: its bar is full."""
+    _plain_run(tmp_path, "cannot run vllm: No such file or directory\n", status, code)
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open_plain_run(pilot)
+        bar = screen.query_one("#detail-bar", ProgressBar)
+        shown = bar.display and bar.percentage is not None and bar.percentage > 0
+        assert shown == full, (status, bar.display, bar.percentage)
+        if full:
+            assert bar.percentage == 1.0
