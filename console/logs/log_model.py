@@ -193,6 +193,13 @@ class LogModel:
         self.total = self.errors = self.widest = 0
         self.version += 1
 
+    def new_series(self) -> None:
+        """The log restarted (truncated: a new server writes it from byte 0): the charts start
+        again from its lines, not on from the old server's figures; the text stays."""
+        self.engine.clear()
+        self.spec.clear()
+        self.version += 1
+
     # -- positions ------------------------------------------------------------------------------
     @property
     def first_seq(self) -> int:

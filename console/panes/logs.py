@@ -141,6 +141,8 @@ class LogsPane(ShownTimers, Vertical):
 
     def _on_notice(self, kind: str, detail: str) -> None:
         self.notice = f"{kind}: {detail}" if kind != "reconnected" else ""
+        if kind == "truncated":   # a restarted server: its figures are a new series
+            self.model.new_series()
 
     # -- vLLM /metrics ----------------------------------------------------------------------------
     def _watch_metrics(self, url: str | None) -> None:

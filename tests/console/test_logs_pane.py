@@ -19,6 +19,7 @@ from console.logs.follow import Line, LogFollower
 from console.logs.log_model import CONTROL, MAX_LINES, LogModel
 from console.panes import logs as logs_pane
 from console.panes.logs import FLOOD_REDRAW_S, REDRAW_S, LogsPane
+from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine
 from tests.replay import FIXTURES, fleet_app
@@ -110,6 +111,28 @@ async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None
         await pilot.pause()
         assert view.following and view.scroll_offset.y == view.max_scroll_y
         assert pane.model.at(view.cursor).text == "line 199"  # type: ignore[union-attr]
+
+
+async def test_a_truncated_log_starts_new_charts(tmp_path: Path) -> None:
+    """vLLM restarted and its log was truncated: the charts went on from the old server's 60
+    figures; they start a new series from the new server's lines (the text stays)."""
+    app, log = _app(tmp_path)
+    spec = [ln for ln in SERVER_LOG.read_text().splitlines() if "SpecDecoding metrics" in ln][0]
+    new = spec.replace("Mean acceptance length: 2.80", "Mean acceptance length: 1.25")
+    assert new != spec
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await _open_logs(pilot, N_LINES)
+        m = pane.model
+        assert len(m.spec) == 60 and len(m.engine) == 60
+        log.write_text("(APIServer pid=4242) INFO vLLM starting again\n" + new + "\n")
+        await _wait(lambda: "truncated" in pane.notice and m.total >= N_LINES + 2)
+        assert [s.mean_acceptance_length for s in m.spec] == [1.25] and not m.engine
+        pane.redraw(force=True)
+        await pilot.pause()
+        charts = pane.query_one(LogCharts)
+        text = "\n".join(line.plain for line in charts.lines())
+        assert "1.25" in text and "2.80" not in text, text
+        assert m.total == N_LINES + 2                  # the old text is still there to read
 
 
 # -- following shows the newest lines ------------------------------------------------------
