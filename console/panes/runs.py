@@ -6,7 +6,9 @@
     x      stop the selected run (asks first): SIGTERM to its process group, SIGKILL later
     P      forget the host's ended runs (asks first): their records and logs are deleted; files
            they wrote (out/), running and queued runs stay; nothing is signalled
-    enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py)
+    enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py);
+           on a profile, its newest run
+    tab    the other table (profiles / runs): focus stays in the pane
     r      re-read the host's run registry (it is re-read every few seconds anyway)
 
 No I/O here and no decisions: a RunsModel (console/runs/model.py) holds the records, the feeds
@@ -418,6 +420,11 @@ class RunsPane(ShownTimers, Vertical):
             return
         feed = self.model.feed(self._host(self.host), rec)
         self.post_message(OpenRun(feed))  # the main screen shows it (screens/run_detail.py)
+
+    def action_next_table(self) -> None:
+        """tab: the profiles table, the runs table, and back; focus stays in the pane."""
+        profiles, runs = self.query_one(ProfileTable), self.query_one(RunTable)
+        (profiles if self.screen.focused is runs else runs).focus()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if isinstance(event.data_table, ProfileTable):

@@ -118,12 +118,17 @@ KEYS: list[Key] = [
         help="stop the selected run (SIGTERM to its process group, SIGKILL later)"),
     Key("enter", "open", "Open run", "runs",
         help="open the run (on a profile: its newest run)"),
-    # the focused table's enter is the one the footer shows (once: one key, one label)
-    Key("enter", "select_cursor", "Open run", "runs", on="ProfileTable", palette=False,
+    # the focused table's enter is the one the footer shows (once: one key, one label); on a
+    # profile it says what it opens, so the footer tells the two tables apart
+    Key("enter", "select_cursor", "Newest run", "runs", on="ProfileTable", palette=False,
         help="open the profile's newest run"),
     Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
         help="open the run under the cursor"),
     Key("r", "refresh", "Refresh", "runs", help="re-read the host's run registry"),
+    # tab stays in the pane (it left for the hosts list and the tabs, whose footer has only
+    # q and ?): the profiles table, the runs table, and back
+    Key("tab", "next_table", "Other table", "runs", footer=False, palette=False,
+        help="the other table: profiles / runs (enter opens what its cursor is on)"),
     Key("P", "prune", "Prune", "runs",
         help="forget the host's ended runs (asks first): their records and logs are deleted, "
              "files they wrote (out/) stay; nothing is signalled"),
@@ -177,5 +182,5 @@ def key_display(keys: str) -> str:
     """`question_mark` -> `?`, `up,k` -> `up k`: keys as help shows them."""
     names = {"question_mark": "?", "escape": "esc", "slash": "/", "pageup": "pgup",
              "left_square_bracket": "[", "right_square_bracket": "]",
-             "pagedown": "pgdn"}
+             "pagedown": "pgdn", "left": "←", "right": "→"}
     return " ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))

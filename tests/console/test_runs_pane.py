@@ -527,3 +527,38 @@ async def test_runs_say_listing_until_the_first_read_is_in(tmp_path: Path) -> No
         await pilot.pause()
         assert "listing runs…" in first and "0 runs" not in first, first
         assert "2 runs, 1 running" in str(status.render()), status.render()
+
+
+async def test_tab_moves_between_the_tables_and_enter_opens_the_row_under_the_cursor() -> None:
+    """Tab, a row, enter: that run opens (the footer says `Open run` there, `Newest run` on a
+    profile); a second Tab goes back to the profiles, not out of the pane to the hosts list
+    or the tabs, where the footer had only q and ?."""
+    from textual.widgets._footer import FooterKey
+
+    from console.widgets.footer import Footer
+
+    root, clock = two_runs("tab-focus")
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await show_runs(pilot, len(upto_step(recorded_events(), 60)))
+
+        def keys() -> set[str]:
+            return {str(k.description) for k in app.screen.query_one(Footer).query(FooterKey)
+                    if k.display}
+
+        profiles, runs = app.screen.query_one(ProfileTable), app.screen.query_one(RunTable)
+        assert app.focused is profiles and "Newest run" in keys()
+        await pilot.press("tab")
+        assert app.focused is runs and "Open run" in keys()
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        assert app.screen.feed.run_id == FINISHED   # the row under the cursor, not the newest
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
+        assert app.focused is runs
+        await pilot.press("tab")
+        await pilot.pause()
+        assert app.focused is profiles, app.focused
+        assert {"Push", "Launch", "Stop run", "Refresh"} <= keys(), keys()
+        await pilot.press("tab")
+        assert app.focused is runs and {"Push", "Launch", "Open run"} <= keys(), keys()
