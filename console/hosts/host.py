@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from console.errors import TransportError
+from console.errors import HostKeyUnknown, TransportError
 from console.settings.config import Config, HostConfig
 from console.transport import CommandResult, FileStat, Transport, open_transport
 
@@ -47,6 +47,8 @@ class HostView:
     state: HostState
     silent_s: float | None
     detail: str
+    #: failed because its key is not in known_hosts: the key's fingerprint (`K` trusts it)
+    unknown_key: str | None = None
 
 
 class Host:
@@ -117,6 +119,7 @@ class HostPool:
         self.state = {name: HostState.IDLE for name in config.hosts}
         self.detail = {name: "" for name in config.hosts}
         self.answered: dict[str, float | None] = {name: None for name in config.hosts}
+        self.unknown_key: dict[str, str | None] = {name: None for name in config.hosts}
         self.on_state = on_state
         self.clock = clock
 
@@ -147,7 +150,8 @@ class HostPool:
         age = None if t is None else self.clock() - t
         silent = age if age is not None and age >= SILENT_S and state in (
             HostState.CONNECTED, HostState.RECONNECTING, HostState.FAILED) else None
-        return HostView(state, silent, self.detail.get(name, ""))
+        key = self.unknown_key.get(name) if state is HostState.FAILED else None
+        return HostView(state, silent, self.detail.get(name, ""), key)
 
     async def ensure(self, name: str) -> Host:
         """Connected host, or raise after setting FAILED with the reason. A host the monitor
@@ -164,8 +168,10 @@ class HostPool:
         try:
             await host.connect()
         except TransportError as e:
+            self.unknown_key[name] = e.fingerprint if isinstance(e, HostKeyUnknown) else None
             self.set_state(name, HostState.FAILED, str(e))
             raise
+        self.unknown_key[name] = None
         self.heard(name)
         self.set_state(name, HostState.CONNECTED)
         return host

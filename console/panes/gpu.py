@@ -20,7 +20,7 @@ from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.gpu_detail import GpuDetail
 from console.widgets.gpu_table import GpuRow, GpuTable
-from console.widgets.host_list import state_text
+from console.widgets.host_list import TRUST_HINT, state_text
 from console.widgets.host_strip import HostStrip
 from console.widgets.meters import fmt_age
 from console.widgets.process_table import ProcessTable
@@ -51,6 +51,8 @@ def status_parts(mon: HostMonitor, now: float,
         if down is not None:
             retry = " (retrying)" if down.state is HostState.FAILED else ""
             state, detail = state_text(down) + retry, down.detail or mon.detail
+            if down.unknown_key is not None:   # retrying cannot help: say what does
+                state, detail = state_text(down), f"{down.unknown_key} · {TRUST_HINT}"
         parts += [(state, "alert"), (f"  · last data {age}" if s else "", "stale"),
                   (f" · {detail}", "label")]
         return parts
@@ -74,13 +76,15 @@ def status_parts(mon: HostMonitor, now: float,
     return parts
 
 
-def no_data(mon: HostMonitor, failed: str | None) -> tuple[str, str] | None:
+def no_data(mon: HostMonitor, view: HostView) -> tuple[str, str] | None:
     """Why a host has no samples to show (None: the first is on its way): its state and its
     error. Its connection failed (the pool's error) or its monitor lost it (the monitor's)."""
     if mon.sample is not None:
         return None
-    if failed is not None:
-        return ("✖ failed, retrying", failed)
+    if view.unknown_key is not None:
+        return (f"{state_text(view)} {view.unknown_key}", TRUST_HINT)
+    if view.state is HostState.FAILED:
+        return ("✖ failed, retrying", view.detail)
     if mon.state is MonitorState.RECONNECTING:
         return ("◌ unreachable, retrying", mon.detail or "no answer")
     return None
@@ -130,7 +134,6 @@ class GpuPane(ShownTimers, Vertical):
         mon: HostMonitor = services(self).monitors[self.host]
         now: float = services(self).clock()
         view = services(self).pool.view(self.host)
-        failed = view.detail if view.state is HostState.FAILED else None
         key = (self.host, mon.version, int(now), mon.state, view)
         if key == self._drawn and not force:
             return
@@ -140,7 +143,7 @@ class GpuPane(ShownTimers, Vertical):
         self.set_class(down, "-down")
         self.query_one(StatusLine).show(status_parts(mon, now, view))
         s = mon.sample
-        why = no_data(mon, failed)
+        why = no_data(mon, view)
         self.query_one(HostStrip).show(s.host if s else None, s.host_reason if s else
                                        why and f"no data ({why[0]})", down)
         rows = gpu_rows(mon, now)

@@ -73,6 +73,9 @@ KEYS: list[Key] = [
         help="switch host: the previous one (in the hosts list's order)"),
     Key("right_square_bracket", "cycle_host(1)", "Next host", "main", footer=False,
         palette=False, help="switch host: the next one"),
+    Key("K", "trust_host", "Trust host key", "main", footer=False,
+        help="trust the selected host's SSH key: shows its fingerprint, asks, then adds it to "
+             "known_hosts (as `eagle3-console trust`)"),
     Key("shift+tab", "", "Hosts", "main", bound=False,
         help="focus the Hosts list (or click a host there)"),
     Key("tab", "", "Next", "main", bound=False, help="next widget"),

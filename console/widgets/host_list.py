@@ -20,9 +20,15 @@ _MARK = {
 }
 
 
+#: what to do about an unknown host key (console/screens/main.py's K, the palette's command)
+TRUST_HINT = "K (or ctrl+p: Trust host key) shows it and trusts it once you say yes"
+
+
 def state_word(view: HostView) -> str:
     """`connected`, `no answer for 50 s`, `failed, no answer for 2 min`: the state, or how long
     a host that answered before has been silent (whatever the link underneath is doing)."""
+    if view.unknown_key is not None:
+        return "unknown host key"
     if view.silent_s is None:
         return view.state.value
     silent = f"no answer for {fmt_span(view.silent_s)}"
