@@ -192,6 +192,7 @@ async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -
         proc.wait()
 
 
+@pytest.mark.slow   # 14 s of a frozen host: past the monitor's 10 s stall
 @pytest.mark.sshd
 async def test_a_frozen_host_reads_one_state_with_the_age_of_its_last_answer(
         sshd: SSHD, tmp_path: Path) -> None:
