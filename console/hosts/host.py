@@ -141,7 +141,9 @@ class HostPool:
             self.on_state(name, state, detail)
 
     def heard(self, name: str, t: float | None = None) -> None:
-        """The host answered (a monitor sample, a connection made) at t (default: now)."""
+        """The host answered (a monitor sample, a connection made) at t (default: now). Only
+        a host whose monitor has sent a sample is expected to answer all the time: one that
+        was only connected (a stop, a launch) never reads "no answer"."""
         self.answered[name] = self.clock() if t is None else t
 
     def view(self, name: str) -> HostView:
@@ -172,7 +174,8 @@ class HostPool:
             self.set_state(name, HostState.FAILED, str(e))
             raise
         self.unknown_key[name] = None
-        self.heard(name)
+        if self.answered[name] is not None:   # monitored (console/monitor): this answered too
+            self.heard(name)
         self.set_state(name, HostState.CONNECTED)
         return host
 

@@ -72,6 +72,29 @@ async def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> No
     assert seen == [("local", HostState.RECONNECTING), ("local", HostState.CONNECTED)]
 
 
+async def test_only_a_monitored_host_reads_no_answer(tmp_path: Path) -> None:
+    """A host connected for a launch or a stop, whose monitor never ran, is not expected to
+    answer every second: it stays `connected`; one whose monitor sent samples and then went
+    quiet for 5 s reads `no answer for N s`."""
+    from console.hosts.host import HostPool
+    from console.monitor.record import Sample
+    from console.monitor.service import MonitorHub
+    from console.widgets.host_list import state_text
+    from tests.replay import FrozenClock
+
+    clock = FrozenClock(1000.0)
+    pool = HostPool(Config(hosts={"local": local_host()}), clock=clock)
+    await pool.ensure("local")
+    clock.t += 600
+    assert state_text(pool.view("local")) == "● connected"
+    hub = MonitorHub(pool, autostart=False, clock=clock)
+    hub.ingest("local", Sample(t=clock.t, interval=1.0, source="engine", gpus=()))
+    clock.t += 4
+    assert state_text(pool.view("local")) == "● connected"
+    clock.t += 46
+    assert state_text(pool.view("local")) == "◌ no answer for 50 s"
+
+
 def _closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     with socket.socket() as s:
