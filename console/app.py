@@ -44,7 +44,7 @@ class Eagle3App(App):
         super().__init__()
         self.config = config
         self.clock = clock  # every pane takes "now" from here (tests freeze it)
-        self.pool = HostPool(config, on_state=self._on_host_state)
+        self.pool = HostPool(config, on_state=self._on_host_state, clock=clock)
         self.monitors = monitors or MonitorHub(self.pool, clock=clock)
         names = list(config.hosts)
         self.initial_host = host if host in config.hosts else names[0]

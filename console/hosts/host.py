@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import posixpath
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from console.errors import TransportError
+from console.errors import HostKeyUnknown, TransportError
 from console.settings.config import Config, HostConfig
 from console.transport import CommandResult, FileStat, Transport, open_transport
 
@@ -30,6 +32,23 @@ class HostState(enum.Enum):
     CONNECTED = "connected"
     RECONNECTING = "reconnecting"
     FAILED = "failed"
+
+
+#: a host that answered before and has said nothing for this long reads "no answer for N s"
+#: (its monitor sends a sample every second or two)
+SILENT_S = 5.0
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What the header, the hosts list and the panes say about a host: its state and, when it
+    has answered before and has been silent for SILENT_S, for how long (`silent_s`)."""
+
+    state: HostState
+    silent_s: float | None
+    detail: str
+    #: failed because its key is not in known_hosts: the key's fingerprint (`K` trusts it)
+    unknown_key: str | None = None
 
 
 class Host:
@@ -86,15 +105,23 @@ class Host:
 
 class HostPool:
     """Every configured host, connected on demand (`ensure`), with an optional state callback
-    (the app's hosts list). `async with HostPool(config) as pool:` closes what it opened."""
+    (the app's hosts list). `async with HostPool(config) as pool:` closes what it opened.
+
+    The one place a host's state is kept: the connection (`ensure`), the monitor's stream
+    (console/monitor/service.py) and the time of the host's last answer (`heard`) meet here,
+    and `view` is what every widget shows."""
 
     def __init__(self, config: Config,
-                 on_state: Callable[[str, HostState, str], None] | None = None) -> None:
+                 on_state: Callable[[str, HostState, str], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.hosts = {name: Host(cfg) for name, cfg in config.hosts.items()}
         self.state = {name: HostState.IDLE for name in config.hosts}
         self.detail = {name: "" for name in config.hosts}
+        self.answered: dict[str, float | None] = {name: None for name in config.hosts}
+        self.unknown_key: dict[str, str | None] = {name: None for name in config.hosts}
         self.on_state = on_state
+        self.clock = clock
 
     def __getitem__(self, name: str) -> Host:
         """The host, not connected yet; ConfigError naming the configured ones if unknown."""
@@ -113,12 +140,29 @@ class HostPool:
         if self.on_state is not None:
             self.on_state(name, state, detail)
 
+    def heard(self, name: str, t: float | None = None) -> None:
+        """The host answered (a monitor sample, a connection made) at t (default: now). Only
+        a host whose monitor has sent a sample is expected to answer all the time: one that
+        was only connected (a stop, a launch) never reads "no answer"."""
+        self.answered[name] = self.clock() if t is None else t
+
+    def view(self, name: str) -> HostView:
+        """The host's state, and how long it has been silent when that is over SILENT_S."""
+        state, t = self.state.get(name, HostState.IDLE), self.answered.get(name)
+        age = None if t is None else self.clock() - t
+        silent = age if age is not None and age >= SILENT_S and state in (
+            HostState.CONNECTED, HostState.RECONNECTING, HostState.FAILED) else None
+        key = self.unknown_key.get(name) if state is HostState.FAILED else None
+        return HostView(state, silent, self.detail.get(name, ""), key)
+
     async def ensure(self, name: str) -> Host:
-        """Connected host, or raise after setting FAILED with the reason."""
+        """Connected host, or raise after setting FAILED with the reason. A host the monitor
+        found silent stays RECONNECTING while its link is still up: its next sample, not this,
+        says it answers again (a frozen host's link stays up for a minute)."""
         host = self[name]
         if host.transport.connected:
-            if self.state[name] is not HostState.CONNECTED:  # local: connected from the start
-                self.set_state(name, HostState.CONNECTED)
+            if self.state[name] in (HostState.IDLE, HostState.CONNECTING, HostState.FAILED):
+                self.set_state(name, HostState.CONNECTED)  # local: connected from the start
             return host
         was = self.state[name]
         self.set_state(name, HostState.RECONNECTING if was is HostState.CONNECTED
@@ -126,8 +170,12 @@ class HostPool:
         try:
             await host.connect()
         except TransportError as e:
+            self.unknown_key[name] = e.fingerprint if isinstance(e, HostKeyUnknown) else None
             self.set_state(name, HostState.FAILED, str(e))
             raise
+        self.unknown_key[name] = None
+        if self.answered[name] is not None:   # monitored (console/monitor): this answered too
+            self.heard(name)
         self.set_state(name, HostState.CONNECTED)
         return host
 

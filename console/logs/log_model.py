@@ -140,6 +140,7 @@ class LogModel:
         self.query = ""
         self._query_lower = ""
         self.matches: deque[int] = deque(maxlen=max_lines)  # seqs of lines matching the query
+        self.widest = 0                 # the longest line's length: how far the view pans
         self.version = 0                # bumps per batch: the pane redraws at most once a tick
 
     # -- input ----------------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class LogModel:
                                 lines_containing(blob.lower(), [self._query_lower]))
         self._texts.extend(texts)
         self._offsets.extend(offsets)
+        self.widest = max(self.widest, max(map(len, texts), default=0))
         self.next_seq += len(texts)
         self.total += len(texts)
         first = self.first_seq
@@ -188,7 +190,14 @@ class LogModel:
                   self.matches):
             d.clear()
         self._levels.clear()
-        self.total = self.errors = 0
+        self.total = self.errors = self.widest = 0
+        self.version += 1
+
+    def new_series(self) -> None:
+        """The log restarted (truncated: a new server writes it from byte 0): the charts start
+        again from its lines, not on from the old server's figures; the text stays."""
+        self.engine.clear()
+        self.spec.clear()
         self.version += 1
 
     # -- positions ------------------------------------------------------------------------------

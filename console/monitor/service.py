@@ -92,7 +92,7 @@ class HostMonitor:
             for k, dq in self.history.items():
                 self.history[k] = deque(dq, maxlen=self._maxlen(sample.interval))
         self.sample, self.received = sample, now
-        self.state = MonitorState.LIVE
+        came_back, self.state = self.state is not MonitorState.LIVE, MonitorState.LIVE
         seen = set()
         for g in sample.gpus:
             seen.add(g.index)
@@ -113,6 +113,8 @@ class HostMonitor:
             mem = h.mem_used / h.mem_total if h.mem_used is not None and h.mem_total else None
             self.host_history.append(HostPoint(now, h.cpu_avg, mem))
         self.version += 1
+        if came_back and self.on_state is not None:   # the host pool's state follows it
+            self.on_state(self.name, self.state, self.detail)
 
     def set_state(self, state: MonitorState, detail: str = "") -> None:
         if (state, detail) != (self.state, self.detail):
@@ -172,7 +174,10 @@ class MonitorHub:
             self.watch(name)
 
     def ingest(self, name: str, sample: Sample) -> None:
-        self.monitors[name].ingest(sample, self.clock())
+        now = self.clock()
+        self.monitors[name].ingest(sample, now)
+        if name in self.pool.answered:
+            self.pool.heard(name, now)   # the host's age of last answer is this
 
     def ingest_line(self, name: str, line: str) -> bool:
         """Feed one line of the agent's output; True when it was a sample."""

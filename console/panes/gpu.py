@@ -13,13 +13,14 @@ from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Vertical
 
-from console.hosts.host import HostState
+from console.hosts.host import HostState, HostView
 from console.monitor.service import HostMonitor, MonitorState
 from console.panes.timers import ShownTimers
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.gpu_detail import GpuDetail
 from console.widgets.gpu_table import GpuRow, GpuTable
+from console.widgets.host_list import TRUST_HINT, state_text
 from console.widgets.host_strip import HostStrip
 from console.widgets.meters import fmt_age
 from console.widgets.process_table import ProcessTable
@@ -36,16 +37,24 @@ def gpu_rows(mon: HostMonitor, now: float) -> list[GpuRow]:
 
 
 def status_parts(mon: HostMonitor, now: float,
-                 failed: str | None = None) -> list[tuple[str, str]]:
-    """The status line: host, state, source, GPUs, driver, sample age. `failed`: the hosts
-    list shows the host as failed (why): the pane says the same word, not "reconnecting"."""
+                 view: HostView | None = None) -> list[tuple[str, str]]:
+    """The status line: host, state, source, GPUs, driver, sample age. `view`: the host as the
+    pool sees it (console/hosts/host.py): a failed or silent host reads here as it does in the
+    header and the hosts list, one state with the age of its last answer."""
     s = mon.sample
     parts: list[tuple[str, str]] = [(f"{mon.name} ", "header")]
     age = fmt_age(mon.age(now))
-    if mon.state is MonitorState.RECONNECTING or failed is not None:
-        state = "✖ failed (retrying)" if failed is not None else "◌ reconnecting"
+    down = view if view is not None and (view.state is HostState.FAILED
+                                         or view.silent_s is not None) else None
+    if down is not None or mon.state is MonitorState.RECONNECTING:
+        state, detail = "◌ reconnecting", mon.detail
+        if down is not None:
+            retry = " (retrying)" if down.state is HostState.FAILED else ""
+            state, detail = state_text(down) + retry, down.detail or mon.detail
+            if down.unknown_key is not None:   # retrying cannot help: say what does
+                state, detail = state_text(down), f"{down.unknown_key} · {TRUST_HINT}"
         parts += [(state, "alert"), (f"  · last data {age}" if s else "", "stale"),
-                  (f" · {failed or mon.detail}", "label")]
+                  (f" · {detail}", "label")]
         return parts
     if s is None:
         return parts + [("◌ starting the monitor agent…", "label")]
@@ -67,13 +76,15 @@ def status_parts(mon: HostMonitor, now: float,
     return parts
 
 
-def no_data(mon: HostMonitor, failed: str | None) -> tuple[str, str] | None:
+def no_data(mon: HostMonitor, view: HostView) -> tuple[str, str] | None:
     """Why a host has no samples to show (None: the first is on its way): its state and its
     error. Its connection failed (the pool's error) or its monitor lost it (the monitor's)."""
     if mon.sample is not None:
         return None
-    if failed is not None:
-        return ("✖ failed, retrying", failed)
+    if view.unknown_key is not None:
+        return (f"{state_text(view)} {view.unknown_key}", TRUST_HINT)
+    if view.state is HostState.FAILED:
+        return ("✖ failed, retrying", view.detail)
     if mon.state is MonitorState.RECONNECTING:
         return ("◌ unreachable, retrying", mon.detail or "no answer")
     return None
@@ -122,18 +133,17 @@ class GpuPane(ShownTimers, Vertical):
             return
         mon: HostMonitor = services(self).monitors[self.host]
         now: float = services(self).clock()
-        pool = services(self).pool
-        failed = pool.detail.get(self.host, "") \
-            if pool.state.get(self.host) is HostState.FAILED else None
-        key = (self.host, mon.version, int(now), mon.state, failed)
+        view = services(self).pool.view(self.host)
+        key = (self.host, mon.version, int(now), mon.state, view)
         if key == self._drawn and not force:
             return
         self._drawn = key
-        down = mon.state is MonitorState.RECONNECTING or mon.stale(now)
+        down = mon.state is MonitorState.RECONNECTING or mon.stale(now) \
+            or view.silent_s is not None
         self.set_class(down, "-down")
-        self.query_one(StatusLine).show(status_parts(mon, now, failed))
+        self.query_one(StatusLine).show(status_parts(mon, now, view))
         s = mon.sample
-        why = no_data(mon, failed)
+        why = no_data(mon, view)
         self.query_one(HostStrip).show(s.host if s else None, s.host_reason if s else
                                        why and f"no data ({why[0]})", down)
         rows = gpu_rows(mon, now)

@@ -141,6 +141,8 @@ class LogsPane(ShownTimers, Vertical):
 
     def _on_notice(self, kind: str, detail: str) -> None:
         self.notice = f"{kind}: {detail}" if kind != "reconnected" else ""
+        if kind == "truncated":   # a restarted server: its figures are a new series
+            self.model.new_series()
 
     # -- vLLM /metrics ----------------------------------------------------------------------------
     def _watch_metrics(self, url: str | None) -> None:
@@ -194,7 +196,8 @@ class LogsPane(ShownTimers, Vertical):
             return
         view = self.query_one(LogView)
         key = (self.model.version, view.following, self.notice, self.model.query,
-               self.metrics.version if self.metrics else -1, self._metrics_status())
+               self.metrics.version if self.metrics else -1, self._metrics_status(),
+               view.scroll_offset.x)
         if key == self._drawn and not force:
             return
         now = time.monotonic()
@@ -206,9 +209,9 @@ class LogsPane(ShownTimers, Vertical):
         self._drawn, self._drawn_at, self._drawn_total = key, now, self.model.total
         view.sync(force)
         self.query_one(LogCharts).sync(force)
-        self.query_one(StatusLine).show(self._status(view.following))
+        self.query_one(StatusLine).show(self._status(view.following, view.scroll_offset.x))
 
-    def _status(self, following: bool) -> list[tuple[str, str]]:
+    def _status(self, following: bool, pan: int = 0) -> list[tuple[str, str]]:
         if self.host is None:
             return [("Select a host.", "label")]
         parts: list[tuple[str, str]] = [(f"{self.host} ", "header")]
@@ -230,6 +233,8 @@ class LogsPane(ShownTimers, Vertical):
             parts.append((f"  {count(m.errors, 'error')} (e/E)", "alert"))
         if m.query:
             parts.append((f"  filter “{m.query}”: {count(len(m.matches), 'line')}", "mid"))
+        if pan:   # long lines panned with right: say so, and how back
+            parts.append((f"  from column {pan + 1} (← →)", "mid"))
         if self.notice:
             parts.append((f"  {self.notice}", "alert" if self.notice.startswith(
                 ("error", "reconnecting")) else "mid"))

@@ -6,7 +6,9 @@
     x      stop the selected run (asks first): SIGTERM to its process group, SIGKILL later
     P      forget the host's ended runs (asks first): their records and logs are deleted; files
            they wrote (out/), running and queued runs stay; nothing is signalled
-    enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py)
+    enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py);
+           on a profile, its newest run
+    tab    the other table (profiles / runs): focus stays in the pane
     r      re-read the host's run registry (it is re-read every few seconds anyway)
 
 No I/O here and no decisions: a RunsModel (console/runs/model.py) holds the records, the feeds
@@ -34,7 +36,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Label, Static
 
 from console.demo.build import DemoState, DemoStatus, build_demo
-from console.errors import ConsoleError
+from console.errors import CommandFailed, ConsoleError, TransportError
 from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
@@ -85,6 +87,9 @@ class RunsPane(ShownTimers, Vertical):
         self.demo_state: DemoState | None = None   # None until the demo's build first posts
         self._drawn: tuple[object, ...] = ()
         self._hint = False     # the activity line holds the "no profile runs here" hint
+        # the host whose action failed on the activity line because it could not be reached:
+        # its next good registry read says it is back (the failure stayed for minutes)
+        self._unreached: str | None = None
 
     def _spawn(self, coro: Coroutine[Any, Any, None], group: str) -> None:
         """How the model follows a run in the background: a worker of this pane."""
@@ -123,6 +128,14 @@ class RunsPane(ShownTimers, Vertical):
         w.update(text if isinstance(text, (Content, Text)) else plain(text))
         w.set_class(error, "-error")
         self._hint = False
+        self._unreached = None
+
+    def failure(self, what: str, host: str | None, e: ConsoleError) -> None:
+        """An action failed: the reason on the activity line, until a newer line; one for a
+        host that could not be reached goes once a registry read of that host succeeds."""
+        self.activity(f"{what} failed: {describe_error(e)}", error=True)
+        if isinstance(e, TransportError) and not isinstance(e, CommandFailed):
+            self._unreached = e.host if host is None else host
 
     def bar(self, done: float | None, total: float | None) -> None:
         bar = self.query_one("#runs-bar", ProgressBar)
@@ -161,11 +174,14 @@ class RunsPane(ShownTimers, Vertical):
     async def load_runs(self, host: str) -> None:
         self.model.listing = True   # at once: the poll must not start a second read
         try:
-            await self.model.load(await services(self).pool.ensure(host))
+            read = await self.model.load(await services(self).pool.ensure(host))
         except ConsoleError as e:
-            self.model.list_error = f"cannot read {host}'s run registry: {describe_error(e)}"
+            self.model.failed(host, e)
+            read = False
         finally:
             self.model.listing = False   # also when a newer read cancelled this one
+        if read and self._unreached == host:
+            self.activity(f"{host} is reachable again")
         self.refresh_view(force=True)
 
     # -- drawing -------------------------------------------------------------------------------
@@ -182,8 +198,9 @@ class RunsPane(ShownTimers, Vertical):
         recs = model.shown(host)
         feeds = [model.feeds.find(host, r.id) for r in recs]
         key = (host, int(now), tuple((r.id, r.status, r.end, r.reason) for r in recs),
-               tuple(f.progress.version if f else -1 for f in feeds), model.list_error,
-               self.demo_state, len(self.config.profiles))
+               tuple(f.progress.version if f else -1 for f in feeds),
+               model.list_error.get(host), model.listed_on(host), self.demo_state,
+               len(self.config.profiles))
         if key == self._drawn and not force:
             return
         self._drawn = key
@@ -195,15 +212,20 @@ class RunsPane(ShownTimers, Vertical):
             [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds, strict=False)])
         running, queued = model.counts(host)
         where = self.config.hosts[host].ssh or "this machine"
-        status = markup("[b]$host[/b] ($where) · $counts", host=host, where=where, counts=(
-            f"{count(len(profiles), 'profile')} · {count(len(recs), 'run')}" +
-            (f", {running} running" if running else "") +
-            (f", {queued} queued" if queued else "")))
+        failure = model.list_failure.get(host)
+        if not model.listed_on(host):   # no runs known yet: not "0 runs"
+            runs = f"runs: {failure}" if failure else "listing runs…"
+        else:
+            runs = count(len(recs), "run") + (f", {running} running" if running else "") + \
+                (f", {queued} queued" if queued else "") + \
+                (f" (as last read: {failure})" if failure else "")
+        status = markup("[b]$host[/b] ($where) · $counts", host=host, where=where,
+                        counts=f"{count(len(profiles), 'profile')} · {runs}")
         selected = self.query_one(ProfileTable).selected
         if selected:   # what t starts: the cursor in the profiles table, wherever focus is
             status += markup(" · [b]t[/b] launches [b]$name[/b]", name=selected)
-        if model.list_error:
-            status += markup("\n[$error]$error[/]", error=model.list_error)
+        if host in model.list_error:
+            status += markup("\n[$error]$error[/]", error=model.list_error[host])
         self.query_one("#runs-status", Static).update(status)
         # while the demo builds, and after it failed, the activity line says so instead
         if model.busy is None and self.demo_state not in (DemoState.BUILDING, DemoState.FAILED) \
@@ -238,7 +260,7 @@ class RunsPane(ShownTimers, Vertical):
             report = await self._push(h, None)
             self.activity(push_summary(report))
         except ConsoleError as e:
-            self.activity(f"push failed: {describe_error(e)}", error=True)
+            self.failure("push", host, e)
         finally:
             self.model.end()
             self.bar(None, None)
@@ -294,7 +316,7 @@ class RunsPane(ShownTimers, Vertical):
             self.activity(str(e))
             return
         except ConsoleError as e:
-            self.activity(f"launch of {name} failed: {describe_error(e)}", error=True)
+            self.failure(f"launch of {name}", None, e)
             return
         finally:
             self.model.end()
@@ -348,7 +370,7 @@ class RunsPane(ShownTimers, Vertical):
             refused = next((r.refused for r in run.records if r.refused), "")
             self.activity(stop_outcome(run_id, run.status, refused), error=bool(refused))
         except ConsoleError as e:
-            self.activity(f"stop failed: {describe_error(e)}", error=True)
+            self.failure("stop", None, e)
         finally:
             self.model.end()
         if self.host is not None:
@@ -407,7 +429,7 @@ class RunsPane(ShownTimers, Vertical):
             self.activity(f"forgot {count(len(report.removed), 'ended run')} on {host}"
                           + kept + left)
         except ConsoleError as e:
-            self.activity(f"prune failed: {describe_error(e)}", error=True)
+            self.failure("prune", host, e)
         finally:
             self.model.end()
         await self._reload(host)
@@ -423,6 +445,11 @@ class RunsPane(ShownTimers, Vertical):
             return
         feed = self.model.feed(self._host(self.host), rec)
         self.post_message(OpenRun(feed))  # the main screen shows it (screens/run_detail.py)
+
+    def action_next_table(self) -> None:
+        """tab: the profiles table, the runs table, and back; focus stays in the pane."""
+        profiles, runs = self.query_one(ProfileTable), self.query_one(RunTable)
+        (profiles if self.screen.focused is runs else runs).focus()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if isinstance(event.data_table, ProfileTable):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from console.errors import ConsoleError
+from console.errors import CommandFailed, ConsoleError, TransportError
 from console.hosts.host import Host
 from console.runs.service import list_runs
 from console.runs.watch import RunFeed, RunFeeds, describe_error
@@ -34,7 +34,10 @@ class RunsModel:
         self.records: dict[str, list[RunRecord]] = {}
         self.feeds = RunFeeds()
         self.busy: str | None = None            # what is being done (push, launch, ...)
-        self.list_error: str | None = None
+        # per host: why its registry could not be read (the last read failed), and the short
+        # form the counts show instead of "0 runs" (`cannot reach gpu1`)
+        self.list_error: dict[str, str] = {}
+        self.list_failure: dict[str, str] = {}
         self.listed = 0                          # how many registry reads have completed
         self.listing = False
         self._caught_up: set[tuple[str, str]] = set()   # finished runs read once already
@@ -58,15 +61,28 @@ class RunsModel:
         try:
             recs = await list_runs(h)
         except ConsoleError as e:
-            self.list_error = f"cannot read {h.name}'s run registry: {describe_error(e)}"
+            self.failed(h.name, e)
             return False
         finally:
             self.listing = False
-        self.list_error = None
+        self.list_error.pop(h.name, None)
+        self.list_failure.pop(h.name, None)
         self.records[h.name] = recs
         self.listed += 1
         self.start_feeds(h, recs)
         return True
+
+    def failed(self, host: str, e: ConsoleError) -> None:
+        """A registry read (or the connection before it) failed: what the counts say instead
+        of the runs (a host never listed has no runs to show, not 0)."""
+        self.list_error[host] = f"cannot read {host}'s run registry: {describe_error(e)}"
+        reach = isinstance(e, TransportError) and not isinstance(e, CommandFailed)
+        self.list_failure[host] = f"cannot reach {host}" if reach \
+            else f"cannot read {host}'s runs"
+
+    def listed_on(self, host: str) -> bool:
+        """Whether a read of host's registry has completed (else its runs are not known yet)."""
+        return host in self.records
 
     async def reload(self, h: Host) -> None:
         """Read the registry again after an action (a failed read keeps what was shown)."""

@@ -6,8 +6,10 @@ the header names the selected host and its state, as it does at any width."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal
@@ -16,13 +18,15 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
-from console.hosts.host import HostState
+from console.errors import ConsoleError
+from console.hosts.hostkeys import offered_key, record
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
 from console.panes.gpu import GpuPane
 from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
 from console.panes.runs import RunsPane
+from console.screens.confirm import ConfirmScreen
 from console.screens.run_detail import RunDetailScreen
 from console.ui.keymap import PANES as PANE_TITLES
 from console.ui.keymap import bindings
@@ -74,9 +78,10 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         hosts = self.query_one(HostList)
         hosts.index = self.host_names.index(self.selected)
-        for name, state in services(self).pool.state.items():
-            hosts.show_state(name, state)  # states set before this screen existed
+        self._show_states()  # states set before this screen existed
         self._select(self.selected)
+        # a silent host's "no answer for N s" counts up without a state change
+        self.set_interval(1.0, self._show_states)
         # keys go to the pane on screen from the start (hosts switch with [ and ]), not to the
         # hosts list, which is hidden on a narrow screen
         self.call_after_refresh(self._focus_shown_pane)
@@ -86,9 +91,16 @@ class MainScreen(Screen):
             self._select(message.host)
 
     def on_host_state_changed(self, message: HostStateChanged) -> None:
-        self.query_one(HostList).show_state(message.host, message.state)
+        self.query_one(HostList).show_state(message.host, services(self).pool.view(message.host))
         if message.host == self.selected:
             self._title()
+
+    def _show_states(self) -> None:
+        """Every host's state in the list and the header, from the pool's one view of it."""
+        pool, hosts = services(self).pool, self.query_one(HostList)
+        for name in self.host_names:
+            hosts.show_state(name, pool.view(name))
+        self._title()
 
     def action_cycle_host(self, step: int) -> None:
         """`[` / `]`: the previous / next host, in the hosts list's order (wrapping)."""
@@ -96,6 +108,32 @@ class MainScreen(Screen):
         host = names[(names.index(self.selected) + step) % len(names)]
         self.query_one(HostList).index = names.index(host)  # the list follows, quietly
         self._select(host)
+
+    def action_trust_host(self) -> None:
+        """K: the selected host's key, checked and trusted here as `trust` does."""
+        self.trust_host(self.selected)
+
+    @work(group="trust", exclusive=True, exit_on_error=False)
+    async def trust_host(self, host: str) -> None:
+        """Fetch the key the host presents, show its fingerprint, ask, and only on a yes add it
+        to known_hosts (console/hosts/hostkeys.py); then connect again."""
+        try:
+            offer = await offered_key(services(self).config.hosts[host])
+        except ConsoleError as e:   # this machine, unreachable, a changed key: why, as said
+            self.notify(f"cannot trust {host}'s key: {e}", severity="error", timeout=15)
+            return
+        if offer.trusted:
+            self.notify(f"{host}: {offer.fingerprint} is already trusted ({offer.file})")
+            return
+        yes = await self.app.push_screen_wait(ConfirmScreen(
+            f"{offer.presents()}\n\nTrust it and add it to {offer.file}?", yes="Trust it"))
+        if not yes:
+            self.notify(f"{host}: not trusted; nothing written")
+            return
+        record(offer)
+        self.notify(f"added {offer.name} to {offer.file}; connecting to {host}")
+        with contextlib.suppress(ConsoleError):   # the pool says how that went
+            await services(self).pool.ensure(host)
 
     def on_open_run(self, message: OpenRun) -> None:
         self.app.push_screen(RunDetailScreen(message.feed))
@@ -124,5 +162,6 @@ class MainScreen(Screen):
 
     def _title(self) -> None:
         """The header's host line: `gpu1 ● connected` (all a narrow screen has of the list)."""
-        state = services(self).pool.state.get(self.selected, HostState.IDLE)
-        self.sub_title = f"{self.selected} {state_text(state)}"
+        title = f"{self.selected} {state_text(services(self).pool.view(self.selected))}"
+        if title != self.sub_title:
+            self.sub_title = title

@@ -126,10 +126,13 @@ class RunDetailScreen(Screen[None]):
         self._title(now)
         p = feed.progress
         bar = self.query_one("#detail-bar", ProgressBar)
+        # full only when the run says how far it got, or succeeded: a run that failed before
+        # its first step has no bar at all (it showed 100%)
+        bar.display = bool(p.total) or feed.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
         if p.total:
             bar.update(total=p.total, progress=p.done or 0)
         else:
-            bar.update(total=100, progress=100 if not running else 0)
+            bar.update(total=100, progress=0 if running else 100)
         self.query_one("#detail-progress", Static).update(plain(progress_text(feed)))
         self._plots()
         self.query_one(LogTail).show(list(p.lines))

@@ -2,7 +2,9 @@
 
 The pane prefills the verifier as the convert dialog does (the drafter's config, the one last
 given on the host, the target its profiles train against). Below 30 lines the fields are
-compact, so the buttons stay on an 80x24 terminal."""
+compact, so the buttons stay on an 80x24 terminal. What ctrl+s cannot take (no verifier, a TP
+that is not a number) is said in the dialog, above its buttons, and the field gets the cursor
+(a toast alone was missed: ctrl+s seemed to do nothing)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from console.checkpoints.serve import ServeRequest
 from console.screens.convert_dialog import SHORT, compact_fields
-from console.ui.host_text import markup
+from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 
 
@@ -48,6 +50,9 @@ class ServeDialog(ModalScreen["ServeRequest | None"]):
                 yield Input("8000", id="serve-port", type="integer")
             yield Label("Extra `vllm serve` arguments")
             yield Input("", placeholder="e.g. --max-model-len 8192", id="serve-extra")
+            error = Static("", id="serve-error", classes="dialog-error")
+            error.display = False
+            yield error
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Serve (ctrl+s)", id="serve-ok", variant="primary")
                 yield Button("Cancel (esc)", id="serve-cancel")
@@ -61,27 +66,36 @@ class ServeDialog(ModalScreen["ServeRequest | None"]):
         else:
             self.action_cancel()
 
+    def refuse(self, wid: str, why: str) -> None:
+        """Say why in the dialog and put the cursor in the field to change."""
+        error = self.query_one("#serve-error", Static)
+        error.update(plain(f"✖ {why}"))
+        error.display = True
+        self.query_one(f"#{wid}", Input).focus()
+
     def _int(self, wid: str, name: str) -> int | None:
         text = self.query_one(f"#{wid}", Input).value.strip()
         try:
             return int(text)
         except ValueError:
-            self.notify(f"{name}: enter a whole number", severity="error")
+            self.refuse(wid, f"{name}: enter a whole number")
             return None
 
     def action_serve(self) -> None:
         verifier = self.query_one("#serve-verifier", Input).value.strip()
         if not verifier:
-            self.notify("Verifier: enter the target model's name or folder", severity="error")
+            self.refuse("serve-verifier", "Verifier: enter the target model (a hub name or a "
+                        "folder on the host)")
             return
-        tp, k, port = (self._int("serve-tp", "TP"), self._int("serve-k", "k"),
-                       self._int("serve-port", "port"))
+        tp = self._int("serve-tp", "TP")
+        k = self._int("serve-k", "k") if tp is not None else None
+        port = self._int("serve-port", "port") if k is not None else None
         if tp is None or k is None or port is None:
             return
         try:
             extra = shlex.split(self.query_one("#serve-extra", Input).value)
         except ValueError as e:
-            self.notify(f"Extra arguments: {e}", severity="error")
+            self.refuse("serve-extra", f"Extra arguments: {e}")
             return
         self.dismiss(ServeRequest(self.ckpt, verifier, tp=tp, k=k, port=port, extra=extra))
 

@@ -74,6 +74,9 @@ KEYS: list[Key] = [
         help="switch host: the previous one (in the hosts list's order)"),
     Key("right_square_bracket", "cycle_host(1)", "Next host", "main", footer=False,
         palette=False, help="switch host: the next one"),
+    Key("K", "trust_host", "Trust host key", "main", footer=False,
+        help="trust the selected host's SSH key: shows its fingerprint, asks, then adds it to "
+             "known_hosts (as `eagle3-console trust`)"),
     Key("shift+tab", "", "Hosts", "main", bound=False,
         help="focus the Hosts list (or click a host there)"),
     Key("tab", "", "Next", "main", bound=False, help="next widget"),
@@ -103,6 +106,10 @@ KEYS: list[Key] = [
     Key("pageup", "move(-20)", "Page up", "logs", on="LogView", footer=False, palette=False),
     Key("pagedown", "move(20)", "Page down", "logs", on="LogView", footer=False,
         palette=False),
+    Key("left", "pan(-1)", "Left", "logs", on="LogView", footer=False, palette=False,
+        help="pan left along long lines (half a screen)"),
+    Key("right", "pan(1)", "Right", "logs", on="LogView", footer=False, palette=False,
+        help="pan right: the rest of a line longer than the screen"),
     Key("home", "home", "Top", "logs", on="LogView", footer=False, palette=False),
     Key("end", "end", "Follow", "logs", on="LogView", footer=False, palette=False,
         help="back to following"),
@@ -115,8 +122,9 @@ KEYS: list[Key] = [
         help="stop the selected run (SIGTERM to its process group, SIGKILL later)"),
     Key("enter", "open", "Open run", "runs",
         help="open the run (on a profile: its newest run)"),
-    # the focused table's enter is the one the footer shows (once: one key, one label)
-    Key("enter", "select_cursor", "Open run", "runs", on="ProfileTable", palette=False,
+    # the focused table's enter is the one the footer shows (once: one key, one label); on a
+    # profile it says what it opens, so the footer tells the two tables apart
+    Key("enter", "select_cursor", "Newest run", "runs", on="ProfileTable", palette=False,
         help="open the profile's newest run"),
     Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
         help="open the run under the cursor"),
@@ -124,6 +132,10 @@ KEYS: list[Key] = [
     Key("R", "resume", "Resume", "runs", footer=False,
         help="start the selected stopped or failed run again in its run directory with "
              "--resume (engine train runs)"),
+    # tab stays in the pane (it left for the hosts list and the tabs, whose footer has only
+    # q and ?): the profiles table, the runs table, and back
+    Key("tab", "next_table", "Other table", "runs", footer=False, palette=False,
+        help="the other table: profiles / runs (enter opens what its cursor is on)"),
     Key("P", "prune", "Prune", "runs",
         help="forget the host's ended runs (asks first): their records and logs are deleted, "
              "files they wrote (out/) stay; nothing is signalled"),
@@ -182,5 +194,5 @@ def key_display(keys: str) -> str:
     """`question_mark` -> `?`, `up,k` -> `up k`: keys as help shows them."""
     names = {"question_mark": "?", "escape": "esc", "slash": "/", "pageup": "pgup",
              "left_square_bracket": "[", "right_square_bracket": "]",
-             "pagedown": "pgdn"}
+             "pagedown": "pgdn", "left": "←", "right": "→"}
     return " ".join(names.get(k.strip(), k.strip()) for k in keys.split(","))

@@ -40,6 +40,9 @@ class ConsoleCommands(Provider):
                 for k in _palette_keys(tab_id):
                     out.append((f"{title}: {k.label}", f"{k.text} (key {_key(k)})",
                                 partial(self._pane_action, screen, tab_id, k)))
+            for k in _palette_keys("main"):   # the screen's own (trust the host's key)
+                out.append((k.label, f"{k.text} (key {_key(k)})",
+                            partial(screen.run_action, k.action)))
         elif section is not None:
             where = SECTIONS[section]
             for k in _palette_keys(section):

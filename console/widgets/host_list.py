@@ -6,9 +6,10 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Label, ListItem, ListView
 
-from console.hosts.host import HostState
+from console.hosts.host import HostState, HostView
 from console.ui.host_text import markup
 from console.ui.messages import HostSelected
+from console.widgets.meters import fmt_span
 
 _MARK = {
     HostState.IDLE: "○",
@@ -19,9 +20,30 @@ _MARK = {
 }
 
 
-def state_text(state: HostState) -> str:
-    """`● connected`: a host's state as the list marks it (the header says the same)."""
-    return f"{_MARK[state]} {state.value}"
+#: what to do about an unknown host key (console/screens/main.py's K, the palette's command)
+TRUST_HINT = "K (or ctrl+p: Trust host key) shows it and trusts it once you say yes"
+
+
+def state_word(view: HostView) -> str:
+    """`connected`, `no answer for 50 s`, `failed, no answer for 2 min`: the state, or how long
+    a host that answered before has been silent (whatever the link underneath is doing)."""
+    if view.unknown_key is not None:
+        return "unknown host key"
+    if view.silent_s is None:
+        return view.state.value
+    silent = f"no answer for {fmt_span(view.silent_s)}"
+    return f"failed, {silent}" if view.state is HostState.FAILED else silent
+
+
+def mark(view: HostView) -> str:
+    return "◌" if view.silent_s is not None and view.state is not HostState.FAILED \
+        else _MARK[view.state]
+
+
+def state_text(view: HostView) -> str:
+    """`● connected`: a host's state as the list marks it (the header and the GPU pane say
+    the same)."""
+    return f"{mark(view)} {state_word(view)}"
 
 
 class HostItem(ListItem):
@@ -31,21 +53,27 @@ class HostItem(ListItem):
         super().__init__(id=f"host-{host}")
         self.host = host
         self.note = note    # a second line: "(this machine)" for a host without ssh
-        self.label = Label(self._text(HostState.IDLE))
+        self.label = Label(self._text(HostView(HostState.IDLE, None, "")))
+        self.shown: HostView | None = None
 
     def compose(self) -> ComposeResult:
         yield self.label
 
-    def _text(self, state: HostState) -> Content:
-        text = markup("$mark $host  [dim]$state[/]", mark=_MARK[state], host=self.host,
-                      state=state.value)
+    def _text(self, view: HostView) -> Content:
+        text = markup("$mark $host  [dim]$state[/]", mark=mark(view), host=self.host,
+                      state=state_word(view))
         return text + (markup("\n  [dim]$note[/]", note=self.note) if self.note else "")
 
-    def show(self, state: HostState) -> None:
-        self.label.update(self._text(state))
+    def show(self, view: HostView) -> None:
+        if view == self.shown:
+            return
+        self.shown = view
+        state, silent = view.state, view.silent_s is not None
+        self.label.update(self._text(view))
         self.set_class(state is HostState.FAILED, "-failed")
-        self.set_class(state is HostState.CONNECTED, "-connected")
-        self.set_class(state in (HostState.RECONNECTING, HostState.CONNECTING), "-pending")
+        self.set_class(state is HostState.CONNECTED and not silent, "-connected")
+        self.set_class(state in (HostState.RECONNECTING, HostState.CONNECTING)
+                       or (silent and state is not HostState.FAILED), "-pending")
 
 
 class HostList(ListView):
@@ -59,10 +87,10 @@ class HostList(ListView):
         super().__init__(*(HostItem(h, notes.get(h, "")) for h in hosts),
                          **kw)  # type: ignore[arg-type]
 
-    def show_state(self, host: str, state: HostState) -> None:
+    def show_state(self, host: str, view: HostView) -> None:
         for item in self.query(HostItem):
             if item.host == host:
-                item.show(state)
+                item.show(view)
 
     def on_list_view_highlighted(self, event: ListView.Highlighted) -> None:
         if isinstance(event.item, HostItem):

@@ -1,5 +1,7 @@
 """The last lines of a run's log, as many as fit, newest at the bottom; warnings and errors in
-their theme colours (`tail--warning`, `tail--error`, `tail--dim` component classes)."""
+their theme colours (`tail--warning`, `tail--error`, `tail--dim` component classes). A line
+longer than the widget wraps (a vLLM `SpecDecoding metrics` line ends in the figures that
+matter); the rows that fit are the newest."""
 
 from __future__ import annotations
 
@@ -28,9 +30,9 @@ class LogTail(Widget):
         self.refresh()
 
     def render(self) -> Text:
-        out = Text(no_wrap=True, overflow="ellipsis")
-        h = max(1, self.size.height)
-        shown = self.lines[-h:]
+        out = Text()
+        h, width = max(1, self.size.height), max(1, self.size.width)
+        shown = self.lines[-h:]   # at least a row each: no more can show
         if not shown:
             out.append("no output yet", self.get_component_rich_style("tail--dim", partial=True))
         for i, ln in enumerate(shown):
@@ -43,4 +45,5 @@ class LogTail(Widget):
                      "debug": "tail--dim"}.get(ln.level)
             out.append(terminal_text(ln.text), self.get_component_rich_style(style, partial=True)
                        if style else "")
-        return out
+        rows = out.wrap(self.app.console, width, overflow="fold")
+        return Text("\n").join(rows[-h:])

@@ -3,8 +3,10 @@ of a redraw does not depend on how many lines the model holds; `sync()` (called 
 most a few times a second) picks up everything added since the last call in one refresh.
 
 Following: the view sticks to the newest line; scrolling up (or jumping to an error) pauses it,
-and `f` / End resume. Error and warning lines and filter matches are coloured through component
-classes (theme variables in themes/logs.tcss)."""
+and `f` / End resume. A line longer than the view is cut at its edge; left / right pan the view
+half its width, as far as the longest line (a vLLM `SpecDecoding metrics` line is 260 columns,
+its acceptance figures at the end). Error and warning lines and filter matches are coloured
+through component classes (theme variables in themes/logs.tcss)."""
 
 from __future__ import annotations
 
@@ -46,10 +48,10 @@ class LogView(ScrollView, can_focus=True):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.model = model
         self._seen = -1
-        # rendered lines by (seq, width, query, highlighted): following a busy log redraws
+        # rendered lines by (seq, width, pan, query, highlighted): following a busy log redraws
         # mostly lines already drawn one row lower; a few screens' worth is all that is reused
         # (more only held memory: a thousand strips was a megabyte or two)
-        self._strips: LRUCache[tuple[int, int, str, bool], Strip] = LRUCache(256)
+        self._strips: LRUCache[tuple[int, int, int, str, bool], Strip] = LRUCache(256)
         self._style_cache: dict[str, Style] = {}
 
     def notify_style_update(self) -> None:
@@ -64,7 +66,7 @@ class LogView(ScrollView, can_focus=True):
             return
         self._seen = self.model.version
         rows = self.model.visible()
-        self._set_rows(rows)
+        self._set_rows(rows, self.model.widest)
         if self.following:
             self.cursor = rows - 1
             self._to_end()
@@ -81,16 +83,18 @@ class LogView(ScrollView, can_focus=True):
         if self.following:
             self._to_end()
 
-    def _set_rows(self, rows: int) -> None:
+    def _set_rows(self, rows: int, widest: int = 0) -> None:
         """Grow the scroll range. Assigning virtual_size makes Textual lay out the whole screen;
-        while the scrollbar is shown before and after, updating it alone is enough (width 0: no
-        horizontal scroll, long lines are cut). Either way the scrollbar is updated at once, so
-        that a scroll to the end right after lands, and its thumb with it."""
-        new = Size(0, rows)
+        while the scrollbar is shown before and after (and the width, so the horizontal one,
+        is the same), updating it alone is enough. Either way the scrollbar is updated at once,
+        so that a scroll to the end right after lands, and its thumb with it. The width is the
+        longest line's, plus a tab's expansion: how far left / right pan."""
+        new = Size(widest + 8 if widest > self.size.width else 0, rows)
         if new == self.virtual_size:
             return
         height = self.size.height
-        if self.virtual_size.height > height and rows > height:
+        if self.virtual_size.height > height and rows > height \
+                and new.width == self.virtual_size.width:
             self.set_reactive(LogView.virtual_size, new)
         else:
             self.virtual_size = new
@@ -104,10 +108,11 @@ class LogView(ScrollView, can_focus=True):
         entry = self.model.at(row)
         if entry is None:
             return Strip.blank(width, self._style("base"))
-        key = (entry.seq, width, self.model.query, row == self.cursor and not self.following)
+        key = (entry.seq, width, scroll_x, self.model.query,
+               row == self.cursor and not self.following)
         strip = self._strips.get(key)
         if strip is None:
-            strip = self._render_entry(entry.text, entry.level, key[3], width)
+            strip = self._render_entry(entry.text, entry.level, key[4], width, scroll_x)
             self._strips[key] = strip
         return strip.apply_offsets(scroll_x, row)
 
@@ -121,9 +126,11 @@ class LogView(ScrollView, can_focus=True):
             self._style_cache[name] = style
         return style
 
-    def _render_entry(self, line: str, level: str, highlighted: bool, width: int) -> Strip:
-        """One line as segments, built directly (no Rich layout: lines are cut, never wrapped)."""
-        text = line[:max(width, 1) * 2 + 8].expandtabs(4)
+    def _render_entry(self, line: str, level: str, highlighted: bool, width: int,
+                      pan: int = 0) -> Strip:
+        """One line as segments, built directly (no Rich layout: lines are cut at the view's
+        edge, `pan` columns in, never wrapped)."""
+        text = line[:pan + max(width, 1) * 2 + 8].expandtabs(4)
         style = self._style("base")
         if level:
             style += self._style(level)
@@ -132,7 +139,7 @@ class LogView(ScrollView, can_focus=True):
         base = self._style("base")
         if not self.model.query and text.isascii() and text.isprintable():
             # one cell per character: cut and pad here, one Strip instead of two
-            text = text[:width]
+            text = text[pan:pan + width]
             segments = [Segment(text, style)] if text else []
             if len(text) < width:
                 segments.append(Segment(" " * (width - len(text)), base))
@@ -140,7 +147,7 @@ class LogView(ScrollView, can_focus=True):
         segments = [Segment(text, style)]
         if self.model.query:
             segments = self._highlight(text, self.model.query, style)
-        return Strip(segments).crop_extend(0, width, base)
+        return Strip(segments).crop_extend(pan, pan + width, base)
 
     def _highlight(self, text: str, query: str, style: Style) -> list[Segment]:
         match = style + self._style("match")
@@ -178,6 +185,14 @@ class LogView(ScrollView, can_focus=True):
             self.scroll_to(y=self.cursor, animate=False, immediate=True)
         elif self.cursor >= self.scroll_offset.y + self.size.height:
             self.scroll_to(y=self.cursor - self.size.height + 1, animate=False, immediate=True)
+        self.refresh()
+
+    def action_pan(self, direction: int) -> None:
+        """Left / right: half the view's width along long lines (following goes on)."""
+        step = max(1, self.size.width // 2)
+        # forced: no horizontal scrollbar (themes/logs.tcss), the status line says where it is
+        self.scroll_to(x=max(0, self.scroll_offset.x + direction * step), animate=False,
+                       immediate=True, force=True)
         self.refresh()
 
     def action_home(self) -> None:

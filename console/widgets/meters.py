@@ -94,14 +94,17 @@ def fmt_si(v: float) -> str:
     return f"{v:.0f}"
 
 
-def fmt_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "never"
+def fmt_span(seconds: float) -> str:
+    """`50 s`, `3 min`, `1.2 h`."""
     if seconds < 60:
-        return f"{seconds:.0f} s ago"
+        return f"{seconds:.0f} s"
     if seconds < 3600:
-        return f"{seconds // 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
+        return f"{seconds // 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def fmt_age(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{fmt_span(seconds)} ago"
 
 
 def columns(values: list[float | None], width: int, height: int, vmax: float) -> list[str]:

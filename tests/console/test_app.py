@@ -106,10 +106,10 @@ async def test_a_narrow_screen_folds_the_hosts_list_into_the_header(tmp_path: Pa
         await pilot.pause()
         hosts, tabs = app.screen.query_one(HostList), app.screen.query_one(TabbedContent)
         assert not hosts.display and tabs.size.width == 80
-        state = app.pool.state["gpu2"]
+        view = app.pool.view("gpu2")
         # the list's words for the state: "gpu2 ◌ reconnecting"
-        assert app.screen.sub_title == f"gpu2 {state_text(state)}"
-        assert state.value in str(hosts.query_one("#host-gpu2", HostItem).label.render())
+        assert app.screen.sub_title == f"gpu2 {state_text(view)}"
+        assert view.state.value in str(hosts.query_one("#host-gpu2", HostItem).label.render())
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert hosts.display and tabs.size.width == 120 - hosts.outer_size.width

@@ -3,6 +3,7 @@ switch hosts from any pane, a failed host says why it has no data, `--host` must
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from console.widgets.gpu_table import GpuTable
 from console.widgets.host_list import HostItem, HostList
 from tests.paths import REPO
 from tests.replay import fleet_app
+from tests.sshd import SSHD
+from tests.waiting import wait_for
 
 
 async def test_states_follow_the_pool(tmp_path: Path) -> None:
@@ -48,8 +51,11 @@ async def test_states_follow_the_pool(tmp_path: Path) -> None:
         assert "failed" in str(items["dead"].label.render())
 
 
-def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
+async def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
+    """The monitor's reconnecting is the host's, until its next sample: an `ensure` on the
+    still-open link does not say connected in between (a frozen host flipped between the two)."""
     from console.hosts.host import HostPool
+    from console.monitor.record import Sample
     from console.monitor.service import MonitorHub, MonitorState
 
     seen: list[tuple[str, HostState]] = []
@@ -59,9 +65,34 @@ def test_monitor_reconnecting_reaches_the_hosts_list(tmp_path: Path) -> None:
     hub["local"].set_state(MonitorState.RECONNECTING, "no monitor data for 10 s")
     assert pool.state["local"] is HostState.RECONNECTING
     assert pool.detail["local"] == "no monitor data for 10 s"
-    hub["local"].set_state(MonitorState.LIVE, "")
-    assert pool.state["local"] is HostState.CONNECTED
+    await pool.ensure("local")
+    assert pool.state["local"] is HostState.RECONNECTING
+    hub.ingest("local", Sample(t=time.time(), interval=1.0, source="engine", gpus=()))
+    assert pool.state["local"] is HostState.CONNECTED and pool.view("local").silent_s is None
     assert seen == [("local", HostState.RECONNECTING), ("local", HostState.CONNECTED)]
+
+
+async def test_only_a_monitored_host_reads_no_answer(tmp_path: Path) -> None:
+    """A host connected for a launch or a stop, whose monitor never ran, is not expected to
+    answer every second: it stays `connected`; one whose monitor sent samples and then went
+    quiet for 5 s reads `no answer for N s`."""
+    from console.hosts.host import HostPool
+    from console.monitor.record import Sample
+    from console.monitor.service import MonitorHub
+    from console.widgets.host_list import state_text
+    from tests.replay import FrozenClock
+
+    clock = FrozenClock(1000.0)
+    pool = HostPool(Config(hosts={"local": local_host()}), clock=clock)
+    await pool.ensure("local")
+    clock.t += 600
+    assert state_text(pool.view("local")) == "● connected"
+    hub = MonitorHub(pool, autostart=False, clock=clock)
+    hub.ingest("local", Sample(t=clock.t, interval=1.0, source="engine", gpus=()))
+    clock.t += 4
+    assert state_text(pool.view("local")) == "● connected"
+    clock.t += 46
+    assert state_text(pool.view("local")) == "◌ no answer for 50 s"
 
 
 def _closed_port() -> int:
@@ -182,3 +213,54 @@ async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow   # 14 s of a frozen host: past the monitor's 10 s stall
+@pytest.mark.sshd
+async def test_a_frozen_host_reads_one_state_with_the_age_of_its_last_answer(
+        sshd: SSHD, tmp_path: Path) -> None:
+    """The host's sshd stopped (SIGSTOP) under a live monitor: the header, the hosts list and
+    the GPU pane all say `◌ no answer for N s`, N growing, from the first silent seconds on,
+    never flipping back to `● connected` or `reconnecting` while the GPU pane's data ages
+    (it flipped every 10 s: the stalled agent set reconnecting, the next `ensure` connected)."""
+    import os
+    import signal
+
+    import psutil
+
+    from console.monitor.service import MonitorHub
+    from console.panes.gpu import GpuPane
+    from console.widgets.status_line import StatusLine
+
+    host = HostConfig(name="gpu1", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                      identity=str(sshd.user_key), python=sys.executable,
+                      root=str(tmp_path / "root"))
+    app = create_app(Config(hosts={"gpu1": host}))
+    app.monitors = MonitorHub(app.pool, interval=0.25, clock=app.clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.monitors["gpu1"].version >= 3, 60, "samples")
+        await wait_for(pilot, lambda: "● connected" in app.screen.sub_title, 10, "connected")
+        frozen = [p for k in sshd.children() for p in [k, *k.children(recursive=True)]]
+        try:
+            for p in frozen:
+                os.kill(p.pid, signal.SIGSTOP)
+            seen: list[str] = []
+            end = time.monotonic() + 14   # past the 10 s stall that flipped it
+            while time.monotonic() < end:
+                await pilot.pause(0.2)
+                seen.append(app.screen.sub_title)
+            item = str(app.screen.query_one(HostItem).label.render())
+            pane = app.screen.query_one(GpuPane)
+            pane.refresh_view(force=True)
+            status = pane.query_one(StatusLine).plain
+        finally:
+            for p in frozen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    os.kill(p.pid, signal.SIGCONT)
+    silent = [i for i, t in enumerate(seen) if "no answer for" in t]
+    assert silent, seen
+    after = seen[silent[0]:]
+    assert all("◌ no answer for" in t for t in after), after
+    assert "gpu1 ◌ no answer for 1" in after[-1], after[-1]   # 10-14 s
+    assert "no answer for 1" in item, item
+    assert "◌ no answer for 1" in status and "reconnecting" not in status, status

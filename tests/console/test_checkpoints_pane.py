@@ -234,6 +234,37 @@ async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Pa
         assert app.screen.query_one("#serve-verifier", Input).value == "/models/kimi"
 
 
+async def test_serve_with_an_empty_verifier_says_why_in_the_dialog(tmp_path: Path) -> None:
+    """ctrl+s with the verifier emptied seemed to do nothing (a toast alone was missed):
+    the dialog stays, says what is missing under the field and puts the cursor there; the
+    same for a TP that is not a number. A good value clears it."""
+    from console.screens.serve_dialog import ServeDialog
+
+    shelf = checkpoints_tree(tmp_path)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_pane(pilot)
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, ServeDialog))
+        dialog = app.screen
+        box = dialog.query_one("#serve-verifier", Input)
+        box.value = ""
+        dialog.query_one("#serve-k", Input).focus()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        error = dialog.query_one("#serve-error", Static)
+        assert app.screen is dialog and error.display
+        assert "Verifier: enter the target model" in str(error.render())
+        assert app.focused is box
+        box.value = "/models/kimi"
+        dialog.query_one("#serve-tp", Input).value = ""
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert app.screen is dialog and "TP: enter a whole number" in str(error.render())
+        assert app.focused is dialog.query_one("#serve-tp", Input)
+        await pilot.press("escape")
+
+
 async def test_a_configured_folder_that_does_not_exist_is_named(tmp_path: Path) -> None:
     """`checkpoints = ["/data/ckpts"]` with no such folder said nothing."""
     shelf = checkpoints_tree(tmp_path)

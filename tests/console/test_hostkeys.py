@@ -158,3 +158,56 @@ def test_trust_refuses_a_different_recorded_key(sshd: SSHD, tmp_path: Path,
     err = capsys.readouterr().err
     assert "HOST KEY CHANGED" in err and sha256_of(Path(str(sshd.host_key) + ".pub")) in err
     assert kh_file.read_text() == before
+
+
+async def test_the_console_names_an_unknown_key_and_trusts_it_after_asking(
+        sshd: SSHD, tmp_path: Path) -> None:
+    """A host whose key is not in known_hosts read `✖ failed (retrying)` forever. Now the
+    header says `unknown host key`, the GPU pane shows the fingerprint and what to press; `K`
+    (also found by the palette) shows the key and asks: no writes nothing, yes records it and
+    the host connects."""
+    import sys
+
+    from console.app import create_app
+    from console.hosts.host import HostState
+    from console.panes.gpu import GpuPane
+    from console.screens.confirm import ConfirmScreen
+    from console.settings.config import Config
+    from console.ui.palette import ConsoleCommands
+    from console.widgets.gpu_table import GpuTable
+    from console.widgets.status_line import StatusLine
+    from tests.waiting import wait_for
+
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    fp = sha256_of(Path(str(sshd.host_key) + ".pub"))
+    host = ssh_host(sshd, name="gpu1", known_hosts=str(known), python=sys.executable,
+                    root=str(tmp_path / "root"))
+    app = create_app(Config(hosts={"gpu1": host}))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.pool.state["gpu1"] is HostState.FAILED, 30, "failed")
+        await pilot.pause(0.2)
+        assert app.screen.sub_title == "gpu1 ✖ unknown host key", app.screen.sub_title
+        pane = app.screen.query_one(GpuPane)
+        pane.refresh_view(force=True)
+        status = pane.query_one(StatusLine).plain
+        assert "✖ unknown host key" in status and fp in status and "retrying" not in status
+        table = "\n".join(app.screen.query_one(GpuTable).plain_lines())
+        assert fp in table and "K (or ctrl+p: Trust host key)" in table, table
+        names = [name for name, _help, _run in ConsoleCommands(app.screen).commands()]
+        assert "Trust host key" in names
+        await pilot.press("K")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the question")
+        asked = str(app.screen.question)
+        assert fp in asked and str(known) in asked and "presents the host key" in asked
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert known.read_text() == ""              # no: nothing written
+        await pilot.press("K")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the question")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.pool.state["gpu1"] is HostState.CONNECTED, 30,
+                       "the connection")
+        assert f"[127.0.0.1]:{sshd.port} {host_pub(sshd)}" in known.read_text()
+        await pilot.pause(0.2)
+        assert "● connected" in app.screen.sub_title

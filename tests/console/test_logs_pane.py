@@ -19,6 +19,7 @@ from console.logs.follow import Line, LogFollower
 from console.logs.log_model import CONTROL, MAX_LINES, LogModel
 from console.panes import logs as logs_pane
 from console.panes.logs import FLOOD_REDRAW_S, REDRAW_S, LogsPane
+from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine
 from tests.replay import FIXTURES, fleet_app
@@ -112,6 +113,28 @@ async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None
         assert pane.model.at(view.cursor).text == "line 199"  # type: ignore[union-attr]
 
 
+async def test_a_truncated_log_starts_new_charts(tmp_path: Path) -> None:
+    """vLLM restarted and its log was truncated: the charts went on from the old server's 60
+    figures; they start a new series from the new server's lines (the text stays)."""
+    app, log = _app(tmp_path)
+    spec = [ln for ln in SERVER_LOG.read_text().splitlines() if "SpecDecoding metrics" in ln][0]
+    new = spec.replace("Mean acceptance length: 2.80", "Mean acceptance length: 1.25")
+    assert new != spec
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await _open_logs(pilot, N_LINES)
+        m = pane.model
+        assert len(m.spec) == 60 and len(m.engine) == 60
+        log.write_text("(APIServer pid=4242) INFO vLLM starting again\n" + new + "\n")
+        await _wait(lambda: "truncated" in pane.notice and m.total >= N_LINES + 2)
+        assert [s.mean_acceptance_length for s in m.spec] == [1.25] and not m.engine
+        pane.redraw(force=True)
+        await pilot.pause()
+        charts = pane.query_one(LogCharts)
+        text = "\n".join(line.plain for line in charts.lines())
+        assert "1.25" in text and "2.80" not in text, text
+        assert m.total == N_LINES + 2                  # the old text is still there to read
+
+
 # -- following shows the newest lines ------------------------------------------------------
 # These wait for the pane's own redraw timer (no forced redraw, unlike _open_logs): the view must
 # land on the end by itself, as a person sees it.
@@ -143,6 +166,39 @@ def _assert_at_end(pane: LogsPane, last: str) -> None:
     assert view.scroll_offset.y == view.max_scroll_y, (view.scroll_offset.y, view.max_scroll_y)
     assert view.vertical_scrollbar.position == view.scroll_offset.y  # the thumb says so too
     assert _bottom_row(view) == last[:view.size.width].rstrip()  # lines are cut, not wrapped
+
+
+async def test_a_long_metrics_line_is_read_whole_by_panning(tmp_path: Path) -> None:
+    """At 120 columns a `SpecDecoding metrics` line (230 characters) was cut at `Mean
+    acceptan`: right pans half a screen at a time until its last figure shows, left back."""
+    app, log = _app(tmp_path)
+    last = [ln for ln in log.read_text().splitlines() if "SpecDecoding metrics" in ln][-1]
+    async with app.run_test(size=SIZE) as pilot:
+        pane = await _open_logs(pilot, N_LINES)
+        await pilot.press("slash", *"SpecDecoding", "enter")
+        pane.redraw(force=True)
+        await pilot.pause()
+        view = pane.query_one(LogView)
+        width = view.size.width
+        assert len(last) > width + 100 and view.model.at(view.model.visible() - 1).text == last
+        shown = [_bottom_row(view)]
+        while view.scroll_offset.x + width < len(last):
+            before = view.scroll_offset.x
+            await pilot.press("right")
+            await pilot.pause()
+            assert view.scroll_offset.x > before, "right did not pan"
+            x = view.scroll_offset.x
+            assert _bottom_row(view) == last[x:x + width].rstrip()
+            shown.append(_bottom_row(view))
+        assert "Mean acceptance length: " in "".join(shown)
+        pane.redraw()
+        assert f"from column {view.scroll_offset.x + 1} (← →)" in \
+            pane.query_one(StatusLine).plain
+        assert _bottom_row(view).endswith("Avg Draft acceptance rate: " +
+                                          last.rsplit(": ", 1)[1])
+        await pilot.press(*["left"] * -(-view.scroll_offset.x // (width // 2)))
+        await pilot.pause()
+        assert view.scroll_offset.x == 0 and _bottom_row(view) == last[:width].rstrip()
 
 
 async def test_following_opens_on_the_newest_lines(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Static
+from textual.widgets import ProgressBar, Static
 
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
@@ -25,6 +25,7 @@ from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import RunTable
 from tests.panes import FINISHED, RUNNING, show_runs, two_runs
+from tests.paths import FIXTURES
 from tests.runs_registry import (
     local_app,
     local_config,
@@ -35,6 +36,7 @@ from tests.runs_registry import (
 from tests.waiting import wait_for
 
 SIZE = (120, 40)
+SERVER_LOG = FIXTURES / "vllm" / "server.log"
 pytestmark = pytest.mark.usefixtures("utc")   # times on screen are local times
 
 
@@ -146,29 +148,42 @@ async def test_the_two_acceptance_lengths_are_labelled_apart() -> None:
         assert "train (est.) 4.396" in title and "held-out 3.930" in title
 
 
-async def test_a_run_without_metrics_gets_no_plots(tmp_path: Path) -> None:
-    """A plain `python script.py` profile: output lines, no events, so no plots; its log
-    takes their room."""
-    run_dir = write_run(tmp_path, "script-20261130-100000-aaaa", [], status="succeeded",
-                        start=time.time() - 60, end=time.time(), exit_code=0,
+async def _open_plain_run(pilot: Pilot[Any]) -> RunDetailScreen:
+    """Run detail of the one run listed, read to its end."""
+    app = pilot.app
+    await pilot.press("5")
+    table = app.screen.query_one(RunTable)
+    await wait_for(pilot, lambda: bool(table.ids))
+    table.focus()
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+    screen = app.screen
+    assert isinstance(screen, RunDetailScreen)
+    await wait_for(pilot, lambda: screen.feed.finished)
+    screen.refresh_view(force=True)
+    await pilot.pause()
+    return screen
+
+
+def _plain_run(root: Path, output: str, status: str = "succeeded", exit_code: int = 0) -> None:
+    """A plain `python3 train.py` run (no events) whose output.log holds `output`."""
+    run_dir = write_run(root, "script-20261130-100000-aaaa", [], status=status,
+                        start=time.time() - 60, end=time.time(), exit_code=exit_code,
                         train_json=False)
     rec = json.loads((run_dir / "run.json").read_text())
     rec.update(engine=False, argv=["python3", "train.py"], stdout="output.log")
     (run_dir / "run.json").write_text(json.dumps(rec))
     (run_dir / "events.jsonl").unlink()
-    (run_dir / "output.log").write_text("".join(f"epoch {i} done\n" for i in range(30)))
+    (run_dir / "output.log").write_text(output)
+
+
+async def test_a_run_without_metrics_gets_no_plots(tmp_path: Path) -> None:
+    """A plain `python script.py` profile: output lines, no events, so no plots; its log
+    takes their room."""
+    _plain_run(tmp_path, "".join(f"epoch {i} done\n" for i in range(30)))
     app = local_app(local_config(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("5")
-        table = app.screen.query_one(RunTable)
-        await wait_for(pilot, lambda: bool(table.ids))
-        table.focus()
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
-        screen = app.screen
-        assert isinstance(screen, RunDetailScreen)
-        screen.refresh_view(force=True)
-        await pilot.pause()
+        screen = await _open_plain_run(pilot)
         assert not screen.query_one("#detail-plots").display
         assert not screen.query_one("#plot-acc").display
         tail = screen.query_one(LogTail)
@@ -208,3 +223,39 @@ async def test_a_run_that_could_not_start_shows_why(tmp_path: Path) -> None:
         text = str(title.render())
         assert "failed (exit 127)" in text
         assert "cannot run /opt/no-venv/bin/vllm: No such file or directory" in text
+
+
+async def test_a_long_log_line_wraps_in_run_detail(tmp_path: Path) -> None:
+    """A served run's `SpecDecoding metrics` line at 120 columns: it was cut at `Mean
+    acceptan`; it wraps now, read whole to its last figure, the newest row at the bottom."""
+    line = next(ln for ln in SERVER_LOG.read_text().splitlines()
+                if "SpecDecoding metrics" in ln)
+    _plain_run(tmp_path, "".join(f"step {i}\n" for i in range(40)) + line + "\n")
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open_plain_run(pilot)
+        tail = screen.query_one(LogTail)
+        rows = tail.render().plain.split("\n")
+        assert len(line) > tail.size.width and len(rows) <= tail.size.height, rows
+        assert all(len(r) <= tail.size.width for r in rows), rows
+        assert " ".join(line.split()) in " ".join(" ".join(rows).split()), rows
+        assert rows[-1].endswith("Avg Draft acceptance rate: 60.1%") or \
+            rows[-1].endswith(line.rsplit(" ", 1)[1]), rows
+        assert "step 39" in rows                       # the lines before it, as fit
+
+
+@pytest.mark.parametrize("status,code,full", [("failed", 127, False), ("stopped", -15, False),
+                                              ("succeeded", 0, True)])
+async def test_a_run_that_ended_before_any_step_shows_no_full_bar(
+        tmp_path: Path, status: str, code: int, full: bool) -> None:
+    """No steps reported: a failed (or stopped) run showed a full 100% bar; it shows none. A
+    script that succeeded without reporting steps is done: its bar is full."""
+    _plain_run(tmp_path, "cannot run vllm: No such file or directory\n", status, code)
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _open_plain_run(pilot)
+        bar = screen.query_one("#detail-bar", ProgressBar)
+        shown = bar.display and bar.percentage is not None and bar.percentage > 0
+        assert shown == full, (status, bar.display, bar.percentage)
+        if full:
+            assert bar.percentage == 1.0

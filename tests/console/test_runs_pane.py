@@ -424,3 +424,141 @@ async def test_switching_to_a_host_with_profiles_drops_the_no_profile_message(
         await wait_for(pilot, lambda: pane.host == "bare" and pane.model.listed > 3)
         await pilot.pause()
         assert 'host = "bare"' in str(activity.render())
+
+
+class _Forwarder:
+    """A loopback port that refuses connections until `open()`, then forwards them to sshd:
+    a host that is down, then back."""
+
+    def __init__(self, target: int) -> None:
+        import socket as sock
+        with sock.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.target = target
+        self.server: asyncio.Server | None = None
+
+    async def open(self) -> None:
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except OSError:
+                pass
+            finally:
+                w.close()
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            tr, tw = await asyncio.open_connection("127.0.0.1", self.target)
+            await asyncio.gather(pipe(r, tw), pipe(tr, w))
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", self.port)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest.mark.sshd
+async def test_an_unreachable_host_is_said_so_and_its_failure_clears_when_it_is_back(
+        sshd: Any, tmp_path: Path) -> None:
+    """The Runs pane of a host that is down said `0 runs` (the registry could not be read);
+    `launch … failed: cannot reach` stayed on the activity line minutes after the host came
+    back. Now: `runs: cannot reach gpu9`, and the failure goes with the first good read."""
+    fwd = _Forwarder(sshd.port)
+    known = tmp_path / "known_hosts"
+    key = sshd.known_hosts.read_text().split(None, 1)[1]
+    known.write_text(f"[127.0.0.1]:{fwd.port} {key}")
+    host = HostConfig(name="gpu9", ssh=f"{sshd.user}@127.0.0.1:{fwd.port}",
+                      known_hosts=str(known), identity=str(sshd.user_key),
+                      python=sys.executable, root=str(tmp_path / "root"))
+    config = local_config(tmp_path / "local")
+    config.hosts = {"gpu9": host}
+    config.profiles = {"job": Profile("job", ["gpu9"], "true")}
+    app = local_app(config)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("5")
+            pane = runs_pane(pilot)
+            status = pane.query_one("#runs-status", Static)
+            await wait_for(pilot, lambda: "gpu9" in pane.model.list_error, 30, "a failed read")
+            pane.refresh_view(force=True)
+            await pilot.pause()
+            shown = str(status.render())
+            assert "runs: cannot reach gpu9" in shown and "0 runs" not in shown, shown
+            await pilot.press("t")
+            activity = pane.query_one("#runs-activity", Static)
+            await wait_for(pilot, lambda: "failed" in str(activity.render()), 30, "launch")
+            assert "launch of job failed" in str(activity.render())
+            await fwd.open()                          # the host is back
+            await pilot.press("r")
+            await wait_for(pilot, lambda: pane.model.listed_on("gpu9"), 60, "a good read")
+            await wait_for(pilot, lambda: "failed" not in str(activity.render()), 10,
+                           "the failure to go")
+            assert "gpu9 is reachable again" in str(activity.render())
+            pane.refresh_view(force=True)
+            await pilot.pause()
+            shown = str(status.render())
+            assert "0 runs" in shown and "cannot" not in shown, shown
+    finally:
+        await fwd.close()
+
+
+async def test_runs_say_listing_until_the_first_read_is_in(tmp_path: Path) -> None:
+    """On a start, the registry read takes a moment: the pane said `0 runs` before listing a
+    running run; it says it is listing (a host whose Python answers after a second here)."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 1.5\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    root, clock = two_runs("listing")
+    config = local_config(root)
+    config.hosts["local"].python = str(slow)
+    app = local_app(config, clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("5")
+        pane = runs_pane(pilot)
+        status = pane.query_one("#runs-status", Static)
+        pane.refresh_view(force=True)
+        await pilot.pause()
+        first = str(status.render())
+        await wait_for(pilot, lambda: pane.model.listed > 0, 30, "the listing")
+        pane.refresh_view(force=True)
+        await pilot.pause()
+        assert "listing runs…" in first and "0 runs" not in first, first
+        assert "2 runs, 1 running" in str(status.render()), status.render()
+
+
+async def test_tab_moves_between_the_tables_and_enter_opens_the_row_under_the_cursor() -> None:
+    """Tab, a row, enter: that run opens (the footer says `Open run` there, `Newest run` on a
+    profile); a second Tab goes back to the profiles, not out of the pane to the hosts list
+    or the tabs, where the footer had only q and ?."""
+    from textual.widgets._footer import FooterKey
+
+    from console.widgets.footer import Footer
+
+    root, clock = two_runs("tab-focus")
+    app = local_app(local_config(root), clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await show_runs(pilot, len(upto_step(recorded_events(), 60)))
+
+        def keys() -> set[str]:
+            return {str(k.description) for k in app.screen.query_one(Footer).query(FooterKey)
+                    if k.display}
+
+        profiles, runs = app.screen.query_one(ProfileTable), app.screen.query_one(RunTable)
+        assert app.focused is profiles and "Newest run" in keys()
+        await pilot.press("tab")
+        assert app.focused is runs and "Open run" in keys()
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        assert app.screen.feed.run_id == FINISHED   # the row under the cursor, not the newest
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen))
+        assert app.focused is runs
+        await pilot.press("tab")
+        await pilot.pause()
+        assert app.focused is profiles, app.focused
+        assert {"Push", "Launch", "Stop run", "Refresh"} <= keys(), keys()
+        await pilot.press("tab")
+        assert app.focused is runs and {"Push", "Launch", "Open run"} <= keys(), keys()
