@@ -42,7 +42,8 @@ def two_runs(name: str) -> tuple[Path, FrozenClock]:
     root = fresh_snap_root(name)
     lines = recorded_events()
     t0, t1 = event_time(lines[0]) - 3.0, event_time(lines[-1])
-    write_run(root, FINISHED, lines, status="succeeded", start=t0, end=t1 + 1, exit_code=0)
+    write_run(root, FINISHED, lines, status="succeeded", start=t0, end=t1 + 1, exit_code=0,
+              best=(3.441, 150))
     partial = shifted(upto_step(lines, 60), LATER)
     write_run(root, RUNNING, partial, status="running", start=t0 + LATER)
     return root, FrozenClock(event_time(partial[-1]) + 0.4)

@@ -60,10 +60,10 @@ def shifted(lines: list[str], dt: float) -> list[str]:
 
 def write_run(root: Path, run_id: str, lines: list[str], *, status: str,
               start: float, end: float | None = None, exit_code: int | None = None,
-              train_json: bool = True) -> Path:
+              train_json: bool = True, best: tuple[float, int] | None = None) -> Path:
     """ROOT/runs/<id>/ with run.json (a `running` one names this test process as its pid, with
     its start time, so the registry sees it alive), events.jsonl and, like `engine train`,
-    out/run.json."""
+    out/run.json; `best` (held-out tau, step): out/best/provenance.json as the engine writes."""
     run_dir = root / "runs" / run_id
     (run_dir / "out").mkdir(parents=True)
     argv = ["python3", "-m", "engine", "train", "--target", "/data/demo/target", "--data",
@@ -80,6 +80,11 @@ def write_run(root: Path, run_id: str, lines: list[str], *, status: str,
     (run_dir / "output.log").write_text("", encoding="utf-8")
     if train_json:
         shutil.copy(FIXTURES / "finetune.run.json", run_dir / "out" / "run.json")
+    if best is not None:
+        (run_dir / "out" / "best").mkdir()
+        (run_dir / "out" / "best" / "provenance.json").write_text(json.dumps(
+            {"format": "eagle", "run": str(run_dir / "out"), "held_out_tau": best[0],
+             "step": best[1]}), encoding="utf-8")
     return run_dir
 
 

@@ -276,9 +276,45 @@ def with_nodes(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
     return dict(rec, nodes=nodes)
 
 
+BEST_RECORD_MAX = 1 << 20   # provenance.json is a few KB; anything bigger is not the engine's
+
+
+def best_of(run_dir: str, rec: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The best held-out figure an `engine train` run has exported so far: its `--out`'s
+    best/provenance.json (the engine rewrites it at each checkpoint that improves), as
+    {"tau": held-out acceptance length, "step": its step}; None for anything else."""
+    argv = rec.get("argv")
+    if not isinstance(argv, list) or "train" not in argv or "engine" not in argv:
+        return None
+    out = None
+    for i, word in enumerate(argv):
+        if word == "--out" and i + 1 < len(argv):
+            out = argv[i + 1]
+        elif isinstance(word, str) and word.startswith("--out="):
+            out = word[len("--out="):]
+    if not isinstance(out, str) or not out:
+        return None
+    cwd = os.path.expanduser(rec.get("cwd") or "~")   # where the runner started the command
+    path = os.path.join(cwd, os.path.expanduser(out), "best", "provenance.json")
+    try:
+        if os.stat(path).st_size > BEST_RECORD_MAX:
+            return None
+    except OSError:
+        return None
+    prov = read_json(path)
+    if prov is None:
+        return None
+    tau, step = prov.get("held_out_tau"), prov.get("step")
+    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or tau != tau \
+            or tau in (float("inf"), float("-inf")) or not is_int(step):
+        return None
+    return {"tau": float(tau), "step": step}
+
+
 def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Every run's record as it stands now; one that cannot be trusted as `corrupt` (with
-    the reason in "error"), so one bad file never hides the others."""
+    """Every run's record as it stands now (a training run's best held-out figure added as
+    "best"); one that cannot be trusted as `corrupt` (with the reason in "error"), so one bad
+    file never hides the others."""
     try:
         names = [run_id] if run_id else sorted(os.listdir(runs_dir))
     except FileNotFoundError:
@@ -294,6 +330,9 @@ def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any
             continue  # no record yet: a start in progress (or one that never happened)
         if rec is not None and is_slurm(rec):
             rec = with_nodes(run_dir, rec)
+        best = best_of(run_dir, rec) if rec is not None else None
+        if rec is not None and best is not None:
+            rec = dict(rec, best=best)
         out.append(effective(rec) if rec is not None else corrupt(run_dir, problem or "?"))
     return out
 

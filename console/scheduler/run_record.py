@@ -10,6 +10,7 @@ console side reads run.json's dict: panes, commands and schedulers use these fie
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,8 @@ class RunRecord:
     pid: int | None = None
     push: PushInfo = field(default_factory=PushInfo)
     slurm: SlurmInfo | None = None                 # set for a run placed by Slurm
+    best_tau: float | None = None  # a training run's best held-out acceptance length so far
+    best_step: int | None = None   # and its step (the runner reads OUT/best/provenance.json)
     _source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -120,9 +123,16 @@ class RunRecord:
             env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
             pid=d.get("pid"), push=PushInfo.parse(d.get("push")),
             slurm=SlurmInfo.parse(d) if d.get("scheduler") == "slurm" else None,
-            _source=d)
+            **_best(d.get("best")), _source=d)
 
     # -- derived ----------------------------------------------------------------------------
+    def best_cells(self) -> tuple[str, str]:
+        """HELD-OUT and BEST as the Runs table and `runs` show them: a training run's best
+        held-out acceptance length so far and its step (`3.44`, `150`); `-` for other runs."""
+        if self.best_tau is None or self.best_step is None:
+            return "-", "-"
+        return f"{self.best_tau:.2f}", str(self.best_step)
+
     @property
     def job_id(self) -> str:
         """The Slurm job id of a run on a cluster host ("" elsewhere)."""
@@ -162,3 +172,14 @@ class RunRecord:
 
 def _text(v: object) -> str:
     return v if isinstance(v, str) else "" if v is None else str(v)
+
+
+def _best(d: object) -> dict[str, Any]:
+    """best_tau and best_step from the runner's "best" (finite, a whole step), else none."""
+    if not isinstance(d, dict):
+        return {}
+    tau, step = d.get("tau"), d.get("step")
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) \
+            or isinstance(step, bool) or not isinstance(step, int):
+        return {}
+    return {"best_tau": float(tau), "best_step": step}

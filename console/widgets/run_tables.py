@@ -20,7 +20,7 @@ from console.ui.keymap import bindings
 from console.widgets.text_table import TextTable
 
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
-RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "DURATION", "CODE")
+RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "HELD-OUT", "BEST", "DURATION", "CODE")
 COMMAND_WIDTH = 60
 STATUS_MARK = {RunStatus.PENDING: "…", RunStatus.RUNNING: "▶", RunStatus.SUCCEEDED: "✔",
                RunStatus.FAILED: "✖", RunStatus.STOPPED: "■", RunStatus.LOST: "?",
@@ -119,19 +119,19 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
         job = slurm_of(rec)
         return (fit_id(rec.id, max(16, RUN_WIDTH - len(job))) + job,
                 f"{STATUS_MARK.get(rec.status, ' ')} {status}",
-                progress_of(rec, prog), dur, code_of(rec))
+                progress_of(rec, prog), *rec.best_cells(), dur, code_of(rec))
     node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
     status = status_text(rec)
     if rec.status == RunStatus.CORRUPT:  # only why the record cannot be trusted, cut to a cell
         reason = rec.error if len(rec.error) <= REASON_WIDTH else \
             rec.error[:REASON_WIDTH - 1] + "…"
-        return (fit_id(rec.id), f"{STATUS_MARK[rec.status]} {rec.status} ({reason})", "-", "-",
-                "-")
+        return (fit_id(rec.id), f"{STATUS_MARK[rec.status]} {rec.status} ({reason})",
+                *("-",) * (len(RUN_COLUMNS) - 2))
     end = rec.end if rec.end else (now if rec.status == RunStatus.RUNNING else None)
     dur = fmt_duration(end - rec.start) if rec.start and end else "-"
     return (fit_id(rec.id, RUN_WIDTH - len(node)) + node,
             f"{STATUS_MARK.get(rec.status, ' ')} {status}",
-            progress_of(rec, prog), dur, code_of(rec))
+            progress_of(rec, prog), *rec.best_cells(), dur, code_of(rec))
 
 
 class ProfileTable(TextTable):

@@ -294,3 +294,34 @@ def test_runs_columns_stay_in_line_with_a_long_profile_name(
                 assert row[at:at + 4].strip() == word, (head, row)
             else:
                 assert row[at:].startswith(word), (head, row)
+
+
+def test_runs_show_a_training_runs_best_held_out_figure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """HELD-OUT and BEST (issue 32 point 19): the best held-out acceptance length a training run
+    exported so far and its step, read by the host-side runner from OUT/best/provenance.json;
+    `-` for a run with none, and for a record that is not a finite figure and a whole step."""
+    from tests.runs_registry import recorded_events, write_run
+
+    good = write_run(tmp_path, "finetune-20261205-120000-ab12", recorded_events()[:5],
+                     status="succeeded", start=1.0, end=2.0, exit_code=0, best=(3.441, 150))
+    write_run(tmp_path, "finetune-20261205-120500-cd34", recorded_events()[:5],
+              status="failed", start=3.0, end=4.0, exit_code=1)
+    bad = write_run(tmp_path, "finetune-20261205-121000-ef56", recorded_events()[:5],
+                    status="succeeded", start=5.0, end=6.0, exit_code=0, best=(3.0, 10))
+    (bad / "out" / "best" / "provenance.json").write_text(
+        '{"held_out_tau": NaN, "step": 10}', encoding="utf-8")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "runs", "local"]) == 0
+    head, *rows = capsys.readouterr().out.splitlines()
+    cells = {r.split()[0]: r for r in rows}
+    tau_at, step_at = head.index("HELD-OUT"), head.index("BEST")
+    row = cells[good.name]
+    assert row[tau_at:tau_at + 8].strip() == "3.44" and row[step_at:step_at + 4].strip() == "150"
+    for rid in ("finetune-20261205-120500-cd34", bad.name):
+        assert cells[rid][tau_at:tau_at + 8].strip() == "-", (head, cells[rid])
+    assert cli_main(["--config", str(cfg), "runs", "local", "--json"]) == 0
+    records = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert records[good.name]["best"] == {"tau": 3.441, "step": 150}
+    assert "best" not in records[bad.name]
