@@ -276,6 +276,9 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
     if ev is not None and run.reference.mode == "off" and check_every:
         ev.log(f"the reference check is off ({run.reference.why}): the capture is checked "
                "against vLLM's own log-probs only", level="warning")
+    elif ev is not None and run.reference.mode == "layers":
+        ev.log(f"the reference check runs the target one decoder layer at a time "
+               f"({run.reference.why})")
     if ev is not None:
         n, done = len(cp.samples), cp.committed
         ev.log(f"capturing {n - done} of {n} samples ({cp.left} tokens, about "
