@@ -97,8 +97,9 @@ def test_executor_capture_runs_a_kimi_target_behind_its_wrapper(
         vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """Kimi's shapes (MLA at its sizes, yarn rope, sigmoid routing with a correction bias),
     wrapped as Kimi-K2.5 ships: vLLM builds the text stack alone (language_model_only), the
-    capture passes both checks (the reference one layer at a time, as on a 1T target), and agrees with the unwrapped twin's transformers path to
-    float32 precision at every position."""
+    capture passes both checks (the reference one layer at a time, as on a 1T target), and
+    agrees with the unwrapped twin's transformers path to float32 precision at every
+    position."""
     wrapped, plain = kimi_pair
     conv = _chats(demo_dir, tmp_path / "conv.jsonl")
     refused = run_engine("capture-server", "--target", str(plain), "--print", check=False)
