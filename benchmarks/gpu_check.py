@@ -1,10 +1,10 @@
-"""Device check for a lent GPU machine: four independent checks, one `CHECK` line each.
+"""Device check for a lent GPU machine: five independent checks, one `CHECK` line each.
 
     bash benchmarks/gpu_check.sh                    # on the GPU machine, from anywhere
     bash benchmarks/gpu_check.sh --only bf16-train-step
     bash benchmarks/gpu_check.sh --cpu              # the same checks on CPU, tiny shapes
 
-Measured on one H200 (2026-12-04): 112 s for the four checks (most of it process start-up,
+Measured on one H200 (2026-12-04): 112 s for the first four checks (most of it process start-up,
 CUDA initialisation and building the random inputs on the CPU); every check runs in its own
 process under its own time limit (120 + 200 + 200 + 60 s), so the whole script ends within ~10
 minutes whatever hangs. `--cpu` on 2 cores: 35-60 s.
@@ -41,6 +41,8 @@ nvml-agent
     `python -m engine monitor --events --count 6 --interval 0.5` while this process keeps the
     GPU busy with bf16 matrix products; at least one GPU in the `sample` events must have util,
     mem_used/mem_total, power and temp filled. On CPU (or without NVML under --cpu): skip.
+mla-serve-eagle3
+    vLLM serving an MLA target with an EAGLE-3 drafter: benchmarks/gpu_check_mla_serve.py.
 
 Output: `CHECK name: ok|FAIL|skip ...` per check on stdout (nothing else there), a summary line
 on stderr, and with $OUT set (or --json PATH) $OUT/gpu_check.json plus each check's log
@@ -69,13 +71,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpu_check_mla_serve import check_mla_serve
 from gpu_check_ttt import check_ttt_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-CHECKS = ("ttt-attention", "bf16-train-step", "mla-capture-transformers", "nvml-agent")
 TIMEOUT_S = {"ttt-attention": 120, "bf16-train-step": 200, "mla-capture-transformers": 200,
-             "nvml-agent": 60}
+             "nvml-agent": 60, "mla-serve-eagle3": 560}
+CHECKS = tuple(TIMEOUT_S)
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, FLOP/s, matched as
 # substrings of torch.cuda.get_device_name() in this order (the first match wins).
@@ -313,9 +316,9 @@ def _from_pretrained(cls: Any, path: str, dtype: Any) -> Any:
         return cls.from_pretrained(path, torch_dtype=dtype)
 
 
-def build_mla_target(path: str, n_chats: int, seed: int = 0) -> list[Any]:
+def build_mla_target(path: str, n_chats: int, seed: int = 0, config: Any = MLA_CONFIG) -> list:
     """A random DeepseekV3 (MLA + MoE) target with the demo's tokenizer at `path` (bf16
-    weights); returns demo conversations for it."""
+    weights; MLA_CONFIG's sizes unless `config`); returns demo conversations for it."""
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -325,10 +328,10 @@ def build_mla_target(path: str, n_chats: int, seed: int = 0) -> list[Any]:
     corpus = chats(n_chats, seed)
     tok = build_tokenizer(corpus)
     cfg = DeepseekV3Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                           eos_token_id=tok.eos_token_id, bos_token_id=None, **MLA_CONFIG)
+                           eos_token_id=tok.eos_token_id, bos_token_id=None, **config)
     for key in ("kv_lora_rank", "q_lora_rank", "first_k_dense_replace", "n_routed_experts"):
-        if getattr(cfg, key, None) != MLA_CONFIG[key]:
-            raise RuntimeError(f"DeepseekV3Config ignored {key}={MLA_CONFIG[key]}")
+        if getattr(cfg, key, None) != config[key]:
+            raise RuntimeError(f"DeepseekV3Config ignored {key}={config[key]}")
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(path)
@@ -494,7 +497,8 @@ class _GpuLoad:
 # -- driver ---------------------------------------------------------------------------------------
 
 WORKERS = {"ttt-attention": check_ttt_attention, "bf16-train-step": check_bf16_train_step,
-           "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent}
+           "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent,
+           "mla-serve-eagle3": lambda cpu: check_mla_serve(cpu, _env(cpu), build_mla_target)}
 SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everything)
     "ttt-attention": ("device", "cases", "worst_rel"),
     "bf16-train-step": ("device", "precision", "tokens_per_s", "step_ms", "peak_mem_gb",
@@ -503,6 +507,7 @@ SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everyth
                                  "max_abs_diff", "rel_diff", "aux_rel_diff", "tol"),
     "nvml-agent": ("name", "driver", "mem_total_gib", "util", "util_max", "mem_used_gib",
                    "power_w", "power_max_w", "temp_c", "sm_clock", "procs_max", "samples"),
+    "mla-serve-eagle3": ("device", "acceptance_length", "drafts", "samples", "vllm_wall_s"),
 }
 
 

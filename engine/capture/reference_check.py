@@ -15,10 +15,11 @@ The worst one above the tolerance stops the capture, naming the layer id, the po
 size. Only the first REFERENCE_POSITIONS tokens are compared (causal attention: a prefix's states
 do not depend on what follows), which bounds the CPU forward's cost.
 
-`mode`: `full` (the transformers forward), `off`, or `auto`: full when the text stack in float32
-fits in half the host's available memory, else off with a warning saying so (the capture keeps
-vLLM's self-check; run the check on a host with the memory, or with a smaller target of the same
-architecture).
+`mode`: `full` (the transformers model loaded whole), `layers` (the same forward holding one
+decoder layer at a time, reading only the layers up to the highest captured id:
+engine/capture/layerwise_reference.py), `off`, or `auto`: full when the text stack in float32
+fits in half the host's available memory, else layers when the embedding plus the largest layer
+does, else off with a warning saying so (the capture keeps vLLM's self-check).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.capture.layerwise_reference import LayerwiseReference, layer_bytes
 from engine.errors import EngineError
 
 #: per-position relative difference accepted, by the dtype vLLM ran in: float32 agrees to a few
@@ -36,7 +38,7 @@ from engine.errors import EngineError
 #: wrong layer or a garbled attention is off by far more than either
 REFERENCE_TOLERANCE = {torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.1}
 REFERENCE_POSITIONS = 256
-MODES = ("auto", "full", "off")
+MODES = ("auto", "full", "layers", "off")
 
 
 def available_memory() -> int:
@@ -51,32 +53,40 @@ def available_memory() -> int:
     return 0
 
 
-def text_stack_bytes(target_dir: str) -> int:
-    """The text stack's size in float32 (from the safetensors headers; nothing is read)."""
+def text_stack_bytes(target_dir: str) -> tuple[int, int, int]:
+    """(the whole text stack, what is outside its decoder layers, its largest decoder layer),
+    in float32 bytes, from the safetensors headers (nothing is read)."""
     from engine.ckpt.safetensors_io import open_weights
     from engine.ckpt.target_weights import text_stack_names
 
     ws = open_weights(Path(target_dir))
-    total = 0
-    for name in text_stack_names(target_dir, list(ws.names())):
+    names = text_stack_names(target_dir, list(ws.names()))
+    sizes: dict[str, int] = {}
+    for name in names:
         n = 1
         for d in ws.entries[name].shape:
             n *= int(d)
-        total += 4 * n
-    return total
+        sizes[name] = n
+    rest, layer = layer_bytes(target_dir, names, sizes)
+    return 4 * sum(sizes.values()), rest, layer
 
 
 def resolve_mode(mode: str, target_dir: str) -> tuple[str, str]:
-    """(the mode used, why): `auto` becomes full or off by the memory the forward needs."""
+    """(the mode used, why): `auto` becomes full, layers or off by the memory each needs."""
     if mode not in MODES:
         raise EngineError(f"--reference-check {mode!r}: one of {', '.join(MODES)}")
     if mode != "auto":
         return mode, "asked for"
-    need, have = text_stack_bytes(target_dir), available_memory()
-    if have and need * 2 > have:
-        return "off", (f"the text stack needs {need / 2**30:.1f} GiB in float32, this host has "
-                       f"{have / 2**30:.1f} GiB available")
-    return "full", f"{need / 2**30:.2f} GiB in float32"
+    (whole, rest, layer), have = text_stack_bytes(target_dir), available_memory()
+    gib = 2**30
+    if not have or whole * 2 <= have:
+        return "full", f"{whole / gib:.2f} GiB in float32"
+    if (rest + layer) * 2 <= have:
+        return "layers", (f"the text stack needs {whole / gib:.1f} GiB in float32, this host "
+                          f"has {have / gib:.1f} GiB available: one layer at a time "
+                          f"({(rest + layer) / gib:.1f} GiB)")
+    return "off", (f"one layer and the embedding need {(rest + layer) / gib:.1f} GiB in float32, "
+                   f"this host has {have / gib:.1f} GiB available")
 
 
 class Reference:
@@ -140,7 +150,7 @@ class ReferenceCheck:
         self.mode, self.why = resolve_mode(mode, target_dir)
         self.layer_ids = list(layer_ids)
         self.tol = REFERENCE_TOLERANCE.get(store, 0.1)
-        self._ref: Reference | None = None
+        self._ref: Reference | LayerwiseReference | None = None
         self._target = target_dir
         self.results: list[dict[str, Any]] = []
 
@@ -148,7 +158,8 @@ class ReferenceCheck:
         if self.mode == "off":
             return
         if self._ref is None:
-            self._ref = Reference(self._target, self.layer_ids)
+            self._ref = (LayerwiseReference if self.mode == "layers" else Reference)(
+                self._target, self.layer_ids)
         m = min(len(ids), REFERENCE_POSITIONS)
         ref = self._ref.states(ids[:m])
         self.results.append(compare(sid, states[:m], ref, self.layer_ids, self.tol))

@@ -31,6 +31,7 @@ import os
 from typing import Any
 
 from engine.ckpt.target_config import read_config
+from engine.ckpt.target_layout import vllm_text_only
 from engine.errors import EngineError
 from engine.model.config import default_aux_layer_ids
 
@@ -95,4 +96,6 @@ def serve_argv(target_dir: str, layer_ids: list[int], tp: int = 1, port: int = 8
     extra = list(extra or [])
     if dtype and not any(a == "--dtype" or a.startswith("--dtype=") for a in extra):
         argv += ["--dtype", dtype]
+    if vllm_text_only(target_dir, extra)[0]:
+        argv.append("--language-model-only")  # a multimodal wrapper: its text stack alone
     return argv + extra

@@ -49,6 +49,7 @@ from engine.capture.vllm_capture import (
     plan_capture,
 )
 from engine.capture.vllm_client import FeatureSpec
+from engine.ckpt.target_layout import vllm_text_only
 from engine.ckpt.target_weights import TargetHead
 from engine.data.chat import Tokenized
 from engine.data.disk_estimate import human
@@ -118,6 +119,7 @@ def engine_kwargs(target_dir: str, cfg: dict[str, Any], store: torch.dtype, tp: 
         "enforce_eager": True, "skip_tokenizer_init": True, "seed": 0,
         "worker_extension_cls": EXTENSION, "trust_remote_code": True,
     }
+    kw.update(vllm_text_only(target_dir, extra)[0])  # a wrapper's text stack alone
     kw.update(extra)
     return kw
 
@@ -268,6 +270,9 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
                       keep_free_gb, ev, via="vllm-engine", **({"fp8": True} if fp8 else {}))
     kwargs = engine_kwargs(target_dir, cp.cfg, cp.store, tp, gpu_memory_utilization, max_len,
                            batch_tokens, engine_args or {})
+    text_only = vllm_text_only(target_dir, engine_args or {})[1]
+    if ev is not None and text_only:
+        ev.log(text_only)
     run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
                      cp.spec, TargetHead(target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
                      check_every)
@@ -276,6 +281,9 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
     if ev is not None and run.reference.mode == "off" and check_every:
         ev.log(f"the reference check is off ({run.reference.why}): the capture is checked "
                "against vLLM's own log-probs only", level="warning")
+    elif ev is not None and run.reference.mode == "layers":
+        ev.log(f"the reference check runs the target one decoder layer at a time "
+               f"({run.reference.why})")
     if ev is not None:
         n, done = len(cp.samples), cp.committed
         ev.log(f"capturing {n - done} of {n} samples ({cp.left} tokens, about "

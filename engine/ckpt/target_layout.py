@@ -4,7 +4,9 @@
 Every reader of a target goes through `resolve_layout` (torch-free): the transformers load
 (engine/data/target.py: the text stack alone, never the vision tower), the embedding and lm_head
 (engine/ckpt/target_weights.py), the final norm (engine/ckpt/final_norm.py), and the config checks
-(engine/ckpt/target_config.py's `read_config` unwraps `text_config`).
+(engine/ckpt/target_config.py's `read_config` unwraps `text_config`). Where the engine starts vLLM
+for text only (the capture paths, `eval --vllm-engine`), `vllm_text_only` tells vLLM to build a
+wrapper's text stack alone (`language_model_only`) unless the user said otherwise.
 
 A wrapper stores its text stack in one of two ways (vLLM 0.32's `hf_to_vllm_mapper`s):
 - `language_model.model.*` + `language_model.lm_head.*` (Kimi-K2.5, older Llava/Mistral3 exports);
@@ -20,6 +22,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,10 @@ VLLM_EAGLE3_WRAPPERS = (
     "Llama4ForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration",
     "CohereCompassForConditionalGeneration", "NemotronH_Nano_VL_V2", "MiMoV2OmniForCausalLM",
 )
+
+#: vLLM's engine argument that builds a multimodal model's language model alone (no vision
+#: tower, no multimodal processor): `--language-model-only` on `vllm serve`
+LANGUAGE_MODEL_ONLY = "language_model_only"
 
 # text_config model types that transformers knows under another name
 _TEXT_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
@@ -129,3 +136,22 @@ def resolve_layout(target_dir: str, names: list[str] | None = None) -> TargetLay
     raise EngineError(f"{target_dir}: {wrapper} has a text_config but no text stack among its "
                       "weights (looked for 'language_model.model.layers.*', "
                       "'model.language_model.layers.*', 'model.layers.*')")
+
+
+def vllm_text_only(target_dir: str, given: Iterable[str]) -> tuple[dict[str, Any], str]:
+    """({"language_model_only": True}, the log line saying so) for a multimodal wrapper when
+    the user's own engine arguments (`given`: their names, dashes or underscores, `--` allowed)
+    do not name it; ({}, "") for a causal LM, a directory without a config.json, or when they
+    do. The engine's vLLM uses are text only (capture, acceptance), and a wrapper's vision
+    tower would cost memory and start-up time (Kimi-K2.5's MoonViT) for nothing."""
+    names = {g.lstrip("-").split("=")[0].replace("-", "_").removeprefix("no_") for g in given}
+    if LANGUAGE_MODEL_ONLY in names or not os.path.isfile(os.path.join(target_dir,
+                                                                        "config.json")):
+        return {}, ""
+    wrapper = resolve_layout(target_dir).wrapper
+    if wrapper is None:
+        return {}, ""
+    return {LANGUAGE_MODEL_ONLY: True}, (
+        f"{target_dir} is {wrapper}, a multimodal wrapper: vLLM builds its text stack alone "
+        f"({LANGUAGE_MODEL_ONLY}=true; the vision tower is not built); pass "
+        f"{LANGUAGE_MODEL_ONLY}=false yourself to build it")

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
         target_config,
     )
     from engine.ckpt.target_config import config_dtype
+    from engine.ckpt.target_layout import vllm_text_only
     from engine.errors import EngineError
     if args.tp < 1:
         raise EngineError(f"--tp {args.tp}: must be >= 1")
@@ -52,6 +53,9 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
                       storage=args.storage, vllm=args.vllm, served_name=args.served_model_name,
                       dtype=args.dtype or config_dtype(cfg), extra=shlex.split(args.extra))
     line = shlex.join(argv)
+    text_only = vllm_text_only(args.target, shlex.split(args.extra))[1]
+    if text_only:  # serve_argv added --language-model-only
+        ev.log(text_only)
     if args.print:
         ev.answer({"argv": argv, "command": line, "layer_ids": ids,
                    "storage": os.path.abspath(args.storage)}, args.json, lambda r: r["command"])

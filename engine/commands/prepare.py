@@ -63,9 +63,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     e.add_argument("--check-every", type=int, default=16, metavar="N",
                    help="self-check the first sample of every Nth batch against vLLM's own "
                         "log-probs (0: never; default 16)")
-    e.add_argument("--reference-check", choices=("auto", "full", "off"), default="auto",
+    e.add_argument("--reference-check", choices=("auto", "full", "layers", "off"),
+                   default="auto",
                    help="also compare the checked samples' states with a transformers forward "
-                        "of the text stack (auto: when it fits this host's memory)")
+                        "of the text stack: whole (full) or one layer at a time (layers); "
+                        "auto: full when it fits this host's memory, else layers, else off")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:

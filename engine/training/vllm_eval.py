@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.ckpt.target_layout import LANGUAGE_MODEL_ONLY, vllm_text_only
 from engine.events import Emitter
 from engine.training.evaluate import prompts_from
 
@@ -45,6 +46,16 @@ def figures(metrics: list[Any], k: int) -> dict[str, Any]:
             "accepted": int(accepted)}
 
 
+def llm_kwargs(draft: str, target: str, k: int, tp: int, model_len: int) -> dict[str, Any]:
+    """vLLM's LLM(...) arguments: the target with the drafter as its speculative config; a
+    multimodal wrapper's text stack alone (engine/ckpt/target_layout.py `vllm_text_only`)."""
+    return {"model": target, "tensor_parallel_size": tp, "enforce_eager": True, "seed": 0,
+            "max_model_len": model_len, "disable_log_stats": False,
+            "speculative_config": {"method": "eagle3", "model": draft,
+                                   "num_speculative_tokens": k},
+            **vllm_text_only(target, ())[0]}
+
+
 def evaluate_vllm(draft: str, target: str, data: str, *, k: int = 3, max_samples: int = 64,
                   max_new_tokens: int = 64, tp: int = 1, ev: Emitter | None = None
                   ) -> dict[str, Any]:
@@ -56,13 +67,13 @@ def evaluate_vllm(draft: str, target: str, data: str, *, k: int = 3, max_samples
 
     prompts = prompts_from(data, max_samples)
     t0 = time.monotonic()
+    kwargs = llm_kwargs(draft, target, k, tp,
+                        max(len(p) for p in prompts) + max_new_tokens + k + 1)
     if ev is not None:
         ev.log(f"vLLM: {target} with drafter {draft} (k={k}), {len(prompts)} prompts")
-    llm = LLM(model=target, tensor_parallel_size=tp, enforce_eager=True, seed=0,
-              max_model_len=max(len(p) for p in prompts) + max_new_tokens + k + 1,
-              disable_log_stats=False,
-              speculative_config={"method": "eagle3", "model": draft,
-                                  "num_speculative_tokens": k})
+        if LANGUAGE_MODEL_ONLY in kwargs:
+            ev.log(vllm_text_only(target, ())[1])
+    llm = LLM(**kwargs)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=max_new_tokens),
                         use_tqdm=False)

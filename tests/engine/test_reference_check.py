@@ -1,16 +1,20 @@
 """The capture's reference check (engine/capture/reference_check.py) without vLLM: states taken
 at the right layer ids pass it, an off-by-one layer or a garbled forward stops it, naming the
-layer id and the position. The real-vLLM cases are in tests/engine/test_vllm_capture_engine.py."""
+layer id and the position; in both modes: the whole model (`full`) and one decoder layer at a
+time (`layers`, engine/capture/layerwise_reference.py, for targets bigger than the host's
+memory). The real-vLLM cases are in tests/engine/test_vllm_capture_engine.py."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.capture.reference_check import Reference, ReferenceCheck, compare
+from engine.capture.layerwise_reference import LayerwiseReference
+from engine.capture.reference_check import Reference, ReferenceCheck, compare, text_stack_bytes
 from engine.errors import EngineError
 
 pytest_plugins = ("tests.demo_workspace", "tests.kimi_target")
@@ -59,12 +63,61 @@ def test_a_small_error_at_later_positions_is_found(kimi_pair: tuple[Path, Path],
         compare("b", bad, good, ids, 1e-3)
 
 
-def test_auto_is_off_where_the_target_does_not_fit(kimi_pair: tuple[Path, Path],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layer_by_layer_passes_through_the_wrapper(kimi_pair: tuple[Path, Path],
+                                                   tokens: list[int]) -> None:
+    """The Kimi-shaped yarn MoE target behind its wrapper, one layer at a time (per-expert
+    checkpoint tensors fused as from_pretrained fuses them): the twin's whole-model states
+    pass, and the two forwards agree to the bit."""
+    wrapped, plain = kimi_pair
+    ids = [2, 3, 4, 7]
+    captured = Reference(str(plain), ids).states(tokens)
+    check = ReferenceCheck(str(wrapped), ids, torch.float32, mode="layers")
+    check("s0", tokens, captured)
+    assert check.summary()["mode"] == "layers"
+    assert check.results[0]["worst"] < 1e-6 and check.results[0]["positions"] == 90
+    assert torch.equal(LayerwiseReference(str(wrapped), ids).states(tokens), captured)
+
+
+def test_layer_by_layer_names_an_off_by_one_layer(kimi_pair: tuple[Path, Path],
+                                                  tokens: list[int]) -> None:
+    wrapped, plain = kimi_pair
+    shifted = Reference(str(plain), [3, 4, 5, 7]).states(tokens)  # each aux one layer late
+    check = ReferenceCheck(str(wrapped), [2, 3, 4, 7], torch.float32, mode="layers")
+    with pytest.raises(EngineError, match=r"sample 's2': layer id [234] at position \d+ "
+                                          r"differs .* by \d\.\d\de[+-]\d\d"):
+        check("s2", tokens, shifted)
+
+
+def test_layer_by_layer_reads_no_layer_past_the_highest_id(kimi_pair: tuple[Path, Path],
+                                                           tokens: list[int],
+                                                           tmp_path: Path) -> None:
+    """Layers 5-6 and a tensor of layer 4 removed from the files: ids up to 4 need layers 0-3
+    only and pass; the last layer's output (id 7) needs layer 4, and the gap is named."""
+    from safetensors.torch import load_file, save_file
+    _, plain = kimi_pair
+    cut = tmp_path / "cut"
+    shutil.copytree(plain, cut)
+    sd = load_file(str(cut / "model.safetensors"))
+    gone = ("layers.4.self_attn.o_proj.", "layers.5.", "layers.6.")
+    save_file({k: v for k, v in sd.items() if not any(g in k for g in gone)},
+              str(cut / "model.safetensors"), metadata={"format": "pt"})
+    want = Reference(str(plain), [2, 3, 4]).states(tokens)
+    assert torch.equal(LayerwiseReference(str(cut), [2, 3, 4]).states(tokens), want)
+    with pytest.raises(EngineError, match=r"decoder layer 4: self_attn\.o_proj\.weight not in "):
+        LayerwiseReference(str(cut), [2, 3, 4, 7]).states(tokens)
+
+
+def test_auto_picks_by_the_memory_each_mode_needs(kimi_pair: tuple[Path, Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import engine.capture.reference_check as rc
     _, plain = kimi_pair
     assert ReferenceCheck(str(plain), [2, 3, 4, 7], torch.float32).mode == "full"
-    monkeypatch.setattr(rc, "available_memory", lambda: 1 << 20)
+    whole, rest, layer = text_stack_bytes(str(plain))
+    assert 0 < rest + layer < whole
+    monkeypatch.setattr(rc, "available_memory", lambda: 2 * (rest + layer))
+    check = ReferenceCheck(str(plain), [2, 3, 4, 7], torch.float32)
+    assert check.mode == "layers" and "one layer at a time" in check.why
+    monkeypatch.setattr(rc, "available_memory", lambda: 2 * (rest + layer) - 1)
     check = ReferenceCheck(str(plain), [2, 3, 4, 7], torch.float32)
     assert check.mode == "off" and "GiB available" in check.why
     with pytest.raises(EngineError, match="--reference-check 'x'"):

@@ -96,22 +96,25 @@ def _chats(demo_dir: Path, path: Path, n: int = 24) -> Path:
 def test_executor_capture_runs_a_kimi_target_behind_its_wrapper(
         vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path], tmp_path: Path) -> None:
     """Kimi's shapes (MLA at its sizes, yarn rope, sigmoid routing with a correction bias),
-    wrapped as Kimi-K2.5 ships: vLLM builds the text stack alone (language_model_only), the
-    capture passes both checks, and agrees with the unwrapped twin's transformers path to
+    wrapped as Kimi-K2.5 ships: vLLM builds the text stack alone (language_model_only, which
+    the engine passes for a wrapper), the capture passes both checks (the reference one layer
+    at a time, as on a 1T target), and agrees with the unwrapped twin's transformers path to
     float32 precision at every position."""
     wrapped, plain = kimi_pair
     conv = _chats(demo_dir, tmp_path / "conv.jsonl")
     refused = run_engine("capture-server", "--target", str(plain), "--print", check=False)
     assert refused.returncode == 1 and "--vllm-engine" in refused.stderr  # the connector can't
-    m = answer(engine_in_vllm(vllm_python, "prepare", "--target", str(wrapped), "--data",
-                              str(conv), "--out", str(tmp_path / "engine"), "--vllm-engine",
-                              "--engine-arg", "language_model_only=true",
-                              "--check-every", "1", "--reference-check", "full", "--json"))
+    # no --engine-arg language_model_only=true: the engine passes it for a wrapper, and says so
+    p = engine_in_vllm(vllm_python, "prepare", "--target", str(wrapped), "--data", str(conv),
+                       "--out", str(tmp_path / "engine"), "--vllm-engine", "--check-every",
+                       "1", "--reference-check", "layers", "--json")
+    assert "language_model_only=true; the vision tower is not built" in p.stderr
+    m = answer(p)
     cap = m["capture"]
     assert cap["model"] == "KimiK25ForConditionalGeneration" and cap["how"] == "SupportsEagle3"
     assert cap["self_check"] and all(c["mean"] < 0.02 for c in cap["self_check"])
     ref = cap["reference_check"]
-    assert ref["mode"] == "full" and ref["checks"] and all(
+    assert ref["mode"] == "layers" and ref["checks"] and all(
         c["worst"] < 1e-4 for c in ref["checks"])
     run_engine("prepare", "--target", str(plain), "--data", str(conv),
                "--out", str(tmp_path / "hf"))
