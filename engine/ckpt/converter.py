@@ -28,6 +28,7 @@ from engine.ckpt.drafter_save import (
     build_provenance,
     cast_code,
     config_for,
+    identity_vocab_map,
     torch_name,
     write_json,
 )
@@ -145,7 +146,8 @@ def _plan(ck: Checkpoint, to: str, dtype: str, cfg: Eagle3Config, embed_from: Pa
     """Source tensors in file order (sequential reads), then the target's embedding."""
     style = output_style(to)
     files = {p: i for i, p in enumerate(ck.weights.files)}
-    canon = sorted(ck.stored, key=lambda c: (files[ck.entry(c).file], ck.entry(c).offset))
+    canon = sorted((c for c in ck.stored if not identity_vocab_map(cfg, c)),
+                   key=lambda c: (files[ck.entry(c).file], ck.entry(c).offset))
     embed_action = "kept" if "embed_tokens.weight" in ck.stored else "absent"
     if drop_embed or embed_from:
         if "embed_tokens.weight" in canon:

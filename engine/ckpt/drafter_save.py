@@ -48,6 +48,14 @@ def build_provenance(to: str, sections: Mapping[str, Any], command: bool = False
     return {**head, "format": to, **sections}
 
 
+def identity_vocab_map(cfg: Eagle3Config, name: str) -> bool:
+    """`d2t`/`t2d` of a drafter whose draft vocab is the target's: the identity map, which no
+    export carries. vLLM's EAGLE-3 models have no `draft_id_to_target_id` parameter when
+    draft_vocab_size == vocab_size and refuse to load a `d2t` then (llama_eagle3.py,
+    deepseek_eagle3.py); every reader here takes a missing map as the identity."""
+    return name in ("d2t", "t2d") and not cfg.has_vocab_map
+
+
 def save_drafter(dst: Path, cfg: Eagle3Config, state_dict: Mapping[str, torch.Tensor],
                  to: str = "eagle", *, include_embed: bool = True, force: bool = False,
                  verifier: str | None = None, speculative_tokens: int | None = None,
@@ -55,7 +63,8 @@ def save_drafter(dst: Path, cfg: Eagle3Config, state_dict: Mapping[str, torch.Te
     """Save a canonical state dict in a style, atomically. Returns export warnings."""
     sections = provenance
     sd = {k: v for k, v in state_dict.items()
-          if (include_embed or k != "embed_tokens.weight") and not k.endswith(IGNORED_SUFFIXES)}
+          if (include_embed or k != "embed_tokens.weight") and not k.endswith(IGNORED_SUFFIXES)
+          and not identity_vocab_map(cfg, k)}
     exp = expected_tensors(cfg)
     for k, v in sd.items():
         if k not in exp:

@@ -304,3 +304,24 @@ def test_conversion_memory_stays_far_below_the_largest_tensor(tmp_path: Path, dt
     out = load_drafter(tmp_path / "out")[1]["lm_head.weight"]
     want = state["lm_head.weight"] if dtype == "keep" else state["lm_head.weight"].half()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("to", ["vllm", "eagle", "sglang", "speculators"])
+def test_a_full_vocab_drafter_exports_no_identity_map(tmp_path: Path, to: str) -> None:
+    """Draft vocab = target vocab: d2t is all zeros (the identity). vLLM's EAGLE-3 model then has
+    no draft_id_to_target_id parameter and refuses a d2t, so no export carries one; inspect
+    and load take the missing map as the identity."""
+    cfg = tiny_config()
+    cfg = cfg.with_(draft_vocab_size=cfg.vocab_size)
+    state = random_state(cfg)
+    assert not state["d2t"].any() and bool(state["t2d"].all())   # the identity map
+    write_drafter(tmp_path / "a", cfg=cfg, state=state)
+    assert "d2t" in raw_tensors(tmp_path / "a")
+    assert convert(tmp_path / "a", tmp_path / "b", "--to", to,
+                   *(["--verifier", "org/target"] if to == "speculators" else [])) == 0
+    out = raw_tensors(tmp_path / "b")
+    assert "d2t" not in out and "t2d" not in out
+    assert len(out) == len(raw_tensors(tmp_path / "a")) - 2
+    got_cfg, sd, _ = load_drafter(tmp_path / "b")
+    assert got_cfg.draft_vocab_size == got_cfg.vocab_size and "d2t" not in sd
+    assert main(["inspect", str(tmp_path / "b")]) == 0
