@@ -85,7 +85,7 @@ class TrainConfig:
     eval_server_drafter: str | None = field(default=None, metadata={"cli": {"metavar": "DIR"}})
     """With `eval_server`: the folder of the drafter it serves now, to swap back (default: the
     one it started with; needed when it serves a swapped-in drafter)."""
-    eval_server_tokens: int = 64
+    eval_server_tokens: int = field(default=64, metadata={"cli": {"metavar": "N"}})
     """With `eval_server`: tokens generated per held-out prompt (ignore_eos: a fixed length)."""
     online: bool = False
     """Compute the target features inside the loop from conversations (`data` is a JSONL file)."""

@@ -275,8 +275,11 @@ class ServedEval:
         swap_s = self.swap(str(Path(folder).resolve()), version)
         before = self.counters()
         t0 = time.monotonic()
-        with ThreadPoolExecutor(CONCURRENCY) as pool:
+        pool = ThreadPoolExecutor(CONCURRENCY)
+        try:
             tokens = sum(pool.map(self._one, self.prompts))
+        finally:  # a stop does not wait for the queued prompts: the swap back comes first
+            pool.shutdown(wait=False, cancel_futures=True)
         replay_s = time.monotonic() - t0
         deadline = time.monotonic() + SETTLE_S
         after = self.counters()
