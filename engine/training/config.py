@@ -79,14 +79,15 @@ class TrainConfig:
     eval_server: str | None = field(default=None, metadata={"cli": {"metavar": "URL"}})
     """A vLLM on this host's loopback started by `serve` (weight-update routes, our drafter
     backend): each checkpoint is exported to RUN/served/, swapped into it, the held-out prompts
-    replayed there (greedy, fixed length) and the acceptance vLLM counts is a `served
+    replayed there (greedy, the target's own replies) and the acceptance vLLM counts is a `served
     acceptance` metric; the drafter it served before is swapped back at the end, on a stop and
     on a failure."""
     eval_server_drafter: str | None = field(default=None, metadata={"cli": {"metavar": "DIR"}})
     """With `eval_server`: the folder of the drafter it serves now, to swap back (default: the
     one it started with; needed when it serves a swapped-in drafter)."""
     eval_server_tokens: int = field(default=64, metadata={"cli": {"metavar": "N"}})
-    """With `eval_server`: tokens generated per held-out prompt (ignore_eos: a fixed length)."""
+    """With `eval_server`: at most this many tokens per held-out prompt (its greedy reply, to
+    its end: the same tokens for every checkpoint)."""
     online: bool = False
     """Compute the target features inside the loop from conversations (`data` is a JSONL file)."""
     max_len: int = 2048

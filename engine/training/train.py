@@ -443,16 +443,16 @@ class Trainer:
                         to="vllm")
             values, version = self.served.measure(str(folder))
         except EngineError as e:
-            self.ev.log(f"served acceptance at step {self.step}: not measured ({e})",
+            self.ev.log(f"checkpoint {name}: served acceptance not measured ({e})",
                         level="warning")
             return
         self.ev.metric(values, step=self.step, name=SERVED)
-        tau = values.get("acceptance_length")
-        self.ev.log(f"served acceptance at step {self.step}: "
-                    + (f"{tau:.3f}" if isinstance(tau, float) else "no drafts")
-                    + f" ({version}, swapped in {values['swap_s']:.3f} s)")
+        tau = values.get("acceptance_length")  # the event has the figures; this says where
+        self.ev.log(f"checkpoint {name} served by {self.served.url} as {version} (swapped in "
+                    f"{values['swap_s']:.3f} s): acceptance length "
+                    + (f"{tau:.3f}" if isinstance(tau, float) else "- (no drafts)"))
         if values.get("other_tokens"):
-            self.ev.log(f"served acceptance at step {self.step}: the server generated "
+            self.ev.log(f"checkpoint {name}: the server generated "
                         f"{values['other_tokens']} tokens for others meanwhile: the figures "
                         "include their drafts", level="warning")
         for old in (self.out / "served").iterdir():  # the server holds the weights now
