@@ -109,10 +109,8 @@ def held_out_prompts(demo_dir: Path) -> list[list[int]]:
     return [p for i in split_holdout(len(data), 16)[1] if (p := prompt_of(*data.tokens(i)))]
 
 
-def replay_counts(url: str, prompts: list[list[int]]) -> tuple[int, int]:
-    """(accepted, drafts) of the prompts replayed one by one on whatever the server serves."""
-    ev = ServedEval(url, prompts, TOKENS)
-    ev.open()
+def replay_counts(ev: ServedEval) -> tuple[int, int]:
+    """(accepted, drafts) of its prompts replayed one by one on whatever the server serves."""
     before = ev.counters()
     tokens = sum(ev._one(p) for p in ev.prompts)
     seen: list[Any] = []
@@ -130,7 +128,9 @@ def test_served_acceptance_at_each_checkpoint_and_the_drafter_back(
         server: str, demo_dir: Path, demo_info: dict[str, Any], base: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     prompts = held_out_prompts(demo_dir)
-    before = replay_counts(server, prompts)
+    ev = ServedEval(server, prompts, TOKENS)
+    ev.open()
+    before = replay_counts(ev)
     assert weight_version(server) == "default"
     out = tmp_path / "run"
     run_engine(*finetune_words(demo_info, out, 40, 20), "--eval-server", server,
@@ -148,14 +148,12 @@ def test_served_acceptance_at_each_checkpoint_and_the_drafter_back(
     assert "swapped its drafter back (default)" in (out / "events.jsonl").read_text()
     # the server serves its own drafter again: same version, the very same counts
     assert weight_version(server) == "default"
-    assert replay_counts(server, prompts) == before
+    assert replay_counts(ev) == before
     # the last figure is step 40's: swapped in by hand, the same prompts count the same (one
     # at a time here, a few at once in the run: batching may move a draft or two)
-    ev = ServedEval(server, prompts, TOKENS)
-    ev.open()
     ev.swap(str(out / "served" / "step_000040"), "by-hand")
     try:
-        accepted, drafts = replay_counts(server, prompts)
+        accepted, drafts = replay_counts(ev)
     finally:
         ev.swap(str(base), "default")
     last = served[-1].values["acceptance_length"]
