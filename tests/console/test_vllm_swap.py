@@ -147,7 +147,10 @@ def test_swap_bench_and_back_on_one_server(server: dict[str, Any], drafters: dic
     a0, a1, a2 = (r["total"]["acceptance_length"] for r in (before, after, again))
     with capsys.disabled():
         print(f"\nacceptance: step 30 {a0:.3f}, swapped to the finetune {a1:.3f} "
-              f"({swapped['seconds']:.3f} s), back {a2:.3f} ({back['seconds']:.3f} s)")
+              f"({swapped['seconds']:.3f} s), back {a2:.3f} ({back['seconds']:.3f} s); per "
+              f"request: {before['requests_total']['acceptance_length']:.3f}, "
+              f"{after['requests_total']['acceptance_length']:.3f}, "
+              f"{again['requests_total']['acceptance_length']:.3f}")
     assert not any(r["other_traffic"] for r in (before, after, again))
     for r in (before, after, again):  # vLLM's per-request figures add up to the /metrics deltas
         assert len(r["per_request"]) == N_PROMPTS
