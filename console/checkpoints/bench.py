@@ -10,6 +10,12 @@ nothing else is served meanwhile (the counters are checked to have grown by the 
 generated tokens; a busier server is said, not hidden). Throughput is the replay's completion
 tokens over its wall time; latency per request (median and worst).
 
+Where the server runs with vLLM's `--per-request-spec-decode-metrics summary` (or `detailed`),
+each answer carries its own acceptance (`metrics.speculative_decoding`): kept per request
+(`per_request`: acceptance length, verify steps, accepted and drafted tokens, the histogram of
+accepted drafts per step) and summed (`requests_total`), which counts this replay alone even
+when the server serves others meanwhile. Without the flag both are None.
+
 Prompts come from a JSON-lines file on the workstation (--prompts: each line `{"messages":
 [...]}`, a ShareGPT-style `{"conversations": [...]}`, `{"prompt": "..."}` or a JSON string), or
 from the conversation files (*.jsonl) of a folder on the host (--data). Every replay is kept
@@ -118,11 +124,39 @@ async def _one(host: Host, url: str, model: str, messages: list[dict[str, str]],
     doc = await call(host.transport, url + "/v1/chat/completions", "POST", body, timeout=3600)
     choice = (doc.get("choices") or [{}])[0] if isinstance(doc, dict) else {}
     usage = doc.get("usage") or {} if isinstance(doc, dict) else {}
+    metrics = doc.get("metrics") if isinstance(doc, dict) else None
     return {"seconds": time.monotonic() - t0,
+            "spec": per_request(metrics.get("speculative_decoding")
+                                if isinstance(metrics, dict) else None),
             "text": (choice.get("message") or {}).get("content"),
             "token_ids": choice.get("token_ids"),
             "prompt_token_ids": doc.get("prompt_token_ids") if isinstance(doc, dict) else None,
             "completion_tokens": int(usage.get("completion_tokens") or 0)}
+
+
+def per_request(spec: Any) -> dict[str, Any] | None:
+    """One answer's `metrics.speculative_decoding` (vLLM's --per-request-spec-decode-metrics)
+    as figures: None when the server does not send it or it is not what vLLM 0.32 writes."""
+    if not isinstance(spec, dict):
+        return None
+    try:
+        steps, accepted = int(spec["num_spec_steps"]), int(spec["num_accepted_draft_tokens"])
+        drafted = int(spec["num_draft_tokens"])
+        hist = [int(x) for x in spec.get("acceptance_histogram") or []]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"acceptance_length": 1 + accepted / steps if steps else None, "drafts": steps,
+            "accepted": accepted, "draft_tokens": drafted, "histogram": hist}
+
+
+def requests_total(specs: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The per-request figures summed over the replay (None unless every answer had them)."""
+    if not specs or any(s is None for s in specs):
+        return None
+    drafts = sum(s["drafts"] for s in specs if s)
+    accepted = sum(s["accepted"] for s in specs if s)
+    return {"acceptance_length": 1 + accepted / drafts if drafts else None, "drafts": drafts,
+            "accepted": accepted, "draft_tokens": sum(s["draft_tokens"] for s in specs if s)}
 
 
 async def _settled(host: Host, metrics: str, before: Snapshot, tokens: int) -> Snapshot:
@@ -175,9 +209,12 @@ async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | 
            "total": {**fig.to_dict(), "seconds": round(wall, 3),
                      "generation_tokens_per_s": tokens / wall if wall > 0 else None},
            "other_traffic": grown != tokens,
+           "per_request": [a["spec"] for a in answers] if any(a["spec"] for a in answers)
+           else None,
+           "requests_total": requests_total([a["spec"] for a in answers]),
            "replies": [a["token_ids"] if a["token_ids"] is not None else a["text"]
                        for a in answers],
            "prompt_token_ids": [a["prompt_token_ids"] for a in answers]}
-    record_scrape(str(session.get("run_id")), {k: v for k, v in out.items()
-                                               if k not in ("replies", "prompt_token_ids")})
+    left_out = ("replies", "prompt_token_ids", "per_request")  # in --json only
+    record_scrape(str(session.get("run_id")), {k: v for k, v in out.items() if k not in left_out})
     return out

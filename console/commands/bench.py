@@ -2,8 +2,9 @@
 [--concurrency C] [--url URL] [--json]`: replay the same prompts (chat-templated by the
 target's tokenizer in vLLM, greedy, fixed length) against the vLLM server `serve` started on
 HOST, through HOST's own connection, and report the acceptance length and per-position
-acceptance from the /metrics deltas of exactly that replay, throughput and latency. Each replay
-is a row in `compare` (its server and weight version)."""
+acceptance from the /metrics deltas of exactly that replay (and per request, where vLLM runs
+with --per-request-spec-decode-metrics), throughput and latency. Each replay is a row in
+`compare` (its server and weight version)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     print(f"  per position {[round(x, 3) for x in t.get('per_position') or []]}")
     print(f"  {res['generation_tokens_per_s']:.1f} tok/s, latency median "
           f"{res['latency_s']['median']:.2f} s, max {res['latency_s']['max']:.2f} s")
+    rt = res.get("requests_total")
+    if rt and rt.get("acceptance_length") is not None:
+        print(f"  per request (vLLM's --per-request-spec-decode-metrics): acceptance length "
+              f"{rt['acceptance_length']:.3f} over {len(res['per_request'])} requests")
     if res["other_traffic"]:
         print("warning: the server served other requests during the replay: its counters "
               "include them", file=sys.stderr)

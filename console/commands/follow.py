@@ -2,10 +2,12 @@
 from the start, resuming by byte offset across dropped connections; ends when the run ends.
 
 A training step is one compact line (`step 37/150  loss 5.498  acc_0 0.866  tau 3.660  ETA
-1:12`); `--json` prints every event whole instead, one JSON object a line (output lines as
-{"kind": "output", "file", "offset", "text"}). The engine's error is printed once (it is both an
-event and a line of its stderr); a run that could not start shows the runner's recorded reason.
-The exit status is the run's outcome: 0 succeeded, 1 failed, 3 stopped, 4 lost, 5 corrupt
+1:12`), a checkpoint measured in a running vLLM (train --eval-server) one line of its own
+(`served acceptance at step 50: 2.503  pos 0.610 0.480 0.330  (16 prompts)`); `--json` prints
+every event whole instead, one JSON object a line (output lines as {"kind": "output", "file",
+"offset", "text"}). The engine's error is printed once (it is both an event and a line of its
+stderr); a run that could not start shows the runner's recorded reason. The exit status is the
+run's outcome: 0 succeeded, 1 failed, 3 stopped, 4 lost, 5 corrupt
 (console/scheduler/run_status.py EXIT_CODES)."""
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def render(ev: events.Event | None) -> str | None:
     if isinstance(ev, events.Progress):
         return f"[{ev.desc or ev.cmd}] {ev.done}" + (f"/{ev.total}" if ev.total else "") + \
             f" {ev.unit}"
+    if isinstance(ev, events.Metric) and ev.name:
+        return named_metric(ev)
     if isinstance(ev, events.Metric):
         return f"step {ev.step}: {compact(ev.values)}"
     if isinstance(ev, events.Log):
@@ -93,6 +97,21 @@ def compact(values: Mapping[str, object]) -> str:
     3.660`); a metric event without any of them shows its first four values instead."""
     keys = [k for k in STEP_FIELDS if k in values] or list(values)[:4]
     return "  ".join(f"{k} {_fmt(values[k])}" for k in keys)
+
+
+def named_metric(ev: events.Metric) -> str:
+    """A metric event that is not a training step's: served acceptance as its figures
+    (`served acceptance at step 50: 2.503  pos 0.610 0.480  (16 prompts)`), another name as
+    its first values."""
+    if ev.name != events.SERVED:
+        return f"{ev.name} at step {ev.step}: {compact(ev.values)}"
+    v = ev.values
+    pos = [v[k] for k in sorted((k for k in v if k.startswith("pos_")),
+                                key=lambda k: int(k.split("_")[1]))]
+    text = f"{ev.name} at step {ev.step}: {_fmt(v.get('acceptance_length'))}"
+    if pos:
+        text += "  pos " + " ".join(_fmt(p) for p in pos)
+    return text + f"  ({_fmt(v.get('prompts'))} prompts)"
 
 
 def _fmt(v: object) -> str:
@@ -120,6 +139,8 @@ class StepLines:
         """Lines to print for one event line (raises MalformedEvent like render_event)."""
         ev = events.decode(line.text)
         text = line.display() if ev is None and line.text.strip() else render(ev)
+        if isinstance(ev, events.Metric) and ev.name:  # its own line, not a step's
+            return [*self.flush(), named_metric(ev)]
         if isinstance(ev, events.Metric):
             out = self.flush()
             self.pending = (ev.step, compact(ev.values))

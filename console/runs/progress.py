@@ -24,6 +24,9 @@ PLOTTED = re.compile(r"^(loss|tau|acc_\d+)$")
 #: the series HELD_OUT beside `tau` (which is estimated on each training batch)
 HELD_OUT_LOG = re.compile(r"checkpoint step_0*(\d+) \(held-out tau (\d+(?:\.\d+)?)\)")
 HELD_OUT = "tau_held_out"
+#: the acceptance length a running vLLM measured on each checkpoint (train --eval-server: the
+#: metric events named events.SERVED), kept as this series
+SERVED = "tau_served"
 
 
 @dataclass
@@ -123,6 +126,11 @@ class RunProgress:
         self.progress_t = ev.t
 
     def _metric(self, ev: events.Metric) -> None:
+        if ev.name:  # not a training step's numbers: the step's own stay as they were
+            tau = ev.values.get("acceptance_length")
+            if ev.name == events.SERVED and ev.step is not None and tau is not None:
+                self.series.setdefault(SERVED, Series()).add(float(ev.step), float(tau))
+            return
         step = ev.step if ev.step is not None else (self.last_step or 0) + 1
         self.last_step = step
         self.last_metrics = dict(ev.values)

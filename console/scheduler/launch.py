@@ -9,7 +9,8 @@ directory (one record, its node_rank) on every host. How a profile's `run` strin
     anything else             as written (split like a shell would, never run by one)
 
 `{run_dir}` and `{run_id}` in the run string or cwd become this run's directory and id (e.g.
-`engine train ... --out {run_dir}/out`: a run's outputs live beside its log, ROOT/runs/<id>),
+`engine train ... --out {run_dir}/out`: a run's outputs live beside its log, ROOT/runs/<id>);
+a profile's `eval_server` adds `--eval-server URL` to its `engine train` command,
 
 and with nproc_per_node > 1 or several hosts the same under `PYTHON -m torch.distributed.run`
 (`--standalone` on one host; `--nnodes N --node-rank R --rdzv-backend c10d --rdzv-endpoint
@@ -76,6 +77,8 @@ def build_argv(profile: Profile, cfg: HostConfig, *, run_id: str, node_rank: int
     is_engine = words[0] == "engine"
     if is_engine:
         tail = ["-m", "engine", *words[1:]]
+        if profile.eval_server and "--eval-server" not in tail:
+            tail += ["--eval-server", profile.eval_server]
         if "--events" not in tail:
             tail.append("--events")
         python_tail: list[str] | None = tail

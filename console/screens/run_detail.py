@@ -1,6 +1,7 @@
 """An opened run: progress with step, total and ETA; live plots of the loss, acc_i per TTT step
-and the acceptance length (estimated on each training batch, and measured on the held-out
-samples at every checkpoint, labelled apart); the last log lines; provenance. A run that reports
+and the acceptance length (estimated on each training batch, measured on the held-out samples
+at every checkpoint, and as a running vLLM served each checkpoint with `--eval-server`,
+labelled apart); the last log lines; provenance. A run that reports
 no metrics (a plain script) gets no plots: its log has the room.
 
 The screen renders a RunFeed (console/runs/watch.py) that the runs pane keeps following in the
@@ -23,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
 from console.errors import ConsoleError
-from console.runs.progress import HELD_OUT
+from console.runs.progress import HELD_OUT, SERVED
 from console.runs.service import stop_run
 from console.runs.watch import RunFeed, describe_error
 from console.scheduler.run_status import RunStatus
@@ -37,10 +38,12 @@ from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import STATUS_MARK, fmt_duration, stop_outcome
 
 STOP_GRACE_S = 10.0
-#: the two acceptance-length series: the trainer's estimate on each training batch (metric
-#: `tau`), and what it measured on held-out samples at each checkpoint (its log line)
+#: the acceptance-length series: the trainer's estimate on each training batch (metric `tau`),
+#: what it measured on held-out samples at each checkpoint (its log line), and what a running
+#: vLLM counted with each checkpoint swapped in (train --eval-server: `served acceptance`)
 TAU_TRAIN = "train (est.)"
 TAU_HELD_OUT = "held-out"
+TAU_SERVED = "served"
 
 
 def progress_text(feed: RunFeed) -> str:
@@ -154,10 +157,12 @@ class RunDetailScreen(Screen[None]):
         x_range = (0.0, float(p.total)) if p.total and p.unit == "step" else None
         self.query_one("#plot-loss", LinePlot).show([("loss", p.points("loss"))], x_range)
         k = len(p.acc_names())
-        # both series always: the plot then names each (an empty one draws nothing)
+        # train and held-out always: the plot then names each (an empty one draws nothing);
+        # served only for a run measured in a server (most are not)
+        served = [(TAU_SERVED, p.points(SERVED))] if p.points(SERVED) else []
         self.query_one("#plot-tau", LinePlot).show(
-            [(TAU_TRAIN, p.points("tau")), (TAU_HELD_OUT, p.points(HELD_OUT))], x_range,
-            y_min=1.0, y_max=float(k + 1) if k else None)
+            [(TAU_TRAIN, p.points("tau")), (TAU_HELD_OUT, p.points(HELD_OUT)), *served],
+            x_range, y_min=1.0, y_max=float(k + 1) if k else None)
         self.query_one("#plot-acc", LinePlot).show(
             [(n, p.points(n)) for n in p.acc_names()], x_range, y_min=0.0, y_max=1.0)
 

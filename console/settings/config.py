@@ -26,6 +26,8 @@
     env = { NCCL_DEBUG = "WARN" }
     cwd = "/root/eagle3-train"
     sync = ["train-scripts"]
+    eval_server = "http://127.0.0.1:8000"  # optional, an `engine train` run: its serving vLLM
+                                      # on the host's loopback (train --eval-server)
 
 Errors name the file, the key (and line for TOML syntax errors) and what was expected.
 """
@@ -111,6 +113,8 @@ class Profile:
     sync: list[str] = field(default_factory=list)
     nodes: int = 1                  # Slurm nodes (a host with scheduler = "slurm" only)
     slurm: SlurmOptions | None = None  # [profiles.P.slurm]: overrides the host's
+    #: an `engine train` run's serving vLLM on its host's loopback: `--eval-server URL`
+    eval_server: str | None = None
 
 
 @dataclass
@@ -272,7 +276,7 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     for name, t in _tables(top, "profiles").items():
         r = _Reader(file, f"profiles.{name}", t)
         r.check_keys({"host", "hosts", "run", "nproc_per_node", "env", "cwd", "sync", "nodes",
-                      "slurm"})
+                      "slurm", "eval_server"})
         if "host" in r.table and "hosts" in r.table:
             r.fail("hosts", "either host or hosts, not both")
         phosts = r.strlist("hosts") if "hosts" in r.table else [r.text("host", required=True) or ""]
@@ -287,7 +291,7 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
                 r.fail("sync", f"names of [sync.*] sets ({', '.join(syncs) or 'none defined'})", s)
         profiles[name] = Profile(name=name, hosts=phosts, run=r.text("run", required=True) or "",
                                  nproc_per_node=r.count("nproc_per_node", 1), env=r.strdict("env"),
-                                 cwd=r.text("cwd"), sync=sync)
+                                 cwd=r.text("cwd"), sync=sync, eval_server=_eval_server(r))
         _slurm_profile(r, profiles[name], hosts)
     return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.text("theme"), path=file)
 
@@ -322,6 +326,25 @@ def _metrics_url(r: _Reader) -> str | None:
         except ValueError as e:
             r.fail("metrics", str(e), url)
     return url
+
+
+def _eval_server(r: _Reader) -> str | None:
+    """A profile's optional `eval_server`: the base URL of a vLLM on the run's host's loopback
+    (its weight-update routes load the host's folders), for an `engine train` run only."""
+    from console.settings.metrics_url import split_url
+    url = r.text("eval_server")
+    if url is None:
+        return None
+    try:
+        ep = split_url(url)
+    except ValueError as e:
+        r.fail("eval_server", str(e).replace("/metrics", ""), url)
+    if ep.host not in ("127.0.0.1", "localhost", "::1") or ep.path not in ("/", ""):
+        r.fail("eval_server", "the base URL of a vLLM on the host's loopback, such as "
+               "http://127.0.0.1:8000", url)
+    if (r.table.get("run") or "").split()[:2] != ["engine", "train"]:
+        r.fail("eval_server", "a profile whose run is `engine train ...`", url)
+    return url.rstrip("/")
 
 
 def _tables(top: _Reader, key: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.capture.server import DEFAULT_STORAGE
 from engine.errors import EngineError
+from engine.training.served_eval import check_url
 
 EAGLE_VERSIONS = ("3.0", "3.1")
 # A new drafter's default flavour: EAGLE 3.1 measured at least as good as 3.0 on the demo at equal
@@ -83,6 +84,18 @@ class TrainConfig:
     holdout: int | None = None
     """Samples held out to estimate acceptance at each checkpoint (picks best/); default
     min(64, 5% of the data); 0 = choose best/ by the training estimate."""
+    eval_server: str | None = field(default=None, metadata={"cli": {"metavar": "URL"}})
+    """A vLLM on this host's loopback started by `serve` (weight-update routes, our drafter
+    backend): each checkpoint is exported to RUN/served/, swapped into it, the held-out prompts
+    replayed there (greedy, the target's own replies) and the acceptance vLLM counts is a `served
+    acceptance` metric; the drafter it served before is swapped back at the end, on a stop and
+    on a failure."""
+    eval_server_drafter: str | None = field(default=None, metadata={"cli": {"metavar": "DIR"}})
+    """With `eval_server`: the folder of the drafter it serves now, to swap back (default: the
+    one it started with; needed when it serves a swapped-in drafter)."""
+    eval_server_tokens: int = field(default=64, metadata={"cli": {"metavar": "N"}})
+    """With `eval_server`: at most this many tokens per held-out prompt (its greedy reply, to
+    its end: the same tokens for every checkpoint)."""
     online: bool = False
     """Compute the target features inside the loop from conversations (`data` is a JSONL file)."""
     max_len: int = 2048
@@ -157,6 +170,18 @@ class TrainConfig:
             raise EngineError(f"--draft-vocab-size {self.draft_vocab_size}: must be >= 1")
         if self.holdout is not None and self.holdout < 0:
             raise EngineError(f"--holdout {self.holdout}: must be >= 0")
+        if self.eval_server is not None:
+            check_url(self.eval_server)
+            if self.holdout == 0:
+                raise EngineError("--eval-server: replays the held-out prompts; --holdout 0 "
+                                  "holds none out")
+        elif self.eval_server_drafter is not None:
+            raise EngineError("--eval-server-drafter: only with --eval-server")
+        if self.eval_server_drafter is not None and not os.path.isdir(self.eval_server_drafter):
+            raise EngineError(f"--eval-server-drafter {self.eval_server_drafter}: not a "
+                              "directory")
+        if self.eval_server_tokens < 1:
+            raise EngineError(f"--eval-server-tokens {self.eval_server_tokens}: must be >= 1")
         if self.precision not in ("bf16", "fp32"):
             raise EngineError(f"--precision {self.precision}: choose bf16 or fp32")
 

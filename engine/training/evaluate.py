@@ -82,6 +82,13 @@ def load_draft(path: str, target: Target) -> Eagle3Draft:
     return draft.float().to(target.device).eval()
 
 
+def prompt_of(ids: torch.Tensor, mask: torch.Tensor) -> list[int] | None:
+    """A sample's token ids before its first assistant token (None: no assistant turn after
+    a prompt)."""
+    first = int(mask.nonzero()[0]) if bool(mask.any()) else -1
+    return ids[:first].tolist() if first > 0 else None
+
+
 def prompts_from(data: str, limit: int) -> list[list[int]]:
     """Token ids before the first assistant token of up to `limit` samples."""
     out: list[list[int]] = []
@@ -89,10 +96,9 @@ def prompts_from(data: str, limit: int) -> list[list[int]]:
         from engine.data.readers import open_data
         fd = open_data(data)
         for i in range(len(fd)):
-            ids, mask = fd.tokens(i)
-            first = int(mask.nonzero()[0]) if bool(mask.any()) else -1
-            if first > 0:
-                out.append(ids[:first].tolist())
+            prompt = prompt_of(*fd.tokens(i))
+            if prompt is not None:
+                out.append(prompt)
             if len(out) >= limit:
                 break
     else:

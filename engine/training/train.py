@@ -21,6 +21,7 @@ import contextlib
 import io
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,8 +34,8 @@ from engine import __version__
 from engine.ckpt.checks import require_finite
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
-from engine.events import Emitter
-from engine.fileio import read_json, reason, write_json
+from engine.events import SERVED, Emitter
+from engine.fileio import read_json, reason, termination_raises, write_json
 from engine.model.draft import Eagle3Draft
 from engine.model.ttt_loss import (
     step_rows,
@@ -53,6 +54,7 @@ from engine.training.checkpointing import (
 )
 from engine.training.config import TrainConfig
 from engine.training.plan import Step, epoch_steps, split_holdout
+from engine.training.served_eval import ServedEval
 from engine.training.setup import Setup, build
 
 # sha256 of what a run reads (engine/training/setup.py's provenance)
@@ -112,6 +114,9 @@ class Trainer:
         data = self.setup_.data
         hold = cfg.holdout if cfg.holdout is not None else min(64, len(data) // 20)
         self.train_idx, self.hold_idx = split_holdout(len(data), hold)
+        self.served: ServedEval | None = None
+        if cfg.eval_server and self.dist.main:
+            self.served = self._open_served(cfg.eval_server)
         self.group = self.dist.world * cfg.grad_accum
         self.plans: dict[int, list[Step]] = {}
         per_epoch = [len(self.epoch(e)) for e in range(cfg.epochs)]
@@ -388,21 +393,89 @@ class Trainer:
         if better:  # only once its checkpoint is on disk: best/ never names a missing step
             self.export("best", model, {"step": self.step, "estimated_tau": score,
                                         "held_out_tau": tau_est})
+        if self.served is not None:
+            self.measure_served(model, path.name, tau_est)
 
-    def export(self, name: str, model: dict[str, Tensor], extra: dict[str, Any]) -> None:
-        """RUN/<name>/ in the EAGLE style (formats.save_drafter), in the drafter's dtype."""
+    def export(self, name: str, model: dict[str, Tensor], extra: dict[str, Any],
+               to: str = "eagle") -> Path:
+        """RUN/<name>/ in a style (EAGLE: the one vLLM and SGLang load; `vllm` for a swap into
+        a running server), in the drafter's dtype (ckpt/drafter_save.py)."""
         from engine.ckpt.drafter_save import save_drafter
         cfg = self.draft.config
+        dst = self.out / name
         dtype = getattr(torch, cfg.torch_dtype)
         sd = {k: (v.to(dtype) if v.is_floating_point() else v).cpu() for k, v in model.items()}
-        require_finite(sd, f"{self.out / name}: step {self.step}")  # bf16 may overflow to inf
+        require_finite(sd, f"{dst}: step {self.step}")  # bf16 may overflow to inf
         try:
-            save_drafter(self.out / name, cfg, sd, "eagle", include_embed=False, force=True,
+            save_drafter(dst, cfg, sd, to, include_embed=False, force=True,
                          provenance={"run": str(self.out.resolve()), **extra,
                                      **self.setup_.provenance, "training": self._flags()})
         except OSError as e:  # the previous export stays whole (written aside, then renamed)
-            raise EngineError(f"{self.out / name}: cannot write the drafter ({reason(e)}; is "
-                              "the disk full?)") from None
+            raise EngineError(f"{dst}: cannot write the drafter ({reason(e)}; is the disk "
+                              "full?)") from None
+        return dst
+
+    # -- served acceptance (train --eval-server) -----------------------------------------------
+    def _open_served(self, url: str) -> ServedEval:
+        """The serving endpoint, its original drafter read (rank 0 alone talks to it)."""
+        from engine.training.evaluate import prompt_of
+        data = self.setup_.data
+        prompts = [p for p in (prompt_of(*data.tokens(i)) for i in self.hold_idx) if p]
+        if not prompts:
+            raise EngineError(f"--eval-server {url}: no held-out sample with a prompt to replay "
+                              "(--holdout, or more data)")
+        served = ServedEval(url, prompts, self.cfg.eval_server_tokens,
+                            self.cfg.eval_server_drafter)
+        now = served.open()
+        self.ev.log(f"eval server {served.url}: {now}; each checkpoint is swapped in and "
+                    f"measured on {len(prompts)} held-out prompts, the drafter swapped back "
+                    "at the end")
+        return served
+
+    def measure_served(self, model: dict[str, Tensor], name: str,
+                       tau_est: float | None) -> None:
+        """Export the checkpoint for vLLM, swap it in, replay: a SERVED metric event. A failed
+        measurement is a warning (training goes on); the original comes back at the end."""
+        assert self.served is not None
+        folder = self.out / "served" / name
+        try:
+            self.export(f"served/{name}", model, {"step": self.step, "held_out_tau": tau_est},
+                        to="vllm")
+            values, version = self.served.measure(str(folder))
+        except EngineError as e:
+            self.ev.log(f"checkpoint {name}: served acceptance not measured ({e})",
+                        level="warning")
+            return
+        self.ev.metric(values, step=self.step, name=SERVED)
+        tau = values.get("acceptance_length")  # the event has the figures; this says where
+        self.ev.log(f"checkpoint {name} served by {self.served.url} as {version} (swapped in "
+                    f"{values['swap_s']:.3f} s): acceptance length "
+                    + (f"{tau:.3f}" if isinstance(tau, float) else "- (no drafts)"))
+        if values.get("other_tokens"):
+            self.ev.log(f"checkpoint {name}: the server generated "
+                        f"{values['other_tokens']} tokens for others meanwhile: the figures "
+                        "include their drafts", level="warning")
+        for old in (self.out / "served").iterdir():  # the server holds the weights now
+            if old.name != name and old.name.startswith("step_"):
+                shutil.rmtree(old, ignore_errors=True)
+
+    def restore_served(self, failing: bool) -> None:
+        """Swap the server's original drafter back (end of run, stop, failure). A failure to do
+        so fails a run that had succeeded; on a failing run it is a warning beside its error."""
+        served: ServedEval | None = getattr(self, "served", None)
+        if served is None or not served.swapped:
+            return
+        try:
+            version = served.restore()
+        except EngineError as e:
+            folder = served.original[0] if served.original else "?"
+            msg = (f"{served.url} still serves a checkpoint of this run: could not swap "
+                   f"{folder} back ({e})")
+            if not failing:
+                raise EngineError(msg) from None
+            self.ev.log(msg, level="error")
+            return
+        self.ev.log(f"eval server {served.url}: swapped its drafter back ({version})")
 
     def _flags(self) -> dict[str, Any]:
         """How the step ran (recorded in exports' provenance; run.json has every setting)."""
@@ -466,12 +539,14 @@ class Trainer:
             if self.dist.main:
                 held_out = self.held_out[1] if self.held_out[0] == self.step else None
                 self.export("final", model, {"step": self.step, "held_out_tau": held_out})
+            self.restore_served(failing=False)
             self.dist.barrier()
             final = {**last, "best_step": self.best_step, "best_estimated_tau": self.best_tau}
             self.write_run_json("done", started, final)
             return {"run": str(self.out), "steps": self.step, "final": str(self.out / "final"),
                     "best": str(self.out / "best"), "metrics": final}
         except BaseException as e:
+            self.restore_served(failing=True)
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             with contextlib.suppress(Exception):
                 self.write_run_json(status, started, last or None,
@@ -500,7 +575,9 @@ def train(cfg: TrainConfig, ev: Emitter, argv: list[str] | None = None) -> dict[
         dist.barrier()
         trainer = Trainer(cfg, dist, ev if dist.main else _quiet(),
                           list(sys.argv if argv is None else argv))
-        return trainer.run()
+        # with a serving endpoint, a stop (SIGTERM) unwinds so its drafter is swapped back
+        with termination_raises() if cfg.eval_server else contextlib.nullcontext():
+            return trainer.run()
     finally:
         del trainer  # FSDP's modules and DTensor states hold the group: freed before it goes
         shutdown(dist)

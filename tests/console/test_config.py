@@ -88,3 +88,37 @@ def test_toml_syntax_error_names_line(tmp_path: Path) -> None:
 def test_explicit_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "absent.toml")
+
+
+TRAIN = "[profiles.p]\nhost = 'local'\nrun = 'engine train --data /d --out {run_dir}/out'\n"
+
+
+def test_a_profile_names_its_serving_vllm(tmp_path: Path) -> None:
+    """`eval_server` in a train profile: the run's `engine train` gets `--eval-server URL`."""
+    from console.scheduler.launch import build_argv
+    cfg = load_config(write(tmp_path, TRAIN + "eval_server = 'http://127.0.0.1:8000/'\n"))
+    p = cfg.profile("p")
+    assert p.eval_server == "http://127.0.0.1:8000"
+    argv, is_engine = build_argv(p, cfg.host(LOCAL), run_id="r1", run_dir="/runs/r1")
+    assert is_engine and argv[2:] == ["engine", "train", "--data", "/d", "--out", "/runs/r1/out",
+                                      "--eval-server", "http://127.0.0.1:8000", "--events"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("eval_server = 'http://10.1.2.3:8000'\n", "the base URL of a vLLM on the host's loopback"),
+    ("eval_server = 'http://127.0.0.1:8000/metrics'\n", "the base URL of a vLLM"),
+    ("eval_server = 'https://127.0.0.1:8000'\n", "expected an http:// URL"),
+    ("eval_server = 8000\n", "expected a non-empty string"),
+])
+def test_a_bad_eval_server_is_refused_by_name(tmp_path: Path, extra: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, TRAIN + extra))
+    assert "[profiles.p.eval_server]" in str(ei.value) and needle in str(ei.value)
+
+
+def test_eval_server_only_for_a_train_run(tmp_path: Path) -> None:
+    text = "[profiles.p]\nhost = 'local'\nrun = 'python3 x.py'\n" \
+           "eval_server = 'http://127.0.0.1:8000'\n"
+    with pytest.raises(ConfigError, match=r"\[profiles.p.eval_server\] expected a profile whose "
+                                          r"run is `engine train"):
+        load_config(write(tmp_path, text))

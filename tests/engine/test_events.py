@@ -140,3 +140,26 @@ def test_cli_events_mode_writes_only_json() -> None:
     data = next(e for e in evs if isinstance(e, events.Result)).data
     assert data["disk"]["error"]
     assert data["packages"]["torch"]
+
+
+def test_a_named_metric_keeps_its_name_and_a_training_step_has_none() -> None:
+    """train --eval-server's `served acceptance` events are metrics with a name; a step's
+    metrics are written as before (no name field) and read with name ""."""
+    out = io.StringIO()
+    ev = Emitter("train", json_mode=True, out=out, err=io.StringIO())
+    ev.metric({"loss": 1.5}, step=3)
+    ev.metric({"acceptance_length": 2.5, "pos_0": 0.75}, step=50, name=events.SERVED)
+    step, served = out.getvalue().splitlines()
+    assert "name" not in json.loads(step)
+    assert parse(step) == events.Metric(json.loads(step)["t"], "train", 3, {"loss": 1.5}, "")
+    got = parse(served)
+    assert isinstance(got, events.Metric) and got.name == "served acceptance"
+    assert (got.step, dict(got.values)) == (50, {"acceptance_length": 2.5, "pos_0": 0.75})
+    bad = encode("metric", "train", {"step": 1, "values": {}, "name": 7})
+    assert parse(bad) is None
+    try:
+        events.decode(bad)
+    except events.MalformedEvent as e:
+        assert "metric: name is not a string" in str(e)
+    else:
+        raise AssertionError("a name that is not a string was accepted")
