@@ -5,7 +5,7 @@ Public API
 Eagle3Config, PRESETS, preset(name), default_aux_layer_ids(n)   (from engine/model/config.py)
     The typed config; `Eagle3Config.from_dict` reads the EAGLE (flat Llama) or the speculators
     config style, `to_eagle_dict()` / `to_speculators_dict(verifier=, speculative_tokens=)` write
-    them. Presets: "tiny" (CPU tests), "llama3-8b", "kimi-k2".
+    them. Presets: "tiny" (CPU tests), "llama3-8b", "kimi-k2", "kimi-k2-mla", "tiny-mla".
 Eagle3Draft(cfg)
     The nn.Module. Canonical parameter names are the EAGLE ones (engine/ckpt/key_map.py maps the
     speculators `layers.0.*` names to and from them):
@@ -23,8 +23,10 @@ Eagle3Draft(cfg)
         d2t (buffer)                        int64 [Vd]  target_id = draft_id + d2t[draft_id]
         t2d (buffer)                        bool  [V]   true for target ids in the draft vocab
     Optional, by config flag: input_norm.weight [3Ht] (norm_before_fc), fc_norm.{0,1,2}.weight
-    [Ht] (fc_norm). Rotary tables are non-persistent buffers, never saved. `norm_output`
-    (EAGLE 3.1, spec 4a): the state handed to the next step is norm(out), not out.
+    [Ht] (fc_norm). An MLA drafter (`cfg.layer_kind == "mla"`) has the MLA attention's
+    parameters instead of q/k/v/o_proj (engine/model/mla_layer.py); the rest is the same.
+    Rotary tables are non-persistent buffers, never saved. `norm_output` (EAGLE 3.1, spec 4a):
+    the state handed to the next step is norm(out), not out.
     `trainable_state_dict()` is the state dict without the frozen embedding; `set_embedding(w)`
     installs the target's (engine.formats.load_target_embedding reads it from a target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
@@ -57,7 +59,7 @@ shift_left(x, n, fill=0), valid_positions(T, i): helpers for the trainer's targe
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +67,9 @@ from torch import Tensor, nn
 
 from engine.model.config import PRESETS, Eagle3Config, default_aux_layer_ids, preset
 from engine.model.ttt_attention import split_attention
+
+if TYPE_CHECKING:  # the MLA file imports this one
+    from engine.model.mla_layer import MLAttention
 
 __all__ = ["Eagle3Config", "Eagle3Draft", "PRESETS", "default_aux_layer_ids", "inv_freq",
            "preset", "shift_left", "valid_positions"]
@@ -235,8 +240,18 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def _attention(cfg: Eagle3Config) -> Attention | MLAttention:
+    """The layer kind's attention: this file's grouped-query one, or MLA (its own file, which
+    builds on this one: imported here, when asked for)."""
+    if cfg.layer_kind == "mla":
+        from engine.model.mla_layer import MLAttention
+        return MLAttention(cfg)
+    return Attention(cfg)
+
+
 class DecoderLayer(nn.Module):
-    """The single EAGLE-3 layer: its attention reads [embedding; fused features] (2H wide)."""
+    """The single EAGLE-3 layer: its attention reads [embedding; fused features] (2H wide).
+    The attention is the layer kind's (`_attention`); norms, residual and MLP are the same."""
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
@@ -244,7 +259,7 @@ class DecoderLayer(nn.Module):
         self.norm_before_residual = cfg.norm_before_residual
         self.hidden_norm = RMSNorm(cfg.hidden_size, eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = _attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
         self.mlp = MLP(cfg)
 
