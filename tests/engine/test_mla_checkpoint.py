@@ -1,0 +1,127 @@
+"""MLA drafter checkpoints (issue 30 point 3): the config style that can express them (flat,
+vLLM's Eagle3DeepseekV2ForCausalLM), the ones refused by name, the key layouts (TorchSpec's
+`midlayer.*`, `layers.0.*`), `inspect`'s shape checks per field, `convert`, and a finetune on the
+demo target that exports what it read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.errors import EngineError
+from engine.model.config import MLA_ARCH, Eagle3Config, preset
+from tests.drafters import MLA_ATTENTION_NAMES, mla_config_dict, write_mla_drafter
+from tests.engine_helpers import run_engine
+
+pytest_plugins = ("tests.demo_workspace",)
+
+
+def test_a_torchspec_config_reads_and_writes_back_as_vllm_reads_it() -> None:
+    conf = mla_config_dict()
+    cfg = Eagle3Config.from_dict(conf)
+    assert cfg.layer_kind == "mla" and cfg.head_dim == 8 and cfg.num_key_value_heads == 4
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim) == \
+        (24, 16, 12, 10)
+    out = cfg.to_eagle_dict()
+    assert out["architectures"] == [MLA_ARCH] and out["model_type"] == "deepseek_v3"
+    assert "head_dim" not in out and out["rope_interleave"] is True
+    for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim", "draft_vocab_size", "vocab_size"):
+        assert out[k] == conf[k], k
+    assert out["rope_scaling"]["original_max_position_embeddings"] == 512
+    assert Eagle3Config.from_dict(out) == cfg
+    # no original context in the config: the export names the one our yarn used
+    rs = {k: v for k, v in conf["rope_scaling"].items()  # type: ignore[attr-defined]
+          if k != "original_max_position_embeddings"}
+    short = Eagle3Config.from_dict({**conf, "rope_scaling": rs}).to_eagle_dict()
+    assert short["rope_scaling"]["original_max_position_embeddings"] == 2048
+
+
+def test_presets_build() -> None:
+    big = preset("kimi-k2-mla")
+    assert (big.hidden_size, big.num_attention_heads, big.q_lora_rank, big.kv_lora_rank,
+            big.qk_rope_head_dim, big.qk_nope_head_dim, big.v_head_dim) == \
+        (7168, 64, 1536, 512, 64, 128, 128)
+    assert preset("tiny-mla").layer_kind == "mla" and preset("tiny").layer_kind == "llama"
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"kv_lora_rank": None}, "kv_lora_rank"),  # an MLA architecture without its sizes
+    ({"rope_interleave": False}, "rope_interleave"),
+    ({"v_head_dim": 0}, "v_head_dim"),
+    ({"head_dim": 16}, "head_dim"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling.rope_type"),
+])
+def test_bad_mla_configs_are_refused_naming_the_field(change: dict[str, object],
+                                                      field: str) -> None:
+    with pytest.raises(EngineError, match=f"config field '{field}'"):
+        Eagle3Config.from_dict({**mla_config_dict(), **change})
+
+
+def test_mla_fields_without_kv_lora_rank_are_refused() -> None:
+    with pytest.raises(EngineError, match="'qk_nope_head_dim': set without kv_lora_rank"):
+        preset("tiny").with_(qk_nope_head_dim=8)
+
+
+def test_styles_that_cannot_express_mla_are_refused_by_name() -> None:
+    cfg = preset("tiny-mla")
+    with pytest.raises(EngineError, match="speculators: an MLA drafter"):
+        cfg.to_speculators_dict(verifier="x")
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("mla") / "torchspec"
+    write_mla_drafter(d)
+    return d
+
+
+def test_inspect_and_convert_to_vllm_keep_every_tensor(src: Path, tmp_path: Path) -> None:
+    rep = json.loads(run_engine("inspect", str(src), "--json").stdout)
+    assert rep["ok"] and rep["config"]["kv_lora_rank"] == 16, rep["checks"]
+    names = set(rep["tensors"])
+    assert {f"midlayer.self_attn.{n}" for n in MLA_ATTENTION_NAMES} <= names
+    run_engine("convert", str(src), str(tmp_path / "vllm"), "--to", "vllm")
+    a, b = load_file(str(src / "model.safetensors")), load_file(
+        str(tmp_path / "vllm" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    conf = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert conf["architectures"] == [MLA_ARCH] and conf["kv_lora_rank"] == 16
+
+
+def test_layers0_names_convert_to_midlayer(src: Path, tmp_path: Path) -> None:
+    d = tmp_path / "layers0"
+    stored = write_mla_drafter(d, prefix="layers.0.")
+    rep = json.loads(run_engine("inspect", str(d), "--json").stdout)
+    assert rep["ok"], rep["checks"]  # no SGLang names check: an MLA drafter is vLLM's alone
+    run_engine("convert", str(d), str(tmp_path / "out"), "--to", "vllm")
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(out) == {k.replace("layers.0.", "midlayer.") for k in stored}
+
+
+@pytest.mark.parametrize(("to", "why"), [("speculators", "speculators: an MLA drafter"),
+                                         ("sglang", "sglang: an MLA drafter")])
+def test_convert_refuses_styles_without_mla(src: Path, tmp_path: Path, to: str, why: str) -> None:
+    p = run_engine("convert", str(src), str(tmp_path / to), "--to", to, "--verifier", "x",
+                   check=False)
+    assert p.returncode != 0 and why in p.stderr and not (tmp_path / to).exists()
+
+
+def test_inspect_names_a_wrong_mla_shape_and_its_fields(src: Path, tmp_path: Path) -> None:
+    d = tmp_path / "bad"
+    d.mkdir()
+    sd = load_file(str(src / "model.safetensors"))
+    sd["midlayer.self_attn.kv_b_proj.weight"] = torch.zeros(4 * 20, 16)  # nope+rope, not nope+v
+    save_file(sd, str(d / "model.safetensors"))
+    (d / "config.json").write_text((src / "config.json").read_text())
+    rep = json.loads(run_engine("inspect", str(d), "--json", check=False).stdout)
+    shapes = next(c for c in rep["checks"] if c["name"] == "shapes")
+    assert not shapes["ok"]
+    assert "kv_b_proj.weight: shape [80, 16] but config says [88, 16] = " \
+        "[num_attention_heads*(qk_nope_head_dim+v_head_dim), kv_lora_rank]" in shapes["detail"]
