@@ -125,3 +125,34 @@ def test_inspect_names_a_wrong_mla_shape_and_its_fields(src: Path, tmp_path: Pat
     assert not shapes["ok"]
     assert "kv_b_proj.weight: shape [80, 16] but config says [88, 16] = " \
         "[num_attention_heads*(qk_nope_head_dim+v_head_dim), kv_lora_rank]" in shapes["detail"]
+
+
+@pytest.mark.slow
+def test_finetune_from_an_mla_drafter_trains_exports_and_evaluates(src: Path, demo_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """`train --finetune-from` a TorchSpec-layout MLA drafter on the demo target: TTT steps
+    run, the export keeps the layer kind, sizes, names and vocab, inspect passes, eval runs."""
+    run = tmp_path / "run"
+    ans = json.loads(run_engine(
+        "train", "--target", str(demo_dir / "target"), "--data", str(demo_dir / "data"),
+        "--out", str(run), "--finetune-from", str(src), "--max-steps", "3", "--holdout", "0",
+        "--device", "cpu", "--json", timeout=600).stdout)
+    final = Path(ans["final"])
+    rep = json.loads(run_engine("inspect", str(final), "--json").stdout)
+    assert rep["ok"], rep["checks"]
+    before, after = load_file(str(src / "model.safetensors")), load_file(
+        str(final / "model.safetensors"))
+    assert before.keys() == after.keys()  # midlayer.* MLA names in, the same out
+    assert torch.equal(before["d2t"], after["d2t"])
+    assert not torch.equal(before["midlayer.self_attn.kv_b_proj.weight"],
+                           after["midlayer.self_attn.kv_b_proj.weight"])  # it trained
+    conf = json.loads((final / "config.json").read_text())
+    want = mla_config_dict()
+    assert conf["architectures"] == [MLA_ARCH]
+    assert all(conf[k] == want[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                            "qk_rope_head_dim", "v_head_dim"))
+    ev = json.loads(run_engine("eval", "--draft", str(final), "--target",
+                               str(demo_dir / "target"), "--data", str(demo_dir / "data"),
+                               "--max-samples", "4", "--max-new-tokens", "8", "--device", "cpu",
+                               "--json", timeout=600).stdout)
+    assert ev["acceptance_length"] >= 1.0, ev
