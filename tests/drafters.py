@@ -110,13 +110,13 @@ def write_mla_drafter(d: Path, conf: dict[str, object] | None = None, prefix: st
     vLLM's loader renames it to): default-initialised weights, a random sorted draft vocab.
     Returns the stored tensors by stored name."""
     conf = conf or mla_config_dict()
-    n: dict[str, int] = {k: int(str(conf[k])) for k in (
+    n: dict[str, int] = {k: int(str(conf[k] or 0)) for k in (
         "hidden_size", "vocab_size", "draft_vocab_size", "num_attention_heads", "q_lora_rank",
         "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size")}
     h, v, vd, nh, i = (n["hidden_size"], n["vocab_size"], n["draft_vocab_size"],
                        n["num_attention_heads"], n["intermediate_size"])
     q, kv, nope, rope, vh = (n["q_lora_rank"], n["kv_lora_rank"], n["qk_nope_head_dim"],
-                             n["qk_rope_head_dim"], n["v_head_dim"])
+                             n["qk_rope_head_dim"], n["v_head_dim"])  # q 0: no q_lora (q_proj)
     torch.manual_seed(seed)
 
     def w(*shape: int) -> torch.Tensor:
@@ -128,6 +128,9 @@ def write_mla_drafter(d: Path, conf: dict[str, object] | None = None, prefix: st
             "kv_a_layernorm.weight": torch.ones(kv), "kv_b_proj.weight": w(nh * (nope + vh), kv),
             "o_proj.weight": w(h, nh * vh)}
     assert tuple(attn) == MLA_ATTENTION_NAMES
+    if not q:
+        attn = {"q_proj.weight": w(nh * (nope + rope), 2 * h),
+                **{k: t for k, t in attn.items() if not k.startswith("q_")}}
     layer = {**{f"self_attn.{k}": t for k, t in attn.items()},
              "hidden_norm.weight": torch.ones(h), "input_layernorm.weight": torch.ones(h),
              "post_attention_layernorm.weight": torch.ones(h),

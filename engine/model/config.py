@@ -14,8 +14,9 @@ Config styles (the two config.json layouts drafters ship in):
 Layer kinds (`Eagle3Config.layer_kind`): "llama" (the EAGLE-3 layer) or "mla" (DeepSeek-V2/V3
 multi-head latent attention, spec 4a), told by `kv_lora_rank`. An MLA drafter's config is the flat
 EAGLE style with vLLM's `architectures: ["Eagle3DeepseekV2ForCausalLM"]`, `model_type:
-"deepseek_v3"` and the MLA sizes; the speculators style cannot express it (vLLM's speculators
-adapter builds llama/qwen3 layers only), so writing it there is refused.
+"deepseek_v2"` (vLLM 0.32 serves a "deepseek_v3" draft as its MTP model) and the MLA sizes; the
+speculators style cannot express it (vLLM's speculators adapter builds llama/qwen3 layers only),
+so writing it there is refused.
 
 `Eagle3Config.from_dict` reads either (and transformers 5's `rope_parameters` / `dtype` spellings);
 problems raise EngineError naming the field, callers prefix the file name. A flat config carrying
@@ -298,11 +299,13 @@ class Eagle3Config:
         return out
 
     def _mla_dict(self) -> dict[str, Any]:
-        """The flat DeepSeek-V3 layer config vLLM's Eagle3DeepseekV2ForCausalLM reads (through
-        transformers' DeepseekV3Config: head_dim is derived there, so not written)."""
+        """The flat DeepSeek layer config vLLM's Eagle3DeepseekV2ForCausalLM reads (through
+        transformers' DeepseekV2Config: head_dim is derived there, so not written)."""
         out = self._llama_dict()
         del out["head_dim"], out["mlp_bias"]
-        out["model_type"] = "deepseek_v3"
+        # deepseek_v2, not _v3: vLLM 0.32 turns a deepseek_v3 draft config into its MTP model
+        # (SpeculativeConfig.hf_config_override) whatever `architectures` says
+        out["model_type"] = "deepseek_v2"
         out.update({k: getattr(self, k) for k in MLA_FIELDS})
         out["rope_interleave"] = True  # vLLM's MLA RoPE is GPT-J style (is_neox_style=False)
         rs = out["rope_scaling"]

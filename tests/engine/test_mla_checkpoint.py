@@ -6,6 +6,7 @@ demo target that exports what it read."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ from engine.errors import EngineError
 from engine.model.config import MLA_ARCH, Eagle3Config, preset
 from tests.drafters import MLA_ATTENTION_NAMES, mla_config_dict, write_mla_drafter
 from tests.engine_helpers import run_engine
+from tests.paths import REPO
+from tests.vllm_real import vllm_env
 
-pytest_plugins = ("tests.demo_workspace",)
+pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
 
 
 def test_a_torchspec_config_reads_and_writes_back_as_vllm_reads_it() -> None:
@@ -27,7 +30,7 @@ def test_a_torchspec_config_reads_and_writes_back_as_vllm_reads_it() -> None:
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim) == \
         (24, 16, 12, 10)
     out = cfg.to_eagle_dict()
-    assert out["architectures"] == [MLA_ARCH] and out["model_type"] == "deepseek_v3"
+    assert out["architectures"] == [MLA_ARCH] and out["model_type"] == "deepseek_v2"
     assert "head_dim" not in out and out["rope_interleave"] is True
     for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
               "v_head_dim", "draft_vocab_size", "vocab_size"):
@@ -156,3 +159,30 @@ def test_finetune_from_an_mla_drafter_trains_exports_and_evaluates(src: Path, de
                                "--max-samples", "4", "--max-new-tokens", "8", "--device", "cpu",
                                "--json", timeout=600).stdout)
     assert ev["acceptance_length"] >= 1.0, ev
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("q_lora", [True, False])
+def test_vllms_own_loader_takes_every_tensor_of_our_export(vllm_python: str, demo_dir: Path,
+                                                           tmp_path: Path, q_lora: bool) -> None:
+    """vLLM 0.32's Eagle3DeepseekV2ForCausalLM, built from our exported config.json through
+    EngineArgs (`vllm serve --speculative-config`'s path), runs its load_weights over our
+    export: every parameter but the shared embedding is written, the fused ones hold the
+    tensors they fuse, an extra tensor would raise, and the config fields arrive."""
+    conf = mla_config_dict() if q_lora else {**mla_config_dict(), "q_lora_rank": None}
+    write_mla_drafter(tmp_path / "src", conf)
+    run_engine("convert", str(tmp_path / "src"), str(tmp_path / "vllm"), "--to", "vllm")
+    p = subprocess.run([vllm_python, "tests/vllm_mla_loader.py", str(tmp_path / "vllm"),
+                        str(demo_dir / "target")], cwd=REPO, env=vllm_env(),
+                       capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["architecture"] == MLA_ARCH and r["model_type"] == "deepseek_v2"
+    assert r["unset"] == ["model.embed_tokens.weight"]  # the target's, shared
+    assert r["unknown_raises"] and r["d2t_equal"]
+    assert all(r["fused_equal"].values()) and len(r["fused_equal"]) == (2 if q_lora else 1)
+    assert ("model.layers.0.self_attn.q_proj.weight" in r["params"]) != q_lora
+    assert r["fields"] == {k: conf[k] for k in r["fields"]}
+    assert r["rope_type"] == "deepseek_yarn"
