@@ -1,4 +1,4 @@
-"""Device check for a lent GPU machine: four independent checks, one `CHECK` line each.
+"""Device check for a lent GPU machine: five independent checks, one `CHECK` line each.
 
     bash benchmarks/gpu_check.sh                    # on the GPU machine, from anywhere
     bash benchmarks/gpu_check.sh --only bf16-train-step
@@ -41,6 +41,8 @@ nvml-agent
     `python -m engine monitor --events --count 6 --interval 0.5` while this process keeps the
     GPU busy with bf16 matrix products; at least one GPU in the `sample` events must have util,
     mem_used/mem_total, power and temp filled. On CPU (or without NVML under --cpu): skip.
+mla-serve
+    vLLM serves the mla-capture target with an MLA drafter of ours (gpu_check_mla_serve.py).
 
 Output: `CHECK name: ok|FAIL|skip ...` per check on stdout (nothing else there), a summary line
 on stderr, and with $OUT set (or --json PATH) $OUT/gpu_check.json plus each check's log
@@ -69,13 +71,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpu_check_mla_serve import check_mla_serve
 from gpu_check_ttt import check_ttt_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-CHECKS = ("ttt-attention", "bf16-train-step", "mla-capture-transformers", "nvml-agent")
+CHECKS = ("ttt-attention", "bf16-train-step", "mla-capture-transformers", "nvml-agent", "mla-serve")
 TIMEOUT_S = {"ttt-attention": 120, "bf16-train-step": 200, "mla-capture-transformers": 200,
-             "nvml-agent": 60}
+             "nvml-agent": 60, "mla-serve": 300}
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, FLOP/s, matched as
 # substrings of torch.cuda.get_device_name() in this order (the first match wins).
@@ -494,7 +497,8 @@ class _GpuLoad:
 # -- driver ---------------------------------------------------------------------------------------
 
 WORKERS = {"ttt-attention": check_ttt_attention, "bf16-train-step": check_bf16_train_step,
-           "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent}
+           "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent,
+           "mla-serve": check_mla_serve}
 SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everything)
     "ttt-attention": ("device", "cases", "worst_rel"),
     "bf16-train-step": ("device", "precision", "tokens_per_s", "step_ms", "peak_mem_gb",
@@ -503,6 +507,7 @@ SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everyth
                                  "max_abs_diff", "rel_diff", "aux_rel_diff", "tol"),
     "nvml-agent": ("name", "driver", "mem_total_gib", "util", "util_max", "mem_used_gib",
                    "power_w", "power_max_w", "temp_c", "sm_clock", "procs_max", "samples"),
+    "mla-serve": ("startup_s", "completion_tokens", "drafts", "accepted", "acceptance_length"),
 }
 
 

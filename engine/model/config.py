@@ -211,6 +211,8 @@ class Eagle3Config:
 
     def with_(self, **changes: Any) -> Eagle3Config:
         """A copy with some fields changed (validated again)."""
+        if "qk_rope_head_dim" in changes and "head_dim" not in changes:
+            changes["head_dim"] = None  # an MLA drafter's head_dim is derived from it
         return replace(copy.deepcopy(self), **changes)
 
     # -- config styles -------------------------------------------------------------------------
