@@ -346,6 +346,11 @@ def _mla_export_check(cfg: Eagle3Config, to: str) -> None:
         raise EngineError("sglang: an MLA drafter (kv_lora_rank) cannot be expressed for SGLang "
                           "(its llama_eagle3 builds a Llama layer and ignores the MLA tensors); "
                           "export --to vllm")
+    if to == "vllm" and cfg.q_lora_rank is None:
+        raise EngineError("vllm: an MLA drafter without q_lora_rank: vLLM 0.32's "
+                          "Eagle3DeepseekV2ForCausalLM loader maps kv_a_proj_with_mqa into "
+                          "fused_qkv_a_proj, which it builds only with q_lora_rank (the load "
+                          "fails)")
     if cfg.norm_before_fc:
         raise EngineError(f"{to}: an MLA drafter with norm_before_fc: vLLM's "
                           "Eagle3DeepseekV2ForCausalLM has no input_norm (it would refuse the "

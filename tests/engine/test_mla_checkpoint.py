@@ -170,19 +170,29 @@ def test_vllms_own_loader_takes_every_tensor_of_our_export(vllm_python: str, dem
     """vLLM 0.32's Eagle3DeepseekV2ForCausalLM, built from our exported config.json through
     EngineArgs (`vllm serve --speculative-config`'s path), runs its load_weights over our
     export: every parameter but the shared embedding is written, the fused ones hold the
-    tensors they fuse, an extra tensor would raise, and the config fields arrive."""
+    tensors they fuse, an extra tensor would raise, and the config fields arrive. Without
+    q_lora_rank vLLM's loader fails (it fuses kv_a_proj_with_mqa into a parameter it does not
+    build), which is why `convert --to vllm` refuses such a drafter."""
     conf = mla_config_dict() if q_lora else {**mla_config_dict(), "q_lora_rank": None}
     write_mla_drafter(tmp_path / "src", conf)
-    run_engine("convert", str(tmp_path / "src"), str(tmp_path / "vllm"), "--to", "vllm")
-    p = subprocess.run([vllm_python, "tests/vllm_mla_loader.py", str(tmp_path / "vllm"),
+    to = "vllm" if q_lora else "eagle"  # the same layout; --to vllm refuses the second
+    refused = run_engine("convert", str(tmp_path / "src"), str(tmp_path / "x"), "--to", "vllm",
+                         check=False)
+    assert (refused.returncode != 0) != q_lora
+    run_engine("convert", str(tmp_path / "src"), str(tmp_path / "out"), "--to", to)
+    p = subprocess.run([vllm_python, "tests/vllm_mla_loader.py", str(tmp_path / "out"),
                         str(demo_dir / "target")], cwd=REPO, env=vllm_env(),
                        capture_output=True, text=True, timeout=500)
+    if not q_lora:
+        assert p.returncode != 0 and "no module or parameter named 'layers.0.self_attn." \
+            "fused_qkv_a_proj'" in p.stdout + p.stderr, p.stderr[-2000:]
+        assert "without q_lora_rank" in refused.stderr
+        return
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["architecture"] == MLA_ARCH and r["model_type"] == "deepseek_v2"
     assert r["unset"] == ["model.embed_tokens.weight"]  # the target's, shared
     assert r["unknown_raises"] and r["d2t_equal"]
-    assert all(r["fused_equal"].values()) and len(r["fused_equal"]) == (2 if q_lora else 1)
-    assert ("model.layers.0.self_attn.q_proj.weight" in r["params"]) != q_lora
+    assert all(r["fused_equal"].values()) and len(r["fused_equal"]) == 2
     assert r["fields"] == {k: conf[k] for k in r["fields"]}
     assert r["rope_type"] == "deepseek_yarn"
