@@ -198,7 +198,7 @@ def _step_inputs(cpu: bool) -> dict[str, Any]:
     sys.path.insert(0, str(BENCH))
     import train as bench  # benchmarks/train.py: step_draft, step_inputs, STEP_SHAPE
 
-    from engine.model.config import preset
+    from engine.model.presets import preset
     from engine.model.ttt_loss import step_rows
     from engine.training.config import TrainConfig
 

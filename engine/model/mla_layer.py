@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.model.blocks import KV, RMSNorm, apply_rope
 from engine.model.config import Eagle3Config
-from engine.model.draft import KV, RMSNorm, apply_rope
 from engine.model.ttt_attention import split_attention
 
 __all__ = ["MLAttention", "mla_softmax_scale"]

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import EngineError
-from engine.model.config import MLA_ARCH, Eagle3Config, preset
+from engine.model.config import MLA_ARCH, Eagle3Config
+from engine.model.presets import preset
 from tests.drafters import MLA_ATTENTION_NAMES, mla_config_dict, write_mla_drafter
 from tests.engine_helpers import run_engine
 from tests.paths import REPO

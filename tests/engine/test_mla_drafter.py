@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.model.draft import Eagle3Config, Eagle3Draft, inv_freq, preset, rope_cos_sin, ttt_mask
+from engine.model.blocks import inv_freq, rope_cos_sin
+from engine.model.draft import Eagle3Config, Eagle3Draft, preset, ttt_mask
 from engine.model.mla_layer import MLAttention
 from tests.engine.test_ttt_attention import _loss_and_grads
 
