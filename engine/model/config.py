@@ -212,8 +212,11 @@ class Eagle3Config:
 
     def with_(self, **changes: Any) -> Eagle3Config:
         """A copy with some fields changed (validated again)."""
-        if "qk_rope_head_dim" in changes and "head_dim" not in changes:
-            changes["head_dim"] = None  # an MLA drafter's head_dim is derived from it
+        if self.layer_kind == "mla":  # fields MLA derives follow what they come from
+            if "qk_rope_head_dim" in changes:
+                changes.setdefault("head_dim", None)
+            if "num_attention_heads" in changes:
+                changes.setdefault("num_key_value_heads", None)
         return replace(copy.deepcopy(self), **changes)
 
     # -- config styles -------------------------------------------------------------------------
