@@ -121,6 +121,9 @@ class Check:
     ok: bool
     detail: str
     error: str | None = None
+    serving_only: bool = False
+    """A failure that only stops serving the directory as it is (`convert` fixes it): reading,
+    finetuning and converting go on (require_checks skips it)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
@@ -178,6 +181,8 @@ def run_checks(ck: Checkpoint) -> list[Check]:
                             "SGLang silently ignores them (convert --to sglang)",
                             f"{ck.where()}: layers.0.* names under an EAGLE-style config"))
     checks.append(norm_flags_check(ck))
+    if cfg.layer_kind == "mla":
+        checks.append(_mla_serving_check(ck.config_dict))
     if ck.detected.config_style == "speculators":
         has = "norm_before_residual" in ck.config_dict
         checks.append(Check("norm_before_residual", has,
@@ -276,7 +281,7 @@ def _vocab_check(ck: Checkpoint, shapes_ok: bool) -> Check:
 def require_checks(ck: Checkpoint) -> None:
     """Raise the first failing check as the one-line error."""
     for c in run_checks(ck):
-        if not c.ok:
+        if not c.ok and not c.serving_only:
             raise EngineError(c.error or f"{ck.path}: check {c.name} failed: {c.detail}")
 
 
@@ -336,6 +341,23 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
         if cfg.aux_layer_ids is not None and "eagle_config" not in cfg.to_eagle_dict():
             warnings.append("sglang: aux layer ids include 0; SGLang cannot express them")
     return warnings
+
+
+def _mla_serving_check(conf: dict[str, Any]) -> Check:
+    """Whether vLLM 0.32 builds its Eagle3DeepseekV2ForCausalLM from this config as written:
+    TorchSpec writes `model_type: "deepseek_v3"` (vLLM turns such a draft into its DeepSeek MTP
+    model) and its own architecture name (not registered in vLLM)."""
+    archs, mtype = conf.get("architectures") or [], conf.get("model_type")
+    bad = []
+    if mtype == "deepseek_v3":
+        bad.append("model_type deepseek_v3 (vLLM 0.32 serves it as its DeepSeek MTP model)")
+    if not any(a in ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+               for a in archs if isinstance(a, str)):
+        bad.append(f"architectures {archs} (vLLM knows Eagle3DeepseekV2ForCausalLM)")
+    if not bad:
+        return Check("vllm_mla_config", True, f"{archs[0]}, model_type {mtype}")
+    return Check("vllm_mla_config", False, "; ".join(bad) + ": convert --to vllm rewrites it",
+                 serving_only=True)
 
 
 def _mla_export_check(cfg: Eagle3Config, to: str) -> None:
