@@ -1,13 +1,12 @@
-"""Device check for a lent GPU machine: five independent checks, one `CHECK` line each.
+"""Device check for a lent GPU machine: six independent checks, one `CHECK` line each.
 
     bash benchmarks/gpu_check.sh                    # on the GPU machine, from anywhere
     bash benchmarks/gpu_check.sh --only bf16-train-step
     bash benchmarks/gpu_check.sh --cpu              # the same checks on CPU, tiny shapes
 
-Measured on one H200 (2026-12-04): 112 s for the first four checks (most of it process start-up,
-CUDA initialisation and building the random inputs on the CPU); every check runs in its own
-process under its own time limit (120 + 200 + 200 + 60 s), so the whole script ends within ~10
-minutes whatever hangs. `--cpu` on 2 cores: 35-60 s.
+Measured on one H200 (2026-12-04): 112 s for the first four checks (mostly process start-up,
+CUDA initialisation and random inputs built on the CPU); each check runs in its own process under
+its own time limit (TIMEOUT_S), so the script ends however a check hangs. `--cpu`: 35-60 s.
 
 Checks (each a fresh subprocess, so a crash or a poisoned CUDA context stays in its check):
 
@@ -22,10 +21,9 @@ bf16-train-step
     the llama3-8b preset's shape (H 4096, I 14336, 32/8 heads, target vocab 128256, draft vocab
     32000), T=2048, batch 1, K = the trainer's default (7), bf16 autocast on CUDA exactly as the
     trainer does it (fp32 master weights). The drafter and the batch are benchmarks/train.py's
-    (`step_draft`, `step_inputs`, its STEP_SHAPE set to these sizes; 90% of the target argmaxes in
-    the draft vocab, every token supervised). 3 warm-up steps, then the median of 10: tokens/s,
-    torch.cuda.max_memory_allocated, MFU = model FLOP/s (`step_flops`, an analytic estimate) /
-    the GPU's dense bf16 peak from its datasheet (`PEAK_BF16`, by name; else n/a).
+    (`step_draft`, `step_inputs` at these sizes; 90% of target argmaxes in the draft vocab).
+    3 warm-up steps, then the median of 10: tokens/s, peak memory, MFU = `step_flops` (analytic)
+    / the GPU's dense bf16 datasheet peak (`PEAK_BF16`, by name; else n/a).
 mla-capture-transformers
     `python -m engine prepare --device cuda` on a tiny random MLA target built on the spot
     (transformers' DeepseekV3ForCausalLM: q/kv LoRA ranks, 7 layers, MoE after the first dense
@@ -34,24 +32,22 @@ mla-capture-transformers
     with engine.data.readers.open_data, and sample 0's captured final-norm hidden state (and its
     three aux states) must equal a direct transformers forward on the same device
     (`output_hidden_states`; the last entry taken after the final norm) within the stored
-    dtype's tolerance. Every token uses all 4 experts (num_experts_per_tok = 4): a bf16 tie
-    that flips a top-k routing choice would otherwise fail the comparison for no fault of the
-    capture.
+    dtype's tolerance. Every token uses all 4 experts, so a bf16 tie that flips a top-k routing
+    choice cannot fail the comparison for no fault of the capture.
 nvml-agent
     `python -m engine monitor --events --count 6 --interval 0.5` while this process keeps the
     GPU busy with bf16 matrix products; at least one GPU in the `sample` events must have util,
     mem_used/mem_total, power and temp filled. On CPU (or without NVML under --cpu): skip.
-mla-serve-eagle3
-    vLLM serving an MLA target with an EAGLE-3 drafter: benchmarks/gpu_check_mla_serve.py.
+mla-serve-eagle3, mla-drafter-serve
+    vLLM serving an MLA target with an EAGLE-3 drafter of ours (gpu_check_mla_serve.py), and the
+    mla-capture target with an MLA drafter of ours (gpu_check_mla_drafter.py); skip without vLLM.
 
-Output: `CHECK name: ok|FAIL|skip ...` per check on stdout (nothing else there), a summary line
-on stderr, and with $OUT set (or --json PATH) $OUT/gpu_check.json plus each check's log
-($OUT/gpu_check.NAME.log). Exit status 1 when any check failed, else 0.
+Output: `CHECK name: ok|FAIL|skip ...` per check on stdout, a summary on stderr, with $OUT (or
+--json PATH) $OUT/gpu_check.json and each check's log $OUT/gpu_check.NAME.log; exit 1 on a FAIL.
 
-Running it through the device tool: `run(command="bash benchmarks/gpu_check.sh", timeout_s=540)`.
-The machine's python3 holds torch, transformers, accelerate, nvidia-ml-py and psutil; if
-nvidia-ml-py is ever missing there, carry `.venv/lib/python3.11/site-packages/pynvml.py` (one
-file, pure Python): gpu_check.sh puts a carried copy on the path.
+Device tool: `run(command="bash benchmarks/gpu_check.sh", timeout_s=540)` (the vLLM checks may
+need a call each, `--only NAME`). Its python3 has torch, transformers, accelerate, nvidia-ml-py,
+psutil; a carried .venv/lib/python3.11/site-packages/pynvml.py is put on the path if needed.
 """
 
 from __future__ import annotations
@@ -71,13 +67,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpu_check_mla_drafter import check_mla_drafter_serve
 from gpu_check_mla_serve import check_mla_serve
 from gpu_check_ttt import check_ttt_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 TIMEOUT_S = {"ttt-attention": 120, "bf16-train-step": 200, "mla-capture-transformers": 200,
-             "nvml-agent": 60, "mla-serve-eagle3": 560}
+             "nvml-agent": 60, "mla-serve-eagle3": 560, "mla-drafter-serve": 300}
 CHECKS = tuple(TIMEOUT_S)
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, FLOP/s, matched as
@@ -198,7 +195,7 @@ def _step_inputs(cpu: bool) -> dict[str, Any]:
     sys.path.insert(0, str(BENCH))
     import train as bench  # benchmarks/train.py: step_draft, step_inputs, STEP_SHAPE
 
-    from engine.model.config import preset
+    from engine.model.presets import preset
     from engine.model.ttt_loss import step_rows
     from engine.training.config import TrainConfig
 
@@ -498,7 +495,8 @@ class _GpuLoad:
 
 WORKERS = {"ttt-attention": check_ttt_attention, "bf16-train-step": check_bf16_train_step,
            "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent,
-           "mla-serve-eagle3": lambda cpu: check_mla_serve(cpu, _env(cpu), build_mla_target)}
+           "mla-serve-eagle3": lambda cpu: check_mla_serve(cpu, _env(cpu), build_mla_target),
+           "mla-drafter-serve": check_mla_drafter_serve}
 SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everything)
     "ttt-attention": ("device", "cases", "worst_rel"),
     "bf16-train-step": ("device", "precision", "tokens_per_s", "step_ms", "peak_mem_gb",
@@ -508,6 +506,8 @@ SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everyth
     "nvml-agent": ("name", "driver", "mem_total_gib", "util", "util_max", "mem_used_gib",
                    "power_w", "power_max_w", "temp_c", "sm_clock", "procs_max", "samples"),
     "mla-serve-eagle3": ("device", "acceptance_length", "drafts", "samples", "vllm_wall_s"),
+    "mla-drafter-serve": ("startup_s", "completion_tokens", "drafts", "accepted",
+                          "acceptance_length"),
 }
 
 

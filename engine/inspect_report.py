@@ -170,7 +170,12 @@ def render(r: dict[str, Any]) -> str:
               f"aux layers {c['aux_layer_ids']}  rope {rope} theta {c['rope_theta']}  dtype "
               f"{c['torch_dtype']}",
               "  ".join(f"{k} {str(c.get(k, False)).lower()}"
-                        for k in ("norm_before_fc", "fc_norm", "norm_output")), ""]
+                        for k in ("norm_before_fc", "fc_norm", "norm_output"))]
+    if c.get("kv_lora_rank") is not None:  # the MLA layer kind (engine/model/mla_layer.py)
+        lines.append("layer mla  " + "  ".join(
+            f"{k} {c.get(k)}" for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                        "qk_rope_head_dim", "v_head_dim")))
+    lines.append("")
     for ch in r["checks"]:
         lines.append(f"{'PASS' if ch['ok'] else 'FAIL'}  {ch['name']:<21} {ch['detail']}")
     return "\n".join(lines)

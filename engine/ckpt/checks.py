@@ -76,6 +76,40 @@ def expected_tensors(cfg: Eagle3Config) -> dict[str, Expect]:
     }
     for i in range(3):
         e[f"fc_norm.{i}.weight"] = Expect((Ht,), "[target_hidden_size]", f, cfg.fc_norm)
+    if cfg.layer_kind == "mla":
+        for n in ("q", "k", "v", "o"):
+            del e[f"midlayer.self_attn.{n}_proj.weight"]
+        e.update(_mla_tensors(cfg))
+    return e
+
+
+def _mla_tensors(cfg: Eagle3Config) -> dict[str, Expect]:
+    """The MLA attention's tensors (engine/model/mla_layer.py), shapes per config field."""
+    H, nh, q_lora, kv_lora = (cfg.hidden_size, cfg.num_attention_heads, cfg.q_lora_rank,
+                              cfg.kv_lora_rank)
+    nope, rope, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    assert kv_lora is not None and nope is not None and rope is not None and vd is not None
+    a, f = "midlayer.self_attn.", "float"
+    qk = "num_attention_heads*(qk_nope_head_dim+qk_rope_head_dim)"
+    e = {
+        a + "kv_a_proj_with_mqa.weight": Expect(
+            (kv_lora + rope, 2 * H), "[kv_lora_rank+qk_rope_head_dim, 2*hidden_size]", f, True),
+        a + "kv_a_layernorm.weight": Expect((kv_lora,), "[kv_lora_rank]", f, True),
+        a + "kv_b_proj.weight": Expect(
+            (nh * (nope + vd), kv_lora),
+            "[num_attention_heads*(qk_nope_head_dim+v_head_dim), kv_lora_rank]", f, True),
+        a + "o_proj.weight": Expect((H, nh * vd), "[hidden_size, num_attention_heads*v_head_dim]",
+                                    f, True),
+    }
+    if q_lora is None:
+        e[a + "q_proj.weight"] = Expect((nh * (nope + rope), 2 * H), f"[{qk}, 2*hidden_size]", f,
+                                        True)
+    else:
+        e[a + "q_a_proj.weight"] = Expect((q_lora, 2 * H), "[q_lora_rank, 2*hidden_size]", f,
+                                          True)
+        e[a + "q_a_layernorm.weight"] = Expect((q_lora,), "[q_lora_rank]", f, True)
+        e[a + "q_b_proj.weight"] = Expect((nh * (nope + rope), q_lora), f"[{qk}, q_lora_rank]",
+                                          f, True)
     return e
 
 
@@ -87,6 +121,9 @@ class Check:
     ok: bool
     detail: str
     error: str | None = None
+    serving_only: bool = False
+    """A failure that only stops serving the directory as it is (`convert` fixes it): reading,
+    finetuning and converting go on (require_checks skips it)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
@@ -138,11 +175,14 @@ def run_checks(ck: Checkpoint) -> list[Check]:
         emb = "absent (the serving engine takes the target's embedding)"
     checks.append(Check("embedding", True, emb))
 
-    if ck.detected.format == "mixed" and ck.detected.config_style == "eagle":
+    if ck.detected.format == "mixed" and ck.detected.config_style == "eagle" and \
+            cfg.layer_kind == "llama":  # an MLA drafter is vLLM's alone, and vLLM renames
         checks.append(Check("serving_names", False, "EAGLE-style config with layers.0.* names: "
                             "SGLang silently ignores them (convert --to sglang)",
                             f"{ck.where()}: layers.0.* names under an EAGLE-style config"))
     checks.append(norm_flags_check(ck))
+    if cfg.layer_kind == "mla":
+        checks.append(_mla_serving_check(ck.config_dict))
     if ck.detected.config_style == "speculators":
         has = "norm_before_residual" in ck.config_dict
         checks.append(Check("norm_before_residual", has,
@@ -241,7 +281,7 @@ def _vocab_check(ck: Checkpoint, shapes_ok: bool) -> Check:
 def require_checks(ck: Checkpoint) -> None:
     """Raise the first failing check as the one-line error."""
     for c in run_checks(ck):
-        if not c.ok:
+        if not c.ok and not c.serving_only:
             raise EngineError(c.error or f"{ck.path}: check {c.name} failed: {c.detail}")
 
 
@@ -279,6 +319,8 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
     if to == "speculators" and cfg.norm_before_fc and cfg.fc_norm:
         raise EngineError("speculators: norm_before_fc and fc_norm both on (speculators 0.9 "
                           "refuses the pair; vLLM runs it: export --to vllm)")
+    if cfg.layer_kind == "mla":
+        _mla_export_check(cfg, to)
     if output_style(to) == "eagle":
         cfg.to_eagle_dict()  # raises for norm_before_residual: true
     if to in ("vllm", "sglang"):
@@ -299,3 +341,39 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
         if cfg.aux_layer_ids is not None and "eagle_config" not in cfg.to_eagle_dict():
             warnings.append("sglang: aux layer ids include 0; SGLang cannot express them")
     return warnings
+
+
+def _mla_serving_check(conf: dict[str, Any]) -> Check:
+    """Whether vLLM 0.32 builds its Eagle3DeepseekV2ForCausalLM from this config as written:
+    TorchSpec writes `model_type: "deepseek_v3"` (vLLM turns such a draft into its DeepSeek MTP
+    model) and its own architecture name (not registered in vLLM)."""
+    archs, mtype = conf.get("architectures") or [], conf.get("model_type")
+    bad = []
+    if mtype == "deepseek_v3":
+        bad.append("model_type deepseek_v3 (vLLM 0.32 serves it as its DeepSeek MTP model)")
+    if not any(a in ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+               for a in archs if isinstance(a, str)):
+        bad.append(f"architectures {archs} (vLLM knows Eagle3DeepseekV2ForCausalLM)")
+    if not bad:
+        return Check("vllm_mla_config", True, f"{archs[0]}, model_type {mtype}")
+    return Check("vllm_mla_config", False, "; ".join(bad) + ": convert --to vllm rewrites it",
+                 serving_only=True)
+
+
+def _mla_export_check(cfg: Eagle3Config, to: str) -> None:
+    """An MLA drafter is served by vLLM's Eagle3DeepseekV2ForCausalLM alone (spec 4a)."""
+    if to == "speculators":
+        cfg.to_speculators_dict()  # raises, naming why
+    if to == "sglang":
+        raise EngineError("sglang: an MLA drafter (kv_lora_rank) cannot be expressed for SGLang "
+                          "(its llama_eagle3 builds a Llama layer and ignores the MLA tensors); "
+                          "export --to vllm")
+    if to == "vllm" and cfg.q_lora_rank is None:
+        raise EngineError("vllm: an MLA drafter without q_lora_rank: vLLM 0.32's "
+                          "Eagle3DeepseekV2ForCausalLM loader maps kv_a_proj_with_mqa into "
+                          "fused_qkv_a_proj, which it builds only with q_lora_rank (the load "
+                          "fails)")
+    if cfg.norm_before_fc:
+        raise EngineError(f"{to}: an MLA drafter with norm_before_fc: vLLM's "
+                          "Eagle3DeepseekV2ForCausalLM has no input_norm (it would refuse the "
+                          "tensor)")

@@ -10,6 +10,9 @@ The canonical names are the EAGLE ones (engine/model/draft.py). The only key dif
 styles is the layer prefix, so the map is one table, LAYER_PREFIX, with torchtitan-style directions:
     from_speculators(sd) / to_speculators(sd) / from_eagle(sd) / to_eagle(sd)
 work on any name -> value mapping (tensors, file entries, shapes). detect() tells the style.
+MLA drafters (engine/model/mla_layer.py) use the same map: TorchSpec writes `midlayer.*` and
+vLLM's Eagle3DeepseekV2ForCausalLM loader renames `midlayer.` to `layers.0.` (then fuses
+q_a_proj and kv_a_proj_with_mqa itself), so either prefix is read and `midlayer.*` is written.
 
 Targets: target_heads(names, tied) is the one rule for a target's input embedding and lm_head
 tensor names (engine/ckpt/target_weights.py reads them; a tied target's lm_head is its embedding).

@@ -30,6 +30,7 @@ def collect(path: str) -> dict[str, Any]:
 
     from engine.ckpt.checks import run_checks
     from engine.ckpt.drafter_dir import open_checkpoint
+    from engine.model.config import MLA_FIELDS
 
     ck = open_checkpoint(Path(path))
     cfg = ck.config
@@ -50,6 +51,8 @@ def collect(path: str) -> dict[str, Any]:
         "norm_before_residual": cfg.norm_before_residual,
         "verifier": cfg.verifier,
     }
+    if cfg.layer_kind == "mla":  # the MLA sizes (engine/model/mla_layer.py)
+        summary.update({k: getattr(cfg, k) for k in MLA_FIELDS})
     return {"path": str(ck.path), "format": ck.detected.format,
             "key_style": ck.detected.key_style, "config_style": ck.detected.config_style,
             "weights": ck.weights.kind, "files": [p.name for p in ck.weights.files],

@@ -1,4 +1,5 @@
-"""The drafter's typed config (`Eagle3Config`), its two on-disk config styles, and named presets.
+"""The drafter's typed config (`Eagle3Config`) and its two on-disk config styles (named presets:
+engine/model/presets.py).
 
 Re-exported by engine/model/draft.py; kept apart so the model file reads as the math only.
 
@@ -10,6 +11,13 @@ Config styles (the two config.json layouts drafters ship in):
   (section 4a: SpecForge reads the same key differently, so a reader needs to know the writer).
 - speculators style: `speculators_model_type: "eagle3"` with a full Llama dict under
   `transformer_layer_config`, `norm_before_residual` written explicitly, `speculators_config`.
+
+Layer kinds (`Eagle3Config.layer_kind`): "llama" (the EAGLE-3 layer) or "mla" (DeepSeek-V2/V3
+multi-head latent attention, spec 4a), told by `kv_lora_rank`. An MLA drafter's config is the flat
+EAGLE style with vLLM's `architectures: ["Eagle3DeepseekV2ForCausalLM"]`, `model_type:
+"deepseek_v2"` (vLLM 0.32 serves a "deepseek_v3" draft as its MTP model) and the MLA sizes; the
+speculators style cannot express it (vLLM's speculators adapter builds llama/qwen3 layers only),
+so writing it there is refused.
 
 `Eagle3Config.from_dict` reads either (and transformers 5's `rope_parameters` / `dtype` spellings);
 problems raise EngineError naming the field, callers prefix the file name. A flat config carrying
@@ -27,6 +35,11 @@ from typing import Any
 from engine.errors import EngineError
 
 EAGLE_ARCH = "LlamaForCausalLMEagle3"
+MLA_ARCH = "Eagle3DeepseekV2ForCausalLM"  # vLLM 0.32 deepseek_eagle3 (V3 is an alias there)
+# Names an MLA drafter's config is seen under: vLLM's two, TorchSpec's own.
+MLA_ARCHS = (MLA_ARCH, "Eagle3DeepseekV3ForCausalLM", "DeepSeekForCausalLMEagle3")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")
 SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_VERSION = "0.3.0"
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -63,6 +76,17 @@ class Eagle3Config:
     """hd: per-head width; None means H // nh."""
     target_hidden_size: int | None = None
     """Ht: the target's hidden width (fc is [H, 3*Ht]); None means H."""
+    q_lora_rank: int | None = None
+    """MLA: rank of the query down-projection (q_a_proj); None: one q_proj (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int | None = None
+    """MLA: rank of the compressed key/value latent; set = an MLA layer (`layer_kind`)."""
+    qk_nope_head_dim: int | None = None
+    """MLA: per-head query/key width without RoPE."""
+    qk_rope_head_dim: int | None = None
+    """MLA: per-head query/key width with RoPE (the key's part is shared by all heads); an MLA
+    config's head_dim is this (as transformers' DeepseekV3Config sets it)."""
+    v_head_dim: int | None = None
+    """MLA: per-head value width."""
     rms_norm_eps: float = 1e-5
     """epsilon of every RMSNorm."""
     rope_theta: float = 10000.0
@@ -102,6 +126,11 @@ class Eagle3Config:
             self.draft_vocab_size = self.vocab_size
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        if self.kv_lora_rank is not None:
+            self._check_mla()
+        elif (stray := next((f for f in MLA_FIELDS if getattr(self, f) is not None), None)):
+            raise EngineError(f"config field {stray!r}: set without kv_lora_rank (an MLA "
+                              "drafter needs both)")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise EngineError(f"config field 'head_dim': missing and hidden_size "
@@ -138,7 +167,33 @@ class Eagle3Config:
             raise EngineError(f"config field 'torch_dtype': {self.torch_dtype!r} is not one of "
                               f"{', '.join(DTYPES)}")
 
+    def _check_mla(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) is None:
+                raise EngineError(f"config field {name!r}: missing (an MLA drafter: "
+                                  "kv_lora_rank is set)")
+            _positive_int(name, getattr(self, name))
+        if self.q_lora_rank is not None:
+            _positive_int("q_lora_rank", self.q_lora_rank)
+        if self.head_dim is None:
+            self.head_dim = self.qk_rope_head_dim
+        if self.head_dim != self.qk_rope_head_dim:
+            raise EngineError(f"config field 'head_dim': {self.head_dim} != qk_rope_head_dim "
+                              f"{self.qk_rope_head_dim} (an MLA drafter's RoPE width)")
+        if self.num_key_value_heads not in (None, self.num_attention_heads):
+            raise EngineError(f"config field 'num_key_value_heads': {self.num_key_value_heads} "
+                              "!= num_attention_heads (MLA has one key/value per head)")
+        kind = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
+        if kind not in (None, "default", "yarn"):
+            raise EngineError(f"config field 'rope_scaling.rope_type': {kind!r} (an MLA drafter "
+                              "takes default or yarn RoPE, as vLLM's DeepSeek layer does)")
+
     # -- derived -------------------------------------------------------------------------------
+    @property
+    def layer_kind(self) -> str:
+        """"mla" (engine/model/mla_layer.py) when kv_lora_rank is set, else "llama"."""
+        return "mla" if self.kv_lora_rank is not None else "llama"
+
     @property
     def has_vocab_map(self) -> bool:
         """True when the draft vocab is a subset of the target's (d2t/t2d are needed)."""
@@ -157,6 +212,11 @@ class Eagle3Config:
 
     def with_(self, **changes: Any) -> Eagle3Config:
         """A copy with some fields changed (validated again)."""
+        if self.layer_kind == "mla":  # fields MLA derives follow what they come from
+            if "qk_rope_head_dim" in changes:
+                changes.setdefault("head_dim", None)
+            if "num_attention_heads" in changes:
+                changes.setdefault("num_key_value_heads", None)
         return replace(copy.deepcopy(self), **changes)
 
     # -- config styles -------------------------------------------------------------------------
@@ -220,12 +280,16 @@ class Eagle3Config:
 
     def to_eagle_dict(self) -> dict[str, Any]:
         """The EAGLE-style config.json that vLLM and SGLang both load."""
-        if self.norm_before_residual:
+        if self.norm_before_residual and self.layer_kind != "mla":
             raise EngineError("config field 'norm_before_residual' is true: EAGLE-style engines "
                               "(vLLM/SGLang llama_eagle3) cannot express it; keep speculators "
                               "style")
-        out = {"architectures": [EAGLE_ARCH], **self._llama_dict(),
-               "draft_vocab_size": self.draft_vocab_size}
+        if self.layer_kind == "mla":
+            out = {"architectures": [MLA_ARCH], **self._mla_dict(),
+                   "draft_vocab_size": self.draft_vocab_size}
+        else:
+            out = {"architectures": [EAGLE_ARCH], **self._llama_dict(),
+                   "draft_vocab_size": self.draft_vocab_size}
         if self.target_hidden_size != self.hidden_size:
             out["target_hidden_size"] = self.target_hidden_size
         if self.aux_layer_ids is not None and not self._aux_are_defaults():
@@ -240,6 +304,24 @@ class Eagle3Config:
             out["target_num_hidden_layers"] = self.target_num_layers
         return out
 
+    def _mla_dict(self) -> dict[str, Any]:
+        """The flat DeepSeek layer config vLLM's Eagle3DeepseekV2ForCausalLM reads (through
+        transformers' DeepseekV2Config: head_dim is derived there, so not written)."""
+        out = self._llama_dict()
+        del out["head_dim"], out["mlp_bias"]
+        # deepseek_v2, not _v3: vLLM 0.32 turns a deepseek_v3 draft config into its MTP model
+        # (SpeculativeConfig.hf_config_override) whatever `architectures` says
+        out["model_type"] = "deepseek_v2"
+        out.update({k: getattr(self, k) for k in MLA_FIELDS})
+        out["rope_interleave"] = True  # vLLM's MLA RoPE is GPT-J style (is_neox_style=False)
+        rs = out["rope_scaling"]
+        if rs is not None and "original_max_position_embeddings" not in rs:
+            # what our yarn used; vLLM's deepseek_yarn requires the key
+            rs["original_max_position_embeddings"] = self.max_position_embeddings
+        if self.norm_before_residual:  # deepseek_eagle3 reads it from the flat config
+            out["norm_before_residual"] = True
+        return out
+
     def _extra_norm_flags(self) -> dict[str, bool]:
         # Written only when used, at the top level where vLLM's llama/deepseek_eagle3 and its
         # speculators adapter read all three; older engines never see them.
@@ -249,6 +331,10 @@ class Eagle3Config:
                             speculative_tokens: int | None = None,
                             verifier_architectures: list[str] | None = None) -> dict[str, Any]:
         """The speculators-style config.json; `norm_before_residual` always written explicitly."""
+        if self.layer_kind == "mla":
+            raise EngineError("speculators: an MLA drafter (kv_lora_rank) cannot be expressed "
+                              "in the speculators style (vLLM's speculators adapter builds "
+                              "llama/qwen3 layers only); export --to vllm or eagle")
         name = verifier if verifier is not None else self.verifier
         k = speculative_tokens if speculative_tokens is not None else self.speculative_tokens
         _positive_int("speculative_tokens", k)
@@ -369,6 +455,14 @@ def _from_llama(layer: dict[str, Any], top: dict[str, Any],
         rope_theta = params.get("rope_theta", rope_theta)
         if params.get("rope_type", "default") != "default":
             rope_scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    archs = top.get("architectures") or layer.get("architectures") or []
+    mla = layer.get("kv_lora_rank") is not None
+    if isinstance(archs, list) and any(a in MLA_ARCHS for a in archs) and not mla:
+        raise EngineError(f"config field 'kv_lora_rank': missing ({archs[0]} is an MLA drafter)")
+    if mla and layer.get("rope_interleave", True) is not True:
+        raise EngineError("config field 'rope_interleave': false (vLLM runs an MLA drafter's "
+                          "RoPE interleaved, GPT-J style; this drafter would serve as another "
+                          "function)")
     aux = top.get("eagle_aux_hidden_state_layer_ids")  # vLLM convention
     eagle_cfg = top.get("eagle_config")
     if aux is None and isinstance(eagle_cfg, dict):
@@ -396,7 +490,13 @@ def _from_llama(layer: dict[str, Any], top: dict[str, Any],
         "torch_dtype": str(top.get("torch_dtype") or layer.get("torch_dtype")
                            or layer.get("dtype") or "bfloat16").replace("torch.", ""),
         "extra": {k: copy.deepcopy(layer[k]) for k in PASSTHROUGH_KEYS if k in layer},
+        **{k: layer.get(k) for k in MLA_FIELDS},
     }
+    if mla:  # vLLM's deepseek_eagle3 honours it from the flat config (default false)
+        nbr = top.get("norm_before_residual", False)
+        if not isinstance(nbr, bool):
+            raise EngineError(f"config field 'norm_before_residual': {nbr!r} is not a bool")
+        kwargs["norm_before_residual"] = nbr
     for flag in ("norm_before_fc", "fc_norm"):
         v = top.get(flag, eagle_cfg.get(flag, False) if isinstance(eagle_cfg, dict) else False)
         if not isinstance(v, bool):
@@ -459,36 +559,6 @@ def _check_rope(rs: Any) -> dict[str, Any] | None:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
             raise EngineError(f"config field 'rope_scaling.{key}': {v!r} must be a positive number")
     return rs
-
-
-# Named sizes. "tiny" runs on CPU in milliseconds; the others match the spec sheet's examples.
-PRESETS: dict[str, Eagle3Config] = {
-    "tiny": Eagle3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=512, draft_vocab_size=128,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
-                         target_num_layers=8, torch_dtype="float32"),
-    "llama3-8b": Eagle3Config(
-        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, vocab_size=128256, draft_vocab_size=32000, rms_norm_eps=1e-5,
-        rope_theta=500000.0, max_position_embeddings=131072, target_num_layers=32,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        verifier="meta-llama/Llama-3.1-8B-Instruct", verifier_architectures=["LlamaForCausalLM"]),
-    # DeepSeek-V3-style drafter for a Kimi-K2 target (hidden 7168, V 163840, 61 layers).
-    "kimi-k2": Eagle3Config(
-        hidden_size=7168, intermediate_size=40960, num_attention_heads=56, num_key_value_heads=8,
-        head_dim=128, vocab_size=163840, draft_vocab_size=32000, rms_norm_eps=1e-6,
-        rope_theta=50000.0, max_position_embeddings=131072, target_num_layers=61,
-        verifier="moonshotai/Kimi-K2-Instruct",
-        verifier_architectures=["DeepseekV3ForCausalLM"]),
-}
-
-
-def preset(name: str) -> Eagle3Config:
-    """A fresh copy of a named preset."""
-    if name not in PRESETS:
-        raise EngineError(f"unknown preset {name!r} (one of {', '.join(PRESETS)})")
-    return copy.deepcopy(PRESETS[name])
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(Eagle3Config))

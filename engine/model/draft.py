@@ -2,10 +2,11 @@
 
 Public API
 ----------
-Eagle3Config, PRESETS, preset(name), default_aux_layer_ids(n)   (from engine/model/config.py)
+Eagle3Config, PRESETS, preset(name), default_aux_layer_ids(n)   (engine/model/config.py,
+    engine/model/presets.py; RMSNorm and RoPE live in engine/model/blocks.py)
     The typed config; `Eagle3Config.from_dict` reads the EAGLE (flat Llama) or the speculators
     config style, `to_eagle_dict()` / `to_speculators_dict(verifier=, speculative_tokens=)` write
-    them. Presets: "tiny" (CPU tests), "llama3-8b", "kimi-k2".
+    them. Presets: "tiny" (CPU tests), "llama3-8b", "kimi-k2", "kimi-k2-mla", "tiny-mla".
 Eagle3Draft(cfg)
     The nn.Module. Canonical parameter names are the EAGLE ones (engine/ckpt/key_map.py maps the
     speculators `layers.0.*` names to and from them):
@@ -23,8 +24,10 @@ Eagle3Draft(cfg)
         d2t (buffer)                        int64 [Vd]  target_id = draft_id + d2t[draft_id]
         t2d (buffer)                        bool  [V]   true for target ids in the draft vocab
     Optional, by config flag: input_norm.weight [3Ht] (norm_before_fc), fc_norm.{0,1,2}.weight
-    [Ht] (fc_norm). Rotary tables are non-persistent buffers, never saved. `norm_output`
-    (EAGLE 3.1, spec 4a): the state handed to the next step is norm(out), not out.
+    [Ht] (fc_norm). An MLA drafter (`cfg.layer_kind == "mla"`) has the MLA attention's
+    parameters instead of q/k/v/o_proj (engine/model/mla_layer.py); the rest is the same.
+    Rotary tables are non-persistent buffers, never saved. `norm_output` (EAGLE 3.1, spec 4a):
+    the state handed to the next step is norm(out), not out.
     `trainable_state_dict()` is the state dict without the frozen embedding; `set_embedding(w)`
     installs the target's (engine.formats.load_target_embedding reads it from a target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
@@ -56,113 +59,23 @@ shift_left(x, n, fill=0), valid_positions(T, i): helpers for the trainer's targe
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.model.config import PRESETS, Eagle3Config, default_aux_layer_ids, preset
+from engine.model.blocks import KV, RMSNorm, apply_rope, inv_freq, rope_cos_sin
+from engine.model.config import Eagle3Config, default_aux_layer_ids
+from engine.model.mla_layer import MLAttention
+from engine.model.presets import PRESETS, preset
 from engine.model.ttt_attention import split_attention
 
 __all__ = ["Eagle3Config", "Eagle3Draft", "PRESETS", "default_aux_layer_ids", "inv_freq",
            "preset", "shift_left", "valid_positions"]
 
 
-class RMSNorm(nn.Module):
-    """Llama RMSNorm, computed in float32 and cast back."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.promote_types(dtype, torch.float32))  # at least float32
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
-
-
-# -- rotary position embedding --------------------------------------------------------------------
-
-def inv_freq(cfg: Eagle3Config) -> tuple[Tensor, float]:
-    """RoPE inverse frequencies [hd/2] and the attention scale factor (1.0 except for yarn)."""
-    hd, base = cfg.head_dim, float(cfg.rope_theta)
-    assert hd is not None
-    freq = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))  # [hd/2]
-    rs = cfg.rope_scaling
-    kind = rs["rope_type"] if rs else "default"
-    if kind == "linear":
-        return (freq / rs["factor"]).float(), 1.0  # type: ignore[index]
-    if kind == "llama3":
-        assert rs is not None
-        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
-        old_ctx = rs["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / freq
-        scaled = torch.where(wavelen > old_ctx / lo, freq / factor, freq)  # long waves: slowed
-        smooth = (old_ctx / wavelen - lo) / (hi - lo)
-        mid = (wavelen >= old_ctx / hi) & (wavelen <= old_ctx / lo)
-        blended = (1 - smooth) * scaled / factor + smooth * scaled
-        return torch.where(mid, blended, scaled).float(), 1.0
-    if kind == "yarn":
-        assert rs is not None
-        return _yarn(cfg, rs, freq)
-    return freq.float(), 1.0
-
-
-def _yarn(cfg: Eagle3Config, rs: dict, freq: Tensor) -> tuple[Tensor, float]:
-    """YaRN: interpolate long wavelengths, extrapolate short ones, ramp in between."""
-    hd, base, factor = cfg.head_dim, float(cfg.rope_theta), float(rs["factor"])
-    assert hd is not None
-    orig = rs.get("original_max_position_embeddings") or cfg.max_position_embeddings
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attn = rs.get("attention_factor")
-    if attn is None:
-        if rs.get("mscale") and rs.get("mscale_all_dim"):
-            attn = mscale(factor, rs["mscale"]) / mscale(factor, rs["mscale_all_dim"])
-        else:
-            attn = mscale(factor)
-
-    def corr_dim(rot: float) -> float:
-        return (hd * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
-
-    lo = max(math.floor(corr_dim(rs.get("beta_fast") or 32)), 0)
-    hi: float = min(math.ceil(corr_dim(rs.get("beta_slow") or 1)), hd - 1)
-    if lo == hi:
-        hi += 0.001
-    ramp = ((torch.arange(hd // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
-    extra = 1 - ramp  # 1: keep the original frequency, 0: interpolate
-    out = (freq / factor) * (1 - extra) + freq * extra
-    return out.float(), float(attn)
-
-
-def rope_cos_sin(positions: Tensor, freqs: Tensor, scale: float, dtype: torch.dtype
-                 ) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [B,T,hd] for integer positions [B,T] (HF rotate-half layout)."""
-    work = torch.promote_types(torch.float32, dtype)  # float64 models get float64 tables
-    ang = positions.to(work)[..., None] * freqs.to(positions.device, work)  # [B,T,hd/2]
-    emb = torch.cat((ang, ang), dim=-1)  # [B,T,hd]
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B,heads,T,hd]; cos/sin [B,T,hd]."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
-
-
 # -- the decoder layer -----------------------------------------------------------------------------
-
-KV = tuple[Tensor, Tensor]  # keys, values [B,nkv,T,hd] after RoPE
 
 
 class Attention(nn.Module):
@@ -235,8 +148,14 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def _attention(cfg: Eagle3Config) -> Attention | MLAttention:
+    """The layer kind's attention: this file's grouped-query one, or MLA (its own file)."""
+    return MLAttention(cfg) if cfg.layer_kind == "mla" else Attention(cfg)
+
+
 class DecoderLayer(nn.Module):
-    """The single EAGLE-3 layer: its attention reads [embedding; fused features] (2H wide)."""
+    """The single EAGLE-3 layer: its attention reads [embedding; fused features] (2H wide).
+    The attention is the layer kind's (`_attention`); norms, residual and MLP are the same."""
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
@@ -244,7 +163,7 @@ class DecoderLayer(nn.Module):
         self.norm_before_residual = cfg.norm_before_residual
         self.hidden_norm = RMSNorm(cfg.hidden_size, eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = _attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
         self.mlp = MLP(cfg)
 

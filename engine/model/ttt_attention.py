@@ -14,6 +14,8 @@ The backward is the flash-attention merge rule: the step-0 kernel's own backward
 output and log-sum-exp, returns exactly the step-0 block's share of dq, dk, dv (its probabilities
 are exp(s - lse) and its correction term rowsum(dout * out) is the merged one); the diagonal part
 is done here elementwise. Grouped-query attention: keys/values have nkv heads, queries nh.
+The softmax scale is 1/sqrt(hd) unless given (MLA: 1/sqrt(qk head width) times yarn's mscale^2,
+with q/k/v zero-padded to one width by the caller, engine/model/mla_layer.py).
 
 `split_attention(q, k0, v0, diag, causal)` is the entry point; `dense_reference` is the masked
 SDPA over concatenated keys that it replaces (kept for tests and as the fallback).
@@ -137,15 +139,16 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
 # -- the merge -------------------------------------------------------------------------------------
 
 class _SplitAttention(torch.autograd.Function):
-    """forward(causal, q, k0, v0, k1, v1, .., ki, vi) -> out [B,nh,T,hd] (module docstring)."""
+    """forward(causal, scale, q, k0, v0, k1, v1, .., ki, vi) -> out [B,nh,T,hd] (module
+    docstring; scale None: 1/sqrt(hd))."""
 
     @staticmethod
-    def forward(ctx, causal: bool, q: Tensor, k0: Tensor, v0: Tensor,
+    def forward(ctx, causal: bool, scale: float | None, q: Tensor, k0: Tensor, v0: Tensor,
                 *diag: Tensor) -> Tensor:
         b, nh, t, hd = q.shape
         nkv = k0.shape[1]
         rep = nh // nkv
-        scale = 1.0 / math.sqrt(hd)
+        scale = 1.0 / math.sqrt(hd) if scale is None else scale
         q = q.contiguous()
         k0e, v0e = _expand(k0, rep).contiguous(), _expand(v0, rep).contiguous()
         out0, lse0, extra = causal_fwd(q, k0e, v0e, causal, scale)
@@ -199,20 +202,21 @@ class _SplitAttention(torch.autograd.Function):
                 grads.append((ds[..., None] * qg).sum(2).to(diag[2 * j].dtype))
                 grads.append((pj[..., None] * gg).sum(2).to(diag[2 * j + 1].dtype))
             dq = dqw.to(q.dtype).view(b, nh, t, hd)
-        return (None, dq, dk0, dv0, *grads)
+        return (None, None, dq, dk0, dv0, *grads)
 
 
 def split_attention(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, Tensor]],
-                    causal: bool = True) -> Tensor:
+                    causal: bool = True, scale: float | None = None) -> Tensor:
     """q [B,nh,T,hd]; k0, v0 [B,nkv,T0,hd] the step-0 keys (causal when `causal`, else all of
     them for every query); diag: (k, v) [B,nkv,T,hd] of steps 1..i at the query's own position.
-    Returns [B,nh,T,hd], the one-softmax attention over all of them."""
+    Returns [B,nh,T,hd], the one-softmax attention over all of them (softmax scale `scale`,
+    None: 1/sqrt(hd))."""
     flat = [x for kv in diag for x in kv]
-    return _SplitAttention.apply(causal, q, k0, v0, *flat)
+    return _SplitAttention.apply(causal, scale, q, k0, v0, *flat)
 
 
 def dense_reference(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, Tensor]],
-                    causal: bool = True) -> Tensor:
+                    causal: bool = True, scale: float | None = None) -> Tensor:
     """The same attention the old way: concatenated keys, a dense bool mask, SDPA."""
     b, nh, t, hd = q.shape
     rep = nh // k0.shape[1]
@@ -225,4 +229,4 @@ def dense_reference(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, 
         first = first.tril()
     eye = torch.eye(t, dtype=torch.bool, device=q.device)
     mask = torch.cat([first] + [eye] * len(diag), dim=-1)
-    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=scale)
