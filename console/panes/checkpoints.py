@@ -318,15 +318,22 @@ class CheckpointsPane(ShownTimers, Vertical):
             view.show_report(report.to_json(), ck.path)
 
     # -- converting --------------------------------------------------------------------------
-    def action_convert(self) -> None:
+    def _free_selection(self) -> Checkpoint | None:
+        """The checkpoint under the cursor when a convert or an evaluation may start on it (not
+        while a conversion runs); says why not otherwise."""
         ck = self.selected()
         if ck is None or self.host is None:
             self.notify("No checkpoint selected", severity="warning")
-            return
+            return None
         if self.converting is not None:
             self.notify(f"Busy converting {self.converting}", severity="warning")
-            return
-        self.ask_convert(self.host, ck)
+            return None
+        return ck
+
+    def action_convert(self) -> None:
+        ck = self._free_selection()
+        if ck is not None and self.host is not None:
+            self.ask_convert(self.host, ck)
 
     @work(group="ckpt-convert", exit_on_error=False)
     async def ask_convert(self, host: str, ck: Checkpoint) -> None:
@@ -480,14 +487,9 @@ class CheckpointsPane(ShownTimers, Vertical):
 
     # -- evaluating ----------------------------------------------------------------------------
     def action_evaluate(self) -> None:
-        ck = self.selected()
-        if ck is None or self.host is None:
-            self.notify("No checkpoint selected", severity="warning")
-            return
-        if self.converting is not None:
-            self.notify(f"Busy converting {self.converting}", severity="warning")
-            return
-        self.ask_evaluate(self.host, ck)
+        ck = self._free_selection()
+        if ck is not None and self.host is not None:
+            self.ask_evaluate(self.host, ck)
 
     @work(group="ckpt-eval", exit_on_error=False)
     async def ask_evaluate(self, host: str, ck: Checkpoint) -> None:

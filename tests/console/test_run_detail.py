@@ -276,18 +276,8 @@ async def test_served_acceptance_is_a_third_series(tmp_path: Path) -> None:
               start=event_time(lines[0]) - 1, end=event_time(lines[-1]) + 1, exit_code=0)
     app = local_app(local_config(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("5")
-        table = app.screen.query_one(RunTable)
-        await wait_for(pilot, lambda: bool(table.ids))
-        table.focus()
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
-        screen = app.screen
-        assert isinstance(screen, RunDetailScreen)
-        await wait_for(pilot, lambda: screen.feed.finished
-                       and screen.feed.progress.events == len(lines))
-        screen.refresh_view(force=True)
-        await pilot.pause()
+        screen = await _open_plain_run(pilot)
+        assert screen.feed.progress.events == len(lines)
         plot = screen.query_one("#plot-tau", LinePlot)
         assert [name for name, _ in plot.series] == [TAU_TRAIN, TAU_HELD_OUT, TAU_SERVED]
         assert dict(plot.series)[TAU_SERVED] == served == screen.feed.progress.points(SERVED)
