@@ -81,8 +81,10 @@ def save_drafter(dst: Path, cfg: Eagle3Config, state_dict: Mapping[str, torch.Te
     with atomic_output_dir(Path(dst), force=force) as tmp:
         save_tensors(tmp / "model.safetensors", {names[k]: v for k, v in sd.items()})
         write_json(tmp / "config.json", conf)
-        if sections is not None:
-            write_json(tmp / "provenance.json", build_provenance(to, sections))
+        if sections is not None or (cfg.norm_output and style == "eagle"):
+            # a flat config's `norm_output` is read by who wrote it (spec 4a): this record says
+            # it was us, in the speculators/vLLM meaning, even for a bare save
+            write_json(tmp / "provenance.json", build_provenance(to, sections or {}))
     return warnings
 
 

@@ -29,7 +29,7 @@ from console.settings.config import HostConfig, Profile
 from console.ui.keymap import KEYS
 from console.widgets.host_list import HostList
 from console.widgets.line_plot import LinePlot, braille_grid
-from console.widgets.run_tables import ProfileTable, RunTable
+from console.widgets.run_tables import RUN_COLUMNS, ProfileTable, RunTable
 from engine import events
 from tests.panes import FINISHED, RUNNING, feed_of, runs_pane, show_runs, two_runs
 from tests.replay import FrozenClock
@@ -131,12 +131,15 @@ async def test_pane_rows_and_detail_state() -> None:
         await show_runs(pilot, len(upto_step(lines, 60)))
         table = app.screen.query_one(RunTable)
         assert table.ids == [RUNNING, FINISHED]                      # newest first
-        running, finished = table.rows_shown
-        assert running[1] == "▶ running" and running[2].startswith("60/150 ")
-        assert finished[1] == "✔ succeeded" and finished[3] == "2:21"
+        running, finished = (dict(zip(RUN_COLUMNS, r, strict=True)) for r in table.rows_shown)
+        assert running["STATUS"] == "▶ running" and running["PROGRESS"].startswith("60/150 ")
+        assert finished["STATUS"] == "✔ succeeded" and finished["DURATION"] == "2:21"
+        # the finished run's best held-out figure and step (out/best), none yet for the other
+        assert (finished["HELD-OUT"], finished["BEST"]) == ("3.44", "150")
+        assert (running["HELD-OUT"], running["BEST"]) == ("-", "-")
         # a new console (fresh feeds): the finished run's progress is read once, not `-`
         await wait_for(pilot, lambda: table.rows_shown[1][2] == "150/150")
-        assert running[4].startswith("5b4def2d 6d60b61")           # manifest, then git
+        assert running["CODE"].startswith("5b4def2d 6d60b61")     # manifest, then git
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
         screen = app.screen
