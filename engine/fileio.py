@@ -18,7 +18,9 @@ Reading
     read_json(path)          the document, or an EngineError naming the file (and for bad JSON
                              the line and column).
     json_line(raw, where)    one JSONL line's document, or an EngineError starting with `where`
-                             (bad UTF-8, bad JSON, nesting too deep).
+                             (bad UTF-8, bad JSON, NaN/Infinity, nesting too deep).
+    nonfinite_field(doc)     the first field of a document holding NaN or Infinity (the config
+                             readers refuse it by name).
     sha256_file(path)        streamed through a bounded window (engine/ckpt/hash_cache.py caches
     it). open_regular(path)       opens only regular files and never blocks on a FIFO.
 """
@@ -29,6 +31,7 @@ import errno
 import hashlib
 import io
 import json
+import math
 import mmap
 import os
 import shutil
@@ -112,16 +115,34 @@ def read_json(path: Path | str, *, missing: str = "does not exist", obj: bool = 
     return data
 
 
+def nonfinite_field(d: Any, where: str = "") -> str | None:
+    """The first field (dotted path) of a JSON document holding NaN or +-Infinity, else None."""
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        path = f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k)
+        if isinstance(v, float) and not math.isfinite(v):
+            return path
+        if isinstance(v, (dict, list)) and (bad := nonfinite_field(v, path)) is not None:
+            return bad
+    return None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def json_line(raw: bytes, where: str) -> Any:
     """One JSONL line's document; bad bytes, bad JSON and nesting too deep for the parser are
-    each one EngineError starting with `where` ("file:line")."""
+    each one EngineError starting with `where` ("file:line"). Python's NaN/Infinity extension
+    is refused too: a document carrying one would be copied on (regen writes a line's other
+    fields back) into files no strict JSON reader takes."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise EngineError(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column "
                           f"{e.start + 1})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as e:
         raise EngineError(f"{where}: invalid JSON ({e.msg})") from None
     except ValueError as e:   # valid syntax the parser refuses: an int over 4300 digits

@@ -9,18 +9,21 @@ import os
 from typing import Any
 
 from engine.errors import EngineError
-from engine.fileio import read_json
+from engine.fileio import nonfinite_field, read_json
 
 
 def read_config(target_dir: str,
                 required: tuple[str, ...] = ("hidden_size", "num_hidden_layers", "vocab_size")
                 ) -> dict[str, Any]:
     """The target's config.json as a dict (text_config unwrapped for multimodal wrappers); each
-    `required` field must be an integer."""
+    `required` field must be an integer, and no field NaN or Infinity (Python's json reads them,
+    and a NaN rms_norm_eps or rope_theta copied into a drafter would train NaN silently)."""
     path = os.path.join(target_dir, "config.json")
     cfg = read_json(path, missing="no such file (is --target a model directory?)")
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
+    if (bad := nonfinite_field(cfg)) is not None:
+        raise EngineError(f"{path}: field {bad!r}: not a finite number (NaN or Infinity)")
     for key in required:
         if not isinstance(cfg.get(key), int):
             raise EngineError(f"{path}: field {key!r}: missing or not an integer")

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from engine.errors import EngineError
+from engine.fileio import nonfinite_field
 
 EAGLE_ARCH = "LlamaForCausalLMEagle3"
 MLA_ARCH = "Eagle3DeepseekV2ForCausalLM"  # vLLM 0.32 deepseek_eagle3 (V3 is an alias there)
@@ -562,15 +563,3 @@ def _check_rope(rs: Any) -> dict[str, Any] | None:
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(Eagle3Config))
-
-
-def nonfinite_field(d: Any, where: str = "") -> str | None:
-    """The first field (dotted path) of a JSON document holding NaN or +-Infinity, else None."""
-    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
-    for k, v in items:
-        path = f"{where}[{k}]" if isinstance(k, int) else f"{where}.{k}" if where else str(k)
-        if isinstance(v, float) and not math.isfinite(v):
-            return path
-        if isinstance(v, (dict, list)) and (bad := nonfinite_field(v, path)) is not None:
-            return bad
-    return None

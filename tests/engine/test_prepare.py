@@ -191,12 +191,15 @@ def test_prepare_bad_line_names_file_and_field(tiny_target: Path, tmp_path: Path
 
 
 def test_conversation_lines_json_refuses_name_file_and_line(tmp_path: Path) -> None:
-    """Bad syntax and valid syntax that json refuses (an int of 5000 digits: a ValueError that
-    is not a JSONDecodeError) both give the one-line error, never a traceback."""
+    """Bad syntax, valid syntax that json refuses (an int of 5000 digits: a ValueError that
+    is not a JSONDecodeError) and Python's NaN/Infinity extension (regen would copy it on) all
+    give the one-line error, never a traceback."""
     from engine.data.conversations import read_conversations
     good = json.dumps({"id": 1, "conversations": [{"role": "user", "content": "x"}]})
     for bad, why in (("{not json", "invalid JSON (Expecting property name"),
-                     ('{"id": ' + "9" * 5000 + "}", "invalid JSON (Exceeds the limit")):
+                     ('{"id": ' + "9" * 5000 + "}", "invalid JSON (Exceeds the limit"),
+                     ('{"id": 2, "score": NaN, "conversations": []}', "invalid JSON (NaN is not"),
+                     ('{"id": 2, "w": -Infinity}', "invalid JSON (-Infinity is not JSON)")):
         src = tmp_path / "c.jsonl"
         src.write_text(good + "\n" + bad + "\n")
         with pytest.raises(EngineError) as e:

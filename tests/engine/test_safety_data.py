@@ -349,6 +349,26 @@ def test_non_finite_config_values_are_refused(tmp_path: Path) -> None:
         assert not out.exists()
 
 
+def test_a_target_config_with_nan_is_refused_by_field(tiny_target: Path,
+                                                     tmp_path: Path) -> None:
+    """A NaN in the target's (text) config would be copied into the drafter (rms_norm_eps,
+    rope_theta) and train NaN without a word: read_config, which every command reading a
+    target goes through, refuses it by field."""
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target, target)
+    conf = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**conf, "rms_norm_eps": float("nan")}))
+    data = tmp_path / "c.jsonl"
+    data.write_text("".join(json.dumps({"conversations": c}) + "\n" for c in chats(2, 0)))
+    out = tmp_path / "data"
+    p = run_engine("prepare", "--target", str(target), "--data", str(data), "--out", str(out),
+                   check=False)
+    assert p.returncode == 1 and last_line(p) == (
+        f"error: {target / 'config.json'}: field 'rms_norm_eps': not a finite number "
+        "(NaN or Infinity)"), p.stderr[-800:]
+    assert not out.exists()
+
+
 def test_the_json_writer_writes_strict_json_only(tmp_path: Path) -> None:
     from engine.errors import EngineError
     from engine.fileio import write_json
