@@ -15,8 +15,9 @@ bits 4 * (c % 8) (the first column in the lowest nibble); padding nibbles are ze
 W[o, c] = q[o, c] * scale[o, c // group_size], computed in the scale's dtype (compressed-tensors'
 `_dequantize`: `x_q.to(scale.dtype) * scale`), then widened to float32 here.
 
-Kimi's `quantization_config` (Kimi-K2-Thinking's model card and config; the ignore list as vLLM's
-tests/quantization humming test quotes Kimi-K2.6's): quant_method `compressed-tensors`, format
+Kimi's `quantization_config` (as its model cards describe it; the ignore list as vLLM's
+tests/quantization humming test quotes Kimi-K2.6's config -- no copy of Kimi-K2.5's own
+config.json was at hand when this was written): quant_method `compressed-tensors`, format
 `pack-quantized`, one config group of weights {num_bits 4, type int, symmetric, strategy group,
 group_size 32}, no activation quantisation; `ignore` keeps attention (`re:.*self_attn.*`), the
 shared experts, the dense layers' MLP (`re:.*mlp\\.(gate|up|gate_up|down)_proj.*`), the lm_head
