@@ -16,9 +16,14 @@ A layer's stored tensors go through transformers' own loading step
 from_pretrained takes: it renames a wrapper's `language_model.*` keys (the layout's key_mapping)
 and fuses the per-expert checkpoint tensors (`mlp.experts.<e>.gate_proj/up_proj/down_proj`) into
 the fused in-memory parameters transformers 5 keeps (`mlp.experts.gate_up_proj`, `down_proj`), so
-this forward computes what the `full` mode's from_pretrained model computes. Quantised
-checkpoints (packed int4 experts) are not dequantised here: a layer whose parameters are not all
-in the files is refused by name.
+this forward computes what the `full` mode's from_pretrained model computes.
+
+Int4 experts in compressed-tensors' `pack-quantized` format (Kimi-K2.5's routed experts:
+`…experts.<e>.gate_proj.weight_packed` + `weight_scale` + `weight_shape`) are dequantised to
+float32 `…weight` tensors (engine/ckpt/int4_packed.py) as each layer is read, before that step, so
+they load as ordinary weights; one layer is dequantised at a time, never the model. Any other
+quantisation scheme is refused by config.json's field, and a layer whose parameters are not all in
+the files is refused by name.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from engine.ckpt.int4_packed import dequantise_stored, packed_scheme
 from engine.ckpt.safetensors_io import WeightSet, open_weights
 from engine.ckpt.target_layout import resolve_layout
 from engine.errors import EngineError
@@ -41,7 +47,8 @@ class _Enough(Exception):
 
 def layer_bytes(target_dir: str, names: list[str], sizes: dict[str, int]) -> tuple[int, int]:
     """(bytes outside the decoder layers, bytes of the largest layer) this forward holds in
-    float32 (the lm_head is never loaded), from `sizes` (stored name -> element count)."""
+    float32 (the lm_head is never loaded), from `sizes` (stored name -> element count once
+    dequantised: int4_packed.float_numel)."""
     layout = resolve_layout(target_dir, names)
     rest, per = 0, dict[int, int]()
     for n in names:
@@ -80,6 +87,7 @@ class LayerwiseReference:
                               f"{type(self.model).__name__} (no decoder .layers)")
         self.n = int(cfg.num_hidden_layers)
         self._mapping = _conversion_mapping(self.model, kw.get("key_mapping"))
+        self._scheme = packed_scheme(target_dir)
         self.ws: WeightSet = open_weights(Path(target_dir))
         self._layout = resolve_layout(target_dir, list(self.ws.names()))
         self._load(lambda text: not text.startswith("model.layers.")
@@ -92,7 +100,7 @@ class LayerwiseReference:
             text = self._layout.to_text(n)
             if text is not None and keep(text):
                 out[n] = self.ws.load(n)
-        return out
+        return dequantise_stored(out, self._scheme, self.path)
 
     def _load(self, keep: Any, what: str) -> None:
         """The stored tensors whose causal-LM name `keep` accepts, through transformers' own
@@ -136,8 +144,8 @@ class LayerwiseReference:
         if meta:
             raise EngineError(
                 f"{self.path}: decoder layer {k}: {', '.join(meta[:4])} not in the weight files "
-                "(a quantised checkpoint? the layer-by-layer reference reads unquantised weights; "
-                "use --reference-check off or full on a host with the memory)")
+                "(a quantised checkpoint? the layer-by-layer reference reads unquantised and "
+                "pack-quantized int4 weights; use --reference-check off)")
 
     @torch.no_grad()
     def states(self, ids: list[int]) -> Tensor:

@@ -19,7 +19,9 @@ do not depend on what follows), which bounds the CPU forward's cost.
 decoder layer at a time, reading only the layers up to the highest captured id:
 engine/capture/layerwise_reference.py), `off`, or `auto`: full when the text stack in float32
 fits in half the host's available memory, else layers when the embedding plus the largest layer
-does, else off with a warning saying so (the capture keeps vLLM's self-check).
+does, else off with a warning saying so (the capture keeps vLLM's self-check). A target with int4
+pack-quantized experts (Kimi-K2.5) is sized dequantised and checked `layers` (dequantised one
+layer at a time) whenever that fits.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 from engine.capture.layerwise_reference import LayerwiseReference, layer_bytes
+from engine.ckpt.int4_packed import packed_scheme
 from engine.errors import EngineError
 
 #: per-position relative difference accepted, by the dtype vLLM ran in: float32 agrees to a few
@@ -56,17 +59,14 @@ def available_memory() -> int:
 def text_stack_bytes(target_dir: str) -> tuple[int, int, int]:
     """(the whole text stack, what is outside its decoder layers, its largest decoder layer),
     in float32 bytes, from the safetensors headers (nothing is read)."""
+    from engine.ckpt.int4_packed import float_numel
     from engine.ckpt.safetensors_io import open_weights
     from engine.ckpt.target_weights import text_stack_names
 
     ws = open_weights(Path(target_dir))
     names = text_stack_names(target_dir, list(ws.names()))
-    sizes: dict[str, int] = {}
-    for name in names:
-        n = 1
-        for d in ws.entries[name].shape:
-            n *= int(d)
-        sizes[name] = n
+    every = set(names)  # int4 packed weights count at their dequantised size
+    sizes = {name: float_numel(name, ws.entries[name].shape, every) for name in names}
     rest, layer = layer_bytes(target_dir, names, sizes)
     return 4 * sum(sizes.values()), rest, layer
 
@@ -79,8 +79,14 @@ def resolve_mode(mode: str, target_dir: str) -> tuple[str, str]:
         return mode, "asked for"
     (whole, rest, layer), have = text_stack_bytes(target_dir), available_memory()
     gib = 2**30
-    if not have or whole * 2 <= have:
+    int4 = packed_scheme(target_dir) is not None
+    if (not have or whole * 2 <= have) and not int4:
         return "full", f"{whole / gib:.2f} GiB in float32"
+    if int4 and (not have or (rest + layer) * 2 <= have):
+        # the full mode's from_pretrained would need the compressed-tensors package; the
+        # layer-by-layer forward dequantises the same weights itself
+        return "layers", ("int4 (pack-quantized) experts: dequantised one layer at a time "
+                          f"({(rest + layer) / gib:.1f} GiB in float32)")
     if (rest + layer) * 2 <= have:
         return "layers", (f"the text stack needs {whole / gib:.1f} GiB in float32, this host "
                           f"has {have / gib:.1f} GiB available: one layer at a time "

