@@ -1,5 +1,7 @@
 """`eagle3-console follow RUN`: print a run's output (and its engine events) as it happens,
 from the start, resuming by byte offset across dropped connections; ends when the run ends.
+A host that cannot be reached while the run is looked up is asked again the same way
+(`launch && follow` as the host blips); a run id that no answering host has fails at once.
 
 A training step is one compact line (`step 37/150  loss 5.498  acc_0 0.866  tau 3.660  ETA
 1:12`), a checkpoint measured in a running vLLM (train --eval-server) one line of its own
