@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # pip (26) shows even with -q; it is information only, so the installs below filter it out
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: run test test-fast setup setup-test setup-vllm check lint clean
+.PHONY: run test test-fast setup setup-test setup-vllm check lint clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -55,8 +55,12 @@ test-fast: setup-test
 
 # Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
 # pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).
+# The README's docs/screenshot*.svg from the real app: a demo finetune run in a scratch directory
+screenshots: setup
+	$(BIN)/python docs/screenshots.py
+
 check: setup-test
-	$(BIN)/python -m ruff check console engine tests benchmarks
+	$(BIN)/python -m ruff check console engine tests benchmarks docs
 	$(BIN)/python -m mypy console engine
 
 lint: check

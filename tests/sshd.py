@@ -78,6 +78,12 @@ class SSHD:
         psutil.wait_procs(kids, timeout=5)
         return len(kids)
 
+    def restart(self) -> None:
+        """Start again after stop(): the same port, keys and config (a host coming back)."""
+        sshd = find_sshd()
+        assert sshd is not None and (self.proc is None or self.proc.poll() is not None)
+        self.proc = serve(sshd, self.dir, self.port)
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.drop_connections()
@@ -124,8 +130,16 @@ def start_sshd(dir: Path) -> SSHD:
         f"  IdentityFile {user_key}", "  IdentitiesOnly yes", f"  UserKnownHostsFile {known_hosts}",
         "  StrictHostKeyChecking yes", "  BatchMode yes", "  LogLevel ERROR", "",
     ]))
-    log = open(dir / "sshd.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(cfg)], stdout=log, stderr=log)
+    proc = serve(sshd, dir, port)
+    return SSHD(dir=dir, port=port, user=user, host_key=host_key, user_key=user_key,
+                known_hosts=known_hosts, ssh_config=ssh_config, alias=alias, proc=proc)
+
+
+def serve(sshd: str, dir: Path, port: int) -> subprocess.Popen:
+    """Start sshd on dir's sshd_config and wait until it answers on port."""
+    log = open(dir / "sshd.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(dir / "sshd_config")], stdout=log,
+                            stderr=log)
     deadline = time.time() + 15
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -139,5 +153,4 @@ def start_sshd(dir: Path) -> SSHD:
     else:
         proc.kill()
         raise RuntimeError("sshd did not start listening within 15 s")
-    return SSHD(dir=dir, port=port, user=user, host_key=host_key, user_key=user_key,
-                known_hosts=known_hosts, ssh_config=ssh_config, alias=alias, proc=proc)
+    return proc

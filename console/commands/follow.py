@@ -1,5 +1,7 @@
 """`eagle3-console follow RUN`: print a run's output (and its engine events) as it happens,
 from the start, resuming by byte offset across dropped connections; ends when the run ends.
+A host that cannot be reached while the run is looked up is asked again the same way
+(`launch && follow` as the host blips); a run id that no answering host has fails at once.
 
 A training step is one compact line (`step 37/150  loss 5.498  acc_0 0.866  tau 3.660  ETA
 1:12`), a checkpoint measured in a running vLLM (train --eval-server) one line of its own
@@ -21,8 +23,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from console.hosts.host import Host, HostPool
-from console.logs.follow import Line, LogFollower
-from console.runs.service import find_run, list_runs
+from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
+from console.runs.service import RunNotFound, find_run, list_runs
+from console.scheduler.records import RunRecord
 from console.scheduler.run_status import EXIT_CODES, RunStatus
 from console.settings.config import Config
 from engine import events
@@ -222,7 +225,7 @@ class Notices:
             self.down = True
         elif kind == "reconnected":
             self.down = False
-            detail = f"{name}: {detail}"
+            detail = f"{name}: {detail}" if name else detail
         else:
             detail = f"{name}: {detail}" if detail else name
         print(f"-- {kind}: {detail}", file=sys.stderr)
@@ -242,17 +245,41 @@ class Skipped:
             print(f"-- skipped a malformed event at byte {line.offset}: {why}", file=sys.stderr)
 
 
+async def look_up(config: Config, run_id: str, pool: HostPool,
+                  notices: Notices) -> list[tuple[Host, RunRecord]]:
+    """find_run, looked for again with the followers' backoff and notices while a host that
+    could hold the run cannot be asked (`launch && follow` as the host blips), with no limit,
+    as the followers have none (ctrl+c ends it); a run that no host answering has fails at
+    once."""
+    delay, failing = BACKOFF_FIRST, False
+    while True:
+        try:
+            nodes = await find_run(config, run_id, pool)
+        except RunNotFound as e:
+            if not e.down:
+                raise
+            if not failing:
+                notices.add("", "reconnecting", str(e.down[0]))
+            failing = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+            continue
+        if failing:
+            notices.add("", "reconnected", f"run {run_id} found on {nodes[0][0].name}")
+        return nodes
+
+
 async def run(args: argparse.Namespace, config: Config) -> int:
     pool = HostPool(config)
     try:
-        nodes = await find_run(config, args.run, pool)
+        notices = Notices()
+        nodes = await look_up(config, args.run, pool, notices)
         match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
         host, rec = match[0]
         run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
         watch = RunWatch(host, args.run)
         names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
         start = "begin" if args.lines is None else "end"
-        notices = Notices()
         followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
                                  tail_lines=args.lines, until=watch.ended,
                                  on_notice=notices.of(n))

@@ -1,7 +1,7 @@
 """`eagle3-console runs HOST [--json] [--prune]`: the run registry on HOST (a training run's best
-held-out acceptance length and its step in HELD-OUT and BEST); --prune forgets the
-runs that have ended (their records and logs; files they wrote and running runs stay, nothing is
-signalled)."""
+held-out acceptance length at its step in HELD-OUT, `3.44@150`, as the Runs pane shows it);
+--prune forgets the runs that have ended (their records and logs; files they wrote and
+running runs stay, nothing is signalled)."""
 
 from __future__ import annotations
 
@@ -50,14 +50,14 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     # wide as its longest, so the columns after it stay in line
     w = max(40, *(len(r.id) for r in records))
     pw = max(16, *(len(r.profile) for r in records))
-    print(f"{'RUN':<{w}} {'PROFILE':<{pw}} {'STATUS':<10} {'EXIT':>5} {'HELD-OUT':>8} "
-          f"{'BEST':>6}  {'STARTED':<19} DURATION")
+    print(f"{'RUN':<{w}} {'PROFILE':<{pw}} {'STATUS':<10} {'EXIT':>5} {'HELD-OUT':<10} "
+          f"{'STARTED':<19} ELAPSED")
     for r in records:
         if r.status == RunStatus.CORRUPT:  # nothing in it can be trusted but the reason
             print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {r.error}")
             continue
-        tau, step = r.best_cells()
-        print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {_exit(r):>5} {tau:>8} {step:>6}  "
+        print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {_exit(r):>5} "
+              f"{r.best_cell():<10} "
               f"{_when(r.start):<19} "
               f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
               + _job(r))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 
-from console.errors import ConsoleError, TransportError
+from console.errors import CommandFailed, ConsoleError, TransportError, Unreachable
 from console.hosts.host import Host, HostPool
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
@@ -38,28 +38,49 @@ async def launch(config: Config, name: str, pool: HostPool, *, force: bool = Fal
 
 
 
+class RunNotFound(ConsoleError):
+    """No configured host has the run. `down`: the hosts that could hold it but could not be
+    asked (a dropped link, a host not answering): while there are any, the run may yet be
+    found (follow looks again, console/commands/follow.py)."""
+
+    def __init__(self, run_id: str, down: list[TransportError]) -> None:
+        super().__init__(f"no run {run_id!r} on any configured host")
+        self.down = down
+
+
 async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Host, RunRecord]]:
-    """Every node record of run_id: the hosts of the profile the id names first, then the rest."""
+    """Every node record of run_id: the hosts of the profile the id names first, then the rest.
+    RunNotFound when none has it."""
     preferred = list(dict.fromkeys(h for p in config.profiles.values()
                                    if run_id.startswith(p.name + "-") for h in p.hosts))
     rest = [h for h in config.hosts if h not in preferred]
+    down: list[TransportError] = []
     for group in (preferred, rest):
         found = await asyncio.gather(*(_records_on(pool, h, run_id) for h in group))
-        hits = [hit for hs in found for hit in hs]
+        hits = [hit for hs, _ in found for hit in hs]
         if hits:
             return sorted(hits, key=lambda hr: hr[1].node_rank)
-    raise ConsoleError(f"no run {run_id!r} on any configured host")
+        # a run id that names a profile lives on that profile's hosts: only theirs count
+        if group is preferred or not preferred:
+            down += [e for _, e in found if e is not None]
+    raise RunNotFound(run_id, down)
 
 
 
-async def _records_on(pool: HostPool, name: str, run_id: str) -> list[tuple[Host, RunRecord]]:
+async def _records_on(pool: HostPool, name: str, run_id: str
+                      ) -> tuple[list[tuple[Host, RunRecord]], TransportError | None]:
+    """The host's records of run_id, and the error of a host that could not be asked for a
+    reason that passes (a link down, not a refused key or login)."""
     if "/" in run_id or run_id in ("", ".", ".."):
-        return []
+        return [], None
     try:
         host = await pool.ensure(name)   # the hosts list shows it connecting (or failing)
-        return [(host, r) for r in await list_runs(host, run_id)]
-    except TransportError:
-        return []  # an unreachable host cannot hold the run we can act on
+        return [(host, r) for r in await list_runs(host, run_id)], None
+    except TransportError as e:
+        # an unreachable host cannot hold the run we can act on (now)
+        dropped = isinstance(e, Unreachable) or (
+            isinstance(e, CommandFailed) and not pool[name].transport.connected)
+        return [], e if dropped else None
 
 
 

@@ -126,12 +126,13 @@ class RunRecord:
             **_best(d.get("best")), _source=d)
 
     # -- derived ----------------------------------------------------------------------------
-    def best_cells(self) -> tuple[str, str]:
-        """HELD-OUT and BEST as the Runs table and `runs` show them: a training run's best
-        held-out acceptance length so far and its step (`3.44`, `150`); `-` for other runs."""
+    def best_cell(self) -> str:
+        """HELD-OUT as the Runs table and `runs` show it: a training run's best held-out
+        acceptance length so far at its step (`3.44@150`, narrow enough for 80 columns); `-`
+        for other runs."""
         if self.best_tau is None or self.best_step is None:
-            return "-", "-"
-        return f"{self.best_tau:.2f}", str(self.best_step)
+            return "-"
+        return f"{self.best_tau:.2f}@{self.best_step}"
 
     @property
     def job_id(self) -> str:

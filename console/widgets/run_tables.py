@@ -1,6 +1,7 @@
 """The runs pane's two tables: the profiles that can start on the selected host, and its runs
-(status, progress, duration, the code they ran). Rows are computed by pure functions; the
-tables only draw them (status colours from the `runs--*` component classes)."""
+(status, progress, best held-out figure, elapsed time, the code they ran). Rows are computed
+by pure functions; the tables only draw them (status colours from the `runs--*` component
+classes)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ from console.ui.keymap import bindings
 from console.widgets.text_table import TextTable
 
 PROFILE_COLUMNS = ("PROFILE", "HOSTS", "COMMAND")
-RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "HELD-OUT", "BEST", "DURATION", "CODE")
+#: what a reader scans first comes first, so at 80 columns the run, its status (with the exit
+#: code), progress, best held-out figure and elapsed time are on screen; CODE scrolls into view
+RUN_COLUMNS = ("RUN", "STATUS", "PROGRESS", "HELD-OUT", "ELAPSED", "CODE")
 COMMAND_WIDTH = 60
 STATUS_MARK = {RunStatus.PENDING: "…", RunStatus.RUNNING: "▶", RunStatus.SUCCEEDED: "✔",
                RunStatus.FAILED: "✖", RunStatus.STOPPED: "■", RunStatus.LOST: "?",
                RunStatus.CORRUPT: "!"}
 REASON_WIDTH = 48
 #: the RUN cell's width: a longer id is cut in the middle (its start names the profile, its end
-#: the time and suffix that tell runs apart), so STATUS keeps its place at 80 columns
-RUN_WIDTH = 32
+#: the time and suffix that tell runs apart), so every column up to ELAPSED fits 80 columns
+#: (29: `finetune-YYYYMMDD-HHMMSS-xxxx` whole)
+RUN_WIDTH = 29
 RUN_TAIL = 11          # HHMMSS-xxxx, the end of every run id (console/scheduler/launch.py)
 
 
@@ -105,9 +109,10 @@ def slurm_of(rec: RunRecord) -> str:
 
 
 def status_text(rec: RunRecord) -> str:
-    """`failed (2)`: the status, with the exit code when it says more than the status does."""
+    """`failed 127`: the status, with the exit code when it says more than the status does
+    (no brackets: the two columns they took let ELAPSED fit 80 columns)."""
     quiet = rec.exit_code in (None, 0) or rec.status == RunStatus.STOPPED
-    return rec.status.value + ("" if quiet else f" ({rec.exit_code})")
+    return rec.status.value + ("" if quiet else f" {rec.exit_code}")
 
 
 def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, ...]:
@@ -119,7 +124,7 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
         job = slurm_of(rec)
         return (fit_id(rec.id, max(16, RUN_WIDTH - len(job))) + job,
                 f"{STATUS_MARK.get(rec.status, ' ')} {status}",
-                progress_of(rec, prog), *rec.best_cells(), dur, code_of(rec))
+                progress_of(rec, prog), rec.best_cell(), dur, code_of(rec))
     node = f" [{rec.node_rank}/{rec.nnodes}]" if rec.nnodes > 1 else ""
     status = status_text(rec)
     if rec.status == RunStatus.CORRUPT:  # only why the record cannot be trusted, cut to a cell
@@ -131,7 +136,7 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
     dur = fmt_duration(end - rec.start) if rec.start and end else "-"
     return (fit_id(rec.id, RUN_WIDTH - len(node)) + node,
             f"{STATUS_MARK.get(rec.status, ' ')} {status}",
-            progress_of(rec, prog), *rec.best_cells(), dur, code_of(rec))
+            progress_of(rec, prog), rec.best_cell(), dur, code_of(rec))
 
 
 class ProfileTable(TextTable):

@@ -2,7 +2,7 @@
 as a subprocess against the real test sshd: `launch` exits 1 when its process failed at once,
 `follow` exits with the run's outcome (0 succeeded, 1 failed, 3 stopped) and prints the reason
 the runner recorded and the engine's error once; across dropped connections each file's resume
-is named once; a long command in an error is cut between words, never inside a path."""
+is named once; a host down while follow looks the run up is waited for; a long command in an error is cut between words, never inside a path."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import pytest
 from console.errors import CommandFailed
 from console.transport.ssh import SSHTransport
 from tests.paths import REPO
-from tests.sshd import SSHD
+from tests.sshd import SSHD, start_sshd
+from tests.waiting import wait_until
 
 PROFILES = {
     "quick": "python -c 'import sys; print(\"about to fail\"); sys.exit(3)'",
@@ -35,6 +37,10 @@ PROFILES = {
 
 @pytest.fixture
 def config(sshd: SSHD, tmp_path: Path) -> Path:
+    return write_config(sshd, tmp_path)
+
+
+def write_config(sshd: SSHD, tmp_path: Path) -> Path:
     text = (f'[hosts.box]\nssh = "{sshd.target}"\nknown_hosts = "{sshd.known_hosts}"\n'
             f'identity = "{sshd.user_key}"\npython = "{sys.executable}"\n'
             f'root = "{tmp_path / "root"}"\n')
@@ -124,6 +130,45 @@ def test_follow_names_the_file_it_resumes(config: Path, sshd: SSHD) -> None:
     assert all(ln.startswith("-- reconnected: output.log: resuming at byte ") for ln in resumed)
     assert len(resumed) == len(set(resumed)) or drops > 1, err
     assert follow.returncode == 0
+
+
+def test_follow_waits_for_a_host_that_is_down_while_it_looks_up_the_run(tmp_path: Path) -> None:
+    """`launch && follow` as the host blips: follow looks the run up again with the followers'
+    backoff and notices until the host answers, then follows it to its outcome; a run id that
+    an answering host does not have still fails at once."""
+    own = start_sshd(tmp_path / "sshd")   # its own server: this test stops it
+    try:
+        config = write_config(own, tmp_path)
+        rid, r = launched(config, "fine")
+        assert r.returncode == 0, r
+        wait_until(lambda: json.loads(cli(config, "runs", "box", "--json").stdout)[0]["status"]
+                   == "succeeded", timeout=60, what="the run to end")
+        own.stop()
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        follow = subprocess.Popen([sys.executable, "-m", "console", "--config", str(config),
+                                   "follow", rid], cwd=REPO, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watchdog = threading.Timer(120, follow.kill)   # a hang fails, never blocks the suite
+        watchdog.start()
+        try:
+            assert follow.stderr is not None
+            first = follow.stderr.readline()   # the lookup could not ask the host: it waits
+            assert first.startswith("-- reconnecting: box: "), first
+            assert follow.poll() is None
+            own.restart()
+            out, err = follow.communicate(timeout=90)
+        finally:
+            watchdog.cancel()
+        assert (follow.returncode, out) == (0, "done\n"), (first, err)
+        assert f"-- reconnected: run {rid} found on box" in err
+
+        started = time.monotonic()
+        r = cli(config, "follow", "fine-no-such-run")
+        assert (r.returncode, r.stderr) == (1, "error: no run 'fine-no-such-run' on any "
+                                               "configured host\n")
+        assert time.monotonic() - started < 30   # at once: one lookup, no backoff
+    finally:
+        own.stop()
 
 
 def test_notices_name_the_file(capsys: pytest.CaptureFixture[str]) -> None:

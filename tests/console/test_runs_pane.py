@@ -29,7 +29,7 @@ from console.settings.config import HostConfig, Profile
 from console.ui.keymap import KEYS
 from console.widgets.host_list import HostList
 from console.widgets.line_plot import LinePlot, braille_grid
-from console.widgets.run_tables import RUN_COLUMNS, ProfileTable, RunTable
+from console.widgets.run_tables import RUN_COLUMNS, RUN_WIDTH, ProfileTable, RunTable
 from engine import events
 from tests.panes import FINISHED, RUNNING, feed_of, runs_pane, show_runs, two_runs
 from tests.replay import FrozenClock
@@ -62,7 +62,7 @@ LONG_FAILED = "serve-finetune-20261130-140141-0f0f-final-20261130-180000-abcd"
 
 def test_snapshot_runs_pane_80x24_with_a_long_named_failed_run(snap_compare: Any) -> None:
     """A refused serve (exit 127) with a 62-character id: its name is cut in the middle and
-    every column stays where it is; at 80 columns STATUS is on screen for every run."""
+    every column stays where it is; at 80 columns every column up to ELAPSED is on screen."""
     root, clock = two_runs("runs-pane-80x24")
     run_dir = write_run(root, LONG_FAILED, [], status="failed", start=clock() - 60,
                         end=clock() - 59, exit_code=127, train_json=False)
@@ -79,11 +79,12 @@ def test_snapshot_runs_pane_80x24_with_a_long_named_failed_run(snap_compare: Any
         runs_pane(pilot).refresh_view(force=True)
         await pilot.pause()
         assert table.ids[0] == LONG_FAILED
-        assert table.rows_shown[0][0] == "serve-finetune-20261…180000-abcd"
-        assert all(len(row[0]) <= 32 for row in table.rows_shown)
-        # the STATUS column ends inside the table's width
-        status_end = sum(c.get_render_width(table) for c in list(table.columns.values())[:2])
-        assert status_end <= table.size.width, (status_end, table.size.width)
+        assert table.rows_shown[0][0] == "serve-finetune-20…180000-abcd"
+        assert all(len(row[0]) <= RUN_WIDTH for row in table.rows_shown)
+        # RUN, STATUS, PROGRESS, HELD-OUT and ELAPSED end inside the table's width
+        shown = RUN_COLUMNS.index("ELAPSED") + 1
+        end = sum(c.get_render_width(table) for c in list(table.columns.values())[:shown])
+        assert end <= table.size.width, (end, table.size.width)
 
     assert snap_compare(local_app(local_config(root), clock), terminal_size=(80, 24),
                         run_before=run_before)
@@ -133,10 +134,9 @@ async def test_pane_rows_and_detail_state() -> None:
         assert table.ids == [RUNNING, FINISHED]                      # newest first
         running, finished = (dict(zip(RUN_COLUMNS, r, strict=True)) for r in table.rows_shown)
         assert running["STATUS"] == "▶ running" and running["PROGRESS"].startswith("60/150 ")
-        assert finished["STATUS"] == "✔ succeeded" and finished["DURATION"] == "2:21"
+        assert finished["STATUS"] == "✔ succeeded" and finished["ELAPSED"] == "2:21"
         # the finished run's best held-out figure and step (out/best), none yet for the other
-        assert (finished["HELD-OUT"], finished["BEST"]) == ("3.44", "150")
-        assert (running["HELD-OUT"], running["BEST"]) == ("-", "-")
+        assert (finished["HELD-OUT"], running["HELD-OUT"]) == ("3.44@150", "-")
         # a new console (fresh feeds): the finished run's progress is read once, not `-`
         await wait_for(pilot, lambda: table.rows_shown[1][2] == "150/150")
         assert running["CODE"].startswith("5b4def2d 6d60b61")     # manifest, then git

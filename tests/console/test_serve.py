@@ -27,7 +27,6 @@ from console.checkpoints.serve import (
     SPEC_CONFIG_FIELDS,
     ServeRequest,
     compare_served,
-    drafter_fields,
     parse_startup_log,
     profile_name,
     read_sessions,
@@ -39,105 +38,14 @@ from console.settings.config import Config, HostConfig
 from tests.conftest import REPO
 from tests.drafters import tiny_config, write_drafter
 from tests.sshd import free_port
-
-STANDIN = """#!/bin/sh
-# stand-in vllm: record argv (a JSON list beside this script), then print a vLLM 0.32 startup
-# log and serve /v1/models and Prometheus /metrics on its --port (standin_main below) until
-# signalled
-"{python}" - "$0" "$@" <<'PY'
-import json, os, sys
-json.dump(sys.argv[2:], open(sys.argv[1] + ".argv", "w"))
-json.dump({k: v for k, v in os.environ.items() if k.startswith("EAGLE3_HOST_")},
-          open(sys.argv[1] + ".env", "w"))
-PY
-cd "{repo}" && exec "{python}" -c "import sys; from tests.console.test_serve import standin_main; \\
-standin_main(sys.argv[1], sys.argv[2:])" "$0" "$@"
-"""
-FIXTURES = REPO / "tests" / "fixtures" / "vllm"
-REAL_LOG = FIXTURES / "serve-0.32.0-cpu.log"
-REAL_MODELS = FIXTURES / "models-0.32.0-cpu.json"
-#: what the recorded server was started with (RECORDED.md)
-REC_TARGET, REC_DRAFTER, REC_PORT = "/tmp/served-check/target", "/tmp/served-check/drafter", 8811
-
-
-def standin_log(argv: list[str], drop: set[str]) -> str:
-    """The recorded vLLM 0.32 startup log with this command line's paths, k and port, and the
-    drafter's aux ids; `drop`: aux (no aux line: vLLM took the defaults), spec (no speculative
-    config: vLLM ignored it), k=N (vLLM loaded N tokens)."""
-    verifier = argv[1]
-    port = argv[argv.index("--port") + 1]
-    spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    k = next((d[2:] for d in drop if d.startswith("k=")), str(spec["num_speculative_tokens"]))
-    conf = json.loads((Path(spec["model"]) / "config.json").read_text())
-    aux = drafter_fields(conf)["aux_layer_ids"]
-    out = []
-    for line in REAL_LOG.read_text().splitlines():
-        if line.startswith("# "):
-            continue
-        if "Using auxiliary layers from speculative config" in line:
-            if aux is None or "aux" in drop:
-                continue
-            line = line.replace("(1, 3, 5)", str(tuple(aux)))
-        if "spec" in drop:
-            line = re.sub(r"SpeculativeConfig\(.*?\)(?=, tokenizer=)", "None", line)
-            line = re.sub(r", 'speculative_config': \{.*?\}", "", line)
-        out.append(line.replace(REC_TARGET, verifier).replace(REC_DRAFTER, spec["model"])
-                   .replace("num_spec_tokens=3", f"num_spec_tokens={k}")
-                   .replace("'num_speculative_tokens': 3", f"'num_speculative_tokens': {k}")
-                   .replace(str(REC_PORT), port))
-    return "\n".join(out) + "\n"
-
-
-def standin_main(exe: str, argv: list[str]) -> None:
-    """The stand-in `vllm serve`: its log on stdout, then /v1/models (the recorded answer, for
-    this verifier) and /metrics (one drafting round more per scrape) on 127.0.0.1:--port. A
-    test that serves its own figures on that port already: then only wait to be stopped.
-    `exit` in the drop file: stop after the log (a server that failed to start); `mute`: no
-    HTTP at all (one still loading)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from tests.vllm_metrics_standin import page, serving
-
-    drop_file = Path(exe + ".drop")
-    drop = set(drop_file.read_text().split()) if drop_file.is_file() else set()
-    sys.stdout.write(standin_log(argv, drop))
-    sys.stdout.flush()
-    if "exit" in drop:
-        raise SystemExit(1)
-    models = json.loads(REAL_MODELS.read_text())
-    for m in models["data"]:
-        m["id"] = m["root"] = argv[1]
-    rounds = iter(range(1, 10**6))
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path == "/v1/models":
-                body, kind = json.dumps(models).encode(), "application/json"
-            elif self.path == "/metrics":
-                body, kind = page(serving(next(rounds))).encode(), "text/plain"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    try:
-        if "mute" in drop:
-            raise OSError("mute")
-        ThreadingHTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])),
-                            Handler).serve_forever()
-    except OSError:  # the port is taken (or told to stay silent)
-        pass
-    while True:
-        time.sleep(3600)
+from tests.vllm_serve_standin import (
+    FIXTURES,
+    REAL_LOG,
+    REAL_MODELS,
+    REC_DRAFTER,
+    REC_TARGET,
+    STANDIN,
+)
 
 
 @pytest.fixture
@@ -481,8 +389,10 @@ async def test_serve_says_when_it_could_not_check(
     verifier = write_verifier(tmp_path / "target")
     drop_fields(standin_vllm, case)
     # an exit is seen as soon as the run records it (however slow the machine); a mute server
-    # only when the timeout runs out
-    timeout = "60" if case == "exit" else "4"
+    # only when the timeout runs out, and its log must be written by then: the stand-in prints
+    # it within a second of starting (tests/vllm_serve_standin.py imports no torch), so 10 s
+    # leaves a loaded machine room (4 s, with a stand-in importing torch first, did not)
+    timeout = "60" if case == "exit" else "10"
     try:
         assert await _serve(cfg_path, ckpt, verifier, free_port(), "--json",
                             "--check-timeout", timeout) == 0
@@ -491,7 +401,7 @@ async def test_serve_says_when_it_could_not_check(
         await _stop_all(cfg)
     assert not out["served"]["ready"] and len(out["warnings"]) == 1, out["warnings"]
     want = "the run failed before vLLM answered" if case == "exit" else \
-        "vLLM did not answer /v1/models within 4 s"
+        f"vLLM did not answer /v1/models within {timeout} s"
     assert out["warnings"][0].startswith("served config not fully checked: " + want)
     status = {f["field"]: f["status"] for f in out["served"]["fields"]}
     assert status["num_speculative_tokens"] == "ok" and status["verifier"] == "not checked"
