@@ -2,7 +2,8 @@
 as a subprocess against the real test sshd: `launch` exits 1 when its process failed at once,
 `follow` exits with the run's outcome (0 succeeded, 1 failed, 3 stopped) and prints the reason
 the runner recorded and the engine's error once; across dropped connections each file's resume
-is named once; a host down while follow looks the run up is waited for; a long command in an error is cut between words, never inside a path."""
+is named once; a host down while follow looks the run up is waited for; a long command in an
+error is cut between words, never inside a path."""
 
 from __future__ import annotations
 
