@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from engine.capture.layerwise_reference import LayerwiseReference, layer_bytes
-from engine.ckpt.int4_packed import packed_scheme
+from engine.ckpt.int4_packed import float_numel, packed_scheme
 from engine.errors import EngineError
 
 #: per-position relative difference accepted, by the dtype vLLM ran in: float32 agrees to a few
@@ -59,7 +59,6 @@ def available_memory() -> int:
 def text_stack_bytes(target_dir: str) -> tuple[int, int, int]:
     """(the whole text stack, what is outside its decoder layers, its largest decoder layer),
     in float32 bytes, from the safetensors headers (nothing is read)."""
-    from engine.ckpt.int4_packed import float_numel
     from engine.ckpt.safetensors_io import open_weights
     from engine.ckpt.target_weights import text_stack_names
 
