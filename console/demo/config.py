@@ -30,6 +30,8 @@ from console.settings.config import LOCAL, Config, Profile, data_dir, load_confi
 DEMO = "demo"
 #: the recorded vLLM log in the workspace (engine/demo/serve_log.py's SERVE_LOG)
 SERVE_LOG = "logs/vllm-serve.log"
+#: the workspace's held-out samples, prepared like data/ (engine/demo/workspace.py's eval/)
+HELD_OUT_DATA = "eval"
 #: the workspace's draft vocab size and the runs' lengths (engine/demo/workspace.py)
 DRAFT_VOCAB = 96
 FINETUNE_STEPS = 150
@@ -121,8 +123,9 @@ def refresh_demo_profiles(config: Config) -> None:
 
 
 def add_demo(config: Config) -> Config:
-    """The demo added to a built-in config (no config of the user's); others are left alone."""
-    if config.builtin and config.demo is None:
+    """The demo added to a built-in config (no config of the user's) or one that asks for it
+    (`demo = true`); others are left alone."""
+    if (config.builtin or config.keep_demo) and config.demo is None:
         with_demo(config)
     return config
 

@@ -46,6 +46,7 @@ from console.checkpoints.service import (
     scan_checkpoints,
 )
 from console.checkpoints.swap import swap
+from console.demo.config import HELD_OUT_DATA
 from console.errors import ConsoleError
 from console.panes.timers import ShownTimers
 from console.runs.watch import describe_error, on_host
@@ -58,6 +59,7 @@ from console.screens.convert_dialog import (
 )
 from console.screens.eval_dialog import EvalDialog
 from console.screens.serve_dialog import ServeDialog
+from console.settings.config import LOCAL
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.services import services
@@ -499,15 +501,13 @@ class CheckpointsPane(ShownTimers, Vertical):
             await self.run_evaluate(host, req)
 
     def known_data(self, host: str) -> str:
-        """The data folder to propose: the one last evaluated on there, else the `--data` the
-        host's profiles train on."""
+        """The held-out data to propose: the folder last evaluated on there, else the demo
+        workspace's held-out set on the local host; never the data a profile trains on, whose
+        samples the drafter has seen (its figure reads high)."""
         if self.last_eval_data.get(host):
             return self.last_eval_data[host]
-        for profile in services(self).config.profiles.values():
-            data = flag_value(profile.run, "--data") if host in profile.hosts else None
-            if data:
-                return data
-        return ""
+        demo = services(self).config.demo
+        return posixpath.join(demo, HELD_OUT_DATA) if host == LOCAL and demo else ""
 
     async def run_evaluate(self, host: str, req: EvalRequest) -> None:
         view = self.query_one(InspectView)

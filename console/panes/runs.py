@@ -230,8 +230,10 @@ class RunsPane(ShownTimers, Vertical):
         # while the demo builds, and after it failed, the activity line says so instead
         if model.busy is None and self.demo_state not in (DemoState.BUILDING, DemoState.FAILED) \
                 and not profiles:
-            hidden = " (demo profiles hidden: your config defines hosts)" \
-                if self.config.path is not None and self.config.demo is None else ""
+            hidden = ""
+            if self.config.path is not None and self.config.demo is None:
+                hidden = " (demo profiles hidden: your config defines hosts; demo = true keeps"\
+                          " them)"
             self.activity(f"No profile runs on this host{hidden}: add [profiles.NAME] with "
                           f"host = \"{host}\" to the config.")
             self._hint = True

@@ -1,10 +1,10 @@
 """The evaluate dialog: measure the selected drafter's acceptance on the host (target, held-out
 data, k, samples, through vLLM's engine or transformers).
 
-The pane prefills the target as the serve dialog's verifier, and the data folder last used on the
-host (else the one its profiles train on). Below 30 lines the fields are compact, so the buttons
-stay on an 80x24 terminal. A field that is missing or not a number is named under the fields and
-the dialog stays open."""
+The pane prefills the target as the serve dialog's verifier, and the held-out folder last used on
+the host (else the demo's held-out set; never the training data, which reads high). Below 30
+lines the fields are compact, so the buttons stay on an 80x24 terminal. A field that is missing
+or not a number is named under the fields and the dialog stays open."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ class EvalDialog(ModalScreen["EvalRequest | None"]):
             yield Label("Target [b]*[/b] (the target model folder on the host)")
             yield Input(self.target, placeholder="e.g. /models/Llama-3.1-8B-Instruct",
                         id="eval-target")
-            yield Label("Data [b]*[/b] (a prepared data folder on the host: its samples are "
-                        "replayed)")
-            yield Input(self.data, placeholder="e.g. /data/heldout", id="eval-data")
+            yield Label("Held-out data [b]*[/b] (prepared samples it did not train on)")
+            yield Input(self.data, placeholder="e.g. /data/heldout (a prepared data folder)",
+                        id="eval-data")
             with Horizontal(id="eval-numbers"):
                 yield Label("k ")
                 yield Input("3", id="eval-k", type="integer")

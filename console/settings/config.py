@@ -127,6 +127,9 @@ class Config:
     theme: str | None = None
     path: Path | None = None        # None: built-in defaults, no file
     demo: str | None = None         # the embedded demo workspace (console/demo/config.py)
+    #: `demo = true` at the top of the file: the demo (local host, its profiles) stays beside
+    #: the user's hosts and profiles
+    keep_demo: bool = False
     #: no config of the user's (no file, or one holding only a remembered theme): the app factory
     #: and the CLI add the demo (console/demo/config.py), config loading never does
     builtin: bool = False
@@ -238,7 +241,10 @@ class _Reader:
 
 def parse_config(raw: dict[str, Any], file: Path) -> Config:
     top = _Reader(file, "", raw)
-    top.check_keys({"hosts", "sync", "profiles", "theme"})
+    top.check_keys({"hosts", "sync", "profiles", "theme", "demo"})
+    keep_demo = raw.get("demo", False)
+    if not isinstance(keep_demo, bool):
+        top.fail("demo", "true or false", keep_demo)
     hosts: dict[str, HostConfig] = {}
     for name, t in _tables(top, "hosts").items():
         r = _Reader(file, f"hosts.{name}", t)
@@ -293,7 +299,8 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
                                  nproc_per_node=r.count("nproc_per_node", 1), env=r.strdict("env"),
                                  cwd=r.text("cwd"), sync=sync, eval_server=_eval_server(r))
         _slurm_profile(r, profiles[name], hosts)
-    return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.text("theme"), path=file)
+    return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.text("theme"), path=file,
+                  keep_demo=keep_demo)
 
 
 def _slurm_profile(r: _Reader, p: Profile, hosts: dict[str, HostConfig]) -> None:

@@ -74,17 +74,19 @@ async def test_e_on_a_checkpoint_evaluates_it(demo_dir: Path, by_hand: dict[str,
     config = Config(hosts={"local": HostConfig(name="local", python=sys.executable,
                                                root=str(tmp_path / "host"),
                                                checkpoints=[drafter])},
-                    profiles=demo_profiles(str(demo_dir)))
+                    profiles=demo_profiles(str(demo_dir)), demo=str(demo_dir))
     app = local_app(config)
     async with app.run_test(size=(120, 40)) as pilot:
         pane = await open_pane(pilot)
         await wait_for(pilot, lambda: report_shown(pane, drafter))
         await pilot.press("e")
-        await wait_for(pilot, lambda: isinstance(app.screen, EvalDialog))
+        await wait_for(pilot, lambda: isinstance(app.screen, EvalDialog)
+                       and bool(app.screen.query("#eval-data")))
         dialog = app.screen
-        # proposed: the target and the data the host's profiles train with
+        # proposed: the target the profiles train against and the demo's held-out samples (the
+        # training data would read high: the drafter has seen it)
         assert dialog.query_one("#eval-target", Input).value == str(demo_dir / "target")
-        assert dialog.query_one("#eval-data", Input).value == str(demo_dir / "data")
+        assert dialog.query_one("#eval-data", Input).value == str(demo_dir / "eval")
         dialog.query_one("#eval-k", Input).value = "zero"
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: "whole numbers" in str(
@@ -92,7 +94,6 @@ async def test_e_on_a_checkpoint_evaluates_it(demo_dir: Path, by_hand: dict[str,
         assert app.screen is dialog   # still open, the reason under the fields
         dialog.query_one("#eval-k", Input).value = str(K)
         dialog.query_one("#eval-samples", Input).value = str(SAMPLES)
-        dialog.query_one("#eval-data", Input).value = str(demo_dir / "eval")
         assert dialog.query_one("#eval-vllm", Checkbox).value is False
         await pilot.press("ctrl+s")
         view = pane.query_one(InspectView)

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import ProgressBar, TabbedContent
 
@@ -23,6 +24,7 @@ from console.demo.config import (
     demo_profiles,
     with_demo,
 )
+from console.errors import ConfigError
 from console.panes.logs import LogsPane
 from console.panes.runs import RunsPane
 from console.screens.main import MainScreen
@@ -61,6 +63,19 @@ def test_a_config_with_only_a_theme_keeps_the_demo(tmp_path: Path) -> None:
     cfg = console_config(real)
     assert cfg.demo is None and cfg.profiles == {} and cfg.hosts[LOCAL].checkpoints == []
     assert cfg.hosts[LOCAL].logs == []
+
+
+def test_demo_true_keeps_the_demo_beside_the_users_hosts(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('demo = true\n[hosts.gpu1]\nssh = "gpu1"\n[profiles.mine]\nhost = "gpu1"\n'
+                    'run = "engine train --out {run_dir}/out"\n')
+    cfg = console_config(path)
+    assert set(cfg.hosts) == {"gpu1", LOCAL} and cfg.demo is not None
+    assert {"mine", "finetune", "scratch"} <= set(cfg.profiles)
+    assert cfg.profiles["finetune"].hosts == [LOCAL] and cfg.hosts[LOCAL].logs
+    path.write_text('demo = "yes"\n')
+    with pytest.raises(ConfigError, match=r"c.toml: \[demo\] expected true or false"):
+        console_config(path)
 
 
 def test_profiles_are_the_engines_suggested_runs() -> None:

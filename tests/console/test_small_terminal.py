@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.cells import cell_len
 from textual.pilot import Pilot
 from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Button, Checkbox, Input, Select
+from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from console.app import Eagle3App
 from console.hosts.host import HostPool
@@ -25,6 +26,7 @@ from console.monitor.service import MonitorHub
 from console.screens.compare import CompareScreen
 from console.screens.confirm import ConfirmScreen
 from console.screens.convert_dialog import ConvertDialog
+from console.screens.eval_dialog import EvalDialog
 from console.screens.main import MainScreen
 from console.screens.serve_dialog import ServeDialog
 from console.settings.config import Config, HostConfig
@@ -81,6 +83,15 @@ def fits(pilot: Pilot[Any]) -> None:
         if box is not None:   # inside its border and padding: where the box shows content
             assert box.content_region.contains_region(w.region), (w.id, w.region,
                                                                   box.content_region)
+    for label in screen.query(Label):   # a field's label is read whole: not cut at the border
+        if not label.display or not label.region.area:
+            continue
+        text = str(label.render())
+        assert cell_len(text) <= label.region.width * label.region.height, (text, label.region)
+        box = next((a for a in label.ancestors
+                    if isinstance(a, Widget) and a.has_class("dialog")), None)
+        assert (box.content_region if box else whole).contains_region(label.region), (
+            text, label.region, box.content_region if box else whole)
     main = next(s for s in pilot.app.screen_stack if isinstance(s, MainScreen))
     narrow = whole.width < 100
     assert main.query_one(HostList).display is not narrow
@@ -249,12 +260,14 @@ def test_snapshot_serve_dialog_80x24(snap_compare: Any, utc: None) -> None:
     assert snap_compare(app_for(root, shelf), terminal_size=SMALL, run_before=ready)
 
 
-@pytest.mark.parametrize(("key", "dialog"), [("c", ConvertDialog), ("v", ServeDialog)])
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+@pytest.mark.parametrize(("key", "dialog"), [("c", ConvertDialog), ("v", ServeDialog),
+                                             ("e", EvalDialog)])
 async def test_checkpoint_dialogs_fit_80x24(tmp_path: Path, utc: None, key: str,
-                                            dialog: type) -> None:
+                                            dialog: type, size: tuple[int, int]) -> None:
     shelf = checkpoints_tree(tmp_path)
     app = app_for(tmp_path, shelf)
-    async with app.run_test(size=SMALL) as pilot:
+    async with app.run_test(size=size) as pilot:
         await open_dialog(pilot, shelf, key, dialog)
         fits(pilot)
 
