@@ -25,7 +25,10 @@ and the vision tower in bf16 -- only `mlp.experts.<e>.{gate,up,down}_proj` are p
 
 Anything else (another format, num_bits, type, asymmetric weights with zero points, another
 strategy, activation ordering with g_idx, quantised activations) is refused in one line naming
-config.json and the field.
+config.json and the field. The tensors are checked from the headers before any is read
+(`check_packed`: int32 packed words, a floating-point scale, a weight_shape of two integers, and
+a quantization_config at all), and a scale whose weight is NaN or overflows is refused when it is
+dequantised; each error names the file and the tensor.
 """
 
 from __future__ import annotations
