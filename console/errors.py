@@ -24,6 +24,16 @@ class Unreachable(TransportError):
     """The host could not be reached (DNS, refused, timeout, connection lost)."""
 
 
+class NoSFTP(TransportError):
+    """The host's sshd refuses the SFTP subsystem, which every file the console reads or writes
+    on a host goes through (commands still run)."""
+
+    def __init__(self, host: str, op: str) -> None:
+        super().__init__(host, f"its sshd offers no SFTP subsystem, which the console needs for "
+                               f"files ({op}); enable it in the host's sshd_config "
+                               "(`Subsystem sftp internal-sftp`) and reload sshd")
+
+
 class AuthFailed(TransportError):
     """The host refused our credentials."""
 

@@ -147,10 +147,27 @@ def provenance_rows(p: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
+def style_head(r: dict[str, Any]) -> str:
+    """`eagle format`, or for an export whose files are another style's format, `vllm export
+    of eagle format` (vllm and sglang exports are eagle-format files)."""
+    fmt = str(r.get("format"))
+    style = str(r.get("style") or fmt)
+    return f"{fmt} format" if style == fmt else f"{style} export of {fmt} format"
+
+
+def flags_line(c: dict[str, Any]) -> str:
+    """The EAGLE 3.1 flags and norm_before_residual, as JSON spells them (true/false); `?` for
+    a report that does not carry one."""
+    def word(v: Any) -> str:
+        return "?" if v is None else json.dumps(v) if isinstance(v, bool) else str(v)
+    return "  ".join(f"{k} {word(c.get(k))}" for k in (
+        "norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"))
+
+
 def render(r: dict[str, Any]) -> str:
     """The inspect report for humans: format line, provenance, tensor table, config summary,
     checks."""
-    lines = [f"{r['path']}: {r['format']} format (names {r['key_style']}, config "
+    lines = [f"{r['path']}: {style_head(r)} (names {r['key_style']}, config "
              f"{r['config_style']}, {r['weights']}: {', '.join(r['files'])})", ""]
     rows = provenance_rows(r.get("provenance"))
     label = max(len(k) for k, _ in rows)
@@ -169,8 +186,7 @@ def render(r: dict[str, Any]) -> str:
               f"{c['draft_vocab_size']}",
               f"aux layers {c['aux_layer_ids']}  rope {rope} theta {c['rope_theta']}  dtype "
               f"{c['torch_dtype']}",
-              "  ".join(f"{k} {str(c.get(k, False)).lower()}"
-                        for k in ("norm_before_fc", "fc_norm", "norm_output"))]
+              flags_line(c)]
     if c.get("kv_lora_rank") is not None:  # the MLA layer kind (engine/model/mla_layer.py)
         lines.append("layer mla  " + "  ".join(
             f"{k} {c.get(k)}" for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",

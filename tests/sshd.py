@@ -94,7 +94,8 @@ class SSHD:
                 self.proc.kill()
 
 
-def start_sshd(dir: Path) -> SSHD:
+def start_sshd(dir: Path, sftp: bool = True) -> SSHD:
+    """sftp=False leaves out the `Subsystem sftp` line, as some hardened sshd_configs do."""
     sshd = find_sshd()
     if sshd is None:
         raise RuntimeError("no sshd binary")
@@ -118,7 +119,8 @@ def start_sshd(dir: Path) -> SSHD:
         f"AuthorizedKeysFile {dir / 'authorized_keys'}", f"PidFile {dir / 'sshd.pid'}",
         "StrictModes no", "UsePAM no", "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes", "PermitRootLogin yes", "Subsystem sftp internal-sftp",
+        "PubkeyAuthentication yes", "PermitRootLogin yes",
+        *(["Subsystem sftp internal-sftp"] if sftp else []),
         "ClientAliveInterval 0", "MaxSessions 64", "MaxStartups 64:30:128", "LogLevel ERROR",
         # keep the environment of commands predictable
         "PermitUserEnvironment no", "AcceptEnv LANG LC_*", "",

@@ -30,7 +30,7 @@ from typing import TypeVar
 import asyncssh
 
 import console.transport.known_hosts as kh
-from console.errors import CommandFailed, TransportError, Unreachable
+from console.errors import CommandFailed, NoSFTP, TransportError, Unreachable
 from console.transport.base import (
     CommandResult,
     FileStat,
@@ -354,6 +354,13 @@ class SSHTransport(Transport):
             assert client is not None
             try:
                 return await fn(await self._get_sftp(conn))
+            except asyncssh.ChannelOpenError as e:
+                # the subsystem request refused on a live connection: not a dropped link
+                if e.code == asyncssh.OPEN_REQUEST_SESSION_FAILED and not client.lost:
+                    raise NoSFTP(self.name, op) from e
+                if client.lost and attempt == 0:
+                    continue
+                raise Unreachable(self.name, f"connection lost during {op}") from e
             except _LINK_ERRORS as e:
                 if client.lost and attempt == 0:
                     continue

@@ -13,7 +13,7 @@ from textual.widget import Widget
 
 from console.text import terminal_text
 from console.widgets.meters import fmt_bytes
-from engine.inspect_report import provenance_rows
+from engine.inspect_report import provenance_rows, style_head
 
 
 def config_lines(c: dict[str, Any]) -> list[str]:
@@ -77,7 +77,7 @@ class InspectView(Widget):
         fails = sum(not c.get("ok") for c in checks)
         out.append("✔ all checks pass" if ok else f"✖ {fails} check(s) fail",
                    self._s("pass" if ok else "fail"))
-        out.append(f"   {r.get('format')} format · names {r.get('key_style')} · config "
+        out.append(f"   {style_head(r)} · names {r.get('key_style')} · config "
                    f"{r.get('config_style')} · {r.get('weights')}: "
                    f"{', '.join(r.get('files') or [])}\n", self._s("label"))
         rows = provenance_rows(r.get("provenance"))

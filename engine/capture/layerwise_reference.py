@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from engine.ckpt.int4_packed import dequantise_stored, packed_scheme
+from engine.ckpt.int4_packed import check_packed, dequantise_stored, packed_scheme
 from engine.ckpt.safetensors_io import WeightSet, open_weights
 from engine.ckpt.target_layout import resolve_layout
 from engine.errors import EngineError
@@ -89,6 +89,7 @@ class LayerwiseReference:
         self._mapping = _conversion_mapping(self.model, kw.get("key_mapping"))
         self._scheme = packed_scheme(target_dir)
         self.ws: WeightSet = open_weights(Path(target_dir))
+        check_packed(self.ws.entries, self._scheme, str(Path(target_dir) / "config.json"))
         self._layout = resolve_layout(target_dir, list(self.ws.names()))
         self._load(lambda text: not text.startswith("model.layers.")
                    and not text.startswith("lm_head."), "the embedding")
@@ -100,7 +101,8 @@ class LayerwiseReference:
             text = self._layout.to_text(n)
             if text is not None and keep(text):
                 out[n] = self.ws.load(n)
-        return dequantise_stored(out, self._scheme, self.path)
+        return dequantise_stored(out, self._scheme,
+                                 {n: self.ws.entries[n].file for n in out})
 
     def _load(self, keep: Any, what: str) -> None:
         """The stored tensors whose causal-LM name `keep` accepts, through transformers' own

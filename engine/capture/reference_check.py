@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from engine.capture.layerwise_reference import LayerwiseReference, layer_bytes
-from engine.ckpt.int4_packed import float_numel, packed_scheme
+from engine.ckpt.int4_packed import check_packed, float_numel, packed_scheme
+from engine.ckpt.safetensors_io import open_weights
 from engine.errors import EngineError
 
 #: per-position relative difference accepted, by the dtype vLLM ran in: float32 agrees to a few
@@ -59,7 +60,6 @@ def available_memory() -> int:
 def text_stack_bytes(target_dir: str) -> tuple[int, int, int]:
     """(the whole text stack, what is outside its decoder layers, its largest decoder layer),
     in float32 bytes, from the safetensors headers (nothing is read)."""
-    from engine.ckpt.safetensors_io import open_weights
     from engine.ckpt.target_weights import text_stack_names
 
     ws = open_weights(Path(target_dir))
@@ -128,10 +128,21 @@ class Reference:
 
 def compare(sid: str, captured: Tensor, reference: Tensor, layer_ids: list[int],
             tol: float) -> dict[str, Any]:
-    """Raise naming the layer id, position and size of the worst difference above `tol`;
-    else the worst per layer id."""
+    """Raise naming the layer id, position and size of the worst difference above `tol`, or
+    the first that is not finite; else the worst per layer id."""
     a, b = captured.float(), reference.float()
     rel = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)  # [T, L]
+    bad = ~torch.isfinite(rel)
+    if bad.any():  # NaN compares false with any tolerance: it must fail here, not pass
+        t, j = (int(i) for i in bad.nonzero()[0])
+        side = ("the transformers forward (the target's weights hold NaN or overflow?)"
+                if not torch.isfinite(b[t, j]).all() else
+                "vLLM's captured state" if not torch.isfinite(a[t, j]).all() else
+                "the difference (it overflows float32)")
+        raise EngineError(
+            f"capture reference check failed on sample {sid!r}: layer id {layer_ids[j]} at "
+            f"position {t}: {side} is not finite ({int(bad.sum())} of {bad.numel()} "
+            "position x layer values)")
     worst = {int(k): float(rel[:, j].max()) for j, k in enumerate(layer_ids)}
     flat = int(rel.argmax())
     t, j = divmod(flat, rel.shape[1])
@@ -153,6 +164,9 @@ class ReferenceCheck:
     def __init__(self, target_dir: str, layer_ids: list[int], store: torch.dtype,
                  mode: str = "auto") -> None:
         self.mode, self.why = resolve_mode(mode, target_dir)
+        if self.mode != "off":  # before the capture starts: a bad int4 file is refused by name
+            check_packed(open_weights(Path(target_dir)).entries, packed_scheme(target_dir),
+                         str(Path(target_dir) / "config.json"))
         self.layer_ids = list(layer_ids)
         self.tol = REFERENCE_TOLERANCE.get(store, 0.1)
         self._ref: Reference | LayerwiseReference | None = None

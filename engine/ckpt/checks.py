@@ -186,7 +186,7 @@ def run_checks(ck: Checkpoint) -> list[Check]:
     if ck.detected.config_style == "speculators":
         has = "norm_before_residual" in ck.config_dict
         checks.append(Check("norm_before_residual", has,
-                            f"{cfg.norm_before_residual}" if has else
+                            str(cfg.norm_before_residual).lower() if has else
                             "absent: vLLM assumes true (write it explicitly)",
                             None if has else
                             f"{cfg_file}: field 'norm_before_residual' missing"))

@@ -25,24 +25,31 @@ and the vision tower in bf16 -- only `mlp.experts.<e>.{gate,up,down}_proj` are p
 
 Anything else (another format, num_bits, type, asymmetric weights with zero points, another
 strategy, activation ordering with g_idx, quantised activations) is refused in one line naming
-config.json and the field.
+config.json and the field. The tensors are checked from the headers before any is read
+(`check_packed`: int32 packed words, a floating-point scale, a weight_shape of two integers, and
+a quantization_config at all), and a scale whose weight is NaN or overflows is refused when it is
+dequantised; each error names the file and the tensor.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from engine.ckpt.safetensors_io import FLOAT_CODES, Entry
 from engine.errors import EngineError
 from engine.fileio import read_json
 
 PACKED, SCALE, SHAPE = ".weight_packed", ".weight_scale", ".weight_shape"
 BITS = 4
 PER_WORD = 32 // BITS
+INT_CODES = ("I64", "I32", "I16", "I8", "U8")  # a weight_shape's dtype: whole numbers only
 
 
 @dataclass(frozen=True)
@@ -120,10 +127,49 @@ def unpack(packed: Tensor, columns: int) -> Tensor:
     return (nibbles.flatten(1)[:, :columns] - 8).to(torch.int8)
 
 
+def check_packed(entries: Mapping[str, Entry], scheme: PackedInt4 | None,
+                 config_path: str) -> None:
+    """Every packed weight's three tensors, from the headers (no data read): present, with the
+    format's dtypes and dimensions; packed tensors in a target whose config declares no scheme
+    are refused (transformers would skip them and randomly initialise those weights)."""
+    def bad(name: str, want: str) -> EngineError:
+        e = entries[name]
+        return EngineError(f"{e.file}: {name} is {e.dtype} {list(e.shape)}; {want}")
+
+    for name in entries:
+        if not name.endswith(PACKED):
+            continue
+        b, file = name[: -len(PACKED)], entries[name].file
+        if scheme is None:
+            raise EngineError(f"{file}: {name} is packed but {config_path} has no "
+                              "quantization_config (transformers would load that weight "
+                              "randomly initialised)")
+        for suffix in (SCALE, SHAPE):
+            if b + suffix not in entries:
+                raise EngineError(f"{file}: {name} without {b}{suffix}")
+        if entries[name].dtype != "I32" or len(entries[name].shape) != 2:
+            raise bad(name, f"packed int4 weights are 2-d I32 ({PER_WORD} values per word)")
+        if entries[b + SCALE].dtype not in FLOAT_CODES or len(entries[b + SCALE].shape) != 2:
+            raise bad(b + SCALE, "int4 scales are 2-d floats (one per group along the input)")
+        if entries[b + SHAPE].dtype not in INT_CODES or entries[b + SHAPE].shape != (2,):
+            raise bad(b + SHAPE, "a weight_shape is 2 integers (out, in)")
+
+
 def dequantise(packed: Tensor, scale: Tensor, shape: Tensor | list[int],
                group_size: int, name: str = "weight") -> Tensor:
-    """The float32 weight [out, in] of one pack-quantized Linear."""
-    out, cols = (int(d) for d in shape)
+    """The float32 weight [out, in] of one pack-quantized Linear; `name` (the module, prefixed
+    by its file) starts every error."""
+    if isinstance(shape, Tensor) and (shape.is_floating_point() or shape.is_complex()):
+        raise EngineError(f"{name}{SHAPE}: {shape.dtype}, not whole numbers")
+    dims = shape.tolist() if isinstance(shape, Tensor) else list(shape)
+    if len(dims) != 2 or not all(isinstance(d, int) and d > 0 for d in dims):
+        raise EngineError(f"{name}{SHAPE}: {dims!r}, want 2 positive integers (out, in)")
+    if packed.dtype != torch.int32 or packed.dim() != 2:
+        raise EngineError(f"{name}{PACKED}: {packed.dtype} {list(packed.shape)}, want 2-d "
+                          f"int32 ({PER_WORD} int4 per word)")
+    if not scale.is_floating_point():
+        raise EngineError(f"{name}{SCALE}: {scale.dtype}, want a floating-point scale")
+    out, cols = dims
     if packed.shape[0] != out or packed.shape[1] != -(-cols // PER_WORD):
         raise EngineError(f"{name}{PACKED}: shape {list(packed.shape)} does not hold "
                           f"{name}{SHAPE} {[out, cols]} at {PER_WORD} int4 per int32")
@@ -133,26 +179,33 @@ def dequantise(packed: Tensor, scale: Tensor, shape: Tensor | list[int],
                           f"{group_size}")
     q = unpack(packed, cols)
     w = q.to(scale.dtype) * scale.repeat_interleave(group_size, dim=1)
+    if not torch.isfinite(w).all():  # a NaN scale, or one whose product overflows its dtype
+        o, c = (int(i) for i in (~torch.isfinite(w)).nonzero()[0])
+        raise EngineError(f"{name}{SCALE}: row {o}, group {c // group_size} is "
+                          f"{float(scale[o, c // group_size])!r}: the dequantised weight is "
+                          f"not finite in {scale.dtype}")
     return w.float()
 
 
 def dequantise_stored(sd: dict[str, Tensor], scheme: PackedInt4 | None,
-                      where: str) -> dict[str, Tensor]:
+                      files: Mapping[str, Path | str]) -> dict[str, Tensor]:
     """A state dict with every `<m>.weight_packed` (+ scale, shape) replaced by `<m>.weight`;
-    packed tensors in a target whose config declares no scheme are refused."""
+    `files` names each stored tensor's file for the errors. Packed tensors in a target whose
+    config declares no scheme are refused."""
     bases = [n[: -len(PACKED)] for n in sd if n.endswith(PACKED)]
     if not bases:
         return sd
     if scheme is None:
-        raise EngineError(f"{where}: {bases[0]}{PACKED} is packed but config.json has no "
-                          "quantization_config")
+        raise EngineError(f"{files[bases[0] + PACKED]}: {bases[0]}{PACKED} is packed but "
+                          "config.json has no quantization_config")
     out = dict(sd)
     for b in bases:
         for suffix in (SCALE, SHAPE):
             if b + suffix not in out:
-                raise EngineError(f"{where}: {b}{PACKED} without {b}{suffix}")
+                raise EngineError(f"{files[b + PACKED]}: {b}{PACKED} without {b}{suffix}")
         out[b + ".weight"] = dequantise(out.pop(b + PACKED), out.pop(b + SCALE),
-                                        out.pop(b + SHAPE).tolist(), scheme.group_size, b)
+                                        out.pop(b + SHAPE), scheme.group_size,
+                                        f"{files[b + PACKED]}: {b}")
     return out
 
 

@@ -134,6 +134,9 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise EngineError(f"{path}: corrupt safetensors header (not JSON: {e})") from e
+    except RecursionError:  # the parser's own stack: a header nested thousands deep
+        raise EngineError(f"{path}: corrupt safetensors header (JSON nested too "
+                          "deeply)") from None
     if not isinstance(header, dict):
         raise EngineError(f"{path}: corrupt safetensors header (not a JSON object)")
     meta = header.pop("__metadata__", None)

@@ -4,8 +4,10 @@ Prints the detected format, the provenance (what wrote it; the run, step and hel
 finetune source; the data and vocab hashes; what it was converted from), a table of tensors (name,
 shape, dtype, bytes), the config summary (H, Ht, I, heads, head dim, V, Vd, aux layer ids, rope)
 and checks with pass or fail: shapes agree with the config, the d2t/t2d invariant, embedding
-present or absent, unknown keys. `--json` prints one object with `format`, `provenance`,
-`tensors`, `config`, `checks` (and `ok`). Exit 1 when a check fails.
+present or absent, unknown keys. `--json` prints one object with `format` (the files' layout:
+eagle, speculators or mixed), `style` (the export style its writer recorded, vllm or sglang for
+eagle-format exports, else the format), `provenance`, `tensors`, `config`, `checks` (and `ok`).
+Exit 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def collect(path: str) -> dict[str, Any]:
 
     from engine.ckpt.checks import run_checks
     from engine.ckpt.drafter_dir import open_checkpoint
-    from engine.model.config import MLA_FIELDS
+    from engine.ckpt.key_map import EXPORT_TARGETS, output_style
+    from engine.model.config import MLA_FIELDS, NORM_FLAGS
 
     ck = open_checkpoint(Path(path))
     cfg = ck.config
@@ -49,16 +52,22 @@ def collect(path: str) -> dict[str, Any]:
         "aux_layer_ids": aux, "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling,
         "max_position_embeddings": cfg.max_position_embeddings, "torch_dtype": cfg.torch_dtype,
         "norm_before_residual": cfg.norm_before_residual,
+        **{k: getattr(cfg, k) for k in NORM_FLAGS},  # EAGLE 3.1, as this engine runs them
         "verifier": cfg.verifier,
     }
     if cfg.layer_kind == "mla":  # the MLA sizes (engine/model/mla_layer.py)
         summary.update({k: getattr(cfg, k) for k in MLA_FIELDS})
-    return {"path": str(ck.path), "format": ck.detected.format,
+    prov = read_provenance(ck.path)
+    # vllm and sglang exports are eagle-format files: only the writer's record tells them apart
+    written = (prov or {}).get("format")
+    style = written if (written in EXPORT_TARGETS
+                        and output_style(written) == ck.detected.format) else ck.detected.format
+    return {"path": str(ck.path), "format": ck.detected.format, "style": style,
             "key_style": ck.detected.key_style, "config_style": ck.detected.config_style,
             "weights": ck.weights.kind, "files": [p.name for p in ck.weights.files],
             "tensors": tensors, "total_bytes": sum(t["bytes"] for t in tensors.values()),
             "config": summary, "checks": checks, "ok": all(c["ok"] for c in checks),
-            "provenance": read_provenance(ck.path)}
+            "provenance": prov}
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:

@@ -539,6 +539,33 @@ def _positive_int(name: str, value: Any) -> None:
         raise EngineError(f"config field {name!r}: {value!r} must be a positive integer")
 
 
+#: rope_scaling's numeric sub-fields: (whole numbers only, lowest, highest). The ranges are
+#: what any model ships (Kimi's yarn factor 64, llama3's 8, beta_fast 32, mscale 0.707-1)
+#: with room to spare; past them a field is corrupt, and a NaN or a string would reach the
+#: RoPE tables (blocks.py) as a TypeError or as NaN attention.
+ROPE_NUMBERS: dict[str, tuple[bool, float, float]] = {
+    "factor": (False, 1e-3, 1e4),
+    "original_max_position_embeddings": (True, 1, 2**31 - 1),
+    "low_freq_factor": (False, 1e-3, 1e4), "high_freq_factor": (False, 1e-3, 1e4),
+    "beta_fast": (False, 0, 1e4), "beta_slow": (False, 0, 1e4),
+    "mscale": (False, 0, 100), "mscale_all_dim": (False, 0, 100),
+    "attention_factor": (False, 1e-3, 100),
+}
+ROPE_NEEDS = {"linear": ("factor",), "yarn": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")}
+
+
+def _rope_number(key: str, v: Any) -> None:
+    whole, lo, hi = ROPE_NUMBERS[key]
+    kind = "an integer" if whole else "a number"
+    ok = (isinstance(v, int) if whole else isinstance(v, (int, float))) \
+        and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+    if not ok:
+        raise EngineError(f"config field 'rope_scaling.{key}': {v!r} must be {kind} from "
+                          f"{lo:g} to {hi:g}")
+
+
 def _check_rope(rs: Any) -> dict[str, Any] | None:
     if rs is None:
         return None
@@ -552,13 +579,17 @@ def _check_rope(rs: Any) -> dict[str, Any] | None:
     rs["rope_type"] = kind
     if kind == "default":
         return None
-    need = {"linear": ("factor",), "yarn": ("factor",),
-            "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                       "original_max_position_embeddings")}[kind]
-    for key in need:
-        v = rs.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-            raise EngineError(f"config field 'rope_scaling.{key}': {v!r} must be a positive number")
+    for key in ROPE_NEEDS[kind]:
+        if rs.get(key) is None:
+            raise EngineError(f"config field 'rope_scaling.{key}': missing (rope_type {kind!r} "
+                              "needs it)")
+    for key in ROPE_NUMBERS:
+        if rs.get(key) is not None:  # null is how configs leave an optional one unset
+            _rope_number(key, rs[key])
+    if kind == "llama3" and rs["high_freq_factor"] <= rs["low_freq_factor"]:
+        raise EngineError(f"config field 'rope_scaling.high_freq_factor': "
+                          f"{rs['high_freq_factor']!r} must exceed low_freq_factor "
+                          f"{rs['low_freq_factor']!r}")
     return rs
 
 

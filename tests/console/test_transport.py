@@ -6,7 +6,9 @@ is checked directly on the filesystem and process table here, independently of t
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,12 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.errors import CommandFailed, Unreachable
+from console.errors import CommandFailed, NoSFTP, Unreachable
 from console.settings.config import HostConfig
 from console.transport import Transport, open_transport
 from console.transport.ssh import SSHTransport
 from tests.conftest import ssh_host
-from tests.sshd import SSHD, free_port
+from tests.paths import REPO
+from tests.sshd import SSHD, free_port, start_sshd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -339,3 +342,34 @@ async def test_ssh_unreachable_port(sshd: SSHD) -> None:
     with pytest.raises(Unreachable):
         await t.run(["true"])
     assert not t.connected
+
+
+async def test_a_host_whose_sshd_offers_no_sftp_is_named_so(tmp_path: Path) -> None:
+    """A real sshd started without its `Subsystem sftp` line: commands run, every file
+    operation (and a subcommand that needs one) says what the host lacks and how to enable it,
+    in one line; not `connection lost`."""
+    own = start_sshd(tmp_path / "sshd", sftp=False)
+    try:
+        async with open_transport(ssh_host(own)) as t:
+            assert (await t.run(["echo", "hi"], check=True)).stdout == "hi\n"
+            for call in (lambda: t.stat(str(tmp_path)), lambda: t.write_bytes(
+                    str(tmp_path / "x"), b"x"), lambda: t.read_range(str(tmp_path / "x"), 0, 1)):
+                with pytest.raises(NoSFTP, match=r"^t: its sshd offers no SFTP subsystem, which "
+                                                 r"the console needs for files \((stat|write|"
+                                                 r"read) .*\); enable it in the host's "
+                                                 r"sshd_config \(`Subsystem sftp internal-sftp`\)"
+                                                 " and reload sshd$"):
+                    await call()
+            assert t.connected and not (tmp_path / "x").exists()
+        config = tmp_path / "config.toml"
+        config.write_text(f'[hosts.box]\nssh = "{own.target}"\n'
+                          f'known_hosts = "{own.known_hosts}"\nidentity = "{own.user_key}"\n'
+                          f'python = "{PY}"\nroot = {json.dumps(str(tmp_path / "root"))}\n')
+        r = subprocess.run([PY, "-m", "console", "--config", str(config), "push", "box"],
+                           cwd=REPO, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert r.returncode == 1 and r.stdout == "", r
+        assert r.stderr.startswith("error: box: its sshd offers no SFTP subsystem") \
+            and r.stderr.count("\n") == 1 and "Subsystem sftp" in r.stderr, r.stderr
+    finally:
+        own.stop()

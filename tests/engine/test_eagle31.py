@@ -204,6 +204,33 @@ def test_flags_round_trip_every_style(tmp_path: Path) -> None:
         export_checks(ck.config, list(ck.stored), "sglang")
 
 
+def test_inspect_states_the_flags_it_runs_and_the_style_it_reads(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A speculators 0.9 drafter and its vllm export: the summary line, the checks and
+    `--json`'s config agree (true where the config says so, in JSON's spelling), and the
+    export is named as the style its writer made it, beside the files' format."""
+    from engine.cli import main
+    _speculators_layout(tmp_path / "s")
+    assert main(["convert", str(tmp_path / "s"), str(tmp_path / "v"), "--to", "vllm"]) == 0
+    want = {**SPECULATORS_09_FLAGS, "norm_before_residual": False}
+    for d, head in (("s", "speculators format (names speculators"),
+                    ("v", "vllm export of eagle format (names eagle")):
+        capsys.readouterr()
+        assert main(["inspect", str(tmp_path / d)]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"{tmp_path / d}: {head}"), text.splitlines()[0]
+        assert "norm_before_fc true  fc_norm false  norm_output true  norm_before_residual " \
+               "false\n" in text
+        assert "norm_flags            norm_before_fc true · fc_norm false · norm_output true" \
+            in text
+        assert "True" not in text and "False" not in text
+        assert main(["inspect", str(tmp_path / d), "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert {k: r["config"][k] for k in want} == want
+        assert (r["format"], r["style"]) == (("speculators",) * 2 if d == "s" else
+                                             ("eagle", "vllm"))
+
+
 def test_flat_norm_output_needs_its_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
     conf = tiny_config().to_eagle_dict()

@@ -32,6 +32,7 @@ from engine.ckpt.safetensors_io import (
 from engine.errors import EngineError
 from engine.model.draft import Eagle3Draft
 from tests.drafters import random_state, tiny_config, write_drafter
+from tests.engine_helpers import run_engine
 
 # -- the key map --------------------------------------------------------------------------------
 
@@ -150,6 +151,24 @@ def test_header_validation(tmp_path: Path, damage: str, message: str) -> None:
     with pytest.raises(EngineError, match=message) as e:
         read_header(p)
     assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_header_nested_too_deep_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """The JSON parser's recursion limit is a corrupt header of that file, for every reader:
+    inspect (a real subprocess) and the swap backend's read of a drafter folder."""
+    from engine.capture.swap_backend import read_drafter
+    write_drafter(tmp_path)
+    p = tmp_path / "model.safetensors"
+    served = {n: e.shape for n, e in read_header(p)[0].items()}
+    raw = b"[" * 100_000 + b"]" * 100_000
+    p.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    for read in (lambda: read_header(p), lambda: read_drafter(str(tmp_path), served)):
+        with pytest.raises(EngineError, match="nested too deeply") as e:
+            read()
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+    r = run_engine("inspect", str(tmp_path), check=False, timeout=120)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1 and str(p) in r.stderr and "nested too deeply" in r.stderr
 
 
 def test_sharded_index_errors(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ def test_converted_checkpoints_pass_every_check(tmp_path: Path, capsys: pytest.C
     rc, r = inspect_json(tmp_path / "out", capsys)
     assert rc == 0 and r["ok"]
     assert r["format"] == ("speculators" if to == "speculators" else "eagle")
+    assert r["style"] == to  # a vllm or sglang export is named so, not "eagle"
     assert {c["name"] for c in r["checks"]} >= {"unknown_keys", "required", "shapes",
                                                  "vocab_map", "embedding"}
     assert all(c["ok"] for c in r["checks"])

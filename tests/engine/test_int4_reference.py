@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -185,12 +186,85 @@ def test_the_scheme_is_read_under_text_config_too(kimi_int4: tuple[Path, Path],
 
 
 def test_packed_tensors_without_a_quantization_config_are_refused(
-        kimi_int4: tuple[Path, Path], tokens: list[int], tmp_path: Path) -> None:
+        kimi_int4: tuple[Path, Path], tmp_path: Path) -> None:
+    """Refused when the check is set up, in every mode: transformers' from_pretrained (the
+    `full` mode, which `auto` picks for a target it takes as unquantised) would skip the packed
+    tensors and randomly initialise the experts, and the check would then blame vLLM."""
     target = tmp_path / "t"
     shutil.copytree(kimi_int4[0], target)
     cfg = json.loads((target / "config.json").read_text())
     cfg.pop("quantization_config")
     (target / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(EngineError, match=r"experts\.0\.(gate|up|down)_proj\.weight_packed is "
-                                          r"packed but config\.json has no quantization_config"):
-        LayerwiseReference(str(target), IDS).states(tokens)
+    want = (re.escape(str(target / "model.safetensors")) + r": \S+experts\.0\.(gate|up|down)"
+            r"_proj\.weight_packed is packed but " + re.escape(str(target / "config.json"))
+            + " has no quantization_config")
+    for build in (lambda: LayerwiseReference(str(target), IDS),
+                  lambda: ReferenceCheck(str(target), IDS, torch.float32),
+                  lambda: ReferenceCheck(str(target), IDS, torch.float32, mode="full")):
+        with pytest.raises(EngineError, match=want) as e:
+            build()
+        assert "\n" not in str(e.value)
+
+
+def _crafted(int4: Path, dst: Path, change: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of the int4 target whose tensors `change` edits in place."""
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(int4, dst)
+    sd = load_file(str(dst / "model.safetensors"))
+    change(sd)
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def _first(sd: dict[str, torch.Tensor], suffix: str) -> str:
+    return sorted(n for n in sd if n.endswith(suffix))[0]
+
+
+def _set(suffix: str, make: Callable[[torch.Tensor], torch.Tensor]
+         ) -> Callable[[dict[str, torch.Tensor]], None]:
+    def change(sd: dict[str, torch.Tensor]) -> None:
+        name = _first(sd, suffix)
+        sd[name] = make(sd[name])
+    return change
+
+
+@pytest.mark.parametrize(("suffix", "make", "says"), [
+    (".weight_shape", lambda t: torch.tensor([*t.tolist(), 1]), r"I64 \[3\]"),
+    (".weight_shape", lambda t: torch.tensor(int(t[0])), r"I64 \[\]"),
+    (".weight_shape", lambda t: t.float() + 0.7, r"F32 \[2\]"),
+    (".weight_packed", lambda t: t.to(torch.int64), r"I64 \[\d+, \d+\]"),
+    (".weight_scale", lambda t: t.to(torch.int32), r"I32 \[\d+, \d+\]"),
+], ids=["shape-3-values", "shape-0-d", "shape-float", "packed-int64", "scale-int32"])
+def test_a_malformed_packed_tensor_is_refused_naming_file_and_tensor(
+        kimi_int4: tuple[Path, Path], tmp_path: Path, suffix: str,
+        make: Callable[[torch.Tensor], torch.Tensor], says: str) -> None:
+    """Checked from the headers when the check is set up, before any capture runs."""
+    target = _crafted(kimi_int4[0], tmp_path / "t", _set(suffix, make))
+    want = (re.escape(str(target / "model.safetensors")) + r": language_model\.model\.layers\.\d+"
+            r"\.mlp\.experts\.\d+\.\w+_proj" + re.escape(suffix) + " is " + says + "; ")
+    for build in (lambda: ReferenceCheck(str(target), IDS, torch.float32),
+                  lambda: LayerwiseReference(str(target), IDS)):
+        with pytest.raises(EngineError, match=want) as e:
+            build()
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), 3e38], ids=["nan", "overflow"])
+def test_a_scale_whose_weight_is_not_finite_fails_the_check_by_name(
+        kimi_int4: tuple[Path, Path], tokens: list[int], tmp_path: Path, scale: float) -> None:
+    """A NaN scale, or one whose product with a nibble overflows bfloat16, in every expert:
+    the check fails naming the file and the scale, never passes on a NaN reference."""
+    def change(sd: dict[str, torch.Tensor]) -> None:
+        for n in sd:
+            if n.endswith(".weight_scale"):
+                sd[n][0, 0] = scale
+    target = _crafted(kimi_int4[0], tmp_path / "t", change)
+    check = ReferenceCheck(str(target), IDS, torch.float32)
+    captured = Reference(str(kimi_int4[1]), IDS).states(tokens)
+    want = (re.escape(str(target / "model.safetensors")) + r": language_model\.model\.layers\.\d+"
+            r"\.mlp\.experts\.\d+\.\w+_proj\.weight_scale: row 0, group 0 is "
+            + ("nan" if scale != scale else r"3\.\d+e\+38") + ": the dequantised weight is not "
+            "finite")
+    with pytest.raises(EngineError, match=want):
+        check("s0", tokens, captured)
+    assert check.results == []

@@ -6,6 +6,7 @@ demo target that exports what it read."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -65,6 +66,36 @@ def test_bad_mla_configs_are_refused_naming_the_field(change: dict[str, object],
                                                       field: str) -> None:
     with pytest.raises(EngineError, match=f"config field '{field}'"):
         Eagle3Config.from_dict({**mla_config_dict(), **change})
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("mscale", "nan", "'nan' must be a number from 0 to 100"),
+    ("mscale_all_dim", -1.0, "-1.0 must be a number from 0 to 100"),
+    ("original_max_position_embeddings", -1, "-1 must be an integer from 1 to"),
+    ("original_max_position_embeddings", 512.5, "512.5 must be an integer from 1 to"),
+    ("factor", 1e308, "1e+308 must be a number from 0.001 to 10000"),
+    ("factor", True, "True must be a number"),
+    ("beta_fast", [32], "[32] must be a number"),
+    ("beta_slow", "1", "'1' must be a number"),
+])
+def test_each_rope_scaling_field_is_checked_by_name(key: str, value: object, says: str) -> None:
+    conf = mla_config_dict()
+    conf["rope_scaling"] = {**conf["rope_scaling"], key: value}  # type: ignore[dict-item]
+    with pytest.raises(EngineError, match=re.escape(f"config field 'rope_scaling.{key}': {says}")):
+        Eagle3Config.from_dict(conf)
+
+
+def test_inspect_and_convert_refuse_a_nan_mscale_naming_the_file(tmp_path: Path) -> None:
+    """Before, both passed it and building the model then failed in the RoPE tables."""
+    conf = mla_config_dict()
+    conf["rope_scaling"] = {**conf["rope_scaling"], "mscale": "nan"}  # type: ignore[dict-item]
+    write_mla_drafter(tmp_path / "d", conf)
+    for args in (["inspect", "--json"], ["convert", str(tmp_path / "out"), "--to", "vllm"]):
+        r = run_engine(args[0], str(tmp_path / "d"), *args[1:], check=False, timeout=120)
+        assert r.returncode == 1 and r.stdout == "", (args, r.stdout, r.stderr)
+        assert r.stderr == (f"error: {tmp_path / 'd' / 'config.json'}: config field "
+                            "'rope_scaling.mscale': 'nan' must be a number from 0 to 100\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_mla_fields_without_kv_lora_rank_are_refused() -> None:

@@ -7,6 +7,7 @@ memory). The real-vLLM cases are in tests/engine/test_vllm_capture_engine.py."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -122,3 +123,24 @@ def test_auto_picks_by_the_memory_each_mode_needs(kimi_pair: tuple[Path, Path],
     assert check.mode == "off" and "GiB available" in check.why
     with pytest.raises(EngineError, match="--reference-check 'x'"):
         ReferenceCheck(str(plain), [2], torch.float32, mode="x")
+
+
+@pytest.mark.parametrize(("side", "value", "says"), [
+    ("reference", float("nan"), "the transformers forward"),
+    ("reference", float("inf"), "the transformers forward"),
+    ("captured", float("nan"), "vLLM's captured state"),
+    ("captured", 3e38, "the difference"),
+])
+def test_a_difference_that_is_not_finite_fails_naming_the_layer(side: str, value: float,
+                                                                says: str) -> None:
+    """NaN is above no tolerance: without its own test a NaN reference passed the check."""
+    ids = [2, 5, 9]
+    good = torch.randn(12, 3, 16, generator=torch.Generator().manual_seed(1))
+    captured, reference = good.clone(), good.clone()
+    (reference if side == "reference" else captured)[7, 1, 3] = value
+    if value == 3e38:  # finite on both sides, the difference's norm overflows float32
+        reference[7, 1, 3] = -3e38
+    with pytest.raises(EngineError, match=r"sample 'n': layer id 5 at position 7: "
+                                          + re.escape(says)) as e:
+        compare("n", captured, reference, ids, 1e-3)
+    assert "\n" not in str(e.value)
