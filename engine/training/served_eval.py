@@ -178,6 +178,7 @@ class ServedEval:
         self.swapped = False                            # a checkpoint may be in the server now
         self.given_up = False                           # a swap back failed: not tried again
         self.ours: list[str] = []                       # the versions this run swapped in
+        self.confirmed = ""                             # the last one /weight_info confirmed
         self.model = ""
         self._end: float | None = None                  # the running deadline (monotonic)
         self._what = ""                                 # and what it bounds
@@ -365,7 +366,7 @@ class ServedEval:
     def left_note(self) -> str:
         """What the server serves and should serve, while a checkpoint may be in it."""
         folder, version = self.original or ("?", "?")
-        now = self.ours[-1] if self.ours else "a checkpoint"
+        now = self.confirmed or (self.ours[-1] if self.ours else "a checkpoint")
         return (f"the eval server {self.url} may still serve {now} (a checkpoint of this run); "
                 f"it should serve {folder} (weight version {version}): resume the run (it "
                 "swaps it back first) or swap that folder in by hand")
@@ -412,6 +413,7 @@ class ServedEval:
         if got != version:
             raise EngineError(f"--eval-server {self.url}: /weight_info says {got!r} after the "
                               f"swap, not {version!r}")
+        self.confirmed = version
         return time.monotonic() - t0
 
     def _one(self, prompt: list[int]) -> int:
