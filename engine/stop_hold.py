@@ -4,9 +4,12 @@
 grace and must not be cut: a drafter swapped back into a production server (train
 --eval-server) reads the whole drafter. While it runs, the engine writes HOLD in the run
 directory the runner names in EAGLE3_RUN_DIR (console/hostside/runner.py); the runner waits
-until `until` (at most its own cap) before SIGKILL. `left` is what stays undone if the hold is
-cut, or, written after a cleanup that failed, what the user must do: `stop` prints it. Without
-EAGLE3_RUN_DIR (a run started by hand) nothing is written. Standard library only.
+until `until`, or `after_term_s` past its SIGTERM (at most its own cap) before SIGKILL: the
+second kind is written ahead, while a stop would need the cleanup (a checkpoint is in the
+server), since a slow step can keep the engine from writing anything within the grace. `left`
+is what stays undone if the hold is cut, or, written after a cleanup that failed, what the
+user must do: `stop` prints it. Without EAGLE3_RUN_DIR (a run started by hand) nothing is
+written. Standard library only.
 """
 
 from __future__ import annotations
@@ -38,14 +41,16 @@ def _write(doc: dict[str, object]) -> None:
         os.replace(tmp, path)
 
 
-def hold(seconds: float, why: str, left: str) -> None:
-    """Ask for `seconds` more before SIGKILL: `why` (what runs now), `left` (if it is cut)."""
-    _write({"until": time.time() + seconds, "why": why, "left": left})
+def hold(seconds: float, why: str, left: str, *, from_stop: bool = False) -> None:
+    """Ask for `seconds` more before SIGKILL, counted from now or (from_stop) from a stop's
+    SIGTERM whenever it comes: `why` (the cleanup), `left` (what stays undone if it is cut)."""
+    _write({"until": 0 if from_stop else time.time() + seconds,
+            "after_term_s": seconds if from_stop else 0, "why": why, "left": left})
 
 
 def leave(left: str) -> None:
     """No more waiting; `left` says what the user must do (the cleanup failed)."""
-    _write({"until": 0, "why": "", "left": left})
+    _write({"until": 0, "after_term_s": 0, "why": "", "left": left})
 
 
 def release() -> None:

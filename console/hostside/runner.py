@@ -93,7 +93,8 @@ record_problem = records.record_problem   # the console checks the records it re
 proc_start = records.proc_start
 
 #: a command may hold SIGKILL off while a cleanup must not be cut (engine/stop_hold.py writes
-#: RUN_DIR/HOLD_FILE: {"until": unix time, "why", "left"}); `stop` waits at most HOLD_MAX_S
+#: RUN_DIR/HOLD_FILE: {"until": unix time, "after_term_s": seconds past the SIGTERM, "why",
+#: "left"}); `stop` waits at most HOLD_MAX_S past the grace
 HOLD_ENV = "EAGLE3_RUN_DIR"
 HOLD_FILE = "stop-hold.json"
 HOLD_MAX_S = 3600.0
@@ -361,12 +362,13 @@ def stop(run_dir: str, grace: float) -> Dict[str, Any]:
                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write("%f\n" % time.time())
+    termed = time.time()
     records.signal_group(pgid, signal.SIGTERM)
     # from here on the group is the one we verified: its id stays taken while it has members
     deadline = time.time() + grace
     while records.group_alive(pgid) and time.time() < deadline:
         time.sleep(0.05)
-    held, held_s = _wait_for_hold(run_dir, pgid)
+    held, held_s = _wait_for_hold(run_dir, pgid, termed)
     if records.group_alive(pgid):
         records.signal_group(pgid, signal.SIGKILL)
         deadline = time.time() + 5
@@ -413,24 +415,29 @@ def _read_hold(run_dir: str) -> Optional[Dict[str, Any]]:
         return None
     if not isinstance(doc, dict):
         return None
-    until = doc.get("until")
-    if isinstance(until, bool) or not isinstance(until, (int, float)) or until != until:
+    until, after = doc.get("until", 0), doc.get("after_term_s", 0)
+    if not (_finite(until) and _finite(after)):
         return None
-    return {"until": float(until), "why": _line(doc.get("why")), "left": _line(doc.get("left"))}
+    return {"until": float(until), "after_term_s": float(after), "why": _line(doc.get("why")),
+            "left": _line(doc.get("left"))}
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and abs(v) < 1e300
 
 
 def _line(v: Any) -> str:
     return " ".join(v.split())[:2000] if isinstance(v, str) else ""
 
 
-def _wait_for_hold(run_dir: str, pgid: int) -> Tuple[str, float]:
+def _wait_for_hold(run_dir: str, pgid: int, termed: float) -> Tuple[str, float]:
     """After the grace: while the command asks for time (its hold), wait for it, at most
     HOLD_MAX_S; what it was doing ("" if nothing) and the seconds waited."""
     start = time.time()
     why = ""
     while records.group_alive(pgid) and time.time() < start + HOLD_MAX_S:
         hold = _read_hold(run_dir)
-        if hold is None or hold["until"] <= time.time():
+        if hold is None or max(hold["until"], termed + hold["after_term_s"]) <= time.time():
             break
         why = hold["why"] or why
         time.sleep(0.1)

@@ -428,6 +428,8 @@ class Trainer:
                             self.cfg.eval_server_drafter, self.cfg.eval_server_deadline,
                             state_dir=self.out / "served", resume=self.cfg.resume)
         now = served.open()
+        if served.swapped:  # a resumed run found its own checkpoint in the server
+            self.hold_for_served(served)
         self.ev.log(f"eval server {served.url}: {now}; each checkpoint is swapped in and "
                     f"measured on {len(prompts)} held-out prompts, the drafter swapped back "
                     "at the end")
@@ -439,6 +441,7 @@ class Trainer:
         measurement is a warning (training goes on); the original comes back at the end."""
         assert self.served is not None
         folder = self.out / "served" / name
+        self.hold_for_served(self.served)
         try:
             self.export(f"served/{name}", model, {"step": self.step, "held_out_tau": tau_est},
                         to="vllm")
@@ -448,6 +451,7 @@ class Trainer:
             self.ev.log(f"checkpoint {name}: served acceptance not measured ({why})",
                         level="warning")
             return
+        self.hold_for_served(self.served)   # what a cut stop leaves: this version now
         self.ev.metric(values, step=self.step, name=SERVED)
         tau = values.get("acceptance_length")  # the event has the figures; this says where
         self.ev.log(f"checkpoint {name} served by {self.served.url} as {version} (swapped in "
@@ -460,6 +464,15 @@ class Trainer:
         for old in (self.out / "served").iterdir():  # the server holds the weights now
             if old.name != name and old.name.startswith("step_"):
                 shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def hold_for_served(served: ServedEval) -> None:
+        """While a checkpoint may be in the server, a stop gives the run the time to swap the
+        drafter back (engine/stop_hold.py: counted from the stop's SIGTERM, so a slow step
+        between the signal and the swap back is covered)."""
+        folder = served.original[0] if served.original else "?"
+        stop_hold.hold(served.deadline_s + 60, f"swapping the eval server's drafter back: "
+                       f"{served.url} gets {folder}", served.left_note(), from_stop=True)
 
     def restore_served(self, failing: bool) -> None:
         """Swap the server's original drafter back (end of run, stop, failure). A failure to do

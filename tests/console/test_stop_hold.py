@@ -23,18 +23,21 @@ sys.path.insert(0, {repo!r})
 from engine import stop_hold
 hold, work, fake = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 def cleanup(*_):
-    stop_hold.hold(hold, "cleaning up", "the cleanup did not finish: do it by hand")
+    if fake != "ahead":
+        stop_hold.hold(hold, "cleaning up", "the cleanup did not finish: do it by hand")
     time.sleep(work)
     stop_hold.release()
     print("cleaned", flush=True)
     os._exit(0)
 signal.signal(signal.SIGTERM, cleanup)
+if fake == "ahead":  # asked before any stop: the time counts from the stop's SIGTERM
+    stop_hold.hold(hold, "cleaning up", "the cleanup did not finish", from_stop=True)
 if fake == "fifo":
     os.mkfifo(os.path.join(os.environ["EAGLE3_RUN_DIR"], "stop-hold.json"))
 elif fake == "junk":
     with open(os.path.join(os.environ["EAGLE3_RUN_DIR"], "stop-hold.json"), "w") as f:
         f.write('{{"until": 1e999, "why": ' + '[' * 100000)
-if fake != "-":  # a file the command did not write as a hold: nothing holds the kill off
+if fake in ("fifo", "junk"):  # not written as a hold: nothing holds the kill off
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("ready", flush=True)
 time.sleep(300)
@@ -60,9 +63,10 @@ def start(cfg: Path, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str
     return run_dir.name, run_dir
 
 
-def test_stop_waits_for_a_held_cleanup(tmp_path: Path,
+@pytest.mark.parametrize("fake", ["-", "ahead"])
+def test_stop_waits_for_a_held_cleanup(tmp_path: Path, fake: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = config(tmp_path, hold=30, work=3)
+    cfg = config(tmp_path, hold=30, work=3, fake=fake)
     run_id, run_dir = start(cfg, tmp_path, capsys)
     t0 = time.monotonic()
     assert cli_main(["--config", str(cfg), "stop", run_id, "--grace", "0.5"]) == 0
