@@ -22,6 +22,7 @@ from tests.swap_server_standin import SwapServerStandin
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.demo_workspace",)
+pytestmark = pytest.mark.slow   # real training runs
 
 SWAP_BACK_S = 6.0
 

@@ -24,6 +24,7 @@ from tests.engine_helpers import REPO, engine_env, train_args
 from tests.swap_server_standin import SwapServerStandin
 
 pytest_plugins = ("tests.demo_workspace",)
+pytestmark = pytest.mark.slow   # real training runs
 
 #: the fault each checkpoint's measurement meets (once, on the route named), in order
 FAULTS = [("nan", "/metrics"), ("words", "/v1/completions"), ("list", "/v1/completions"),
