@@ -2,6 +2,8 @@
 
 Only a group whose leader is still the run's command (pid and start time as recorded) is
 signalled; a run whose processes are gone is reported `lost` (exit status 1), untouched.
+A command that holds SIGKILL off (a training run swapping its eval server's drafter back) is
+waited for past the grace; what it could not finish is a warning (exit status 1).
 A Slurm run (a host with scheduler = "slurm") is stopped with `scancel --signal=TERM`, then
 `scancel` after S s (a queued job: `scancel` at once); no login-node process is signalled."""
 
@@ -39,5 +41,9 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             print(f"error: {r.id} on {r.host}: lost ({why})", file=sys.stderr)
             continue
         code = "" if r.exit_code is None else f" (exit {r.exit_code})"
-        print(f"{r.id} on {r.host}: {r.status}{code}")
+        held = f" after {r.stop_held}" if r.stop_held else ""
+        print(f"{r.id} on {r.host}: {r.status}{code}{held}")
+        if r.stop_warning:  # the command could not finish its cleanup: the user must
+            lost += 1
+            print(f"warning: {r.id} on {r.host}: {r.stop_warning}", file=sys.stderr)
     return 1 if lost else 0

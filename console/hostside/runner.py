@@ -26,7 +26,9 @@ its logs are appended to, a stop marker left from before is removed. Nothing but
 writes a record while it lives; `list` reports `lost` for a record
 still `running` whose command and monitor are both gone (a reboot, a killed monitor), and
 `corrupt` (with the reason) for a record it cannot trust; `stop` finishes the record itself
-only when the monitor is gone.
+only when the monitor is gone. The command gets its run directory in EAGLE3_RUN_DIR: while a
+cleanup must not be cut it writes a hold there (stop-hold.json, engine/stop_hold.py) and `stop`
+waits for it past the grace before SIGKILL.
 
 Safety: a pid is ours only while its start time (/proc/PID/stat) is the one recorded, so a pid
 or process group reused by another process is never signalled. Run directories are 0700 and
@@ -60,10 +62,11 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 import types
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def _load_sibling(name: str) -> Any:
@@ -88,6 +91,14 @@ else:  # run as a script: slurm_job finds run_records in sys.modules, so it load
 
 record_problem = records.record_problem   # the console checks the records it reads with it
 proc_start = records.proc_start
+
+#: a command may hold SIGKILL off while a cleanup must not be cut (engine/stop_hold.py writes
+#: RUN_DIR/HOLD_FILE: {"until": unix time, "after_term_s": seconds past the SIGTERM, "why",
+#: "left"}); `stop` waits at most HOLD_MAX_S past the grace
+HOLD_ENV = "EAGLE3_RUN_DIR"
+HOLD_FILE = "stop-hold.json"
+HOLD_MAX_S = 3600.0
+HOLD_MAX_BYTES = 1 << 16
 
 
 # -- start ---------------------------------------------------------------------------------------
@@ -118,10 +129,11 @@ def _again(run_dir: str, spec: Dict[str, Any]) -> Dict[str, Any]:
     attempts = [a for a in rec.get("attempts") or [] if isinstance(a, dict)]
     attempts.append(dict({k: rec.get(k) for k in ("start", "end", "exit_code", "argv")},
                          status=status))
-    try:
-        os.unlink(os.path.join(run_dir, records.STOP_MARKER))
-    except FileNotFoundError:
-        pass
+    for name in (records.STOP_MARKER, HOLD_FILE):
+        try:
+            os.unlink(os.path.join(run_dir, name))
+        except FileNotFoundError:
+            pass
     return dict(spec, attempts=attempts)
 
 
@@ -219,6 +231,7 @@ def _supervise(run_dir: str, spec: Dict[str, Any], report_w: int) -> int:
         os.close(go_w)
         os.close(exec_r)
         os.close(report_w)
+        os.environ[HOLD_ENV] = os.path.abspath(run_dir)  # where the command may ask for time
         records.run_command(spec, out_path, err_path, go_r, exec_w)
     os.close(go_r)
     os.close(exec_w)
@@ -305,7 +318,10 @@ def _reread(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def stop(run_dir: str, grace: float) -> Dict[str, Any]:
-    """SIGTERM the run's process group, SIGKILL what is left after grace seconds.
+    """SIGTERM the run's process group, SIGKILL what is left after grace seconds, or once the
+    command's hold has passed (HOLD_FILE: a cleanup that must not be cut, such as a drafter
+    swapped back into a serving vLLM; at most HOLD_MAX_S). The answer says what the stop
+    waited for (stop_held) and what the command left undone (stop_warning).
 
     Only a group whose leader is still our command (pid and start time as recorded) is
     signalled: a run whose command and monitor are gone comes back `lost` with "refused"
@@ -346,17 +362,23 @@ def stop(run_dir: str, grace: float) -> Dict[str, Any]:
                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write("%f\n" % time.time())
+    termed = time.time()
     records.signal_group(pgid, signal.SIGTERM)
     # from here on the group is the one we verified: its id stays taken while it has members
     deadline = time.time() + grace
     while records.group_alive(pgid) and time.time() < deadline:
         time.sleep(0.05)
+    held, held_s = _wait_for_hold(run_dir, pgid, termed)
     if records.group_alive(pgid):
         records.signal_group(pgid, signal.SIGKILL)
         deadline = time.time() + 5
         while records.group_alive(pgid) and time.time() < deadline:
             time.sleep(0.05)
-    # the monitor records the end; if it is gone, finish the record ourselves
+    return _with_hold(_recorded_end(run_dir, rec), run_dir, held, held_s)
+
+
+def _recorded_end(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
+    """The record once the command is gone: the monitor's, or (the monitor gone too) ours."""
     deadline = time.time() + 5
     while time.time() < deadline:
         rec = _reread(run_dir, rec)
@@ -370,6 +392,72 @@ def stop(run_dir: str, grace: float) -> Dict[str, Any]:
         rec.update({"status": "stopped", "end": time.time()})
         records.write_json(os.path.join(run_dir, records.RECORD), rec)
     return rec
+
+
+def _read_hold(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The command's hold (HOLD_FILE), checked: None when absent or not one."""
+    try:
+        fd = os.open(os.path.join(run_dir, HOLD_FILE),
+                     os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, HOLD_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data.decode("utf-8")) if len(data) <= HOLD_MAX_BYTES else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    until, after = doc.get("until", 0), doc.get("after_term_s", 0)
+    if not (_finite(until) and _finite(after)):
+        return None
+    return {"until": float(until), "after_term_s": float(after), "why": _line(doc.get("why")),
+            "left": _line(doc.get("left"))}
+
+
+def _finite(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and abs(v) < 1e300
+
+
+def _line(v: Any) -> str:
+    return " ".join(v.split())[:2000] if isinstance(v, str) else ""
+
+
+def _wait_for_hold(run_dir: str, pgid: int, termed: float) -> Tuple[str, float]:
+    """After the grace: while the command asks for time (its hold), wait for it, at most
+    HOLD_MAX_S; what it was doing ("" if nothing) and the seconds waited."""
+    start = time.time()
+    why = ""
+    while records.group_alive(pgid) and time.time() < start + HOLD_MAX_S:
+        hold = _read_hold(run_dir)
+        if hold is None or max(hold["until"], termed + hold["after_term_s"]) <= time.time():
+            break
+        why = hold["why"] or why
+        time.sleep(0.1)
+    return why, time.time() - start
+
+
+def _with_hold(rec: Dict[str, Any], run_dir: str, held: str, held_s: float) -> Dict[str, Any]:
+    """The stop's answer: the record, what the stop waited for (stop_held) and what the
+    command left undone (stop_warning: its hold's `left`, when the hold is still there)."""
+    out = dict(rec)
+    if held:
+        out["stop_held"] = "%s (waited %.0f s)" % (held, held_s)
+    hold = _read_hold(run_dir)
+    if hold is not None and hold["left"]:
+        out["stop_warning"] = hold["left"]
+    try:  # said once, by this answer
+        os.unlink(os.path.join(run_dir, HOLD_FILE))
+    except OSError:
+        pass
+    return out
 
 
 def free_port() -> int:

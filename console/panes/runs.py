@@ -370,7 +370,9 @@ class RunsPane(ShownTimers, Vertical):
             # through the pool: the hosts list shows the host connecting, or failing
             run = await stop_run(self.config, run_id, services(self).pool, grace=STOP_GRACE_S)
             refused = next((r.refused for r in run.records if r.refused), "")
-            self.activity(stop_outcome(run_id, run.status, refused), error=bool(refused))
+            warning = next((r.stop_warning for r in run.records if r.stop_warning), "")
+            self.activity(stop_outcome(run_id, run.status, refused, warning),
+                          error=bool(refused or warning))
         except ConsoleError as e:
             self.failure("stop", None, e)
         finally:

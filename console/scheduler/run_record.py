@@ -79,6 +79,8 @@ class RunRecord:
     run_dir: str = ""
     error: str = ""            # why a `corrupt` record cannot be trusted
     refused: str = ""          # why `stop` signalled nothing (a `lost` run)
+    stop_held: str = ""        # what a stop waited for past its grace (the command's hold)
+    stop_warning: str = ""     # what the stopped command left undone (said by the command)
     failure: str = ""          # why the command could not run (run.json `error`, written by
     #                            the runner: `cannot run vllm: No such file or directory`)
     engine: bool = False       # an engine command: its stdout is events.jsonl
@@ -117,6 +119,7 @@ class RunRecord:
             status=status, exit_code=d.get("exit_code"), start=d.get("start"), end=d.get("end"),
             node_rank=d.get("node_rank") or 0, nnodes=d.get("nnodes") or 1,
             run_dir=_text(d.get("run_dir")), refused=_text(d.get("refused")),
+            stop_held=_text(d.get("stop_held")), stop_warning=_text(d.get("stop_warning")),
             failure=_text(d.get("error")),
             engine=bool(d.get("engine")), argv=tuple(str(a) for a in d.get("argv") or []),
             cwd=_text(d.get("cwd")),

@@ -13,6 +13,7 @@ from typing import Any
 from console.errors import ConfigError
 from console.hosts.host import Host, HostPool
 from console.hosts.push import PushReport
+from console.hostside.runner import HOLD_MAX_S
 from console.scheduler.base import Scheduler
 from console.scheduler.launch import (
     LaunchHooks,
@@ -143,5 +144,7 @@ async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
 
 async def stop_on(host: Host, run_id: str, grace: float) -> RunRecord:
     run_dir = posixpath.join(await runs_dir(host), run_id)
-    data = await runner(host, ["stop", run_dir, str(grace)], timeout=grace + 60)
+    # the runner waits past the grace while the command holds SIGKILL off (a drafter swapped
+    # back into a serving vLLM): at most HOLD_MAX_S
+    data = await runner(host, ["stop", run_dir, str(grace)], timeout=grace + HOLD_MAX_S + 60)
     return RunRecord.from_dict(data, host.name)

@@ -212,8 +212,10 @@ class RunDetailScreen(Screen[None]):
             app = services(self)
             run = await stop_run(app.config, run_id, app.pool, grace=STOP_GRACE_S)
             await self.feed.refresh_record()
-            self.notify(stop_outcome(run_id, run.status, run.records[0].refused
-                                     if run.records else ""))
+            first = run.records[0] if run.records else None
+            warning = first.stop_warning if first else ""
+            self.notify(stop_outcome(run_id, run.status, first.refused if first else "",
+                                     warning), severity="error" if warning else "information")
         except ConsoleError as e:
             self.notify(f"stop failed: {describe_error(e)}", severity="error")
         self.refresh_view(force=True)

@@ -47,9 +47,11 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
-def stop_outcome(run_id: str, status: RunStatus, refused: str = "") -> str:
+def stop_outcome(run_id: str, status: RunStatus, refused: str = "", warning: str = "") -> str:
     """What a stop did, for the pane's activity line and run detail: `stopped`, or a run that
-    had ended before the signal (nothing was sent)."""
+    had ended before the signal (nothing was sent); `warning`: what the command left undone."""
+    if warning:
+        return f"{run_id}: {status}; {warning}"
     if refused:
         return f"{run_id}: {status} ({refused})"
     if status == RunStatus.STOPPED or status.active:

@@ -93,6 +93,9 @@ class TrainConfig:
     eval_server_drafter: str | None = field(default=None, metadata={"cli": {"metavar": "DIR"}})
     """With `eval_server`: the folder of the drafter it serves now, to swap back (default: the
     one it started with; needed when it serves a swapped-in drafter)."""
+    eval_server_deadline: float = field(default=900.0, metadata={"cli": {"metavar": "S"}})
+    """With `eval_server`: seconds one measurement may take (the swap in, the replay, the
+    counters); past them it is a warning naming this deadline. The swap back has as long."""
     eval_server_tokens: int = field(default=64, metadata={"cli": {"metavar": "N"}})
     """With `eval_server`: at most this many tokens per held-out prompt (its greedy reply, to
     its end: the same tokens for every checkpoint)."""
@@ -180,6 +183,9 @@ class TrainConfig:
         if self.eval_server_drafter is not None and not os.path.isdir(self.eval_server_drafter):
             raise EngineError(f"--eval-server-drafter {self.eval_server_drafter}: not a "
                               "directory")
+        if not 0 < self.eval_server_deadline < float("inf"):
+            raise EngineError(f"--eval-server-deadline {self.eval_server_deadline}: must be a "
+                              "number of seconds > 0")
         if self.eval_server_tokens < 1:
             raise EngineError(f"--eval-server-tokens {self.eval_server_tokens}: must be >= 1")
         if self.precision not in ("bf16", "fp32"):

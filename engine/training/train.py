@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from engine import __version__
+from engine import __version__, stop_hold
 from engine.ckpt.checks import require_finite
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
@@ -425,8 +425,11 @@ class Trainer:
             raise EngineError(f"--eval-server {url}: no held-out sample with a prompt to replay "
                               "(--holdout, or more data)")
         served = ServedEval(url, prompts, self.cfg.eval_server_tokens,
-                            self.cfg.eval_server_drafter)
+                            self.cfg.eval_server_drafter, self.cfg.eval_server_deadline,
+                            state_dir=self.out / "served", resume=self.cfg.resume)
         now = served.open()
+        if served.swapped:  # a resumed run found its own checkpoint in the server
+            self.hold_for_served(served)
         self.ev.log(f"eval server {served.url}: {now}; each checkpoint is swapped in and "
                     f"measured on {len(prompts)} held-out prompts, the drafter swapped back "
                     "at the end")
@@ -438,14 +441,17 @@ class Trainer:
         measurement is a warning (training goes on); the original comes back at the end."""
         assert self.served is not None
         folder = self.out / "served" / name
+        self.hold_for_served(self.served)
         try:
             self.export(f"served/{name}", model, {"step": self.step, "held_out_tau": tau_est},
                         to="vllm")
             values, version = self.served.measure(str(folder))
-        except EngineError as e:
-            self.ev.log(f"checkpoint {name}: served acceptance not measured ({e})",
+        except Exception as e:  # noqa: BLE001 - whatever the server did, training goes on
+            why = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+            self.ev.log(f"checkpoint {name}: served acceptance not measured ({why})",
                         level="warning")
             return
+        self.hold_for_served(self.served)   # what a cut stop leaves: this version now
         self.ev.metric(values, step=self.step, name=SERVED)
         tau = values.get("acceptance_length")  # the event has the figures; this says where
         self.ev.log(f"checkpoint {name} served by {self.served.url} as {version} (swapped in "
@@ -459,22 +465,37 @@ class Trainer:
             if old.name != name and old.name.startswith("step_"):
                 shutil.rmtree(old, ignore_errors=True)
 
+    @staticmethod
+    def hold_for_served(served: ServedEval) -> None:
+        """While a checkpoint may be in the server, a stop gives the run the time to swap the
+        drafter back (engine/stop_hold.py: counted from the stop's SIGTERM, so a slow step
+        between the signal and the swap back is covered)."""
+        folder = served.original[0] if served.original else "?"
+        stop_hold.hold(served.deadline_s + 60, f"swapping the eval server's drafter back: "
+                       f"{served.url} gets {folder}", served.left_note(), from_stop=True)
+
     def restore_served(self, failing: bool) -> None:
         """Swap the server's original drafter back (end of run, stop, failure). A failure to do
         so fails a run that had succeeded; on a failing run it is a warning beside its error."""
         served: ServedEval | None = getattr(self, "served", None)
-        if served is None or not served.swapped:
+        if served is None or not served.swapped or served.given_up:
             return
+        folder = served.original[0] if served.original else "?"
+        # a stop waits for this (the runner's SIGKILL held off: engine/stop_hold.py)
+        stop_hold.hold(served.deadline_s + 30, f"swapping the eval server's drafter back: "
+                       f"{served.url} gets {folder}", served.left_note())
         try:
             version = served.restore()
-        except EngineError as e:
-            folder = served.original[0] if served.original else "?"
+        except Exception as e:  # noqa: BLE001 - a broken server is worded, never a traceback
+            why = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+            stop_hold.leave(served.left_note())
             msg = (f"{served.url} still serves a checkpoint of this run: could not swap "
-                   f"{folder} back ({e})")
+                   f"{folder} back ({why}); {served.left_note()}")
             if not failing:
                 raise EngineError(msg) from None
             self.ev.log(msg, level="error")
             return
+        stop_hold.release()
         self.ev.log(f"eval server {served.url}: swapped its drafter back ({version})")
 
     def _flags(self) -> dict[str, Any]:
@@ -546,11 +567,13 @@ class Trainer:
             return {"run": str(self.out), "steps": self.step, "final": str(self.out / "final"),
                     "best": str(self.out / "best"), "metrics": final}
         except BaseException as e:
-            self.restore_served(failing=True)
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            with contextlib.suppress(Exception):
-                self.write_run_json(status, started, last or None,
-                                    f"{type(e).__name__}: {e}".splitlines()[0])
+            try:
+                self.restore_served(failing=True)
+            finally:  # run.json ends whatever the swap back did
+                with contextlib.suppress(Exception):
+                    self.write_run_json(status, started, last or None,
+                                        f"{type(e).__name__}: {e}".splitlines()[0])
             raise
         finally:
             close = getattr(getattr(self, "setup_", None) and self.setup_.data, "close", None)
