@@ -436,12 +436,17 @@ def prune_runs(runs_dir: str) -> Dict[str, Any]:
     record last, so an interrupted prune leaves a run still listed) and the directory once it
     is empty. Never signals anything; keeps running and queued runs, records it cannot trust,
     and every file it did not write. {"removed": [id], "kept": [{"id", "why"}],
-    "left": [{"id", "files"}]} (left: directories kept for files that are not ours)."""
+    "left": [{"id", "files"}]} (left: directories kept for files that are not ours).
+
+    Each run is judged and removed under its profile's launch lock, the one `start --resume`
+    holds until the new attempt is recorded: a run resumed meanwhile is seen running, never
+    deleted under it."""
     out: Dict[str, Any] = {"removed": [], "kept": [], "left": []}
     try:
         names = sorted(os.listdir(runs_dir))
     except FileNotFoundError:
         return out
+    root = os.path.dirname(os.path.normpath(runs_dir))
     for name in names:
         run_dir = os.path.join(runs_dir, name)
         if name.startswith(".") or os.path.islink(run_dir) or not os.path.isdir(run_dir):
@@ -453,15 +458,31 @@ def prune_runs(runs_dir: str) -> Dict[str, Any]:
         if rec is None:
             out["kept"].append({"id": name, "why": "corrupt record (%s)" % problem})
             continue
-        why = _still_active(effective(with_nodes(run_dir, rec) if is_slurm(rec) else rec))
-        if why is not None:
-            out["kept"].append({"id": name, "why": why})
-            continue
-        others = _remove_own_files(run_dir)
-        out["removed"].append(name)
-        if others:
-            out["left"].append({"id": name, "files": others})
+        lock = lock_profile(root, str(rec.get("profile") or ""))
+        try:
+            _prune_one(run_dir, name, out)
+        finally:
+            os.close(lock)
     return out
+
+
+def _prune_one(run_dir: str, name: str, out: Dict[str, Any]) -> None:
+    """Judge run_dir's record afresh (under its profile's lock) and forget the run if it ended."""
+    try:
+        rec, problem = load_record(run_dir)
+    except FileNotFoundError:
+        return
+    if rec is None:
+        out["kept"].append({"id": name, "why": "corrupt record (%s)" % problem})
+        return
+    why = _still_active(effective(with_nodes(run_dir, rec) if is_slurm(rec) else rec))
+    if why is not None:
+        out["kept"].append({"id": name, "why": why})
+        return
+    others = _remove_own_files(run_dir)
+    out["removed"].append(name)
+    if others:
+        out["left"].append({"id": name, "files": others})
 
 
 def _remove_own_files(run_dir: str) -> List[str]:
