@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import posixpath
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -91,6 +92,9 @@ def render(ev: events.Event | None) -> str | None:
     return None
 
 
+#: a served acceptance's per-position key (ASCII digits: int() would take other scripts' too)
+POSITION = re.compile(r"pos_([0-9]{1,6})")
+
 #: the fields of a step's line, in order (every field is in --json)
 STEP_FIELDS = ("loss", "acc_0", "tau")
 
@@ -109,8 +113,9 @@ def named_metric(ev: events.Metric) -> str:
     if ev.name != events.SERVED:
         return f"{ev.name} at step {ev.step}: {compact(ev.values)}"
     v = ev.values
-    pos = [v[k] for k in sorted((k for k in v if k.startswith("pos_")),
-                                key=lambda k: int(k.split("_")[1]))]
+    # pos_0, pos_1, ... in position order; any other key (pos_x) is not a position: --json has it
+    ranks = {k: int(m[1]) for k in v if (m := POSITION.fullmatch(k))}
+    pos = [v[k] for k in sorted(ranks, key=ranks.__getitem__)]
     text = f"{ev.name} at step {ev.step}: {_fmt(v.get('acceptance_length'))}"
     if pos:
         text += "  pos " + " ".join(_fmt(p) for p in pos)
