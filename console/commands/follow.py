@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 
 from console.hosts.host import Host, HostPool
 from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
-from console.runs.service import RunNotFound, find_run, list_runs
+from console.runs.service import RunHostDown, find_run, list_runs
 from console.scheduler.records import RunRecord
 from console.scheduler.run_status import EXIT_CODES, RunStatus
 from console.settings.config import Config
@@ -260,9 +260,7 @@ async def look_up(config: Config, run_id: str, pool: HostPool,
     while True:
         try:
             nodes = await find_run(config, run_id, pool)
-        except RunNotFound as e:
-            if not e.down:
-                raise
+        except RunHostDown as e:
             if not failing:
                 notices.add("", "reconnecting", str(e.down[0]))
             failing = True

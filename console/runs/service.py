@@ -39,18 +39,31 @@ async def launch(config: Config, name: str, pool: HostPool, *, force: bool = Fal
 
 
 class RunNotFound(ConsoleError):
-    """No configured host has the run. `down`: the hosts that could hold it but could not be
-    asked (a dropped link, a host not answering): while there are any, the run may yet be
-    found (follow looks again, console/commands/follow.py)."""
+    """Every configured host that could hold the run answered, and none has it."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} on any configured host")
+
+
+class RunHostDown(Unreachable):
+    """No host that answered has the run, and one that could hold it could not be asked (a
+    dropped link, a host not answering): the run may be there (follow looks again,
+    console/commands/follow.py). `down`: those hosts' errors; `host`: the first of them."""
 
     def __init__(self, run_id: str, down: list[TransportError]) -> None:
-        super().__init__(f"no run {run_id!r} on any configured host")
+        names = list(dict.fromkeys(e.host for e in down))
+        first = down[0]
+        reason = str(first).removeprefix(f"{first.host}: ")
+        super().__init__(", ".join(names), f"could not be reached ({reason}); run {run_id} "
+                                           "may be there: try again once it answers")
+        self.host = first.host
         self.down = down
 
 
 async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Host, RunRecord]]:
     """Every node record of run_id: the hosts of the profile the id names first, then the rest.
-    RunNotFound when none has it."""
+    RunNotFound when no host has it; RunHostDown when a host that could hold it could not be
+    asked."""
     preferred = list(dict.fromkeys(h for p in config.profiles.values()
                                    if run_id.startswith(p.name + "-") for h in p.hosts))
     rest = [h for h in config.hosts if h not in preferred]
@@ -63,7 +76,9 @@ async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Ho
         # a run id that names a profile lives on that profile's hosts: only theirs count
         if group is preferred or not preferred:
             down += [e for _, e in found if e is not None]
-    raise RunNotFound(run_id, down)
+    if down:
+        raise RunHostDown(run_id, down)
+    raise RunNotFound(run_id)
 
 
 

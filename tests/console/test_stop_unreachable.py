@@ -1,0 +1,79 @@
+"""`stop` (and the Runs pane's `x`) on a host that cannot be reached says so, naming the host,
+within seconds, instead of blaming the run ("no run ... on any configured host"); once the host
+answers again the same stop works. A real sshd on 127.0.0.1, stopped and started again."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from console.errors import Unreachable
+from console.hosts.host import HostPool
+from console.runs.service import launch, resume_run, stop_run
+from console.settings.config import Config, HostConfig, Profile
+from tests.console.test_safety_runs import cli
+from tests.sshd import SSHD
+
+
+def toml(sshd: SSHD, tmp_path: Path) -> Path:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[hosts.gpu]\nssh = "{sshd.target}"\npython = "{sys.executable}"\n'
+                   f'root = "{tmp_path / "root"}"\nknown_hosts = "{sshd.known_hosts}"\n'
+                   f'identity = "{sshd.user_key}"\n'
+                   '[profiles.sleeper]\nhost = "gpu"\nrun = "sleep 60"\n')
+    return cfg
+
+
+def test_stop_names_the_host_it_cannot_reach(sshd: SSHD, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = toml(sshd, tmp_path)
+    code, out, err = cli(capsys, cfg, "launch", "sleeper")
+    assert code == 0, err
+    run_id = out.splitlines()[0]
+    sshd.stop()
+    try:
+        t0 = time.monotonic()
+        code, out, err = cli(capsys, cfg, "stop", run_id, "--grace", "2")
+        took = time.monotonic() - t0
+    finally:
+        sshd.restart()
+    assert code == 1 and out == "" and err.count("\n") == 1, (out, err)
+    assert err.startswith("error: gpu: could not be reached (") and run_id in err, err
+    assert "no run" not in err
+    assert took < 10, took
+    code, out, err = cli(capsys, cfg, "stop", run_id, "--grace", "2")
+    assert code == 0 and out.strip() == f"{run_id} on gpu: stopped (exit -15)", (out, err)
+
+
+async def test_stop_through_a_connected_pool_whose_host_went_away(sshd: SSHD,
+                                                                  tmp_path: Path) -> None:
+    """The Runs pane's path: the pool was connected when the host went away. The error is an
+    Unreachable naming the host (the pane clears it once the host answers again); resume says
+    the same."""
+    box = HostConfig(name="gpu", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                     identity=str(sshd.user_key), python=sys.executable,
+                     root=str(tmp_path / "root"))
+    config = Config(hosts={"gpu": box},
+                    profiles={"sleeper": Profile("sleeper", ["gpu"], "sleep 60")})
+    pool = HostPool(config)
+    try:
+        run = await launch(config, "sleeper", pool)
+        sshd.stop()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(Unreachable) as got:
+                await stop_run(config, run.id, pool, grace=2)
+            took = time.monotonic() - t0
+            with pytest.raises(Unreachable):
+                await resume_run(config, run.id, pool)
+        finally:
+            sshd.restart()
+        assert got.value.host == "gpu"
+        assert str(got.value).startswith("gpu: could not be reached (")
+        assert took < 20, took
+        assert (await stop_run(config, run.id, pool, grace=2)).status == "stopped"
+    finally:
+        await pool.close()
