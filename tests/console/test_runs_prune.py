@@ -93,7 +93,8 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
             {recs["refused"].id, writes.id, stopme.id}
         assert f"kept {sleeper.id}: running" in out
         assert any(ln.startswith("kept bad-20261130-100000-dddd: corrupt record") for ln in out)
-        assert f"left {refused_dir.name}/ with notes.txt: not written by the console" in out
+        assert f"left {refused_dir.name}/ in place: it holds notes.txt, which the console " \
+               "did not write" in out
         # what the console wrote is gone; what it did not write is where it was
         assert sorted(p.name for p in refused_dir.iterdir()) == ["notes.txt"]
         assert [p.name for p in (runs / writes.id).iterdir()] == ["out"]
