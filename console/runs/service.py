@@ -12,7 +12,7 @@ import asyncio
 import shlex
 
 from console.errors import CommandFailed, ConsoleError, TransportError, Unreachable
-from console.hosts.host import Host, HostPool
+from console.hosts.host import Host, HostPool, HostState
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
 from console.scheduler.records import PruneReport, Run, RunRecord, host_prune
@@ -82,14 +82,35 @@ async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Ho
 
 
 
+#: how long a host that could hold a run may take to connect and answer a no-op before the
+#: lookup calls it unreachable: a frozen host's link looks up for a minute (keepalives), and a
+#: reconnect to a host that never answers takes minutes more
+REACH_TIMEOUT = 20.0
+
+
+async def _reach(pool: HostPool, name: str) -> Host:
+    """The host connected and answering (`true` runs), or Unreachable within REACH_TIMEOUT."""
+    async def answering() -> Host:
+        host = await pool.ensure(name)   # the hosts list shows it connecting (or failing)
+        await host.transport.run(["true"])
+        return host
+    try:
+        return await asyncio.wait_for(answering(), REACH_TIMEOUT)
+    except asyncio.TimeoutError:
+        why = f"no answer within {REACH_TIMEOUT:.0f} s"
+        if pool.state[name] in (HostState.CONNECTING, HostState.RECONNECTING):
+            pool.set_state(name, HostState.FAILED, why)   # not left "connecting" for ever
+        raise Unreachable(name, why) from None
+
+
 async def _records_on(pool: HostPool, name: str, run_id: str
                       ) -> tuple[list[tuple[Host, RunRecord]], TransportError | None]:
     """The host's records of run_id, and the error of a host that could not be asked for a
-    reason that passes (a link down, not a refused key or login)."""
+    reason that passes (a link down, a host not answering, not a refused key or login)."""
     if "/" in run_id or run_id in ("", ".", ".."):
         return [], None
     try:
-        host = await pool.ensure(name)   # the hosts list shows it connecting (or failing)
+        host = await _reach(pool, name)
         return [(host, r) for r in await list_runs(host, run_id)], None
     except TransportError as e:
         # an unreachable host cannot hold the run we can act on (now)

@@ -77,3 +77,43 @@ async def test_stop_through_a_connected_pool_whose_host_went_away(sshd: SSHD,
         assert (await stop_run(config, run.id, pool, grace=2)).status == "stopped"
     finally:
         await pool.close()
+
+
+async def test_stop_on_a_frozen_host_gives_up_within_the_reach_timeout(
+        sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that stops answering keeps its link up for a minute (keepalives) and a reconnect
+    to it times out try after try: the lookup gives up after REACH_TIMEOUT (3 s here) and says
+    the host did not answer; once it answers again the stop goes through."""
+    import signal
+
+    import psutil
+
+    from console.runs import service
+
+    monkeypatch.setattr(service, "REACH_TIMEOUT", 3.0, raising=False)
+    box = HostConfig(name="gpu", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                     identity=str(sshd.user_key), python=sys.executable,
+                     root=str(tmp_path / "root"))
+    config = Config(hosts={"gpu": box},
+                    profiles={"sleeper": Profile("sleeper", ["gpu"], "sleep 60")})
+    pool = HostPool(config)
+    try:
+        run = await launch(config, "sleeper", pool)
+        assert sshd.proc is not None
+        frozen = [psutil.Process(sshd.proc.pid),
+                  *(p for k in sshd.children() for p in [k, *k.children(recursive=True)])]
+        for p in frozen:
+            p.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(Unreachable) as got:
+                await stop_run(config, run.id, pool, grace=2)
+            took = time.monotonic() - t0
+        finally:
+            for p in frozen:
+                p.send_signal(signal.SIGCONT)
+        assert str(got.value).startswith("gpu: could not be reached (no answer within 3 s)")
+        assert took < 10, took
+        assert (await stop_run(config, run.id, pool, grace=2)).status == "stopped"
+    finally:
+        await pool.close()
