@@ -1,6 +1,7 @@
-"""`stop` (and the Runs pane's `x`) on a host that cannot be reached says so, naming the host,
-within seconds, instead of blaming the run ("no run ... on any configured host"); once the host
-answers again the same stop works. A real sshd on 127.0.0.1, stopped and started again."""
+"""`stop` (and the Runs pane's `x`) on a host that cannot be reached or does not answer names
+that host within seconds, instead of blaming the run ("no run ... on any configured host");
+once the host answers again the same stop works. A real sshd on 127.0.0.1, stopped (or
+frozen) and started again."""
 
 from __future__ import annotations
 
@@ -117,3 +118,52 @@ async def test_stop_on_a_frozen_host_gives_up_within_the_reach_timeout(
         assert (await stop_run(config, run.id, pool, grace=2)).status == "stopped"
     finally:
         await pool.close()
+
+
+async def test_x_on_an_unreachable_host_says_so_until_it_answers_again(sshd: SSHD,
+                                                                        tmp_path: Path) -> None:
+    """The Runs pane: `x` with the host's sshd stopped says the host could not be reached
+    (not that no host has the run); once the host answers again the line says so, instead of
+    the failure staying beside a run that reads succeeded."""
+    from textual.widgets import Static
+
+    from console.panes.runs import RunsPane
+    from console.screens.confirm import ConfirmScreen
+    from console.widgets.run_tables import RunTable
+    from tests.runs_registry import local_app
+    from tests.waiting import wait_for
+
+    box = HostConfig(name="gpu", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                     identity=str(sshd.user_key), python=sys.executable,
+                     root=str(tmp_path / "root"))
+    config = Config(hosts={"gpu": box},
+                    profiles={"sleeper": Profile("sleeper", ["gpu"], "sleep 60")})
+    pool = HostPool(config)
+    try:
+        run = await launch(config, "sleeper", pool)
+    finally:
+        await pool.close()
+    app = local_app(config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("5")
+        pane = app.screen.query_one(RunsPane)
+        table = pane.query_one(RunTable)
+        await wait_for(pilot, lambda: table.ids == [run.id], 60, "the run listed")
+        line = pane.query_one("#runs-activity", Static)
+        table.focus()
+        sshd.stop()
+        try:
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "confirm")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: "stop failed" in str(line.render()), 60, "failure")
+            said = str(line.render())
+            assert "gpu: could not be reached" in said and "no run" not in said, said
+        finally:
+            sshd.restart()
+        await wait_for(pilot, lambda: "gpu is reachable again" in str(line.render()), 60,
+                       "the host answering again")
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "confirm")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: f"{run.id}: stopped" in str(line.render()), 60, "stopped")
