@@ -89,27 +89,20 @@ def read_bounded(path: str, limit: int = RECORD_MAX) -> bytes:
     return data
 
 
-def _depth(obj: Any) -> int:
-    """How deep obj nests (iteratively: a deep document must not exhaust the stack here too)."""
-    deepest, todo = 0, [(obj, 1)]
-    while todo:
-        o, d = todo.pop()
-        if isinstance(o, (dict, list)):
-            deepest = max(deepest, d)
-            if d <= DEPTH_MAX:
-                todo.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
-    return deepest
-
-
 def parse_json(data: bytes) -> Any:
     """A small JSON document of ours; ValueError for bad UTF-8, bad JSON or nesting deeper
-    than a record of ours ever does (json's recursion error included)."""
+    than a record of ours ever does (measured without recursion: no stack to exhaust here)."""
     try:
         obj = json.loads(data.decode("utf-8"))
-    except RecursionError:
+        todo = [(obj, 1)]
+        while todo:
+            o, depth = todo.pop()
+            if isinstance(o, (dict, list)):
+                if depth > DEPTH_MAX:
+                    raise RecursionError
+                todo.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
+    except RecursionError:  # json's own too
         raise ValueError("nested deeper than %d levels" % DEPTH_MAX) from None
-    if _depth(obj) > DEPTH_MAX:
-        raise ValueError("nested deeper than %d levels" % DEPTH_MAX)
     return obj
 
 
@@ -436,11 +429,9 @@ def prune_runs(runs_dir: str) -> Dict[str, Any]:
     record last, so an interrupted prune leaves a run still listed) and the directory once it
     is empty. Never signals anything; keeps running and queued runs, records it cannot trust,
     and every file it did not write. {"removed": [id], "kept": [{"id", "why"}],
-    "left": [{"id", "files"}]} (left: directories kept for files that are not ours).
-
-    Each run is judged and removed under its profile's launch lock, the one `start --resume`
-    holds until the new attempt is recorded: a run resumed meanwhile is seen running, never
-    deleted under it."""
+    "left": [{"id", "files"}]} (left: directories kept for files that are not ours). Each run
+    is judged under its profile's launch lock, which `start --resume` holds until its new
+    attempt is recorded: a run resumed meanwhile is seen running, never deleted under it."""
     out: Dict[str, Any] = {"removed": [], "kept": [], "left": []}
     try:
         names = sorted(os.listdir(runs_dir))
@@ -470,7 +461,7 @@ def _prune_one(run_dir: str, name: str, out: Dict[str, Any]) -> None:
     """Judge run_dir's record afresh (under its profile's lock) and forget the run if it ended."""
     try:
         rec, problem = load_record(run_dir)
-    except FileNotFoundError:
+    except FileNotFoundError:  # another prune forgot it meanwhile
         return
     if rec is None:
         out["kept"].append({"id": name, "why": "corrupt record (%s)" % problem})
