@@ -1,7 +1,8 @@
-"""`eagle3-console runs HOST [--json] [--prune]`: the run registry on HOST (a training run's best
-held-out acceptance length at its step in HELD-OUT, `3.44@150`, as the Runs pane shows it);
---prune forgets the runs that have ended (their records and logs; files they wrote and
-running runs stay, nothing is signalled)."""
+"""`eagle3-console runs HOST [--json] [--wide] [--prune]`: the run registry on HOST (a training
+run's best held-out acceptance length at its step in HELD-OUT, `3.44@150`, as the Runs pane
+shows it; long run ids cut in the middle to fit 100 columns, whole with --wide); --prune
+forgets the runs that have ended (their records and logs; files they wrote and running runs
+stay, nothing is signalled)."""
 
 from __future__ import annotations
 
