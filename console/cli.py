@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config",
                         help="config file (default: ~/.config/eagle3-console/config.toml)")
     parser.add_argument("--theme", help="colour theme for the TUI (remembered in the config)")
-    parser.add_argument("--host", help="host selected when the TUI opens")
+    # its own dest: a subcommand's HOST positional (`inspect HOST PATH`) is `host`
+    parser.add_argument("--host", dest="tui_host", metavar="HOST",
+                        help="host selected when the TUI opens")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on failure")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS.items():
@@ -149,13 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.passthrough = theirs
     try:
         config = console_config(args.config)
-        if args.host is not None and args.host not in config.hosts:
+        if args.tui_host is not None and args.tui_host not in config.hosts:
             where = config.path or "the built-in config"
-            raise ConfigError(f"--host {args.host}: no such host in {where}; "
+            raise ConfigError(f"--host {args.tui_host}: no such host in {where}; "
                               f"configured: {', '.join(config.hosts)}")
         if not args.command:
             from console.app import run_app
-            return run_app(config, theme=args.theme, host=args.host)
+            return run_app(config, theme=args.theme, host=args.tui_host)
         with contextlib.redirect_stdout(TerminalText(sys.stdout)), \
                 contextlib.redirect_stderr(TerminalText(sys.stderr)):
             return int(asyncio.run(run_subcommand(args._module.run(args, config))) or 0)

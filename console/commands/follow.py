@@ -18,13 +18,14 @@ import argparse
 import asyncio
 import json
 import posixpath
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
 
 from console.hosts.host import Host, HostPool
 from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
-from console.runs.service import RunNotFound, find_run, list_runs
+from console.runs.service import RunHostDown, find_run, list_runs
 from console.scheduler.records import RunRecord
 from console.scheduler.run_status import EXIT_CODES, RunStatus
 from console.settings.config import Config
@@ -91,6 +92,9 @@ def render(ev: events.Event | None) -> str | None:
     return None
 
 
+#: a served acceptance's per-position key (ASCII digits: int() would take other scripts' too)
+POSITION = re.compile(r"pos_([0-9]{1,6})")
+
 #: the fields of a step's line, in order (every field is in --json)
 STEP_FIELDS = ("loss", "acc_0", "tau")
 
@@ -109,8 +113,9 @@ def named_metric(ev: events.Metric) -> str:
     if ev.name != events.SERVED:
         return f"{ev.name} at step {ev.step}: {compact(ev.values)}"
     v = ev.values
-    pos = [v[k] for k in sorted((k for k in v if k.startswith("pos_")),
-                                key=lambda k: int(k.split("_")[1]))]
+    # pos_0, pos_1, ... in position order; any other key (pos_x) is not a position: --json has it
+    ranks = {k: int(m[1]) for k in v if (m := POSITION.fullmatch(k))}
+    pos = [v[k] for k in sorted(ranks, key=ranks.__getitem__)]
     text = f"{ev.name} at step {ev.step}: {_fmt(v.get('acceptance_length'))}"
     if pos:
         text += "  pos " + " ".join(_fmt(p) for p in pos)
@@ -255,9 +260,7 @@ async def look_up(config: Config, run_id: str, pool: HostPool,
     while True:
         try:
             nodes = await find_run(config, run_id, pool)
-        except RunNotFound as e:
-            if not e.down:
-                raise
+        except RunHostDown as e:
             if not failing:
                 notices.add("", "reconnecting", str(e.down[0]))
             failing = True

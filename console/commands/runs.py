@@ -1,16 +1,19 @@
-"""`eagle3-console runs HOST [--json] [--prune]`: the run registry on HOST (a training run's best
-held-out acceptance length at its step in HELD-OUT, `3.44@150`, as the Runs pane shows it);
---prune forgets the runs that have ended (their records and logs; files they wrote and
-running runs stay, nothing is signalled)."""
+"""`eagle3-console runs HOST [--json] [--wide] [--prune]`: the run registry on HOST (a training
+run's best held-out acceptance length at its step in HELD-OUT, `3.44@150`, as the Runs pane
+shows it; long run ids cut in the middle to fit 100 columns, whole with --wide); --prune
+forgets the runs that have ended (their records and logs; files they wrote and running runs
+stay, nothing is signalled)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from console.hosts.host import HostPool
 from console.runs.service import list_runs, prune_runs
+from console.scheduler.launch import fit_id
 from console.scheduler.records import PruneReport, RunRecord, newest_first
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
@@ -22,6 +25,8 @@ HELP = ("list the runs recorded on HOST (pending, running, succeeded, failed, st
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("host", help="a configured host name")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
+    p.add_argument("--wide", action="store_true",
+                   help="print run ids and profile names whole (they are cut to fit 100 columns)")
     p.add_argument("--prune", action="store_true",
                    help="forget the runs that have ended (succeeded, failed, stopped, lost): "
                         "delete their records and logs; files they wrote (out/), running and "
@@ -46,22 +51,44 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if not records:
         print(f"no runs on {args.host}")
         return 0
-    # ids and profile names are handles (follow, stop, launch): never cut; each column is as
-    # wide as its longest, so the columns after it stay in line
-    w = max(40, *(len(r.id) for r in records))
-    pw = max(16, *(len(r.profile) for r in records))
-    print(f"{'RUN':<{w}} {'PROFILE':<{pw}} {'STATUS':<10} {'EXIT':>5} {'HELD-OUT':<10} "
-          f"{'STARTED':<19} ELAPSED")
+    print_table(records, wide=args.wide)
+    return 0
+
+
+#: the widest RUN and PROFILE cells (with --wide: no limit): every column up to ELAPSED fits
+#: 100 columns; a `finetune-YYYYMMDD-HHMMSS-xxxx` id (29) is whole, a serve run's is cut in the
+#: middle, keeping the time and suffix that tell runs apart (--json and --wide: whole)
+RUN_MAX = 32
+PROFILE_MAX = 16
+REASON_MAX = 60
+
+
+def print_table(records: list[RunRecord], wide: bool = False) -> None:
+    """The table, each column as wide as its longest cell (up to its limit), so the columns
+    after it stay in line; a note on stderr when ids were cut."""
+    w = max(len("RUN"), *(len(r.id) for r in records))
+    pw = max(len("PROFILE"), *(len(r.profile) for r in records))
+    if not wide:
+        w, pw = min(w, RUN_MAX), min(pw, PROFILE_MAX)
+    print(f"{'RUN':<{w}} {'PROFILE':<{pw}} {'STATUS':<9} {'EXIT':>4} {'HELD-OUT':<9} "
+          f"{'STARTED':<16} ELAPSED")
     for r in records:
+        rid, profile = fit_id(r.id, w), _cut(r.profile, pw)
         if r.status == RunStatus.CORRUPT:  # nothing in it can be trusted but the reason
-            print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {r.error}")
+            print(f"{rid:<{w}} {profile:<{pw}} {r.status:<9} "
+                  f"{r.error if wide else _cut(r.error, REASON_MAX)}")
             continue
-        print(f"{r.id:<{w}} {r.profile:<{pw}} {r.status:<10} {_exit(r):>5} "
-              f"{r.best_cell():<10} "
-              f"{_when(r.start):<19} "
+        print(f"{rid:<{w}} {profile:<{pw}} {r.status:<9} {_exit(r):>4} "
+              f"{r.best_cell():<9} {_when(r.start):<16} "
               f"{_duration(r)}" + (f"  node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
               + _job(r))
-    return 0
+    if any(len(r.id) > w for r in records):
+        print(f"(run ids longer than {w} columns are cut in the middle; `--wide` or `--json` "
+              "shows them whole)", file=sys.stderr)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _print_prune(report: PruneReport, as_json: bool) -> int:
@@ -76,7 +103,8 @@ def _print_prune(report: PruneReport, as_json: bool) -> int:
     for rid, why in report.kept:
         print(f"kept {rid}: {why}")
     for rid, files in report.left:
-        print(f"left {rid}/ with {', '.join(files)}: not written by the console")
+        print(f"left {rid}/ in place: it holds {', '.join(files)}, which the console did not "
+              "write")
     return 0
 
 
@@ -95,7 +123,7 @@ def _exit(r: RunRecord) -> str:
 
 
 def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "-"
 
 
 def _duration(r: RunRecord) -> str:

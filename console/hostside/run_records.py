@@ -23,6 +23,7 @@ import math
 import os
 import re
 import signal
+import stat
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:  # typing.TypeGuard is 3.10+; hosts may run 3.8, annotations stay strings
@@ -64,13 +65,55 @@ def write_json(path: str, obj: Any) -> None:
         raise
 
 
-def read_json(path: str) -> Optional[Dict[str, Any]]:
+RECORD_MAX = 4 << 20     # a run.json is a few KB (attempts included): anything bigger is not ours
+DEPTH_MAX = 32           # and nests a few levels deep (attempts -> argv): deeper is not ours
+
+
+def read_bounded(path: str, limit: int = RECORD_MAX) -> bytes:
+    """A small regular file's bytes. Never blocks on a FIFO (opened O_NONBLOCK, checked on the
+    opened file), never reads a device or more than `limit` bytes: an OSError (ENOENT as
+    FileNotFoundError) or a ValueError saying what is wrong."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-        return obj if isinstance(obj, dict) else None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:
+        raise ValueError("larger than %d bytes" % limit)
+    return data
+
+
+def parse_json(data: bytes) -> Any:
+    """A small JSON document of ours; ValueError for bad UTF-8, bad JSON or nesting deeper
+    than a record of ours ever does (measured without recursion: no stack to exhaust here)."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+        todo = [(obj, 1)]
+        while todo:
+            o, depth = todo.pop()
+            if isinstance(o, (dict, list)):
+                if depth > DEPTH_MAX:
+                    raise RecursionError
+                todo.extend((v, depth + 1) for v in (o.values() if isinstance(o, dict) else o))
+    except RecursionError:  # json's own too
+        raise ValueError("nested deeper than %d levels" % DEPTH_MAX) from None
+    return obj
+
+
+def read_json(path: str, limit: int = RECORD_MAX) -> Optional[Dict[str, Any]]:
+    """A JSON object from a small regular file; None for anything else (missing, unreadable,
+    not a regular file, too big, too deep, not JSON, not an object)."""
+    try:
+        obj = parse_json(read_bounded(path, limit))
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
 
 
 def is_secret(key: Any) -> bool:
@@ -149,15 +192,16 @@ def load_record(run_dir: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     raises FileNotFoundError (a start still in progress, or no run at all)."""
     path = os.path.join(run_dir, RECORD)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bounded(path)
     except FileNotFoundError:
         raise
     except OSError as e:
         return None, "cannot read %s: %s" % (RECORD, e.strerror or e)
+    except ValueError as e:  # a FIFO, a device, a file far too big
+        return None, "cannot read %s: %s" % (RECORD, e)
     try:
-        rec = json.loads(data.decode("utf-8"))
-    except ValueError as e:  # also bad UTF-8
+        rec = parse_json(data)
+    except ValueError as e:  # also bad UTF-8, and nesting too deep
         return None, "%s is not valid JSON: %s" % (RECORD, e)
     problem = record_problem(rec, os.path.basename(os.path.normpath(run_dir)))
     if problem is not None:
@@ -277,12 +321,27 @@ def with_nodes(run_dir: str, rec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 BEST_RECORD_MAX = 1 << 20   # provenance.json is a few KB; anything bigger is not the engine's
+#: an acceptance length counts the token the target adds: at least 1, and never more than the
+#: draft's steps + 1 (a few; far under 64); a step is a training step count (far under 10**9)
+TAU_MAX = 64.0
+STEP_MAX = 10 ** 9
+
+
+def best_figure(tau: Any, step: Any) -> Optional[Dict[str, Any]]:
+    """{"tau", "step"} when tau is an acceptance length and step a training step (finite, in
+    range; a bool is neither); None otherwise."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not is_int(step):
+        return None
+    if not (1.0 <= tau <= TAU_MAX) or not 0 <= step <= STEP_MAX:  # NaN fails both ways
+        return None
+    return {"tau": float(tau), "step": step}
 
 
 def best_of(run_dir: str, rec: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The best held-out figure an `engine train` run has exported so far: its `--out`'s
     best/provenance.json (the engine rewrites it at each checkpoint that improves), as
-    {"tau": held-out acceptance length, "step": its step}; None for anything else."""
+    {"tau": held-out acceptance length, "step": its step}; None for anything else (a file
+    that is not a small regular file of JSON, a figure out of range)."""
     argv = rec.get("argv")
     if not isinstance(argv, list) or "train" not in argv or "engine" not in argv:
         return None
@@ -295,20 +354,11 @@ def best_of(run_dir: str, rec: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if not isinstance(out, str) or not out:
         return None
     cwd = os.path.expanduser(rec.get("cwd") or "~")   # where the runner started the command
-    path = os.path.join(cwd, os.path.expanduser(out), "best", "provenance.json")
-    try:
-        if os.stat(path).st_size > BEST_RECORD_MAX:
-            return None
-    except OSError:
-        return None
-    prov = read_json(path)
+    prov = read_json(os.path.join(cwd, os.path.expanduser(out), "best", "provenance.json"),
+                     BEST_RECORD_MAX)
     if prov is None:
         return None
-    tau, step = prov.get("held_out_tau"), prov.get("step")
-    if not isinstance(tau, (int, float)) or isinstance(tau, bool) or tau != tau \
-            or tau in (float("inf"), float("-inf")) or not is_int(step):
-        return None
-    return {"tau": float(tau), "step": step}
+    return best_figure(prov.get("held_out_tau"), prov.get("step"))
 
 
 def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -325,16 +375,26 @@ def list_runs(runs_dir: str, run_id: Optional[str] = None) -> List[Dict[str, Any
         if name.startswith(".") or not os.path.isdir(run_dir):
             continue
         try:
-            rec, problem = load_record(run_dir)
+            entry = _listed(run_dir)
         except FileNotFoundError:
             continue  # no record yet: a start in progress (or one that never happened)
-        if rec is not None and is_slurm(rec):
-            rec = with_nodes(run_dir, rec)
-        best = best_of(run_dir, rec) if rec is not None else None
-        if rec is not None and best is not None:
-            rec = dict(rec, best=best)
-        out.append(effective(rec) if rec is not None else corrupt(run_dir, problem or "?"))
+        except Exception as e:  # noqa: BLE001  one run's files never take the list down
+            entry = corrupt(run_dir, "cannot be listed: %s: %s" % (type(e).__name__, e))
+        out.append(entry)
     return out
+
+
+def _listed(run_dir: str) -> Dict[str, Any]:
+    """One run as `list` reports it (FileNotFoundError when it has no record)."""
+    rec, problem = load_record(run_dir)
+    if rec is None:
+        return corrupt(run_dir, problem or "?")
+    if is_slurm(rec):
+        rec = with_nodes(run_dir, rec)
+    best = best_of(run_dir, rec)
+    if best is not None:
+        rec = dict(rec, best=best)
+    return effective(rec)
 
 
 # -- forgetting ended runs ----------------------------------------------------------------------
@@ -369,12 +429,15 @@ def prune_runs(runs_dir: str) -> Dict[str, Any]:
     record last, so an interrupted prune leaves a run still listed) and the directory once it
     is empty. Never signals anything; keeps running and queued runs, records it cannot trust,
     and every file it did not write. {"removed": [id], "kept": [{"id", "why"}],
-    "left": [{"id", "files"}]} (left: directories kept for files that are not ours)."""
+    "left": [{"id", "files"}]} (left: directories kept for files that are not ours). Each run
+    is judged under its profile's launch lock, which `start --resume` holds until its new
+    attempt is recorded: a run resumed meanwhile is seen running, never deleted under it."""
     out: Dict[str, Any] = {"removed": [], "kept": [], "left": []}
     try:
         names = sorted(os.listdir(runs_dir))
     except FileNotFoundError:
         return out
+    root = os.path.dirname(os.path.normpath(runs_dir))
     for name in names:
         run_dir = os.path.join(runs_dir, name)
         if name.startswith(".") or os.path.islink(run_dir) or not os.path.isdir(run_dir):
@@ -386,15 +449,31 @@ def prune_runs(runs_dir: str) -> Dict[str, Any]:
         if rec is None:
             out["kept"].append({"id": name, "why": "corrupt record (%s)" % problem})
             continue
-        why = _still_active(effective(with_nodes(run_dir, rec) if is_slurm(rec) else rec))
-        if why is not None:
-            out["kept"].append({"id": name, "why": why})
-            continue
-        others = _remove_own_files(run_dir)
-        out["removed"].append(name)
-        if others:
-            out["left"].append({"id": name, "files": others})
+        lock = lock_profile(root, str(rec.get("profile") or ""))
+        try:
+            _prune_one(run_dir, name, out)
+        finally:
+            os.close(lock)
     return out
+
+
+def _prune_one(run_dir: str, name: str, out: Dict[str, Any]) -> None:
+    """Judge run_dir's record afresh (under its profile's lock) and forget the run if it ended."""
+    try:
+        rec, problem = load_record(run_dir)
+    except FileNotFoundError:  # another prune forgot it meanwhile
+        return
+    if rec is None:
+        out["kept"].append({"id": name, "why": "corrupt record (%s)" % problem})
+        return
+    why = _still_active(effective(with_nodes(run_dir, rec) if is_slurm(rec) else rec))
+    if why is not None:
+        out["kept"].append({"id": name, "why": why})
+        return
+    others = _remove_own_files(run_dir)
+    out["removed"].append(name)
+    if others:
+        out["left"].append({"id": name, "files": others})
 
 
 def _remove_own_files(run_dir: str) -> List[str]:

@@ -12,7 +12,7 @@ import asyncio
 import shlex
 
 from console.errors import CommandFailed, ConsoleError, TransportError, Unreachable
-from console.hosts.host import Host, HostPool
+from console.hosts.host import Host, HostPool, HostState
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
 from console.scheduler.records import PruneReport, Run, RunRecord, host_prune
@@ -39,18 +39,31 @@ async def launch(config: Config, name: str, pool: HostPool, *, force: bool = Fal
 
 
 class RunNotFound(ConsoleError):
-    """No configured host has the run. `down`: the hosts that could hold it but could not be
-    asked (a dropped link, a host not answering): while there are any, the run may yet be
-    found (follow looks again, console/commands/follow.py)."""
+    """Every configured host that could hold the run answered, and none has it."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} on any configured host")
+
+
+class RunHostDown(Unreachable):
+    """No host that answered has the run, and one that could hold it could not be asked (a
+    dropped link, a host not answering): the run may be there (follow looks again,
+    console/commands/follow.py). `down`: those hosts' errors; `host`: the first of them."""
 
     def __init__(self, run_id: str, down: list[TransportError]) -> None:
-        super().__init__(f"no run {run_id!r} on any configured host")
+        names = list(dict.fromkeys(e.host for e in down))
+        first = down[0]
+        reason = str(first).removeprefix(f"{first.host}: ")
+        super().__init__(", ".join(names), f"could not be reached ({reason}); run {run_id} "
+                                           "may be there: try again once it answers")
+        self.host = first.host
         self.down = down
 
 
 async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Host, RunRecord]]:
     """Every node record of run_id: the hosts of the profile the id names first, then the rest.
-    RunNotFound when none has it."""
+    RunNotFound when no host has it; RunHostDown when a host that could hold it could not be
+    asked."""
     preferred = list(dict.fromkeys(h for p in config.profiles.values()
                                    if run_id.startswith(p.name + "-") for h in p.hosts))
     rest = [h for h in config.hosts if h not in preferred]
@@ -63,18 +76,41 @@ async def find_run(config: Config, run_id: str, pool: HostPool) -> list[tuple[Ho
         # a run id that names a profile lives on that profile's hosts: only theirs count
         if group is preferred or not preferred:
             down += [e for _, e in found if e is not None]
-    raise RunNotFound(run_id, down)
+    if down:
+        raise RunHostDown(run_id, down)
+    raise RunNotFound(run_id)
 
+
+
+#: how long a host that could hold a run may take to connect and answer a no-op before the
+#: lookup calls it unreachable: a frozen host's link looks up for a minute (keepalives), and a
+#: reconnect to a host that never answers takes minutes more
+REACH_TIMEOUT = 20.0
+
+
+async def _reach(pool: HostPool, name: str) -> Host:
+    """The host connected and answering (`true` runs), or Unreachable within REACH_TIMEOUT."""
+    async def answering() -> Host:
+        host = await pool.ensure(name)   # the hosts list shows it connecting (or failing)
+        await host.transport.run(["true"])
+        return host
+    try:
+        return await asyncio.wait_for(answering(), REACH_TIMEOUT)
+    except asyncio.TimeoutError:
+        why = f"no answer within {REACH_TIMEOUT:.0f} s"
+        if pool.state[name] in (HostState.CONNECTING, HostState.RECONNECTING):
+            pool.set_state(name, HostState.FAILED, why)   # not left "connecting" for ever
+        raise Unreachable(name, why) from None
 
 
 async def _records_on(pool: HostPool, name: str, run_id: str
                       ) -> tuple[list[tuple[Host, RunRecord]], TransportError | None]:
     """The host's records of run_id, and the error of a host that could not be asked for a
-    reason that passes (a link down, not a refused key or login)."""
+    reason that passes (a link down, a host not answering, not a refused key or login)."""
     if "/" in run_id or run_id in ("", ".", ".."):
         return [], None
     try:
-        host = await pool.ensure(name)   # the hosts list shows it connecting (or failing)
+        host = await _reach(pool, name)
         return [(host, r) for r in await list_runs(host, run_id)], None
     except TransportError as e:
         # an unreachable host cannot hold the run we can act on (now)

@@ -48,6 +48,18 @@ def new_run_id(profile: str) -> str:
     return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+RUN_TAIL = 11          # HHMMSS-xxxx: the end of every run id, what tells runs apart
+
+
+def fit_id(run_id: str, width: int) -> str:
+    """A run id in `width` columns, cut in the middle (its start names the profile, its end
+    the time and suffix): `serve-finetune-20261…170000-abcd`."""
+    if len(run_id) <= width:
+        return run_id
+    tail = min(RUN_TAIL, (width - 1) // 2)
+    return run_id[:width - 1 - tail] + "…" + run_id[-tail:]
+
+
 def run_env(profile: Profile, cfg: HostConfig) -> dict[str, str]:
     """A run's environment on a host: the host's `env`, then the profile's over it (less the
     rendezvous settings, which place the run rather than reach it)."""

@@ -75,7 +75,7 @@ async def runner(host: Host, args: Sequence[str], input: str | None = None,
                                    timeout=timeout)
     try:
         data = json.loads(res.stdout) if res.stdout.strip() else None
-    except ValueError:
+    except (ValueError, RecursionError):  # a host's answer nested past the stack is not ours
         data = None
     if not res.ok:
         msg = data.get("error") if isinstance(data, dict) else None

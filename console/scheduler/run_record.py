@@ -10,12 +10,11 @@ console side reads run.json's dict: panes, commands and schedulers use these fie
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.hostside.run_records import record_problem
+from console.hostside.run_records import best_figure, record_problem
 from console.scheduler.run_status import RunStatus
 
 
@@ -179,11 +178,9 @@ def _text(v: object) -> str:
 
 
 def _best(d: object) -> dict[str, Any]:
-    """best_tau and best_step from the runner's "best" (finite, a whole step), else none."""
+    """best_tau and best_step from the runner's "best" (an acceptance length and a step in
+    range: run_records.best_figure), else none."""
     if not isinstance(d, dict):
         return {}
-    tau, step = d.get("tau"), d.get("step")
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) \
-            or isinstance(step, bool) or not isinstance(step, int):
-        return {}
-    return {"best_tau": float(tau), "best_step": step}
+    fig = best_figure(d.get("tau"), d.get("step"))
+    return {} if fig is None else {"best_tau": fig["tau"], "best_step": fig["step"]}

@@ -14,6 +14,7 @@ from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from console.runs.progress import RunProgress
+from console.scheduler.launch import fit_id
 from console.scheduler.records import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Profile
@@ -33,7 +34,6 @@ REASON_WIDTH = 48
 #: the time and suffix that tell runs apart), so every column up to ELAPSED fits 80 columns
 #: (29: `finetune-YYYYMMDD-HHMMSS-xxxx` whole)
 RUN_WIDTH = 29
-RUN_TAIL = 11          # HHMMSS-xxxx, the end of every run id (console/scheduler/launch.py)
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -57,14 +57,6 @@ def stop_outcome(run_id: str, status: RunStatus, refused: str = "", warning: str
     if status == RunStatus.STOPPED or status.active:
         return f"{run_id}: {status}"
     return f"{run_id} had already ended ({status}): nothing was signalled"
-
-
-def fit_id(run_id: str, width: int = RUN_WIDTH) -> str:
-    """A run id in `width` columns: `serve-finetune-20261…170000-abcd`."""
-    if len(run_id) <= width:
-        return run_id
-    tail = min(RUN_TAIL, (width - 1) // 2)
-    return run_id[:width - 1 - tail] + "…" + run_id[-tail:]
 
 
 def short_command(run: str, width: int = COMMAND_WIDTH) -> str:
@@ -132,7 +124,7 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
     if rec.status == RunStatus.CORRUPT:  # only why the record cannot be trusted, cut to a cell
         reason = rec.error if len(rec.error) <= REASON_WIDTH else \
             rec.error[:REASON_WIDTH - 1] + "…"
-        return (fit_id(rec.id), f"{STATUS_MARK[rec.status]} {rec.status} ({reason})",
+        return (fit_id(rec.id, RUN_WIDTH), f"{STATUS_MARK[rec.status]} {rec.status} ({reason})",
                 *("-",) * (len(RUN_COLUMNS) - 2))
     end = rec.end if rec.end else (now if rec.status == RunStatus.RUNNING else None)
     dur = fmt_duration(end - rec.start) if rec.start and end else "-"

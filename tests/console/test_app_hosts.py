@@ -165,6 +165,21 @@ def test_an_unknown_host_flag_is_refused_naming_the_hosts(tmp_path: Path) -> Non
     assert lines[0].startswith("error: --host nosuch") and "alpha, beta" in lines[0], lines
 
 
+@pytest.mark.parametrize("argv", [["inspect", "nosuch", "/tmp"], ["runs", "nosuch"]])
+def test_an_unknown_host_argument_is_not_called_a_host_flag(tmp_path: Path,
+                                                             argv: list[str]) -> None:
+    """A subcommand's HOST argument is not the TUI's --host option: the error names the host
+    as given, without an option nobody typed."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[hosts.alpha]\nroot = "/tmp/a"\n[hosts.beta]\nroot = "/tmp/b"\n')
+    out = subprocess.run([sys.executable, "-m", "console", "--config", str(cfg), *argv],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         cwd=REPO)
+    assert (out.returncode, out.stdout) == (1, ""), out
+    assert out.stderr == "error: unknown host 'nosuch' (configured: alpha, beta, local)\n", \
+        out.stderr
+
+
 async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -> None:
     """x on a run looks for it on every host that could hold it through the app's HostPool
     (`ensure`), so a host the stop connected to shows as connected in the list; the stop

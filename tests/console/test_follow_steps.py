@@ -90,3 +90,26 @@ def test_follow_prints_served_acceptance_on_a_line_of_its_own(tmp_path: Path) ->
         assert out.index(ln) > next(i for i, x in enumerate(out)
                                     if (m := STEP.match(x)) and int(m[1]) == step)
     assert sum(bool(STEP.match(ln)) for ln in out) == 150
+
+
+def test_follow_shows_served_positions_in_order_and_skips_other_keys(tmp_path: Path) -> None:
+    """A served acceptance whose values hold keys that look like positions but are not (`pos_x`,
+    `pos_²`, `pos_`) still prints: positions in number order (pos_10 after pos_2), the rest only
+    in --json."""
+    lines = recorded_events("finetune-served")
+    first = next(i for i, ln in enumerate(lines) if '"served acceptance"' in ln)
+    ev = json.loads(lines[first])
+    keep = {k: v for k, v in ev["values"].items() if not k.startswith("pos_")}
+    ev["values"] = {**keep, "pos_x": 0.9, "pos_10": 0.125, "pos_\u00b2": 0.8, "pos_": 0.7,
+                    "pos_2": 0.25, "pos_0": 0.5}
+    lines[first] = json.dumps(ev)
+    write_run(tmp_path, "finetune-1", lines, status="succeeded", start=1.0, end=2.0,
+              exit_code=0, train_json=False)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    r = subprocess.run([sys.executable, "-m", "console", "--config", str(cfg), "follow",
+                        "finetune-1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    got = [ln for ln in r.stdout.splitlines() if ln.startswith("served acceptance at step ")]
+    assert len(got) == 3
+    assert f"{ev['values']['acceptance_length']:.3f}  pos 0.500 0.250 0.125  (" in got[0], got[0]

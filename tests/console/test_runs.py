@@ -284,7 +284,7 @@ def test_runs_columns_stay_in_line_with_a_long_profile_name(
               status="failed", start=3.0, end=4.0, exit_code=1, train_json=False)
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
-    assert cli_main(["--config", str(cfg), "runs", "local"]) == 0
+    assert cli_main(["--config", str(cfg), "runs", "local", "--wide"]) == 0
     head, *rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 2 and rows[0].split()[1] == long
     for col, words in (("STATUS", ("failed", "succeeded")), ("EXIT", ("1", "0"))):
@@ -325,3 +325,41 @@ def test_runs_show_a_training_runs_best_held_out_figure(
     records = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
     assert records[good.name]["best"] == {"tau": 3.441, "step": 150}
     assert "best" not in records[bad.name]
+
+
+def test_runs_fits_100_columns_with_serve_run_ids(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A serve run's id is ~85 characters (its profile names the drafter): the table cuts ids
+    in the middle (the time and suffix that tell runs apart stay) and long profile names at the
+    end, so every line fits 100 columns; --json and --wide keep them whole."""
+    from tests.runs_registry import recorded_events, write_run
+
+    profile = "serve-finetune-20261205-120000-ab12-step_000150-converted-vllm"
+    serve = f"{profile}-20261205-130000-ef56"
+    assert len(serve) > 80
+    write_run(tmp_path, "finetune-20261205-120000-ab12", recorded_events()[:5],
+              status="succeeded", start=1.0, end=2.0, exit_code=0, train_json=False,
+              best=(3.44, 150))
+    write_run(tmp_path, serve, [], status="failed", start=3.0, end=4.0, exit_code=1,
+              train_json=False)
+    rec = json.loads((tmp_path / "runs" / serve / "run.json").read_text())
+    (tmp_path / "runs" / serve / "run.json").write_text(json.dumps(dict(rec, profile=profile)))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "runs", "local"]) == 0
+    out, err = capsys.readouterr()
+    head, *rows = out.splitlines()
+    assert len(rows) == 2 and max(map(len, out.splitlines())) <= 100, out
+    cut = rows[0].split()             # newest first: the serve run
+    assert cut[0].endswith("…130000-ef56") and cut[0].startswith("serve-finetune-"), cut
+    assert cut[1].startswith("serve-finetune") and cut[1].endswith("…"), cut
+    assert rows[1].split()[0] == "finetune-20261205-120000-ab12"   # a training id stays whole
+    assert rows[1][head.index("HELD-OUT"):].split()[0] == "3.44@150"
+    assert "--wide" in err and err.count("\n") == 1, err
+    assert cli_main(["--config", str(cfg), "runs", "local", "--json"]) == 0
+    assert {r["id"] for r in json.loads(capsys.readouterr().out)} == {
+        serve, "finetune-20261205-120000-ab12"}
+    assert cli_main(["--config", str(cfg), "runs", "local", "--wide"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[:2] == [serve, profile] and err == ""
+    assert len(out.splitlines()[1]) > 100

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ from textual.widgets import Static
 
 from console.errors import ConsoleError
 from console.hosts.host import Host, HostPool
+from console.hostside import runner as runner_module
+from console.hostside.run_records import lock_profile
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
 from console.runs.service import launch, list_runs, stop_run
@@ -25,7 +28,7 @@ from console.screens.confirm import ConfirmScreen
 from console.settings.config import Config, HostConfig, Profile
 from console.widgets.run_tables import RunTable
 from tests.runs_registry import local_app, local_config, recorded_events, write_run
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 OWN = {"run.json", "spec.json", "output.log", "runner.log"}
 
@@ -90,7 +93,8 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
             {recs["refused"].id, writes.id, stopme.id}
         assert f"kept {sleeper.id}: running" in out
         assert any(ln.startswith("kept bad-20261130-100000-dddd: corrupt record") for ln in out)
-        assert f"left {refused_dir.name}/ with notes.txt: not written by the console" in out
+        assert f"left {refused_dir.name}/ in place: it holds notes.txt, which the console " \
+               "did not write" in out
         # what the console wrote is gone; what it did not write is where it was
         assert sorted(p.name for p in refused_dir.iterdir()) == ["notes.txt"]
         assert [p.name for p in (runs / writes.id).iterdir()] == ["out"]
@@ -178,3 +182,38 @@ async def test_p_in_the_runs_pane_forgets_ended_runs_after_asking(tmp_path: Path
         sleeper.kill()
         sleeper.wait()
 
+
+
+def test_prune_judges_each_run_under_its_profiles_launch_lock(tmp_path: Path) -> None:
+    """A `start --resume` holds the profile's launch lock until its new attempt is recorded:
+    prune waits for that lock, then sees the run running again and keeps it (without the lock
+    it deleted the record of a run that was starting again)."""
+    root = tmp_path / "host root"
+    now = time.time()
+    run_dir = write_run(root, "finetune-20261201-100000-aaaa", [], status="stopped",
+                        start=now - 60, end=now - 30, exit_code=-15, train_json=False)
+    runner_py = Path(runner_module.__file__)
+    fd = lock_profile(str(root), "finetune")           # as start --resume takes it
+    prune = subprocess.Popen([sys.executable, "-B", str(runner_py), "prune", str(root / "runs")],
+                             stdout=subprocess.PIPE, text=True)
+    lock_path = str(root / ".launch-finetune.lock")
+    try:
+        def waits_on_the_lock() -> bool:
+            assert prune.poll() is None, "prune finished while the lock was held"
+            try:
+                fds = os.listdir(f"/proc/{prune.pid}/fd")
+                return any(os.readlink(f"/proc/{prune.pid}/fd/{n}") == lock_path for n in fds)
+            except OSError:
+                return False
+        wait_until(waits_on_the_lock, what="prune to open the launch lock")
+        assert (run_dir / "run.json").exists()
+        rec = json.loads((run_dir / "run.json").read_text())     # the resumed attempt, recorded
+        rec.update(status="running", end=None, exit_code=None, start=time.time())
+        (run_dir / "run.json").write_text(json.dumps(rec))
+    finally:
+        os.close(fd)
+    out, _ = prune.communicate(timeout=30)
+    report = json.loads(out)
+    assert report["removed"] == []
+    assert report["kept"] == [{"id": run_dir.name, "why": "running"}]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
