@@ -17,8 +17,9 @@ from console.runs.service import stop_run
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
-HELP = ("stop RUN on every node: SIGTERM its process group, SIGKILL after --grace seconds "
-        "(a Slurm job: scancel --signal=TERM, then scancel)")
+HELP = ("stop RUN on every node: SIGTERM its process group, SIGKILL after --grace seconds, "
+        "later while the run swaps an eval server's drafter back (a Slurm job: scancel "
+        "--signal=TERM, then scancel)")
 
 
 def configure(p: argparse.ArgumentParser) -> None:

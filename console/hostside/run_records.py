@@ -403,7 +403,7 @@ ENDED = ("succeeded", "failed", "stopped", "lost")
 #: the files the runner, the monitor and a Slurm job write in a run directory (temp names of
 #: our atomic writes included); anything else there (an engine's out/) is not ours to delete
 OWN_FILES = (RECORD, SPEC, RUNNER_LOG, STOP_MARKER, "output.log", "events.jsonl", "job.sh",
-             ".record.lock")
+             ".record.lock", "stop-hold.json")
 OWN_PATTERNS = (re.compile(r"node-\d+\.json"), re.compile(r"output\.node-\d+\.log"),
                 re.compile(r"events\.node-\d+\.jsonl"),
                 re.compile(r"(run|node-\d+)\.json\.tmp-\d+"))

@@ -361,7 +361,8 @@ class RunsPane(ShownTimers, Vertical):
             rec = self._selected_run()
             how = (f"scancel --signal=TERM, scancel after {STOP_GRACE_S:.0f} s"
                    if rec is not None and rec.id == run_id and rec.job_id else
-                   f"SIGTERM to its process group, SIGKILL after {STOP_GRACE_S:.0f} s")
+                   f"SIGTERM to its process group, SIGKILL after {STOP_GRACE_S:.0f} s (longer "
+                   f"while it swaps an eval server's drafter back)")
             ok = await self.app.push_screen_wait(ConfirmScreen(markup(
                 "Stop [b]$run[/b]?\n\n$how.", run=run_id, how=how), yes="Stop it"))
             if not ok:

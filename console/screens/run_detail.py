@@ -205,7 +205,8 @@ class RunDetailScreen(Screen[None]):
         from console.screens.confirm import ConfirmScreen
         run_id = self.feed.run_id
         if not await self.app.push_screen_wait(ConfirmScreen(markup(
-                "Stop [b]$run[/b]?\n\nSIGTERM to its process group, SIGKILL after $grace s.",
+                "Stop [b]$run[/b]?\n\nSIGTERM to its process group, SIGKILL after $grace s "
+                "(longer while it swaps an eval server's drafter back).",
                 run=run_id, grace=f"{STOP_GRACE_S:.0f}"), yes="Stop it")):
             return
         try:

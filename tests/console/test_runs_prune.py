@@ -80,6 +80,7 @@ async def test_runs_prune_forgets_ended_runs_and_nothing_else(tmp_path: Path) ->
     runs = root / "runs"
     refused_dir = runs / recs["refused"].id
     (refused_dir / "notes.txt").write_text("mine\n")           # a user's file in a run folder
+    (runs / stopme.id / "stop-hold.json").write_text("{}")        # a hold its engine left: ours
     (runs / "bad-20261130-100000-dddd").mkdir()                   # a record nobody can trust
     (runs / "bad-20261130-100000-dddd" / "run.json").write_text("{not json")
     (runs / "my-folder").mkdir()                                  # not a run at all
