@@ -12,6 +12,10 @@ route's next call only:
     cut       do the work, send a 200 head and half its JSON body, then close
     stall     do the work, then answer nothing until the client gives up
 
+`/v1/chat/completions` answers `max_tokens` words and moves the /metrics counters as a
+drafter would: `accept[folder]` accepted tokens per draft of 3 for the drafter serving (1 by
+default), so a replay measures the drafter that serves.
+
 Every request is recorded (method, path, JSON body) in `calls`.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -36,7 +41,8 @@ class SwapServer:
         self.serving = drafter            # the folder whose weights serve
         self.faults: dict[str, str] = {}
         self.calls: list[tuple[str, str, Any]] = []
-        self.metrics = State()
+        self.metrics = State(per_position=(0, 0, 0))
+        self.accept: dict[str, int] = {}
         self.server_info = True           # False: /server_info is not mounted (404)
         self._lock = threading.Lock()
         server = self
@@ -69,6 +75,20 @@ class SwapServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def generate(self, n: int) -> None:
+        """Count `n` generated tokens as the serving drafter would (as if a request came)."""
+        with self._lock:
+            self._generate(n)
+
+    def _generate(self, n: int) -> None:
+        a = self.accept.get(self.serving, 1)
+        drafts = n // (1 + a)
+        m = self.metrics
+        self.metrics = replace(
+            m, drafts=m.drafts + drafts, draft_tokens=m.draft_tokens + 3 * drafts,
+            accepted=m.accepted + a * drafts, generation_tokens=m.generation_tokens + n,
+            per_position=tuple(p + (drafts if i < a else 0) for i, p in enumerate(m.per_position)))
+
     # -- the routes ---------------------------------------------------------------------------
     def _work(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         with self._lock:
@@ -84,6 +104,16 @@ class SwapServer:
             if route == "/v1/models":
                 return 200, {"object": "list", "data": [{"id": self.verifier,
                                                          "root": self.verifier}]}
+            if route == "/v1/chat/completions" and method == "POST":
+                n = int(body.get("max_tokens") or 16)
+                self._generate(n)
+                return 200, {"id": "chatcmpl-1", "object": "chat.completion",
+                             "model": body.get("model"),
+                             "choices": [{"index": 0, "finish_reason": "length",
+                                          "message": {"role": "assistant",
+                                                      "content": " ".join(["w"] * n)}}],
+                             "usage": {"prompt_tokens": 4, "completion_tokens": n,
+                                       "total_tokens": 4 + n}}
             if route == "/start_draft_weight_update" and method == "POST":
                 if self.open:
                     return 400, {"error": {"message": "A weight update is already active"}}
@@ -108,7 +138,8 @@ class SwapServer:
         self.calls.append((method, h.path, body))
         route = h.path.split("?", 1)[0]
         if route == "/metrics":
-            data = page(self.metrics).encode()
+            with self._lock:
+                data = page(self.metrics).encode()
             h.send_response(200)
             h.send_header("Content-Type", "text/plain")
             h.send_header("Content-Length", str(len(data)))

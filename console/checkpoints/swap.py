@@ -284,10 +284,13 @@ async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -
                 return f"its answer to /finish_weight_update was lost ({e.why}); /weight_info " \
                        "confirms the swap"
         closed = await _close(host, url, version)   # still open: close it as asked
+        with contextlib.suppress(ServerError):
+            if await weight_info(host, url) == version:
+                return f"its answer to /finish_weight_update was lost ({e.why}); asked again, " \
+                       f"{closed}: /weight_info confirms the swap"
         raise ConsoleError(f"{host.name}: the server loaded {ckpt} but its answer to "
                            f"/finish_weight_update was lost ({e.why}); asked again, "
-                           f"{closed}; {await _now_says(host, url)}"
-                           + ("" if closed.endswith("closed") else f"; {again}")) from e
+                           f"{closed}; {await _now_says(host, url)}; {again}") from e
     return None
 
 
