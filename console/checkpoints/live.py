@@ -40,6 +40,8 @@ from console.settings.metrics_url import split_url
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT = "default"
 INFO_TIMEOUT = 30.0
+#: /server_info also collects the host's environment (vLLM's collect_env) on its first call
+SERVER_INFO_TIMEOUT = 120.0
 
 
 def server_url(url: str) -> str:
@@ -115,7 +117,7 @@ async def weight_info(host: Host, base: str) -> str:
 async def started_config(host: Host, base: str) -> tuple[str | None, str | None, int | None]:
     """(drafter folder, verifier, k) the server started with, from /server_info."""
     doc = await call(host.transport, base + "/server_info?config_format=json",
-                     timeout=INFO_TIMEOUT)
+                     timeout=SERVER_INFO_TIMEOUT)
     cfg = doc.get("vllm_config") if isinstance(doc, dict) else None
     spec = cfg.get("speculative_config") if isinstance(cfg, dict) else None
     model = cfg.get("model_config") if isinstance(cfg, dict) else None
