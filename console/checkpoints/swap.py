@@ -248,8 +248,10 @@ async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -
         except ServerError as e:
             if e.kind != REFUSED or "already active" not in e.why:
                 raise
-            # an earlier swap stopped between start and finish: nothing was loaded by it
-            await call(t, url + "/finish_weight_update", "POST", {})
+            # an earlier swap stopped between start and finish: what it loaded is not known,
+            # so the update is closed under a version that says so
+            was = f"{UNKNOWN}an update left open over {was}"
+            await call(t, url + "/finish_weight_update", "POST", {"weight_version": was})
             await call(t, url + "/start_draft_weight_update", "POST", {})
     except ServerError as e:
         closed = "" if e.known else f"; {await _close(host, url, None)}"

@@ -110,3 +110,14 @@ async def test_a_refused_finish_says_the_drafter_is_not_known(
     msg = await failed(host, server)
     assert f"the server loaded {CKPT} but refused to finish the update (HTTP 400" in msg, msg
     assert "what it serves is not known" in msg and "swap a drafter in again" in msg, msg
+
+
+async def test_an_update_left_open_is_closed_as_unknown(host: Host, server: SwapServer) -> None:
+    """An earlier swap killed between its routes left an update open: what it loaded is not
+    known, so it is closed under a version that says so before this swap starts its own."""
+    server.open = True
+    server.faults["/update_weights"] = "refuse"
+    msg = await failed(host, server)
+    assert msg.endswith("it still serves unknown: an update left open over old@00"), msg
+    assert server.routes() == [ROUTES[0], ROUTES[2], *ROUTES]
+    assert server.version == "unknown: an update left open over old@00"
