@@ -75,8 +75,8 @@ def record_swap(entry: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-# -- the journal's view of a host's newest session (bench's, until it asks the server:
-# -- console/checkpoints/live.py serving_now)
+# -- the journal's view of a host's newest session (what `bench` names; the server itself is
+# -- asked by console/checkpoints/live.py serving_now)
 
 def base_url(session: dict[str, Any]) -> str:
     return f"http://127.0.0.1:{session.get('port')}"
