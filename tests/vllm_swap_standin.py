@@ -44,6 +44,7 @@ class SwapServer:
         self.metrics = State(per_position=(0, 0, 0))
         self.accept: dict[str, int] = {}
         self.server_info = True           # False: /server_info is not mounted (404)
+        self.dev = True                   # False: no dev mode (no weight routes either: 404)
         self._lock = threading.Lock()
         server = self
 
@@ -93,6 +94,8 @@ class SwapServer:
     def _work(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         with self._lock:
             route = path.split("?", 1)[0]
+            if not self.dev and route not in ("/v1/models", "/v1/chat/completions"):
+                return 404, {"detail": "Not Found"}
             if route == "/weight_info":
                 return 200, {"weight_version": self.version}
             if route == "/server_info" and self.server_info:

@@ -30,7 +30,7 @@ from console.checkpoints.journal import (
     swaps,
     text,
 )
-from console.checkpoints.server_http import ServerError, call
+from console.checkpoints.server_http import REFUSED, ServerError, call
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.runs.service import list_runs
@@ -40,6 +40,7 @@ from console.settings.metrics_url import split_url
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT = "default"
 INFO_TIMEOUT = 30.0
+NO_ROUTES = "it has no weight-update routes (started with `serve --no-swap`, or not by `serve`)"
 #: /server_info also collects the host's environment (vLLM's collect_env) on its first call
 SERVER_INFO_TIMEOUT = 120.0
 
@@ -88,7 +89,7 @@ class Served:
     """What the server at `url` serves, and where each fact came from."""
 
     url: str
-    version: str | None         # /weight_info's (None: it did not say)
+    version: str | None         # /weight_info's (None: the server has no weight routes)
     started_with: str | None    # the drafter folder it started with
     verifier: str | None
     k: int | None
@@ -134,25 +135,33 @@ def recorded_version(session: Session, records: list[SwapRecord]) -> tuple[str, 
 
 
 async def ask(host: Host, base: str, session: Session | None) -> Served:
-    """What the server at `base` serves (module docstring). ServerError when it does not
-    answer /weight_info (its reason says whether it was reached at all)."""
-    version = await weight_info(host, base)
+    """What the server at `base` serves (module docstring). A server without the weight
+    routes (`serve --no-swap`) serves the drafter it started with: version None. ServerError
+    when it does not answer /weight_info otherwise (its reason says whether it was reached)."""
     why = None
+    try:
+        version: str | None = await weight_info(host, base)
+    except ServerError as e:
+        if e.kind != REFUSED or e.status != 404:
+            raise
+        version, why = None, NO_ROUTES
     try:
         started, verifier, k = await started_config(host, base)
     except ServerError as e:
-        started, verifier, k, why = None, None, None, e.why
+        started, verifier, k, why = None, None, None, why or e.why
     asked = started is not None
     if not asked and session is not None:   # the server cannot say: the journal's
         started, verifier, k = session.drafter, session.verifier or None, session.k
         why = why or "no speculative model in /server_info"
     records = swaps()
     folder, prov = (started, session.provenance if session is not None
-                    and session.drafter == started else "") if version == DEFAULT else (None, "")
-    if version != DEFAULT and (rec := swapped_in(version, host.name, records)) is not None:
+                    and session.drafter == started else "") \
+        if version in (DEFAULT, None) else (None, "")
+    if version not in (DEFAULT, None) and \
+            (rec := swapped_in(version, host.name, records)) is not None:
         folder, prov = rec.drafter, rec.provenance
     disagrees = None
-    if session is not None:
+    if session is not None and version is not None:
         said_folder, said = recorded_version(session, records)
         if said != version:
             disagrees = f"this console's records say {session.run_id} serves {said} " \
@@ -184,10 +193,6 @@ def not_answering(host: Host, base: str, e: ServerError) -> ConsoleError:
     if e.kind == "unreachable":
         return ConsoleError(f"{host.name}: no server answers at {base} ({e.why}); `runs "
                             f"{host.name}` lists the serving runs, --url names another")
-    if e.kind == "refused" and e.status == 404:
-        return ConsoleError(f"{host.name}: the server at {base} has no weight-update routes "
-                            "(started with `serve --no-swap`, or not by `serve`): restart it "
-                            "with `serve` to swap")
     return ConsoleError(f"{host.name}: the server at {base} does not say what it serves "
                         f"(GET /weight_info: {e.why})")
 

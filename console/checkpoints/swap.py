@@ -193,6 +193,9 @@ async def plan(host: Host, served: Served, ckpt: str) -> dict[str, Any]:
     """Check the drafter against the one the server started with (vLLM built its draft model
     from that config: layer kind, sizes, aux ids and flags are fixed until it restarts);
     ConsoleError naming each refusal."""
+    if served.version is None:
+        raise ConsoleError(f"{host.name}: the server at {served.url} cannot swap: {served.why}; "
+                           "restart it with `serve` to swap")
     if not served.started_with:
         raise ConsoleError(f"{host.name}: cannot tell which drafter the server at {served.url} "
                            f"started with ({served.why or 'no record of it here'}), so {ckpt} "

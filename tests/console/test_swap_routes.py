@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from console.checkpoints import swap as swap_mod
-from console.checkpoints.swap import post_routes
+from console.checkpoints.live import serving_now
+from console.checkpoints.serve import record_session
+from console.checkpoints.swap import post_routes, swap
 from console.errors import ConsoleError
 from console.hosts.host import Host, HostPool
 from tests.runs_registry import local_config
@@ -121,3 +123,19 @@ async def test_an_update_left_open_is_closed_as_unknown(host: Host, server: Swap
     assert msg.endswith("it still serves unknown: an update left open over old@00"), msg
     assert server.routes() == [ROUTES[0], ROUTES[2], *ROUTES]
     assert server.version == "unknown: an update left open over old@00"
+
+
+async def test_a_server_without_weight_routes_serves_its_recorded_drafter(
+        host: Host, server: SwapServer) -> None:
+    """`serve --no-swap` (no dev mode): what it serves is the drafter it started with, as
+    recorded (what `bench` names); `swap` refuses it by name before anything is inspected."""
+    server.dev = False
+    record_session({"run_id": "serve-plain-1", "host": "local", "drafter": "/drafters/old",
+                    "port": server.port, "started": 1.0, "swappable": False})
+    session, served = await serving_now(host)
+    assert session is not None and session.run_id == "serve-plain-1"
+    assert (served.version, served.name, served.asked) == (None, "/drafters/old", False)
+    with pytest.raises(ConsoleError, match=r"^local: the server at http://127.0.0.1:\d+ cannot "
+                                           r"swap: it has no weight-update routes"):
+        await swap(host, CKPT)
+    assert server.routes() == []
