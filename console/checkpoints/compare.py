@@ -119,9 +119,10 @@ def _owner(sc: Scrape, by_host_url: Sequence[Session]) -> str | None:
     return best.run_id if best else None
 
 
-def summed(intervals: Sequence[Scrape]) -> Figures | None:
+def summed(intervals: Sequence[Scrape], swapped_at: Sequence[float] = ()) -> Figures | None:
     """The figures of the intervals that do not overlap (two consoles scraping at once count
-    each span once), added up."""
+    each span once) and in which no recorded swap fell (a swap there and back leaves the same
+    version on both sides), added up."""
     drafts = accepted = draft_tokens = gen = 0
     seconds = 0.0
     pos: list[float] = []
@@ -130,7 +131,8 @@ def summed(intervals: Sequence[Scrape]) -> Figures | None:
         f = sc.interval
         if f is None or f.seconds is None or f.drafts is None or f.accepted is None:
             continue
-        if sc.t - f.seconds < end - 1e-3:
+        if sc.t - f.seconds < end - 1e-3 or any(sc.t - f.seconds <= t <= sc.t
+                                                 for t in swapped_at):
             continue
         end = sc.t
         drafts, accepted, seconds = drafts + f.drafts, accepted + f.accepted, seconds + f.seconds
@@ -206,7 +208,8 @@ def rows(session_list: Sequence[Session], scrape_list: Sequence[Scrape],
             if replay or not version or version == DEFAULT and not swapped:
                 fig = _newest_total(group)
             else:
-                fig = summed([sc for sc in group if sc.steady])
+                fig = summed([sc for sc in group if sc.steady],
+                             [r.t for r in records if r.run_id == s.run_id and r.t])
             drafter, prov, note = _named(s, version, group, records)
             last = group[-1] if group else None
             started = replay or (s.started if version in ("", DEFAULT) or not group

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,14 @@ async def test_a_measured_server_is_counted_per_weight_version(tmp_path: Path) -
         for _ in range(3):     # the finetune: 2 accepted per draft
             srv.generate(300)
             await m.measure(s, host)
+        # swapped there and back between two scrapes: the same version on both sides
+        for drafter, version in (("/m/public", "public@ef"), ("/r/ft/out/final", "final@cd")):
+            with srv._lock:
+                srv.serving = drafter
+            record_swap({"run_id": "serve-pub-1", "host": "local", "url": s.base_url,
+                         "drafter": drafter, "weight_version": version, "t": time.time()})
+            srv.generate(400)
+        await m.measure(s, host)
     finally:
         srv.close()
         await pool.close()
@@ -160,6 +169,7 @@ async def test_a_measured_server_is_counted_per_weight_version(tmp_path: Path) -
     assert by["final@cd"].acceptance_length == pytest.approx(3.0)
     assert by["final@cd"].drafter == "/r/ft/out/final"
     assert by["final@cd"].drafts == 300      # three intervals of 100 drafts, none of default's
+    assert by["final@cd"].seconds is not None and by["final@cd"].seconds > 0
 
 
 async def test_measure_now_with_nothing_to_measure_says_so(tmp_path: Path) -> None:
