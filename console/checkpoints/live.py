@@ -30,7 +30,7 @@ from console.checkpoints.journal import (
     swaps,
     text,
 )
-from console.checkpoints.server_http import REFUSED, ServerError, call
+from console.checkpoints.server_http import REFUSED, UNREACHABLE, ServerError, call
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.runs.service import list_runs
@@ -57,7 +57,7 @@ def server_url(url: str) -> str:
                            "loopback (its weight-update routes load folders of that host)")
     if ep.path.rstrip("/") not in ("", "/metrics"):
         raise ConsoleError(f"--url {url}: give the server's base URL, not a path")
-    return f"http://127.0.0.1:{ep.port}"
+    return f"http://{'[::1]' if ep.host == '::1' else ep.host}:{ep.port}"
 
 
 def _port(url: str) -> int | None:
@@ -190,7 +190,7 @@ async def serving_now(host: Host, url: str | None = None) -> tuple[Session | Non
 
 def not_answering(host: Host, base: str, e: ServerError) -> ConsoleError:
     """The one line for a server that does not say what it serves."""
-    if e.kind == "unreachable":
+    if e.kind == UNREACHABLE:
         return ConsoleError(f"{host.name}: no server answers at {base} ({e.why}); `runs "
                             f"{host.name}` lists the serving runs, --url names another")
     return ConsoleError(f"{host.name}: the server at {base} does not say what it serves "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from console.checkpoints import swap as swap_mod
-from console.checkpoints.live import serving_now
+from console.checkpoints.live import server_url, serving_now
 from console.checkpoints.serve import record_session
 from console.checkpoints.swap import post_routes, swap
 from console.errors import ConsoleError
@@ -139,3 +139,14 @@ async def test_a_server_without_weight_routes_serves_its_recorded_drafter(
                                            r"swap: it has no weight-update routes"):
         await swap(host, CKPT)
     assert server.routes() == []
+
+
+def test_url_is_a_server_on_the_hosts_loopback() -> None:
+    """The weight routes load folders of the host: a server elsewhere is never swapped."""
+    assert server_url("http://localhost:8001/metrics") == "http://localhost:8001"
+    assert server_url("http://127.0.0.1:8001/") == "http://127.0.0.1:8001"
+    for url, why in (("http://gpu-box.example:8000", "a server on the host's loopback"),
+                     ("http://127.0.0.1:8000/v1", "not a path"),
+                     ("https://127.0.0.1:8000", "expected an http:// URL")):
+        with pytest.raises(ConsoleError, match=f"^--url {url}: .*{why}"):
+            server_url(url)
