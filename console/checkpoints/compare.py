@@ -1,34 +1,61 @@
 """Compare drafters by what vLLM measured while serving them (the comparison table's service).
 
-A serving session (console/checkpoints/serve.py, `serving.jsonl`) is one drafter served by one `vllm
-serve` run. Each scrape of its `/metrics` (`eagle3-console metrics --json` objects: host, url, t,
-series, `total` figures) is kept in `serving-metrics.jsonl` under the run id. A session starts a
-fresh server, so the last scrape of its newest series holds the session's own counters: drafts,
-accepted tokens, per-position acceptance since the server started, and the generation
-throughput over the part the console watched. `eagle3-console metrics HOST --json > FILE` output
-can be shown too (`compare --from FILE`): a scrape without a run id belongs to the session that
-served its host and URL at its time.
+A serving session (console/checkpoints/serve.py) is one `vllm serve` run; the journal
+(console/checkpoints/journal.py) keeps each scrape of its `/metrics` (`eagle3-console metrics
+--json` objects: host, url, t, series, the `interval` since the previous scrape and the `total`
+since the server started) and each `bench` replay under the session's run id. A row is one
+session and weight version, or one replay:
+
+- A server that only ever served the drafter it started with (weight version `default`, or a
+  server without the weight routes) is measured by the last scrape's totals: its counters since
+  it started are all that drafter's.
+- A server whose drafter was swapped (`swap`, another console, a training run's
+  `--eval-server`) has counters that mix drafters. Each scrape asks `/weight_info` before and
+  after, so a row of version V adds up only the intervals that began and ended under V (an
+  interval a swap fell in belongs to no row).
+- A replay (`bench`) is its own row: the counters of exactly that replay.
+
+The drafter a row names is what the server's weight version says: `default` is the drafter the
+session started with, another version the folder this console swapped in with that version; a
+version no record here names (swapped in by someone else) is shown as the version, and a
+record that disagrees with the server is flagged in the row's note. `metrics HOST --json > FILE`
+output can be shown too (`compare --from FILE`): a scrape without a run id belongs to the
+session that served its host and URL at its time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from console.checkpoints.serve import read_sessions
+from console.checkpoints.journal import (
+    Figures,
+    Scrape,
+    Session,
+    SwapRecord,
+    results_path,
+    scrapes,
+    sessions,
+    swapped_in,
+    swaps,
+)
+from console.checkpoints.live import DEFAULT, weight_info
+from console.checkpoints.server_http import ServerError
 from console.hosts.host import Host
 from console.logs.metrics_service import MetricsError, MetricsWatch
-from console.settings.config import data_dir
+
+_STEP = re.compile(r"^step_0*(\d+)$")
 
 
 @dataclass(frozen=True)
 class Row:
-    """One serving session and what vLLM measured during it."""
+    """One serving session and weight version (or one replay) and what vLLM measured."""
 
     run_id: str
     host: str
@@ -43,16 +70,13 @@ class Row:
     seconds: float | None       # how long the console watched (first to last scrape)
     started: float | None
     error: str | None = None    # the last scrape's failure, when it failed
-    weight_version: str | None = None  # the drafter swapped in (`swap`), None: as started
+    weight_version: str | None = None  # what /weight_info said (None: not asked)
+    note: str | None = None     # what is uncertain about the row, or a record that disagrees
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["per_position"] = list(self.per_position)
         return d
-
-
-def results_path() -> Path:
-    return data_dir() / "serving-metrics.jsonl"
 
 
 def record_scrape(run_id: str, scrape: dict[str, Any]) -> None:
@@ -65,126 +89,185 @@ def record_scrape(run_id: str, scrape: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def read_scrapes(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Scrape objects from JSON-lines files (missing files and malformed lines skipped)."""
-    out: list[dict[str, Any]] = []
-    for p in paths:
-        try:
-            text = Path(p).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            continue
-        for line in text.splitlines():
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(d, dict) and isinstance(d.get("t"), (int, float)):
-                out.append(d)
-    return out
+def read_scrapes(paths: Iterable[Path]) -> list[Scrape]:
+    """Scrapes from JSON-lines files (missing files and damaged lines skipped)."""
+    return scrapes(paths)
 
 
-def _owner(scrape: dict[str, Any], sessions: Sequence[dict[str, Any]]) -> str | None:
+def path_provenance(folder: str) -> str:
+    """RUN@STEP for a trainer checkpoint or an `--eval-server` export by its place
+    (RUN/out/checkpoints/step_N, RUN/served/step_N), else nothing."""
+    parts = [p for p in folder.rstrip("/").split("/") if p]
+    m = _STEP.match(parts[-1]) if parts else None
+    if m is None or len(parts) < 3 or parts[-2] not in ("checkpoints", "served"):
+        return ""
+    run = parts[-4] if parts[-2] == "checkpoints" and parts[-3] == "out" and len(parts) > 3 \
+        else parts[-3]
+    return f"{run}@{int(m.group(1))}"
+
+
+def _owner(sc: Scrape, by_host_url: Sequence[Session]) -> str | None:
     """The run id a scrape belongs to: its own, else the newest session on its host and URL
     that had started by its time."""
-    if scrape.get("run_id"):
-        return str(scrape["run_id"])
-    best: dict[str, Any] | None = None
-    for s in sessions:
-        if s.get("host") == scrape.get("host") and s.get("metrics") == scrape.get("url") \
-                and float(s.get("started") or 0) <= float(scrape["t"]):
-            if best is None or float(s.get("started") or 0) > float(best.get("started") or 0):
-                best = s
-    return str(best["run_id"]) if best else None
+    if sc.run_id:
+        return sc.run_id
+    best: Session | None = None
+    for s in by_host_url:
+        if s.host == sc.host and s.metrics == sc.url and (s.started or 0.0) <= sc.t \
+                and (best is None or (s.started or 0.0) > (best.started or 0.0)):
+            best = s
+    return best.run_id if best else None
 
 
-def run_name(path: str) -> str:
-    """A training run's name from its output directory: `RUNS/finetune-2026…/out` is
-    `finetune-2026…` (the engine's `--out {run_dir}/out`), any other folder its own name."""
-    parts = [p for p in str(path).rstrip("/").split("/") if p]
-    if len(parts) > 1 and parts[-1] == "out":
-        return parts[-2]
-    return parts[-1] if parts else ""
-
-
-def _provenance(prov: dict[str, Any]) -> str:
-    """A short cell: RUN@STEP < SOURCE (run name, its step, the drafter it was finetuned from),
-    from the inspect summary a session records (console/checkpoints/serve.py)."""
-    out = run_name(prov["run"]) if isinstance(prov.get("run"), str) else ""
-    if isinstance(prov.get("step"), int):
-        out += f"@{prov['step']}"
-    ft = prov.get("finetune")
-    src = ft.get("path") if isinstance(ft, dict) else None
-    if isinstance(src, str) and src:
-        out += f"{' ' if out else ''}< {os.path.basename(src.rstrip('/'))}"
-    return out
-
-
-def _key(owner: str, sc: dict[str, Any]) -> tuple[str, str, float]:
-    """A row's key: its server (run id), the weight version the scrape saw (swap), and for a
-    replay (`bench`) its own time: each replay is a row."""
-    return owner, str(sc.get("weight_version") or ""), float(sc["t"]) if sc.get("bench") else 0.0
-
-
-def rows(sessions: Sequence[dict[str, Any]], scrapes: Sequence[dict[str, Any]]) -> list[Row]:
-    """One row per serving session and weight version (and per replay), newest first, with the
-    measured figures of its last scrape in its newest series (no figures yet: None)."""
-    last: dict[tuple[str, str, float], dict[str, Any]] = {}
-    failed: dict[tuple[str, str, float], str] = {}
-    for sc in sorted(scrapes, key=lambda d: float(d["t"])):
-        owner = _owner(sc, sessions)
-        if owner is None:
+def summed(intervals: Sequence[Scrape], swapped_at: Sequence[float] = ()) -> Figures | None:
+    """The figures of the intervals that do not overlap (two consoles scraping at once count
+    each span once) and in which no recorded swap fell (a swap there and back leaves the same
+    version on both sides), added up."""
+    drafts = accepted = draft_tokens = gen = 0
+    seconds = 0.0
+    pos: list[float] = []
+    end = 0.0
+    for sc in intervals:
+        f = sc.interval
+        if f is None or f.seconds is None or f.drafts is None or f.accepted is None:
             continue
-        key = _key(owner, sc)
-        if sc.get("error"):
-            failed[key] = str(sc["error"])
+        if sc.t - f.seconds < end - 1e-3 or any(sc.t - f.seconds <= t <= sc.t
+                                                 for t in swapped_at):
             continue
-        failed.pop(key, None)
-        prev = last.get(key)
-        if prev is None or int(sc.get("series") or 1) >= int(prev.get("series") or 1):
-            last[key] = sc
+        end = sc.t
+        drafts, accepted, seconds = drafts + f.drafts, accepted + f.accepted, seconds + f.seconds
+        draft_tokens += f.draft_tokens or 0
+        gen += f.generation_tokens or 0
+        for i, p in enumerate(f.per_position):
+            pos += [0.0] * (i + 1 - len(pos))
+            pos[i] += p * f.drafts
+    if not seconds:
+        return None
+    return Figures(drafts=drafts, draft_tokens=draft_tokens, accepted=accepted,
+                   acceptance_length=1 + accepted / drafts if drafts else None,
+                   acceptance_rate=accepted / draft_tokens if draft_tokens else None,
+                   per_position=tuple(p / drafts for p in pos) if drafts else (),
+                   generation_tokens=gen, generation_tokens_per_s=gen / seconds,
+                   seconds=seconds)
+
+
+def _newest_total(group: Sequence[Scrape]) -> Figures | None:
+    """The last scrape's totals in the newest series (a restart starts a new one)."""
+    best: Scrape | None = None
+    for sc in group:
+        if sc.error is None and (best is None or sc.series >= best.series):
+            best = sc
+    return best.total if best else None
+
+
+def _named(s: Session, version: str, group: Sequence[Scrape],
+           records: Sequence[SwapRecord]) -> tuple[str, str, str | None]:
+    """(drafter, provenance, note) for a row of weight version `version` (module docstring)."""
+    said = next((sc.drafter for sc in reversed(group) if sc.drafter), None)
+    if version in ("", DEFAULT):
+        drafter, prov = (said or s.drafter) if not version else s.drafter, s.provenance
+        if drafter != s.drafter:
+            rec = next((r for r in reversed(records) if r.drafter == drafter), None)
+            prov = rec.provenance if rec else path_provenance(drafter)
+        note = None if not said or said == drafter else \
+            f"recorded as {said}; the server's weight version {version} is {drafter}"
+        return drafter, prov or path_provenance(drafter), note
+    if version.startswith("unknown: "):
+        return "", "", "a swap ended without an answer: which drafter served is not known"
+    rec = swapped_in(version, s.host, records)
+    if rec is None:
+        return "", path_provenance(said or ""), \
+            f"weight version {version} was not swapped in by this console (another console, " \
+            "or a training run's --eval-server)" + (f"; recorded as {said}" if said else "")
+    note = None if not said or said == rec.drafter else \
+        f"recorded as {said}; the server's weight version {version} is {rec.drafter}"
+    return rec.drafter, rec.provenance or path_provenance(rec.drafter), note
+
+
+def rows(session_list: Sequence[Session], scrape_list: Sequence[Scrape],
+         records: Sequence[SwapRecord] = ()) -> list[Row]:
+    """One row per serving session and weight version (and per replay), newest first."""
+    by_run = {s.run_id: s for s in session_list}
+    groups: dict[tuple[str, str, float], list[Scrape]] = {}
+    versions: dict[str, set[str]] = {}   # what each server's measured scrapes saw
+    for sc in sorted(scrape_list, key=lambda d: d.t):
+        owner = _owner(sc, session_list)
+        if owner is None or owner not in by_run:
+            continue
+        version = sc.weight_version or ""
+        groups.setdefault((owner, version, sc.t if sc.bench else 0.0), []).append(sc)
+        if not sc.bench and version:
+            versions.setdefault(owner, set()).add(version)
     out = []
-    for s in sessions:
-        rid = str(s.get("run_id"))
-        keys = sorted({k for k in (*last, *failed) if k[0] == rid}) or [(rid, "", 0.0)]
+    for s in session_list:
+        keys = sorted(k for k in groups if k[0] == s.run_id) or [(s.run_id, "", 0.0)]
         for key in keys:
-            sc = last.get(key) or {}
-            total = sc.get("total") or {}
+            group = groups.get(key, [])
+            version, replay = key[1], key[2]
+            swapped = versions.get(s.run_id, set()) - {version}
+            if replay or not version or version == DEFAULT and not swapped:
+                fig = _newest_total(group)
+            else:
+                fig = summed([sc for sc in group if sc.steady],
+                             [r.t for r in records if r.run_id == s.run_id and r.t])
+            drafter, prov, note = _named(s, version, group, records)
+            last = group[-1] if group else None
+            started = replay or (s.started if version in ("", DEFAULT) or not group
+                                 else group[0].t)
+            f = fig or Figures()
             out.append(Row(
-                run_id=rid, host=str(s.get("host", "")),
-                drafter=str(sc.get("drafter") or s.get("drafter", "")),
-                provenance=_provenance(s.get("provenance") or {}) if not sc.get("drafter")
-                or sc.get("drafter") == s.get("drafter") else "",
-                k=s.get("k"), acceptance_length=total.get("acceptance_length"),
-                per_position=tuple(total.get("per_position") or ()),
-                acceptance_rate=total.get("acceptance_rate"),
-                generation_tokens_per_s=total.get("generation_tokens_per_s"),
-                drafts=total.get("drafts"), seconds=total.get("seconds"),
-                started=key[2] or s.get("started"), error=failed.get(key),
-                weight_version=key[1] or None))
-    return sorted(out, key=lambda r: float(r.started or 0), reverse=True)
+                run_id=s.run_id, host=s.host, drafter=drafter or version, provenance=prov,
+                k=s.k, acceptance_length=f.acceptance_length, per_position=f.per_position,
+                acceptance_rate=f.acceptance_rate,
+                generation_tokens_per_s=f.generation_tokens_per_s, drafts=f.drafts,
+                seconds=f.seconds, started=started,
+                error=last.error if last is not None else None,
+                weight_version=version or None, note=note))
+    return sorted(out, key=lambda r: r.started or 0.0, reverse=True)
 
 
 class Measurer:
     """Scrapes the serving sessions that are running, through their hosts, and keeps each
-    scrape (one MetricsWatch per session, so intervals and restarts are tracked)."""
+    scrape (one MetricsWatch per session, so intervals and restarts are tracked), with the
+    weight version the server said around it."""
 
     def __init__(self) -> None:
         self.watches: dict[str, MetricsWatch] = {}
+        self.versions: dict[str, str | None] = {}   # the version at each session's last scrape
 
-    async def measure(self, session: dict[str, Any], host: Host) -> dict[str, Any]:
-        rid, url = str(session["run_id"]), str(session["metrics"])
+    async def _version(self, host: Host, s: Session) -> str | None:
+        if not s.swappable:
+            return None
+        try:
+            return await weight_info(host, s.base_url)
+        except ServerError:
+            return None
+
+    async def measure(self, session: Session, host: Host) -> dict[str, Any]:
+        rid = session.run_id
         watch = self.watches.get(rid)
         if watch is None:
-            watch = self.watches[rid] = MetricsWatch(url)
-        head = {"host": session.get("host"), "url": url}
+            watch = self.watches[rid] = MetricsWatch(session.metrics)
+        head = {"host": session.host, "url": session.metrics}
+        before = await self._version(host, session)
         try:
             scrape = (await watch.poll(host.transport)).to_dict(**head)
         except MetricsError as e:
             scrape = {**head, "t": round(time.time(), 3), "error": e.why}
+            self.versions[rid] = None
+        else:
+            after = await self._version(host, session) if before is not None else None
+            if after is not None:
+                steady = before == after and self.versions.get(rid) == after
+                self.versions[rid] = after if before == after else None
+                rec = None if after == DEFAULT else swapped_in(after, session.host)
+                scrape.update(weight_version=after, steady=steady,
+                              drafter=session.drafter if after == DEFAULT
+                              else rec.drafter if rec else None)
         record_scrape(rid, scrape)
         return scrape
 
 
 def table(extra: Sequence[Path] = ()) -> list[Row]:
     """The comparison from what is recorded (and the given `metrics --json` files)."""
-    return rows(read_sessions(), read_scrapes([results_path(), *extra]))
+    return rows(sessions(), scrapes([results_path(), *extra]), swaps())

@@ -1,13 +1,15 @@
 """Swap a drafter into a running vLLM server without restarting it (the `swap` command's and the
 Checkpoints pane's service).
 
-The server is a serving session started by `serve` (serving.jsonl): its host, port, verifier, k
-and the drafter it started with; the drafter it runs now is the last swap recorded for it
-(serving-swaps.jsonl), else that one. Before any route is called the new drafter is inspected on
-the host and set beside the one served, field by field: layer kind, hidden and head sizes,
-target and draft vocab sizes, aux layer ids, the EAGLE 3.1 flags, k, and every tensor's name and
-shape; what the running server cannot take is refused by name. Then vLLM's own routes
-(mounted by `VLLM_SERVER_DEV_MODE=1`, engine/capture/swap_backend.py loads the folder):
+The server is the one at `--url` on the host, else the newest recorded `serve` there whose run
+still runs. It is asked what it serves (console/checkpoints/live.py: its weight version, and the
+drafter, verifier and k it started with); this console's records fill in only what it cannot
+say. Before any route is called the new drafter is inspected on the host and set beside the one
+the server started with (vLLM built its draft model from that config), field by field: layer
+kind, hidden and head sizes, target and draft vocab sizes, aux layer ids, the EAGLE 3.1 flags, k,
+and every tensor's name and shape; what the running server cannot take is refused by name. Then
+vLLM's own routes (mounted by `VLLM_SERVER_DEV_MODE=1`, engine/capture/swap_backend.py loads the
+folder):
 
     POST /start_draft_weight_update
     POST /update_weights         {"update_info": {"path": CKPT}}
@@ -15,11 +17,16 @@ shape; what the running server cannot take is refused by name. Then vLLM's own r
     GET  /weight_info            -> {"weight_version": ...}   read back: the swap took
 
 The weight version is the drafter's folder name and the sha256 of its weight files (the first
-16 hex digits), so the comparison table can tell two drafters on one server apart.
+16 hex digits), so the comparison table can tell two drafters on one server apart. A route that
+fails is worded by what is known (console/checkpoints/server_http.py): a refusal leaves the old
+drafter (the backend reads the whole folder before it touches the model); a lost answer to
+/update_weights leaves it unknown, so the update is closed with a weight version that says so
+(`unknown: NEW or OLD`) rather than with a name that may be false.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,34 +35,48 @@ import time
 from pathlib import Path
 from typing import Any
 
-from console.checkpoints.serve import drafter_fields, read_records, read_sessions, refusal
-from console.checkpoints.server_http import ServerError, call
+from console.checkpoints.journal import swaps_path
+from console.checkpoints.live import (
+    DEFAULT,
+    Served,
+    describe,
+    serving_now,
+    weight_info,
+)
+from console.checkpoints.serve import (
+    drafter_fields,
+    read_records,
+    read_sessions,
+    refusal,
+    session_provenance,
+)
+from console.checkpoints.server_http import REFUSED, ServerError, call
 from console.checkpoints.service import inspect_checkpoint
 from console.errors import ConsoleError
 from console.hosts.host import Host
-from console.settings.config import data_dir
 
 SIZE_FIELDS = ("hidden_size", "target_hidden_size", "intermediate_size", "num_attention_heads",
                "num_key_value_heads", "head_dim", "draft_vocab_size")
 FLAG_FIELDS = ("norm_before_fc", "norm_output", "norm_before_residual", "fc_norm")
-
-
-def swaps_path() -> str:
-    return str(data_dir() / "serving-swaps.jsonl")
-
-
-def read_swaps() -> list[dict[str, Any]]:
-    """Every recorded swap, oldest first (malformed lines skipped)."""
-    return [d for d in read_records(Path(swaps_path())) if d.get("run_id")]
+#: a swap reads the whole drafter on the server: minutes for a large one
+SWAP_S = 1800.0
+#: closing an update after a failure (it may wait for a load still running)
+CLOSE_S = 300.0
+#: the weight version an update is closed with when whether it loaded is not known
+UNKNOWN = "unknown: "
 
 
 def record_swap(entry: dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(swaps_path()), exist_ok=True)
-    with open(swaps_path(), "a", encoding="utf-8") as f:
+    p = swaps_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
+
+# -- the journal's view of a host's newest session (what `bench` names; the server itself is
+# -- asked by console/checkpoints/live.py serving_now)
 
 def base_url(session: dict[str, Any]) -> str:
     return f"http://127.0.0.1:{session.get('port')}"
@@ -74,9 +95,9 @@ def find_session(host_name: str, url: str | None) -> dict[str, Any]:
 
 
 def now_serving(session: dict[str, Any]) -> tuple[str, str | None]:
-    """The drafter the session's server runs now, and its weight version (None: the one it
-    started with, version "default")."""
-    done = [s for s in read_swaps() if s.get("run_id") == session.get("run_id")]
+    """The drafter the journal says the session's server runs, and its weight version."""
+    done = [s for s in read_records(Path(swaps_path())) if s.get("run_id")
+            and s.get("run_id") == session.get("run_id")]
     if done:
         return str(done[-1]["drafter"]), str(done[-1]["weight_version"])
     return str(session.get("drafter")), None
@@ -168,73 +189,140 @@ async def weight_version(host: Host, ckpt: str, report: dict[str, Any]) -> str:
     return f"{posixpath.basename(ckpt.rstrip('/'))}@{digest[:16]}"
 
 
-async def plan(host: Host, session: dict[str, Any], ckpt: str) -> dict[str, Any]:
-    """Check the drafter against what the server runs; ConsoleError naming each refusal."""
-    if not session.get("swappable"):
-        raise ConsoleError(f"{host.name}: the server {session.get('run_id')} was started "
-                           "without the weight-update routes (serve --no-swap, or an older "
-                           "console): restart it with `serve`")
+async def plan(host: Host, served: Served, ckpt: str) -> dict[str, Any]:
+    """Check the drafter against the one the server started with (vLLM built its draft model
+    from that config: layer kind, sizes, aux ids and flags are fixed until it restarts);
+    ConsoleError naming each refusal."""
+    if served.version is None:
+        raise ConsoleError(f"{host.name}: the server at {served.url} cannot swap: {served.why}; "
+                           "restart it with `serve` to swap")
+    if not served.started_with:
+        raise ConsoleError(f"{host.name}: cannot tell which drafter the server at {served.url} "
+                           f"started with ({served.why or 'no record of it here'}), so {ckpt} "
+                           "cannot be checked against it")
     report = await inspect_checkpoint(host, ckpt)
     why = refusal(report)
     if why:
         raise ConsoleError(f"{host.name}:{ckpt}: vLLM would not load it: {why}")
-    served_path, version = now_serving(session)
-    served_report = await inspect_checkpoint(host, served_path)
+    served_report = await inspect_checkpoint(host, served.started_with)
     raw, served_raw = await _json_file(host, posixpath.join(ckpt, "config.json")), \
-        await _json_file(host, posixpath.join(served_path, "config.json"))
-    verifier = str(session.get("verifier") or "")
+        await _json_file(host, posixpath.join(served.started_with, "config.json"))
+    verifier = served.verifier or ""
     target_raw = await _json_file(host, posixpath.join(verifier, "config.json")) \
         if verifier.startswith("/") else {}
     tv = {**target_raw, **(target_raw.get("text_config") or {})}.get("vocab_size")
     out = refusals(facts(report.to_json(), raw), facts(served_report.to_json(), served_raw),
-                   session.get("k"), stated_k(raw), tv if isinstance(tv, int) else None)
+                   served.k, stated_k(raw), tv if isinstance(tv, int) else None)
     if out:
         raise ConsoleError(f"{host.name}:{ckpt}: the running server cannot take it: "
                            + "; ".join(out))
-    return {"report": report.to_json(), "served": served_path,
-            "served_version": version or "default",
-            "version": await weight_version(host, ckpt, report.to_json())}
+    return {"report": report, "version": await weight_version(host, ckpt, report.to_json())}
 
 
-async def post_routes(host: Host, url: str, ckpt: str, version: str) -> None:
-    """vLLM's route sequence; a refusal at /update_weights leaves the old drafter serving."""
-    t = host.transport
+async def _now_says(host: Host, url: str) -> str:
+    """What /weight_info says now, as a clause for an error line (never raises)."""
     try:
-        await call(t, url + "/start_draft_weight_update", "POST", {})
+        return f"/weight_info now says {await weight_info(host, url)}"
     except ServerError as e:
-        if "already active" not in e.why:
-            raise
-        # an earlier swap stopped between start and finish: nothing was loaded by it
-        await call(t, url + "/finish_weight_update", "POST", {})
-        await call(t, url + "/start_draft_weight_update", "POST", {})
+        return f"it does not answer /weight_info now ({e.why}): it may have stopped, `runs " \
+               f"{host.name}` shows its run"
+
+
+async def _close(host: Host, url: str, version: str | None) -> str:
+    """Close an open update (`version`: the label to leave; None keeps the old one); a clause
+    saying how it went (never raises)."""
+    try:
+        await call(host.transport, url + "/finish_weight_update", "POST",
+                   {} if version is None else {"weight_version": version}, timeout=CLOSE_S)
+    except ServerError as e:
+        return f"the update could not be closed ({e.why})"
+    return "the update was closed"
+
+
+async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -> str | None:
+    """vLLM's route sequence, each failure worded by what is known of it (`was`: the version
+    served before). None, or a note for a swap that took though an answer was lost."""
+    t = host.transport
+    again = f"to know what it serves, swap a drafter in again (`eagle3-console swap " \
+            f"{host.name} FOLDER`): a swap that succeeds says so for certain"
+    try:
+        try:
+            await call(t, url + "/start_draft_weight_update", "POST", {})
+        except ServerError as e:
+            if e.kind != REFUSED or "already active" not in e.why:
+                raise
+            # an earlier swap stopped between start and finish: what it loaded is not known,
+            # so the update is closed under a version that says so
+            was = f"{UNKNOWN}an update left open over {was}"
+            await call(t, url + "/finish_weight_update", "POST", {"weight_version": was})
+            await call(t, url + "/start_draft_weight_update", "POST", {})
+    except ServerError as e:
+        closed = "" if e.known else f"; {await _close(host, url, None)}"
+        raise ConsoleError(f"{host.name}: {ckpt} was not swapped in: opening the update failed "
+                           f"({e.why}){closed}; opening loads nothing, so the server serves "
+                           f"what it served ({was}) unless it stopped: "
+                           f"{await _now_says(host, url)}") from e
     try:
         await call(t, url + "/update_weights", "POST", {"update_info": {"path": ckpt}},
-                   timeout=1800)
+                   timeout=SWAP_S)
     except ServerError as e:
-        raise ConsoleError(f"{host.name}: the server refused {ckpt} ({e.why}); it still "
-                           "serves its previous drafter") from e
-    await call(t, url + "/finish_weight_update", "POST", {"weight_version": version},
-               timeout=1800)
+        if e.known:   # the backend reads the whole folder before it touches the model
+            closed = await _close(host, url, None)
+            raise ConsoleError(f"{host.name}: the server refused {ckpt} ({e.why}); nothing was "
+                               f"loaded, {closed}: it still serves {was}") from e
+        label = f"{UNKNOWN}{version} or {was}"
+        closed = await _close(host, url, label)
+        raise ConsoleError(f"{host.name}: whether the server loaded {ckpt} is not known: POST "
+                           f"/update_weights: {e.why}; {closed}"
+                           + (f" with weight version {label!r}" if closed.endswith("closed")
+                              else "") + f"; {again}") from e
+    try:
+        await call(t, url + "/finish_weight_update", "POST", {"weight_version": version},
+                   timeout=SWAP_S)
+    except ServerError as e:
+        if e.known:
+            raise ConsoleError(f"{host.name}: the server loaded {ckpt} but refused to finish "
+                               f"the update ({e.why}); what it serves is not known, "
+                               f"{await _now_says(host, url)}; {again}") from e
+        with contextlib.suppress(ServerError):
+            if await weight_info(host, url) == version:
+                return f"its answer to /finish_weight_update was lost ({e.why}); /weight_info " \
+                       "confirms the swap"
+        closed = await _close(host, url, version)   # still open: close it as asked
+        with contextlib.suppress(ServerError):
+            if await weight_info(host, url) == version:
+                return f"its answer to /finish_weight_update was lost ({e.why}); asked again, " \
+                       f"{closed}: /weight_info confirms the swap"
+        raise ConsoleError(f"{host.name}: the server loaded {ckpt} but its answer to "
+                           f"/finish_weight_update was lost ({e.why}); asked again, "
+                           f"{closed}; {await _now_says(host, url)}; {again}") from e
+    return None
 
 
 async def swap(host: Host, ckpt: str, url: str | None = None) -> dict[str, Any]:
-    """Swap `ckpt` (a folder on the host) into the host's server; the result as a dict."""
+    """Swap `ckpt` (a folder on the host) into the server at `url` (default: the newest
+    recorded `serve` on the host that still runs); the result as a dict."""
     await host.connect()
     ckpt = await host.resolve(ckpt)
-    session = find_session(host.name, url)
-    base = url.rstrip("/") if url and not url.endswith("/metrics") else base_url(session)
-    p = await plan(host, session, ckpt)
+    session, served = await serving_now(host, url)
+    base = served.url
+    p = await plan(host, served, ckpt)
+    was = served.version or DEFAULT
     t0 = time.monotonic()
-    await post_routes(host, base, ckpt, p["version"])
+    note = await post_routes(host, base, ckpt, p["version"], was)
     seconds = time.monotonic() - t0
-    info = await call(host.transport, base + "/weight_info")
-    got = info.get("weight_version") if isinstance(info, dict) else None
+    try:
+        got = await weight_info(host, base)
+    except ServerError as e:
+        raise ConsoleError(f"{host.name}: the routes answered, but /weight_info does not "
+                           f"({e.why}): whether {ckpt} serves is not confirmed") from e
     if got != p["version"]:
         raise ConsoleError(f"{host.name}: /weight_info says {got!r} after the swap, not "
                            f"{p['version']!r}")
-    entry = {"run_id": session.get("run_id"), "host": host.name, "url": base, "drafter": ckpt,
-             "weight_version": got, "previous": p["served"],
-             "previous_version": p["served_version"], "seconds": round(seconds, 4),
-             "t": round(time.time(), 3)}
+    entry = {"run_id": session.run_id if session else None, "host": host.name, "url": base,
+             "drafter": ckpt, "weight_version": got, "previous": served.folder,
+             "previous_version": was, "seconds": round(seconds, 4), "t": round(time.time(), 3),
+             "provenance": session_provenance(p["report"])}
     record_swap(entry)
-    return entry
+    return {**entry, "checked_against": served.started_with,
+            "server": describe(served), "note": note}

@@ -1,6 +1,7 @@
 """`eagle3-console compare [--measure S] [--from FILE ...] [--json]`: one row per serving session
-(`serve`): the drafter, its provenance, k, and what vLLM measured while serving it: acceptance
-length, per-position acceptance, generation throughput, how long it was watched."""
+(`serve`) and weight version, and one per `bench` replay: the drafter, the weight version the
+server said, its provenance, k, and what vLLM measured while serving it: acceptance length,
+per-position acceptance, generation throughput, how long it was watched."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import time
 from pathlib import Path
 
 from console.checkpoints.compare import Measurer, Row, table
-from console.checkpoints.serve import read_sessions
+from console.checkpoints.journal import sessions
 from console.hosts.host import HostPool
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
 HELP = "compare served drafters by vLLM's measured acceptance (serving sessions from `serve`)"
+NAME_W = 34   # a drafter's path is cut from the left past this (its folder name stays)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -33,11 +35,11 @@ async def measure(config: Config, seconds: float) -> None:
     measurer = Measurer()
     try:
         live = []
-        for s in read_sessions():
-            if s.get("host") not in config.hosts:
+        for s in sessions():
+            if s.host not in config.hosts:
                 continue
-            host = await pool.ensure(str(s["host"]))
-            recs = await list_runs(host, str(s["run_id"]))
+            host = await pool.ensure(s.host)
+            recs = await list_runs(host, s.run_id)
             if recs and recs[0].status == RunStatus.RUNNING:
                 live.append((s, host))
         for i in range(2):
@@ -56,18 +58,25 @@ def render(rows: list[Row]) -> str:
     if not rows:
         return "no serving sessions yet (start one with `eagle3-console serve` or `v` in the " \
                "Checkpoints pane)"
-    head = f"{'DRAFTER':<34} {'PROVENANCE':<28} {'K':>2} {'ACC LEN':>7} {'PER POSITION':<22} " \
-           f"{'GEN TOK/S':>9} {'WATCHED':>8}  STARTED"
+    names = [r.drafter if len(r.drafter) <= NAME_W else "…" + r.drafter[1 - NAME_W:]
+             for r in rows]
+    name_w = max(len("DRAFTER"), *map(len, names))
+    ver_w = max(len("VERSION"), *(len(r.weight_version or "-") for r in rows))
+    prov_w = max(len("PROVENANCE"), *(len(r.provenance or "-") for r in rows))
+    head = f"{'DRAFTER':<{name_w}} {'VERSION':<{ver_w}} {'PROVENANCE':<{prov_w}} {'K':>2} " \
+           f"{'ACC LEN':>7} {'PER POSITION':<22} {'GEN TOK/S':>9} {'WATCHED':>8}  STARTED"
     lines = [head]
-    for r in rows:
+    for r, name in zip(rows, names, strict=True):
         pos = " ".join(f"{p:.2f}" for p in r.per_position[:5]) or "-"
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
-        name = r.drafter if len(r.drafter) <= 34 else "…" + r.drafter[-33:]
-        lines.append(f"{name:<34} {r.provenance[:28]:<28} {r.k if r.k is not None else '-':>2} "
+        lines.append(f"{name:<{name_w}} {r.weight_version or '-':<{ver_w}} "
+                     f"{r.provenance or '-':<{prov_w}} {r.k if r.k is not None else '-':>2} "
                      f"{_f(r.acceptance_length, '.2f'):>7} {pos:<22} "
                      f"{_f(r.generation_tokens_per_s, '.1f'):>9} "
                      f"{_f(r.seconds, '.0f') + ' s' if r.seconds else '-':>8}  {started}"
                      + (f"  ({r.error})" if r.error else ""))
+        if r.note:
+            lines.append(f"  note: {r.note}")
     return "\n".join(lines)
 
 

@@ -1,13 +1,15 @@
 """`eagle3-console swap HOST CKPT [--url URL] [--json]`: put the drafter CKPT (a folder on HOST)
-into the vLLM server `serve` started there, without restarting it. The drafter is first checked
-against the one served (layer kind, hidden and head sizes, vocab sizes, aux layer ids, EAGLE 3.1
-flags, k, tensor shapes) and refused by name when the server cannot take it; the swap's weight
-version (NAME@SHA256) is read back from the server's /weight_info."""
+into a running vLLM server on HOST (--url, else the newest `serve` there that still runs), without
+restarting it. The server is asked what it serves and started with; the drafter is checked
+against that (layer kind, hidden and head sizes, vocab sizes, aux layer ids, EAGLE 3.1 flags, k,
+tensor shapes) and refused by name when the server cannot take it; the swap's weight version
+(NAME@SHA256) is read back from the server's /weight_info."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from console.checkpoints.swap import swap
 from console.hosts.host import HostPool
@@ -20,7 +22,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("host", help="a configured host name (the server runs there)")
     p.add_argument("ckpt", help="drafter checkpoint folder on that host (a vLLM-loadable export)")
     p.add_argument("--url", help="the server's base URL as seen from the host, e.g. "
-                                 "http://127.0.0.1:8000 (default: the newest `serve` on HOST)")
+                                 "http://127.0.0.1:8000 (default: the newest `serve` on HOST that "
+                                 "still runs)")
     p.add_argument("--json", action="store_true", help="print the swap as JSON")
 
 
@@ -36,4 +39,10 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     print(f"{args.host}: {done['url']} now serves {done['drafter']}")
     print(f"  weight version {done['weight_version']} (was {done['previous_version']}), "
           f"swapped in {done['seconds']:.3f} s")
+    said = "as the server says" if done["server"]["from"] == "server" else \
+        f"as recorded here: the server does not say ({done['server']['why']})"
+    print(f"  checked against {done['checked_against']}, the drafter it started with ({said})")
+    for line in (done["note"], done["server"]["records_disagree"]):
+        if line:
+            print(f"note: {line}", file=sys.stderr)
     return 0

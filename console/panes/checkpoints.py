@@ -480,11 +480,13 @@ class CheckpointsPane(ShownTimers, Vertical):
         try:
             done = await swap(await services(self).pool.ensure(host), path)
         except ConsoleError as e:
-            view.show_error(f"swap refused: {describe_error(e)}", heading + DISMISS)
+            view.show_error(f"swap: {describe_error(e)}", heading + DISMISS)
             return
+        notes = "".join(f"\nnote: {n}" for n in (done["note"],
+                                                  done["server"]["records_disagree"]) if n)
         view.show_text(f"{heading}\n{done['url']} now serves weight version "
                        f"{done['weight_version']} (was {done['previous_version']}), swapped in "
-                       f"{done['seconds']:.3f} s; `bench` measures it")
+                       f"{done['seconds']:.3f} s; `bench` measures it{notes}")
         self.notify(f"Swapped in {done['weight_version']}")
 
     # -- evaluating ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 from textual.pilot import Pilot
 
 from console.checkpoints.compare import read_scrapes, record_scrape, rows, table
+from console.checkpoints.journal import Scrape, Session, SwapRecord
 from console.checkpoints.serve import ServeRequest, record_session, serve
 from console.cli import main as cli_main
 from console.hosts.host import HostPool
@@ -42,6 +43,14 @@ def scrape(t: float, series: int, drafts: int, accepted: int, pos: list[float],
     return {"host": host, "url": url, "t": t, "series": series, "total": total}
 
 
+def parsed_rows(sessions: list[dict[str, Any]], scrapes: list[dict[str, Any]],
+                swaps: tuple[dict[str, Any], ...] = ()) -> list[Any]:
+    """rows() of journal lines as the journal's parsers read them."""
+    return rows([s for d in sessions if (s := Session.parse(d))],
+                [s for d in scrapes if (s := Scrape.parse(d))],
+                [s for d in swaps if (s := SwapRecord.parse(d))])
+
+
 def test_rows_take_each_sessions_newest_series_and_match_saved_scrapes_by_time() -> None:
     url = "http://127.0.0.1:8000/metrics"
     sessions = [
@@ -59,8 +68,9 @@ def test_rows_take_each_sessions_newest_series_and_match_saved_scrapes_by_time()
         {**scrape(230, 2, 20, 40, [0.9, 0.7, 0.4]), "run_id": "b"},  # b's server restarted
         scrape(90, 1, 1, 1, [1.0]),                          # before any session: nobody's
     ]
-    got = {r.run_id: r for r in rows(sessions, scrapes)}
-    assert [r.run_id for r in rows(sessions, scrapes)] == ["b", "a"]  # newest first
+    table_rows = parsed_rows(sessions, scrapes)
+    got = {r.run_id: r for r in table_rows}
+    assert [r.run_id for r in table_rows] == ["b", "a"]  # newest first
     assert got["a"].acceptance_length == pytest.approx(2.2) and got["a"].seconds == 40.0
     assert got["a"].generation_tokens_per_s == 55.0
     assert got["b"].acceptance_length == pytest.approx(3.0)  # the newest series, not 2.875
@@ -240,5 +250,6 @@ async def test_the_table_keeps_the_acceptance_length_on_80x24(tmp_path: Path) ->
         assert row[3] == "2.94" and row[0] == "…" + drafter[-16:]
         await pilot.resize_terminal(140, 36)   # wide again: every column back
         await pilot.pause()
-        assert [str(c.label) for c in t.columns.values()][-1] == "Watched"
-        assert t.get_row_at(0)[0].plain == "…" + drafter[-31:]
+        assert [str(c.label) for c in t.columns.values()][-2:] == ["Watched", "Version"]
+        assert t.get_row_at(0)[0].plain == "…" + drafter[-27:]
+        assert t.virtual_size.width <= t.size.width

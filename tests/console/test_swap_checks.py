@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from console.checkpoints.bench import parse_prompts, per_request, requests_total
-from console.checkpoints.compare import rows
 from console.checkpoints.serve import ServeRequest, vllm_argv, vllm_env
 from console.checkpoints.swap import facts, refusals, stated_k
 from console.errors import ConsoleError
 from engine.capture.swap_backend import BACKEND, EXTENSION, read_drafter, shapes
 from engine.ckpt.safetensors_io import save_tensors
 from engine.errors import EngineError
+from tests.console.test_compare import parsed_rows
 
 
 def test_a_swappable_server_stays_on_the_loopback_with_our_backend() -> None:
@@ -113,9 +113,11 @@ def test_compare_has_a_row_per_server_and_weight_version_and_per_replay() -> Non
         return {"run_id": "r1", "t": t, "weight_version": version, "bench": bench,
                 "drafter": drafter, "total": {"acceptance_length": al}}
 
-    got = rows([session], [sc(2, None, 2.0), sc(3, "default", 2.1, True),
-                           sc(4, "b@1", 3.0, True, "/b"), sc(5, "b@1", 3.1, True, "/b"),
-                           sc(6, "a@2", 2.1, True, "/a")])
+    swapped = ({"run_id": "r1", "host": "h", "drafter": "/b", "weight_version": "b@1"},
+               {"run_id": "r1", "host": "h", "drafter": "/a", "weight_version": "a@2"})
+    got = parsed_rows([session], [sc(2, None, 2.0), sc(3, "default", 2.1, True),
+                                  sc(4, "b@1", 3.0, True, "/b"), sc(5, "b@1", 3.1, True, "/b"),
+                                  sc(6, "a@2", 2.1, True, "/a")], swapped)
     assert [(r.weight_version, r.drafter, r.acceptance_length) for r in got] == [
         ("a@2", "/a", 2.1), ("b@1", "/b", 3.1), ("b@1", "/b", 3.0), ("default", "/a", 2.1),
         (None, "/a", 2.0)]
