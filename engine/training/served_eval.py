@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import stop_hold
 from engine.bounded_http import AnswerTooLarge, DeadlineExceeded, connection, send
 from engine.errors import EngineError
 from engine.fileio import read_json, sha256_file, write_json
@@ -370,6 +371,14 @@ class ServedEval:
         return (f"the eval server {self.url} may still serve {now} (a checkpoint of this run); "
                 f"it should serve {folder} (weight version {version}): resume the run (it "
                 "swaps it back first) or swap that folder in by hand")
+
+    def hold_stop(self, margin_s: float, *, from_stop: bool = False) -> None:
+        """While a checkpoint may be in the server, a stop gives the run time to swap the
+        drafter back (engine/stop_hold.py; from_stop: counted from the stop's SIGTERM, so a slow
+        training step between the signal and the swap back is covered too)."""
+        folder = self.original[0] if self.original else "?"
+        stop_hold.hold(self.deadline_s + margin_s, f"swapping the eval server's drafter back: "
+                       f"{self.url} gets {folder}", self.left_note(), from_stop=from_stop)
 
     def restore(self) -> str | None:
         """Swap the server's original drafter back (when a checkpoint is in it); its version.

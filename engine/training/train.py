@@ -429,7 +429,7 @@ class Trainer:
                             state_dir=self.out / "served", resume=self.cfg.resume)
         now = served.open()
         if served.swapped:  # a resumed run found its own checkpoint in the server
-            self.hold_for_served(served)
+            served.hold_stop(60, from_stop=True)
         self.ev.log(f"eval server {served.url}: {now}; each checkpoint is swapped in and "
                     f"measured on {len(prompts)} held-out prompts, the drafter swapped back "
                     "at the end")
@@ -441,7 +441,7 @@ class Trainer:
         measurement is a warning (training goes on); the original comes back at the end."""
         assert self.served is not None
         folder = self.out / "served" / name
-        self.hold_for_served(self.served)
+        self.served.hold_stop(60, from_stop=True)
         try:
             self.export(f"served/{name}", model, {"step": self.step, "held_out_tau": tau_est},
                         to="vllm")
@@ -451,7 +451,7 @@ class Trainer:
             self.ev.log(f"checkpoint {name}: served acceptance not measured ({why})",
                         level="warning")
             return
-        self.hold_for_served(self.served)   # what a cut stop leaves: this version now
+        self.served.hold_stop(60, from_stop=True)   # what a cut stop leaves: this version now
         self.ev.metric(values, step=self.step, name=SERVED)
         tau = values.get("acceptance_length")  # the event has the figures; this says where
         self.ev.log(f"checkpoint {name} served by {self.served.url} as {version} (swapped in "
@@ -465,15 +465,6 @@ class Trainer:
             if old.name != name and old.name.startswith("step_"):
                 shutil.rmtree(old, ignore_errors=True)
 
-    @staticmethod
-    def hold_for_served(served: ServedEval) -> None:
-        """While a checkpoint may be in the server, a stop gives the run the time to swap the
-        drafter back (engine/stop_hold.py: counted from the stop's SIGTERM, so a slow step
-        between the signal and the swap back is covered)."""
-        folder = served.original[0] if served.original else "?"
-        stop_hold.hold(served.deadline_s + 60, f"swapping the eval server's drafter back: "
-                       f"{served.url} gets {folder}", served.left_note(), from_stop=True)
-
     def restore_served(self, failing: bool) -> None:
         """Swap the server's original drafter back (end of run, stop, failure). A failure to do
         so fails a run that had succeeded; on a failing run it is a warning beside its error."""
@@ -481,9 +472,7 @@ class Trainer:
         if served is None or not served.swapped or served.given_up:
             return
         folder = served.original[0] if served.original else "?"
-        # a stop waits for this (the runner's SIGKILL held off: engine/stop_hold.py)
-        stop_hold.hold(served.deadline_s + 30, f"swapping the eval server's drafter back: "
-                       f"{served.url} gets {folder}", served.left_note())
+        served.hold_stop(30)   # a stop waits for this (the runner's SIGKILL held off)
         try:
             version = served.restore()
         except Exception as e:  # noqa: BLE001 - a broken server is worded, never a traceback
