@@ -118,7 +118,9 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
     assert argv[:2] == ["serve", str(verifier)]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--port") + 1] == str(port)
-    assert argv[-4:] == ["--max-model-len", "4096", "--served-model-name", "a b"]
+    # the words after `--` as given, then the console's loopback, which nothing overrides
+    assert argv[-6:] == ["--max-model-len", "4096", "--served-model-name", "a b", "--host",
+                         "127.0.0.1"]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert set(spec) <= set(SPEC_CONFIG_FIELDS)
     assert spec == {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": 5}
@@ -149,8 +151,11 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
         recs = await list_runs(pool["box"], out["id"])
         assert recs[0].profile == profile_name(str(ckpt)) == "serve-ft-final"
         rc2 = await asyncio.to_thread(cli_main, [
-            "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier)])
-        assert rc2 != 0 and "already running" in capsys.readouterr().err
+            "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier),
+            "--port", str(free_port())])
+        err = capsys.readouterr().err
+        assert rc2 != 0 and f"already served by run {out['id']} (port {port})" in err, err
+        assert "--force and another --port" in err and "launch" not in err
         stopped = await stop_run(cfg, out["id"], pool, grace=2.0)
         assert stopped.status == "stopped"
     finally:
