@@ -18,7 +18,6 @@ drafter, its provenance (run, step), k, the metrics URL, start time; the compari
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import os
 import posixpath
@@ -36,16 +35,14 @@ from console.checkpoints.serve_guard import (
     refuse_taken_port,
     serving_runs,
 )
+from console.checkpoints.serve_wait import CHECK_POLL, CHECK_TIMEOUT, OnWait, wait_until_served
 from console.checkpoints.service import InspectReport, inspect_checkpoint
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, HostPool
-from console.logs.metrics_service import MetricsError, fetch
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import launch, list_runs
 from console.scheduler.records import Run
-from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, Profile, data_dir
-from console.settings.metrics_url import split_url
 from console.transport.small_files import json_why, read_small
 
 # SpeculativeConfig fields vLLM documents (vllm/config/speculative.py); we write only these.
@@ -298,10 +295,6 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
 # the draft vocab size are not printed at all, and /v1/models names only the target (id,
 # root, max_model_len): those fields are reported as "not shown by vLLM", never as a warning.
 
-#: seconds `serve` waits for the server to answer /v1/models before it checks (a large verifier
-#: takes minutes to load on 8 GPUs)
-CHECK_TIMEOUT = 900.0
-CHECK_POLL = 3.0
 #: the startup log is read up to here (its config lines come in the first few hundred KB)
 LOG_LIMIT = 8 << 20
 NOT_SHOWN = "not shown by vLLM"
@@ -515,38 +508,6 @@ def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog
     return out
 
 
-async def _models(host: Host, port: int) -> list[dict[str, Any]]:
-    """/v1/models' entries, fetched through the host's own connection (MetricsError when the
-    server does not answer; ValueError when the answer is not its JSON)."""
-    text = await fetch(host.transport, split_url(f"http://127.0.0.1:{port}/v1/models"))
-    doc = json.loads(text)
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(data, list):
-        raise ValueError("no `data` list in /v1/models' answer")
-    return [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in data
-            if isinstance(m, dict)]
-
-
-async def wait_until_served(host: Host, run: Run, port: int, timeout: float = CHECK_TIMEOUT,
-                            poll: float = CHECK_POLL) -> tuple[list[dict[str, Any]] | None, str]:
-    """/v1/models' entries once the server answers, or None and why it never did (the run
-    ended, or `timeout` seconds went by)."""
-    deadline = time.monotonic() + timeout
-    why = ""
-    while True:
-        try:
-            return await _models(host, port), ""
-        except (MetricsError, ValueError) as e:
-            why = e.why if isinstance(e, MetricsError) else str(e)
-        recs = await list_runs(host, run.id)
-        if recs and all(r.status != RunStatus.RUNNING for r in recs):
-            return None, f"the run {recs[0].status} before vLLM answered /v1/models " \
-                         f"(`follow {run.id}` shows its log)"
-        if time.monotonic() + poll > deadline:
-            return None, f"vLLM did not answer /v1/models within {timeout:g} s ({why})"
-        await asyncio.sleep(poll)
-
-
 async def read_startup_log(host: Host, run: Run) -> StartupLog | None:
     """The speculative config in the run's output.log (None when it cannot be read)."""
     rec = run.records[0] if run.records else None
@@ -561,12 +522,14 @@ async def read_startup_log(host: Host, run: Run) -> StartupLog | None:
 
 
 async def check_served(host: Host, req: ServeRequest, run: Run, *,
-                       timeout: float = CHECK_TIMEOUT, poll: float = CHECK_POLL) -> ServedCheck:
-    """Wait for the started server, then compare what it loaded with what was asked."""
+                       timeout: float = CHECK_TIMEOUT, poll: float = CHECK_POLL,
+                       on_wait: OnWait | None = None) -> ServedCheck:
+    """Wait for the started server (on_wait: each poll, the seconds waited and the last line
+    of its log), then compare what it loaded with what was asked."""
     await host.connect()
     # as serve() wrote them into the command line: the drafter resolved, the verifier as given
     req = replace(req, ckpt=await host.resolve(req.ckpt))
-    models, why = await wait_until_served(host, run, req.port, timeout, poll)
+    models, why = await wait_until_served(host, run, req.port, timeout, poll, on_wait)
     log = await read_startup_log(host, run)
     try:
         data = await read_small(host.transport, posixpath.join(req.ckpt, "config.json"),
