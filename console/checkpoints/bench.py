@@ -93,11 +93,11 @@ def prompt_of(doc: Any, where: str) -> list[dict[str, str]]:
     return out
 
 
-def parse_prompts(lines: Iterable[str], name: str, n: int | None = None,
-                  first: int = 1) -> list[list[dict[str, str]]]:
-    """The conversations of JSON lines (numbered from `first`), the first `n` at most."""
+def parse_prompts(lines: str | Iterable[str], name: str, n: int | None = None
+                  ) -> list[list[dict[str, str]]]:
+    """The conversations of JSON lines (a text, or its lines), the first `n` at most."""
     out: list[list[dict[str, str]]] = []
-    for i, line in enumerate(lines, first):
+    for i, line in enumerate(lines.splitlines() if isinstance(lines, str) else lines, 1):
         if n is not None and len(out) >= n:
             break
         if not line.strip():
