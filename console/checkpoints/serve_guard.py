@@ -181,7 +181,10 @@ async def refuse_taken_port(host: Host, port: int, records: Sequence[RunRecord])
     where = f"{host.name}: port {port}"
     fix = "; stop it (`eagle3-console stop {id}`) or serve on another --port"
     starting = [r for r in runs if argv_port(r.argv) == port]
-    state = await port_state(host, port)
+    # a Slurm host is its login node: the server runs on a compute node, whose ports are not
+    # the login node's; only the runs' own records say anything there
+    state = PortState(True, "", ()) if host.cfg.scheduler == "slurm" else \
+        await port_state(host, port)
     if state.free and not starting:
         return
     by_group = {r.pid: r for r in runs if r.pid}
