@@ -18,7 +18,6 @@ drafter, its provenance (run, step), k, the metrics URL, start time; the compari
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 import os
 import posixpath
@@ -30,24 +29,30 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from console.checkpoints.serve_guard import (
+    argv_port,
+    check_extra,
+    refuse_taken_port,
+    serving_runs,
+)
+from console.checkpoints.serve_wait import CHECK_POLL, CHECK_TIMEOUT, OnWait, wait_until_served
 from console.checkpoints.service import InspectReport, inspect_checkpoint
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, HostPool
-from console.logs.metrics_service import MetricsError, fetch
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import launch, list_runs
 from console.scheduler.records import Run
-from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, Profile, data_dir
-from console.settings.metrics_url import split_url
+from console.transport.small_files import json_why, read_small
 
 # SpeculativeConfig fields vLLM documents (vllm/config/speculative.py); we write only these.
+#: a config.json read whole on the host is at most this big (a real one is a few KB)
+CONFIG_LIMIT = 4 << 20
 SPEC_CONFIG_FIELDS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size")
 LOADABLE_KEY_STYLES = ("eagle", "vllm", "speculators")
 # engine/capture/swap_backend.py's names (the console never imports the engine's torch side)
 SWAP_BACKEND = "eagle3_drafter_dir"
 SWAP_EXTENSION = "engine.capture.swap_backend.SwapExtension"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -69,13 +74,9 @@ class ServeRequest:
             raise ConsoleError(f"--tp {self.tp}: must be >= 1")
         if not 1 <= self.k <= 16:
             raise ConsoleError(f"--k {self.k}: must be 1..16")
-        if not 1 <= self.port <= 65535:
-            raise ConsoleError(f"--port {self.port}: must be 1..65535")
-        hosts = [self.extra[i + 1] for i, w in enumerate(self.extra[:-1]) if w == "--host"]
-        if self.swappable and any(h not in LOOPBACK for h in hosts):
-            raise ConsoleError(f"--host {hosts[-1]}: a swappable server stays on the loopback "
-                               "(its weight-update routes load files and run code; --no-swap "
-                               "to serve elsewhere)")
+        if not 1024 <= self.port <= 65535:  # vLLM's own range
+            raise ConsoleError(f"--port {self.port}: must be 1024..65535")
+        check_extra(self.extra, self.swappable)
 
 
 def speculative_config(req: ServeRequest) -> dict[str, Any]:
@@ -105,10 +106,11 @@ def vllm_argv(req: ServeRequest, command: Sequence[str] = ("vllm",)) -> list[str
     swap = ["--worker-extension-cls", SWAP_EXTENSION, "--weight-transfer-config",
             json.dumps({"backend": SWAP_BACKEND}, separators=(",", ":"))] if req.swappable \
         else []
-    return [*command, "serve", req.verifier, "--host", "127.0.0.1",
-            "--tensor-parallel-size", str(req.tp), "--port", str(req.port),
-            "--speculative-config", json.dumps(speculative_config(req), separators=(",", ":")),
-            *swap, *req.extra]
+    own = ["--tensor-parallel-size", str(req.tp), "--port", str(req.port),
+           "--speculative-config", json.dumps(speculative_config(req), separators=(",", ":"))]
+    if req.swappable:  # last: vLLM's parser lets no earlier word or --config file override it
+        return [*command, "serve", req.verifier, *own, *swap, *req.extra, "--host", "127.0.0.1"]
+    return [*command, "serve", req.verifier, "--host", "127.0.0.1", *own, *req.extra]
 
 
 def vllm_env(req: ServeRequest) -> dict[str, str]:
@@ -169,16 +171,22 @@ async def check_servable(host: Host, req: ServeRequest) -> InspectReport:
         raise ConsoleError(f"{host.name}:{req.ckpt}: vLLM would not load it: {why}")
     looks_local = req.verifier.startswith(("/", "~", "."))
     path = await host.resolve(req.verifier) if looks_local else req.verifier
-    res = await host.transport.run(["cat", posixpath.join(path, "config.json")], check=False)
-    if res.returncode != 0:
+    cfg_path = posixpath.join(path, "config.json")
+    try:
+        data = await read_small(host.transport, cfg_path, CONFIG_LIMIT)
+    except TransportError:  # FileRefused (a FIFO, /dev/zero, too big) is said as it is
+        data = None
+    if data is None:
         if looks_local:
             raise ConsoleError(f"{host.name}:{path}: no config.json (is the verifier a model "
                                f"folder?)")
         return report  # a hub name: vLLM resolves it; nothing to compare here
     try:
-        target_cfg = json.loads(res.stdout)
-    except ValueError as e:
-        raise ConsoleError(f"{host.name}:{path}/config.json: invalid JSON ({e})") from e
+        target_cfg = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ConsoleError(f"{host.name}:{cfg_path}: invalid JSON ({json_why(e)})") from None
+    if not isinstance(target_cfg, dict):
+        raise ConsoleError(f"{host.name}:{cfg_path}: not a JSON object")
     why = verifier_mismatch(dict(report.config), target_cfg)
     if why:
         raise ConsoleError(f"{host.name}:{req.ckpt}: does not fit verifier {path}: {why}")
@@ -244,6 +252,14 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
     req = replace(req, ckpt=await host.resolve(req.ckpt))
     report = await check_servable(host, req)
     name = profile_name(req.ckpt)
+    records = await list_runs(host)
+    same = [r for r in serving_runs(records) if r.profile == name]
+    if same and not force:
+        rec = same[0]
+        raise ConsoleError(f"{host_name}: {req.ckpt} is already served by run {rec.id} (port "
+                           f"{argv_port(rec.argv)}); stop it (`eagle3-console stop {rec.id}`), "
+                           "or serve a second copy with --force and another --port")
+    await refuse_taken_port(host, req.port, records)
     profile = Profile(name=name, hosts=[host_name],
                       run=shlex.join(vllm_argv(req, await vllm_command(host))),
                       env=vllm_env(req))
@@ -279,10 +295,6 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
 # the draft vocab size are not printed at all, and /v1/models names only the target (id,
 # root, max_model_len): those fields are reported as "not shown by vLLM", never as a warning.
 
-#: seconds `serve` waits for the server to answer /v1/models before it checks (a large verifier
-#: takes minutes to load on 8 GPUs)
-CHECK_TIMEOUT = 900.0
-CHECK_POLL = 3.0
 #: the startup log is read up to here (its config lines come in the first few hundred KB)
 LOG_LIMIT = 8 << 20
 NOT_SHOWN = "not shown by vLLM"
@@ -496,38 +508,6 @@ def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog
     return out
 
 
-async def _models(host: Host, port: int) -> list[dict[str, Any]]:
-    """/v1/models' entries, fetched through the host's own connection (MetricsError when the
-    server does not answer; ValueError when the answer is not its JSON)."""
-    text = await fetch(host.transport, split_url(f"http://127.0.0.1:{port}/v1/models"))
-    doc = json.loads(text)
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(data, list):
-        raise ValueError("no `data` list in /v1/models' answer")
-    return [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in data
-            if isinstance(m, dict)]
-
-
-async def wait_until_served(host: Host, run: Run, port: int, timeout: float = CHECK_TIMEOUT,
-                            poll: float = CHECK_POLL) -> tuple[list[dict[str, Any]] | None, str]:
-    """/v1/models' entries once the server answers, or None and why it never did (the run
-    ended, or `timeout` seconds went by)."""
-    deadline = time.monotonic() + timeout
-    why = ""
-    while True:
-        try:
-            return await _models(host, port), ""
-        except (MetricsError, ValueError) as e:
-            why = e.why if isinstance(e, MetricsError) else str(e)
-        recs = await list_runs(host, run.id)
-        if recs and all(r.status != RunStatus.RUNNING for r in recs):
-            return None, f"the run {recs[0].status} before vLLM answered /v1/models " \
-                         f"(`follow {run.id}` shows its log)"
-        if time.monotonic() + poll > deadline:
-            return None, f"vLLM did not answer /v1/models within {timeout:g} s ({why})"
-        await asyncio.sleep(poll)
-
-
 async def read_startup_log(host: Host, run: Run) -> StartupLog | None:
     """The speculative config in the run's output.log (None when it cannot be read)."""
     rec = run.records[0] if run.records else None
@@ -542,18 +522,21 @@ async def read_startup_log(host: Host, run: Run) -> StartupLog | None:
 
 
 async def check_served(host: Host, req: ServeRequest, run: Run, *,
-                       timeout: float = CHECK_TIMEOUT, poll: float = CHECK_POLL) -> ServedCheck:
-    """Wait for the started server, then compare what it loaded with what was asked."""
+                       timeout: float = CHECK_TIMEOUT, poll: float = CHECK_POLL,
+                       on_wait: OnWait | None = None) -> ServedCheck:
+    """Wait for the started server (on_wait: each poll, the seconds waited and the last line
+    of its log), then compare what it loaded with what was asked."""
     await host.connect()
     # as serve() wrote them into the command line: the drafter resolved, the verifier as given
     req = replace(req, ckpt=await host.resolve(req.ckpt))
-    models, why = await wait_until_served(host, run, req.port, timeout, poll)
+    models, why = await wait_until_served(host, run, req.port, timeout, poll, on_wait)
     log = await read_startup_log(host, run)
-    res = await host.transport.run(["cat", posixpath.join(req.ckpt, "config.json")], check=False)
     try:
-        draft_cfg = json.loads(res.stdout) if res.returncode == 0 else {}
-    except ValueError:
-        draft_cfg = {}
+        data = await read_small(host.transport, posixpath.join(req.ckpt, "config.json"),
+                                CONFIG_LIMIT)
+        draft_cfg = json.loads(data) if data is not None else {}
+    except (ConsoleError, ValueError, RecursionError):
+        draft_cfg = {}  # inspect read it before the start; the fields are then "not checked"
     problems = [f"served config not fully checked: {why}"] if why else []
     if log is None:
         problems.append("served config not checked in the log: the run's output.log cannot "

@@ -1,10 +1,12 @@
 """`eagle3-console bench HOST [--prompts FILE | --data DIR] [-n N] [--max-tokens M]
-[--concurrency C] [--url URL] [--json]`: replay the same prompts (chat-templated by the
-target's tokenizer in vLLM, greedy, fixed length) against the vLLM server `serve` started on
-HOST, through HOST's own connection, and report the acceptance length and per-position
-acceptance from the /metrics deltas of exactly that replay (and per request, where vLLM runs
-with --per-request-spec-decode-metrics), throughput and latency. Each replay is a row in
-`compare` (its server and weight version)."""
+[--fixed-length] [--concurrency C] [--url URL] [--json]`: replay the same prompts
+(chat-templated by the target's tokenizer in vLLM, greedy, each reply to EOS or M tokens, as
+served traffic stops; --fixed-length: M tokens each, past EOS) against the vLLM server `serve`
+started on HOST, through HOST's own connection, and report the acceptance length and
+per-position acceptance from the /metrics deltas of exactly that replay (and per request,
+where vLLM runs with --per-request-spec-decode-metrics), throughput and latency, under the
+drafter the server says it runs. Each replay is a row in `compare` (its server and weight
+version)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                      help="a folder of conversation files (*.jsonl) on HOST")
     p.add_argument("-n", type=int, default=None, metavar="N", help="the first N prompts only")
     p.add_argument("--max-tokens", type=int, default=64, metavar="M",
-                   help="tokens generated per prompt, fixed (default 64)")
+                   help="at most M tokens per reply (default 64); replies stop at EOS")
+    p.add_argument("--fixed-length", action="store_true",
+                   help="generate exactly M tokens per reply, past EOS (vLLM's ignore_eos): "
+                        "text no conversation holds, so acceptance is lower than served "
+                        "traffic's")
     p.add_argument("--concurrency", type=int, default=1, metavar="C",
                    help="requests at once (default 1)")
     p.add_argument("--url", help="the server's base URL as seen from the host (default: the "
@@ -44,10 +50,10 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     try:
         host = await pool.ensure(args.host)
         await host.connect()
-        prompts = read_prompts_file(args.prompts) if args.prompts else \
-            await read_prompts_dir(host, args.data)
-        res = await replay(host, prompts[:args.n] if args.n else prompts, url=args.url,
-                           max_tokens=args.max_tokens, concurrency=args.concurrency)
+        prompts = read_prompts_file(args.prompts, args.n) if args.prompts else \
+            await read_prompts_dir(host, args.data, args.n)
+        res = await replay(host, prompts, url=args.url, max_tokens=args.max_tokens,
+                           concurrency=args.concurrency, fixed_length=args.fixed_length)
     finally:
         await pool.close()
     if args.json:
@@ -55,8 +61,11 @@ async def run(args: argparse.Namespace, config: Config) -> int:
         return 0
     t = res["total"]
     al = t.get("acceptance_length")
-    print(f"{args.host}: {res['prompts']} prompts x {res['max_tokens']} tokens, "
-          f"concurrency {res['concurrency']}, {res['drafter']} ({res['weight_version']})")
+    length = f"x {res['max_tokens']} tokens (fixed length, past EOS)" if res["stop"] == "fixed" \
+        else f"to EOS (at most {res['max_tokens']} tokens; {res['completion_tokens']} generated)"
+    version = f" ({res['weight_version']})" if res["weight_version"] else ""
+    print(f"{args.host}: {res['prompts']} prompts {length}, concurrency {res['concurrency']}, "
+          f"{res['drafter']}{version}")
     print(f"  acceptance length {al:.3f}" if al is not None else "  no drafts measured")
     print(f"  per position {[round(x, 3) for x in t.get('per_position') or []]}")
     print(f"  {res['generation_tokens_per_s']:.1f} tok/s, latency median "
@@ -65,6 +74,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if rt and rt.get("acceptance_length") is not None:
         print(f"  per request (vLLM's --per-request-spec-decode-metrics): acceptance length "
               f"{rt['acceptance_length']:.3f} over {len(res['per_request'])} requests")
+    if res["records_disagree"]:
+        print(f"warning: {res['records_disagree']}", file=sys.stderr)
     if res["other_traffic"]:
         print("warning: the server served other requests during the replay: its counters "
               "include them", file=sys.stderr)

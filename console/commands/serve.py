@@ -1,8 +1,9 @@
 """`eagle3-console serve HOST CKPT --verifier V [--tp N] [--k K] [--port P] [-- EXTRA...]`:
 inspect the drafter on HOST, refuse what vLLM would not load, then start `vllm serve` with it as
 a detached run (stop it with `stop RUN`, watch its log with `follow RUN`). Then, until the
-server answers (at most --check-timeout seconds), wait and read back what vLLM loaded (its
-startup log and /v1/models): a field that did not reach it is a warning (`warnings` in --json)."""
+server answers (at most --check-timeout seconds), wait, showing the last line of its log as it
+changes (on stderr), and read back what vLLM loaded (its startup log and /v1/models): a field
+that did not reach it is a warning (`warnings` in --json)."""
 
 from __future__ import annotations
 
@@ -51,11 +52,19 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                        port=args.port, extra=list(args.passthrough), swappable=not args.no_swap)
     pool = HostPool(config)
     checked: ServedCheck | None = None
+    shown = [""]
+
+    def waiting(seconds: float, line: str) -> None:
+        """What vLLM is doing while it does not answer yet (its log's last line, when new)."""
+        if line and line != shown[0]:
+            shown[0] = line
+            print(f"  waiting for vLLM ({seconds:.0f} s): {line}", file=sys.stderr, flush=True)
+
     try:
         started = await serve(config, args.host, req, pool, force=args.force)
         if not args.no_check:
             checked = await check_served(pool[args.host], req, started,
-                                         timeout=args.check_timeout)
+                                         timeout=args.check_timeout, on_wait=waiting)
     finally:
         await pool.close()
     warnings = checked.warnings if checked else []

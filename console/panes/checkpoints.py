@@ -453,8 +453,15 @@ class CheckpointsPane(ShownTimers, Vertical):
                    f"the Runs pane (5); metrics at http://127.0.0.1:{req.port}/metrics")
         view.show_text(started + "\nwaiting for the server to read back what vLLM loaded…")
         self.notify(f"Serving {req.ckpt} as run {run.id}")
+
+        def waiting(seconds: float, line: str) -> None:
+            if self._pinned == pinned:   # still the serve shown (not another checkpoint)
+                view.show_text(f"{started}\nwaiting for vLLM ({seconds:.0f} s): "
+                               f"{line or 'nothing logged yet'}")
+
+        pinned = self._pinned
         try:
-            checked = await check_served(pool[host], req, run)
+            checked = await check_served(pool[host], req, run, on_wait=waiting)
         except ConsoleError as e:
             view.show_text(f"{started}\nserved config not checked: {describe_error(e)}")
             return

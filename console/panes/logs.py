@@ -1,5 +1,6 @@
-"""The logs pane: follows the selected host's configured logs (the vLLM server log above all)
-with live charts of the vLLM stats lines above the text.
+"""The logs pane: follows the selected host's configured logs (the vLLM server log above all),
+then the logs of the vLLM servers `serve` runs there (each run's output.log), with live charts
+of the vLLM stats lines above the text.
 
 Keys: `f` follow/pause, `/` filter (Enter keeps it, Esc clears), `e` / `E` next / previous
 error, `l` next configured log. A worker runs the LogFollower (console/logs/follow.py), polling as
@@ -16,6 +17,7 @@ its last figures, marked stale in the status line, which always names the charts
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import time
 from typing import ClassVar
 
@@ -25,12 +27,14 @@ from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.widgets import Input
 
+from console.checkpoints.serve_guard import serving_runs
 from console.errors import ConsoleError
 from console.logs.follow import LogFollower
 from console.logs.log_model import LogModel
 from console.logs.metrics_service import MetricsError, scrape_host
 from console.logs.vllm_metrics import MetricsHistory
 from console.panes.timers import ShownTimers
+from console.runs.service import list_runs
 from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.host_strip import short_path
@@ -86,6 +90,27 @@ class LogsPane(ShownTimers, Vertical):
         self.path_index = 0
         self._watch_metrics(services(self).config.hosts[host].metrics)
         self._open()
+        self.add_server_logs(host)
+
+    @work(group="server-logs", exclusive=True, exit_on_error=False)
+    async def add_server_logs(self, host: str) -> None:
+        """The logs of the host's running `serve` runs (their output.log is vLLM's log), after
+        the configured ones; the first is opened when no log is configured."""
+        try:
+            records = await list_runs(await services(self).pool.ensure(host))
+        except ConsoleError:
+            return   # the host's state shows in the hosts list
+        new = [posixpath.join(r.run_dir, "output.log") for r in serving_runs(records)
+               if r.run_dir]
+        new = [p for p in new if p not in self.paths]
+        if host != self.host or not new:
+            return
+        had = self.path is not None
+        self.paths += new
+        if not had:
+            self._open()
+        else:
+            self.redraw(force=True)
 
     def action_next_log(self) -> None:
         if self._no_log():
@@ -244,6 +269,8 @@ class LogsPane(ShownTimers, Vertical):
 
     def on_show(self) -> None:
         self.poll_metrics()
+        if self.host is not None:   # a server started since the host was chosen
+            self.add_server_logs(self.host)
         self.redraw(force=True)
 
     def on_log_view_follow_changed(self, _event: LogView.FollowChanged) -> None:

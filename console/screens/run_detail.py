@@ -23,6 +23,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
+from console.checkpoints.serve_guard import argv_port, served_drafter
 from console.errors import ConsoleError
 from console.runs.progress import HELD_OUT, SERVED
 from console.runs.service import stop_run
@@ -49,9 +50,17 @@ TAU_SERVED = "served"
 def progress_text(feed: RunFeed) -> str:
     """`step 37/150 · 25% · ETA 1:12 · 0.6 step/s` (or what the run has said so far)."""
     p = feed.progress
+    if p.done is None and not feed.record.engine:   # a script or a server: its log says it all
+        if feed.status != RunStatus.RUNNING:
+            return "no progress events (not an engine run)"
+        drafter = served_drafter(feed.record.argv)
+        if drafter is not None:
+            return f"serving {drafter} in vLLM on port {argv_port(feed.record.argv)} (its log " \
+                   "below)"
+        return "running (not an engine run: no progress events; its output below)"
     if p.done is None:
         return "waiting for the first progress event…" if feed.status == RunStatus.RUNNING else \
-            "no progress events (not an engine run, or it ended before its first step)"
+            "no progress events (it ended before its first step)"
     unit = p.unit or "it"
     parts = [f"{unit} {p.done}/{p.total}" if p.total else f"{unit} {p.done}"]
     frac = p.fraction
@@ -131,7 +140,9 @@ class RunDetailScreen(Screen[None]):
         bar = self.query_one("#detail-bar", ProgressBar)
         # full only when the run says how far it got, or succeeded: a run that failed before
         # its first step has no bar at all (it showed 100%)
-        bar.display = bool(p.total) or feed.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        # a running server or script that reports no progress has none (it showed 0% forever)
+        bar.display = bool(p.total) or feed.status == RunStatus.SUCCEEDED or \
+            running and feed.record.engine
         if p.total:
             bar.update(total=p.total, progress=p.done or 0)
         else:

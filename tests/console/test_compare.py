@@ -22,10 +22,15 @@ from console.cli import main as cli_main
 from console.hosts.host import HostPool
 from console.runs.service import list_runs, stop_run
 from console.screens.compare import CompareScreen
-from tests.console.test_serve import standin_vllm, write_verifier  # noqa: F401 (a fixture)
+from tests.console.test_serve import (  # noqa: F401 (a fixture)
+    drop_fields,
+    standin_vllm,
+    write_verifier,
+)
 from tests.drafters import write_drafter
 from tests.paths import REPO
 from tests.runs_registry import fresh_snap_root, local_app, local_config
+from tests.sshd import free_port
 from tests.vllm_metrics_standin import State, VllmMetricsStandin
 
 SIZE = (140, 36)
@@ -86,18 +91,25 @@ async def test_two_serving_sessions_measured_in_the_console_and_by_the_subcomman
     public, tuned = tmp_path / "shelf" / "public", tmp_path / "runs" / "ft" / "out" / "final"
     write_drafter(public, seed=1)
     write_drafter(tuned, seed=2)
-    servers = [VllmMetricsStandin(State(drafts=100, draft_tokens=300, accepted=150,
-                                        per_position=(80, 50, 20), generation_tokens=1000)),
-               VllmMetricsStandin(State(drafts=100, draft_tokens=300, accepted=240,
-                                        per_position=(95, 85, 60), generation_tokens=1000))]
+    # the stand-in vllm stays silent: the test serves the figures on the servers' ports
+    drop_fields(tmp_path / "bin" / "vllm", "mute")
+    ports = [free_port(), free_port()]
+    servers: list[VllmMetricsStandin] = []
     cfg = local_config(tmp_path / "host")
     app = local_app(cfg)
     host = next(iter(cfg.hosts))
     try:
         async with app.run_test(size=SIZE) as pilot:
-            for ckpt, srv in ((public, servers[0]), (tuned, servers[1])):
-                await serve(cfg, host, ServeRequest(str(ckpt), str(verifier), port=srv.port),
+            for ckpt, port in zip((public, tuned), ports, strict=True):
+                await serve(cfg, host, ServeRequest(str(ckpt), str(verifier), port=port),
                             app.pool)
+            servers += [
+                VllmMetricsStandin(State(drafts=100, draft_tokens=300, accepted=150,
+                                         per_position=(80, 50, 20), generation_tokens=1000),
+                                   port=ports[0]),
+                VllmMetricsStandin(State(drafts=100, draft_tokens=300, accepted=240,
+                                         per_position=(95, 85, 60), generation_tokens=1000),
+                                   port=ports[1])]
             await pilot.press("6")
             await pilot.press("m")
             screen = app.screen

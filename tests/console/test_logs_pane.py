@@ -444,3 +444,30 @@ def test_model_parses_vllm_lines_with_colours() -> None:
     assert m.total == N_LINES and len(m.engine) == 60 and len(m.spec) == 60
     assert all("\x1b" not in e.text for e in m.lines)
     assert m.engine[0].running is not None and m.spec[0].mean_acceptance_length is not None
+
+
+async def test_a_serving_runs_own_log_is_followed(tmp_path: Path) -> None:
+    """No log configured, but `serve` runs vLLM there: its run's output.log is the log shown
+    (not "no logs configured")."""
+    import json
+
+    from tests.runs_registry import local_app, local_config, write_run
+
+    run_dir = write_run(tmp_path, "serve-ft-20261130-100000-aaaa", [], status="running",
+                        start=time.time() - 60, train_json=False)
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec.update(engine=False, profile="serve-ft", stdout="output.log",
+               argv=["vllm", "serve", "/data/target", "--port", "8123"])
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    (run_dir / "output.log").write_text("INFO 12-03 13:43:44 Starting vLLM server on "
+                                        "http://127.0.0.1:8123\n")
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        pane = app.screen.query_one(LogsPane)
+        await _wait(lambda: pane.model.total > 0)
+        pane.redraw(force=True)
+        status = pane.query_one(StatusLine).plain
+        assert "output.log" in status and "no logs configured" not in status, status
+        entry = pane.model.at(0)
+        assert entry is not None and "Starting vLLM server on" in entry.text

@@ -285,3 +285,35 @@ async def test_served_acceptance_is_a_third_series(tmp_path: Path) -> None:
         assert screen.feed.progress.last_metrics == steps[-1]["values"]
         title = plot.render().plain.splitlines()[0]
         assert f"served {served[-1][1]:.3f}" in title
+
+
+async def test_a_serving_run_says_what_it_serves_not_that_it_waits(tmp_path: Path) -> None:
+    """A running `serve` run (vLLM: no progress events, ever): no 0% bar and no "waiting for the
+    first progress event…", but what it serves and where; its log below."""
+    run_dir = write_run(tmp_path, "serve-ft-final-20261130-100000-aaaa", [], status="running",
+                        start=time.time() - 60, train_json=False)
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec.update(engine=False, profile="serve-ft-final", stdout="output.log", argv=[
+        "vllm", "serve", "/data/target", "--port", "8123", "--speculative-config",
+        json.dumps({"method": "eagle3", "model": "/data/ft/out/final",
+                    "num_speculative_tokens": 3}), "--host", "127.0.0.1"])
+    (run_dir / "run.json").write_text(json.dumps(rec))
+    (run_dir / "events.jsonl").unlink()
+    (run_dir / "output.log").write_text("INFO Application startup complete.\n")
+    app = local_app(local_config(tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        table = app.screen.query_one(RunTable)
+        await wait_for(pilot, lambda: bool(table.ids))
+        table.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+        screen = app.screen
+        assert isinstance(screen, RunDetailScreen)
+        tail = screen.query_one(LogTail)
+        await wait_for(pilot, lambda: "Application startup complete" in tail.render().plain)
+        screen.refresh_view(force=True)
+        await pilot.pause()
+        text = str(screen.query_one("#detail-progress", Static).render())
+        assert text == "serving /data/ft/out/final in vLLM on port 8123 (its log below)", text
+        assert not screen.query_one("#detail-bar", ProgressBar).display

@@ -118,7 +118,9 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
     assert argv[:2] == ["serve", str(verifier)]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--port") + 1] == str(port)
-    assert argv[-4:] == ["--max-model-len", "4096", "--served-model-name", "a b"]
+    # the words after `--` as given, then the console's loopback, which nothing overrides
+    assert argv[-6:] == ["--max-model-len", "4096", "--served-model-name", "a b", "--host",
+                         "127.0.0.1"]
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert set(spec) <= set(SPEC_CONFIG_FIELDS)
     assert spec == {"method": "eagle3", "model": str(ckpt), "num_speculative_tokens": 5}
@@ -149,8 +151,11 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
         recs = await list_runs(pool["box"], out["id"])
         assert recs[0].profile == profile_name(str(ckpt)) == "serve-ft-final"
         rc2 = await asyncio.to_thread(cli_main, [
-            "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier)])
-        assert rc2 != 0 and "already running" in capsys.readouterr().err
+            "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier),
+            "--port", str(free_port())])
+        err = capsys.readouterr().err
+        assert rc2 != 0 and f"already served by run {out['id']} (port {port})" in err, err
+        assert "--force and another --port" in err and "launch" not in err
         stopped = await stop_run(cfg, out["id"], pool, grace=2.0)
         assert stopped.status == "stopped"
     finally:
@@ -518,3 +523,50 @@ async def test_a_refused_serve_stays_on_screen_until_dismissed(tmp_path: Path) -
         await wait_for(pilot, lambda: view.report is not None and view.error is None)
         assert view.heading == first
 
+
+
+@pytest.mark.slow
+async def test_serve_shows_the_servers_last_log_line_while_it_waits(
+        tmp_path: Path, standin_vllm: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that logs but does not answer yet (vLLM loading, compiling): each new last
+    line of its log is shown while `serve` waits."""
+    cfg, cfg_path = local_config(tmp_path)
+    ckpt = tmp_path / "drafter"
+    write_drafter(ckpt)
+    verifier = write_verifier(tmp_path / "target")
+    drop_fields(standin_vllm, "mute")
+    try:
+        assert await _serve(cfg_path, ckpt, verifier, free_port(), "--json",
+                            "--check-timeout", "10") == 0
+    finally:
+        await _stop_all(cfg)
+    waits = [ln for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("  waiting for vLLM (")]
+    assert waits and waits[-1].endswith(': INFO:     127.0.0.1:43406 - "GET /metrics '
+                                        'HTTP/1.1" 200 OK'), waits
+
+
+async def test_the_last_log_line_is_text_with_a_progress_bar_at_its_latest(
+        tmp_path: Path) -> None:
+    from console.checkpoints.serve_wait import last_log_line
+    from console.scheduler.records import Run
+    from console.scheduler.run_record import RunRecord
+    from console.scheduler.run_status import RunStatus
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rec = RunRecord(id="serve-x-1", host="box", profile="serve-x", status=RunStatus.RUNNING,
+                    run_dir=str(run_dir))
+    host = Host(HostConfig(name="box", root=str(tmp_path / "root")))
+    try:
+        run = Run("serve-x-1", [rec])
+        assert await last_log_line(host, run) == ""       # no log yet
+        (run_dir / "output.log").write_bytes(
+            b"x" * 20000 + b"\nLoading weights:  10%|#\rLoading weights: 100%|##| 66/66\r\n\n")
+        assert await last_log_line(host, run) == "Loading weights: 100%|##| 66/66"
+        with open(run_dir / "output.log", "ab") as f:
+            f.write(b"\x1b[32mINFO\x1b[0m compile warmup \x1b]0;pwned\x07 " + b"y" * 300 + b"\n")
+        line = await last_log_line(host, run)
+        assert line.startswith("INFO compile warmup  yyy") and len(line) == 200  # no escapes
+    finally:
+        await host.close()

@@ -27,7 +27,7 @@ def test_a_swappable_server_stays_on_the_loopback_with_our_backend() -> None:
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--worker-extension-cls") + 1] == EXTENSION
     assert json.loads(argv[argv.index("--weight-transfer-config") + 1]) == {"backend": BACKEND}
-    assert argv[-2:] == ["--max-model-len", "64"]
+    assert argv[-4:] == ["--max-model-len", "64", "--host", "127.0.0.1"]
     assert vllm_env(req) == {"VLLM_SERVER_DEV_MODE": "1"}
     off = ServeRequest(ckpt="/d", verifier="/t", swappable=False)
     assert "--weight-transfer-config" not in vllm_argv(off) and vllm_env(off) == {}

@@ -115,9 +115,11 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def bench(server: dict[str, Any], prompts: Path) -> dict[str, Any]:
+def bench(server: dict[str, Any], prompts: Path, *extra: str) -> dict[str, Any]:
+    """A fixed-length replay unless `extra` says otherwise: every reply the same length."""
     return dict(cli(server["cfg"], "bench", "box", "--prompts", str(prompts), "-n",
-                    str(N_PROMPTS), "--max-tokens", str(MAX_TOKENS), "--json"))
+                    str(N_PROMPTS), "--max-tokens", str(MAX_TOKENS), "--json",
+                    *(extra or ("--fixed-length",))))
 
 
 def greedy(target: Path, prompt: list[int], n: int) -> list[int]:
@@ -255,7 +257,9 @@ def test_eval_vllm_engine_agrees_with_the_server(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`engine eval --vllm-engine` (the target in vLLM's engine, the drafter as its speculative
     config) within 10% of what the server measures on the same held-out prompts, k and
-    length (the figures tests/console/test_vllm_serve.py compares plain `engine eval` with)."""
+    length (the figures tests/console/test_vllm_serve.py compares plain `engine eval` with),
+    and of what `bench` measures there by default: its replies stop at EOS, as eval's do
+    (a fixed length past EOS measures text no conversation holds, and far lower)."""
     from tests.console.test_vllm_serve import NEW_TOKENS, held_out_prompts
     from tests.vllm_real import answer, engine_in_vllm
     cli(server["cfg"], "swap", "box", str(drafters["early"]), "--json")
@@ -264,8 +268,23 @@ def test_eval_vllm_engine_agrees_with_the_server(
                                 str(drafters["early"]), "--target", str(demo_dir / "target"),
                                 "--data", str(demo_dir / "eval"), "--steps", str(K),
                                 "--max-new-tokens", str(NEW_TOKENS), "--json"))
+    conversations = demo_dir / "conversations" / "eval.jsonl"
+    benched = dict(cli(server["cfg"], "bench", "box", "--prompts", str(conversations),
+                       "--max-tokens", str(NEW_TOKENS), "--concurrency", "8", "--json"))
+    fixed = dict(cli(server["cfg"], "bench", "box", "--prompts", str(conversations),
+                     "--max-tokens", str(NEW_TOKENS), "--concurrency", "8", "--fixed-length",
+                     "--json"))
+    al, al_fixed = (r["total"]["acceptance_length"] for r in (benched, fixed))
     with capsys.disabled():
         print(f"\nserved {served:.3f}, eval --vllm-engine {est['acceptance_length']:.3f} "
-              f"({est['drafts']} drafts, {est['samples']} samples)")
+              f"({est['drafts']} drafts, {est['samples']} samples), bench {al:.3f} "
+              f"({benched['completion_tokens']} tokens), bench --fixed-length {al_fixed:.3f}")
     assert est["engine"] == "vllm" and est["samples"] == len(held_out_prompts(demo_dir))
     assert abs(est["acceptance_length"] - served) / served < 0.10
+    # bench's prompts are eval's (the chat template applied by vLLM to the same conversations)
+    assert sorted(map(tuple, benched["prompt_token_ids"])) == \
+        sorted(map(tuple, held_out_prompts(demo_dir)))
+    assert benched["stop"] == "eos" and fixed["stop"] == "fixed"
+    assert benched["completion_tokens"] < fixed["completion_tokens"] == \
+        NEW_TOKENS * len(held_out_prompts(demo_dir))
+    assert abs(al - est["acceptance_length"]) / est["acceptance_length"] < 0.10, (al, est)
