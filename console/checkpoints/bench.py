@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.checkpoints.compare import record_scrape
-from console.checkpoints.server_http import ServerError, call
-from console.checkpoints.swap import base_url, find_session, now_serving, read_swaps
+from console.checkpoints.live import serving_now
+from console.checkpoints.server_http import call
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host
 from console.logs.metrics_service import scrape
@@ -255,18 +255,6 @@ def parse_model_id(doc: Any, what: str) -> str:
     return mid
 
 
-def parse_weight_version(doc: Any, what: str) -> str:
-    """/weight_info's weight version ("default" when the server never swapped)."""
-    if not isinstance(doc, dict):
-        raise BadAnswer(what, "answer", doc, "an object")
-    v = doc.get("weight_version")
-    if v is None:
-        return "default"
-    if not isinstance(v, str):
-        raise BadAnswer(what, "weight_version", v, "a string")
-    return v
-
-
 async def _one(host: Host, url: str, model: str, messages: list[dict[str, str]],
                max_tokens: int, fixed_length: bool) -> tuple[float, Answer]:
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens,
@@ -316,51 +304,6 @@ async def _settled(host: Host, metrics: str, before: Snapshot, tokens: int) -> S
         await asyncio.sleep(0.2)
 
 
-@dataclass(frozen=True)
-class Serving:
-    """Which drafter the server runs, as it says itself, and what this workstation's records
-    say where they disagree."""
-
-    drafter: str
-    weight_version: str | None       # None: a server without the weight-update routes
-    disagrees: str | None            # one line, when the records name another drafter
-
-
-async def _started_with(host: Host, base: str) -> str | None:
-    """The drafter folder the server started with: its speculative config (`/server_info`)."""
-    try:
-        info = await call(host.transport, base + "/server_info?config_format=json")
-    except ServerError:
-        return None
-    cfg = info.get("vllm_config") if isinstance(info, dict) else None
-    spec = cfg.get("speculative_config") if isinstance(cfg, dict) else None
-    model = spec.get("model") if isinstance(spec, dict) else None
-    return model if isinstance(model, str) and model else None
-
-
-async def live_serving(host: Host, base: str, session: dict[str, Any]) -> Serving:
-    """The drafter the server runs now: its `/weight_info` version (a swapped drafter's folder
-    from the swap that wrote that version, wherever it was recorded), for `default` the
-    speculative model it started with; this workstation's records only where the server has
-    no weight-update routes."""
-    recorded, _ = now_serving(session)
-    if not session.get("swappable"):
-        return Serving(recorded, None, None)
-    what = f"{host.name}: GET {base}/weight_info"
-    version = parse_weight_version(await call(host.transport, base + "/weight_info"), what)
-    if version == "default":
-        drafter = await _started_with(host, base) or str(session.get("drafter"))
-    else:
-        folders = [str(s.get("drafter")) for s in read_swaps()
-                   if s.get("weight_version") == version]
-        drafter = folders[-1] if folders else version.split("@", 1)[0]
-    disagrees = None
-    if posixpath.normpath(drafter) != posixpath.normpath(recorded):
-        disagrees = f"this workstation's records say {recorded} serves; the server reports " \
-                    f"{version} ({drafter})"
-    return Serving(drafter, version, disagrees)
-
-
 async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | None = None,
                  max_tokens: int = 64, concurrency: int = 1,
                  fixed_length: bool = False) -> dict[str, Any]:
@@ -369,11 +312,11 @@ async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | 
     if not prompts or max_tokens < 1 or concurrency < 1:
         raise ConsoleError("bench: needs prompts, --max-tokens >= 1 and --concurrency >= 1")
     await host.connect()
-    session = find_session(host.name, url)
-    base = url.rstrip("/") if url else base_url(session)
+    # the drafter as the server names it (console/checkpoints/live.py), not as records say
+    session, serving = await serving_now(host, url)
+    base = serving.url
     model = parse_model_id(await call(host.transport, base + "/v1/models"),
                            f"{host.name}: GET {base}/v1/models")
-    serving = await live_serving(host, base, session)
     metrics = base + "/metrics"
     before = await scrape(host.transport, split_url(metrics))
     gate = asyncio.Semaphore(concurrency)
@@ -392,8 +335,8 @@ async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | 
     grown = (after.generation_tokens or 0) - (before.generation_tokens or 0)
     lat = sorted(t for t, _ in timed)
     specs = [a.spec for a in answers]
-    out = {"host": host.name, "url": metrics, "run_id": session.get("run_id"), "bench": True,
-           "drafter": serving.drafter, "weight_version": serving.weight_version,
+    out = {"host": host.name, "url": metrics, "run_id": session.run_id if session else None,
+           "bench": True, "drafter": serving.name, "weight_version": serving.version,
            "records_disagree": serving.disagrees, "t": round(time.time(), 3),
            "prompts": len(prompts), "max_tokens": max_tokens,
            "stop": "fixed" if fixed_length else "eos", "concurrency": concurrency,
@@ -408,5 +351,6 @@ async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | 
            "replies": [a.token_ids if a.token_ids is not None else a.text for a in answers],
            "prompt_token_ids": [a.prompt_token_ids for a in answers]}
     left_out = ("replies", "prompt_token_ids", "per_request")  # in --json only
-    record_scrape(str(session.get("run_id")), {k: v for k, v in out.items() if k not in left_out})
+    if session is not None:   # compare lists it under the serving session it measured
+        record_scrape(session.run_id, {k: v for k, v in out.items() if k not in left_out})
     return out

@@ -32,7 +32,6 @@ import json
 import os
 import posixpath
 import time
-from pathlib import Path
 from typing import Any
 
 from console.checkpoints.journal import swaps_path
@@ -45,8 +44,6 @@ from console.checkpoints.live import (
 )
 from console.checkpoints.serve import (
     drafter_fields,
-    read_records,
-    read_sessions,
     refusal,
     session_provenance,
 )
@@ -73,34 +70,6 @@ def record_swap(entry: dict[str, Any]) -> None:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-# -- the journal's view of a host's newest session (what `bench` names; the server itself is
-# -- asked by console/checkpoints/live.py serving_now)
-
-def base_url(session: dict[str, Any]) -> str:
-    return f"http://127.0.0.1:{session.get('port')}"
-
-
-def find_session(host_name: str, url: str | None) -> dict[str, Any]:
-    """The newest serving session on the host (at `url` when given: its base URL)."""
-    want = url.rstrip("/") if url else None
-    found = [s for s in read_sessions() if s.get("host") == host_name
-             and (want is None or base_url(s) == want or s.get("metrics") == want)]
-    if not found:
-        at = f" at {url}" if url else ""
-        raise ConsoleError(f"{host_name}: no vLLM server started by `serve`{at} is recorded "
-                           "(serve one first; `compare` lists them)")
-    return max(found, key=lambda s: float(s.get("started") or 0))
-
-
-def now_serving(session: dict[str, Any]) -> tuple[str, str | None]:
-    """The drafter the journal says the session's server runs, and its weight version."""
-    done = [s for s in read_records(Path(swaps_path())) if s.get("run_id")
-            and s.get("run_id") == session.get("run_id")]
-    if done:
-        return str(done[-1]["drafter"]), str(done[-1]["weight_version"])
-    return str(session.get("drafter")), None
 
 
 def layer_kind(raw: dict[str, Any]) -> str:

@@ -63,7 +63,8 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     al = t.get("acceptance_length")
     length = f"x {res['max_tokens']} tokens (fixed length, past EOS)" if res["stop"] == "fixed" \
         else f"to EOS (at most {res['max_tokens']} tokens; {res['completion_tokens']} generated)"
-    version = f" ({res['weight_version']})" if res["weight_version"] else ""
+    version = f" ({res['weight_version']})" \
+        if res["weight_version"] and res["weight_version"] != res["drafter"] else ""
     print(f"{args.host}: {res['prompts']} prompts {length}, concurrency {res['concurrency']}, "
           f"{res['drafter']}{version}")
     print(f"  acceptance length {al:.3f}" if al is not None else "  no drafts measured")

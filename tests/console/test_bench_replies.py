@@ -114,7 +114,7 @@ def _reply(**change: Any) -> bytes:
 MALFORMED = {
     "models-list": ("/v1/models", b'[{"id": "target"}]', "`answer` is a list"),
     "models-data-object": ("/v1/models", b'{"data": {"id": "target"}}', "`data` is an object"),
-    "weight-info-list": ("/weight_info", b'["default"]', "`answer` is a list"),
+    "weight-info-list": ("/weight_info", b'["default"]', "GET /weight_info: no weight_version"),
     "choices-object": ("/v1/chat/completions", _reply(choices={"0": {}}),
                        "`choices` is an object"),
     "message-string": ("/v1/chat/completions",
@@ -154,11 +154,13 @@ def test_the_server_names_the_drafter_not_the_workstations_records(
         rc, out, err = bench(box, capsys, "--prompts", str(prompts), "--json")
         assert rc == 0, err
         res = json.loads(out)
-        assert (res["drafter"], res["weight_version"]) == ("other", "other@0123456789abcdef")
-        assert "records say /drafters/first serves" in res["records_disagree"]
+        # no swap recorded here wrote that version: named by its version, not a guessed folder
+        assert (res["drafter"], res["weight_version"]) == ("other@0123456789abcdef",) * 2
+        assert "records say" in res["records_disagree"] and \
+            "(/drafters/first); the server says other@0123456789abcdef" in res["records_disagree"]
         rc, out, err = bench(box, capsys, "--prompts", str(prompts))
-        assert rc == 0 and "other (other@0123456789abcdef)" in out
-        assert "warning: this workstation's records say /drafters/first" in err
+        assert rc == 0 and out.splitlines()[0].endswith(", other@0123456789abcdef"), out
+        assert "warning: this console's records say" in err and "/drafters/first" in err
         # `default`: the drafter the server started with, from its own speculative config
         fake.answers.clear()
         rc, out, err = bench(box, capsys, "--prompts", str(prompts), "--json")
