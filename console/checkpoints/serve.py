@@ -26,9 +26,9 @@ import shlex
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from console.checkpoints.journal import sessions_path
 from console.checkpoints.serve_guard import (
     argv_port,
     check_extra,
@@ -42,7 +42,7 @@ from console.hosts.host import Host, HostPool
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import launch, list_runs
 from console.scheduler.records import Run
-from console.settings.config import Config, Profile, data_dir
+from console.settings.config import Config, Profile
 from console.transport.small_files import json_why, read_small
 
 # SpeculativeConfig fields vLLM documents (vllm/config/speculative.py); we write only these.
@@ -209,10 +209,6 @@ def session_provenance(report: InspectReport) -> dict[str, Any]:
     return keep
 
 
-def sessions_path() -> Path:
-    return data_dir() / "serving.jsonl"
-
-
 def record_session(entry: dict[str, Any]) -> None:
     """Append one serving session (a line; appends of one line are atomic enough here)."""
     p = sessions_path()
@@ -221,28 +217,6 @@ def record_session(entry: dict[str, Any]) -> None:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """A JSON-lines record file's objects, oldest first (malformed lines skipped)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict):
-            out.append(d)
-    return out
-
-
-def read_sessions() -> list[dict[str, Any]]:
-    """Every recorded serving session, oldest first (malformed lines skipped)."""
-    return read_records(sessions_path())
 
 
 async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPool, *,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from console.checkpoints.journal import sessions
 from console.checkpoints.serve import (
     NOT_SHOWN,
     SPEC_CONFIG_FIELDS,
@@ -29,7 +30,6 @@ from console.checkpoints.serve import (
     compare_served,
     parse_startup_log,
     profile_name,
-    read_sessions,
 )
 from console.cli import main as cli_main
 from console.hosts.host import Host, HostPool
@@ -135,12 +135,12 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
     assert served["not_shown_by_vllm"] == ["norm_before_fc", "draft_vocab_size"]
     # the loop closes: the session's metrics URL, scraped through the host, reads what the
     # served "vllm" measured (acceptance length 3.4 per interval)
-    session = read_sessions()[-1]
-    assert session["metrics"] == f"http://127.0.0.1:{port}/metrics"
+    session = sessions()[-1]
+    assert session.metrics == f"http://127.0.0.1:{port}/metrics"
     await wait_port(port)
     capsys.readouterr()
     rc = await asyncio.to_thread(cli_main, [
-        "--config", str(cfg_path), "metrics", "box", "--url", session["metrics"], "--json",
+        "--config", str(cfg_path), "metrics", "box", "--url", session.metrics, "--json",
         "--count", "2", "--interval", "0.05"])
     scrapes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rc == 0 and len(scrapes) == 2
@@ -160,7 +160,7 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
         assert stopped.status == "stopped"
     finally:
         await pool.close()
-    assert session["run_id"] == out["id"] and session["k"] == 5
+    assert session.run_id == out["id"] and session.k == 5
 
 
 @pytest.mark.parametrize("case", ["failed-check", "vocab", "hidden", "no-config"])
