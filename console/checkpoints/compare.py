@@ -25,8 +25,6 @@ session that served its host and URL at its time.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -39,6 +37,7 @@ from console.checkpoints.journal import (
     Scrape,
     Session,
     SwapRecord,
+    append,
     results_path,
     scrapes,
     sessions,
@@ -81,12 +80,7 @@ class Row:
 
 def record_scrape(run_id: str, scrape: dict[str, Any]) -> None:
     """Keep one scrape (a `metrics --json` object) under its serving run."""
-    p = results_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"run_id": run_id, **scrape}, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append(results_path(), {"run_id": run_id, **scrape})
 
 
 def read_scrapes(paths: Iterable[Path]) -> list[Scrape]:

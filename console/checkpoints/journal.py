@@ -11,10 +11,12 @@ never a crash: the journal is text any editor, a full disk or an older console m
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,57 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
         if isinstance(d, dict):
             out.append(d)
     return out
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One writer at a time across the three files (appends and `forget`'s rewrite): a line
+    appended while `forget` rewrites its file would be lost with the old file."""
+    data_dir().mkdir(parents=True, exist_ok=True)
+    with open(data_dir() / ".serving-journal.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def append(path: Path, entry: dict[str, Any]) -> None:
+    """Add one record as one line (the only way a record is written)."""
+    line = json.dumps(entry, sort_keys=True) + "\n"
+    with _locked(), open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def forget(run_ids: set[str]) -> int:
+    """Drop every record of these serving runs (sessions, swaps, scrapes and replays) from the
+    three files, each rewritten to a temp file and renamed over; how many lines went. Lines of
+    other runs are kept byte for byte, damaged ones included."""
+    gone = 0
+    with _locked():
+        for path in (sessions_path(), swaps_path(), results_path()):
+            try:
+                lines = path.read_bytes().splitlines(keepends=True)
+            except FileNotFoundError:
+                continue
+            keep = []
+            for raw in lines:
+                try:
+                    d = json.loads(raw)
+                except (ValueError, RecursionError):
+                    d = None
+                if isinstance(d, dict) and d.get("run_id") in run_ids:
+                    gone += 1
+                else:
+                    keep.append(raw)
+            if len(keep) == len(lines):
+                continue
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            with open(tmp, "wb") as f:
+                f.writelines(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    return gone
 
 
 def text(v: Any) -> str | None:

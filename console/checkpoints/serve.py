@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import posixpath
 import re
 import shlex
@@ -28,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from console.checkpoints.journal import sessions_path
+from console.checkpoints.journal import append, sessions_path
 from console.checkpoints.serve_guard import (
     argv_port,
     check_extra,
@@ -211,12 +210,7 @@ def session_provenance(report: InspectReport) -> dict[str, Any]:
 
 def record_session(entry: dict[str, Any]) -> None:
     """Append one serving session (a line; appends of one line are atomic enough here)."""
-    p = sessions_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append(sessions_path(), entry)
 
 
 async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPool, *,

@@ -29,12 +29,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import posixpath
 import time
 from typing import Any
 
-from console.checkpoints.journal import swaps_path
+from console.checkpoints.journal import append, swaps_path
 from console.checkpoints.live import (
     DEFAULT,
     Served,
@@ -64,12 +63,7 @@ UNKNOWN = "unknown: "
 
 
 def record_swap(entry: dict[str, Any]) -> None:
-    p = swaps_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append(swaps_path(), entry)
 
 
 def layer_kind(raw: dict[str, Any]) -> str:

@@ -1,18 +1,21 @@
-"""`eagle3-console compare [--measure S] [--from FILE ...] [--json]`: one row per serving session
-(`serve`) and weight version, and one per `bench` replay: the drafter, the weight version the
-server said, its provenance, k, and what vLLM measured while serving it: acceptance length,
-per-position acceptance, generation throughput, how long it was watched."""
+"""`eagle3-console compare [--measure S] [--from FILE ...] [--json] [--forget RUN ...]`: one row
+per serving session (`serve`) and weight version, and one per `bench` replay: the drafter, the
+weight version the server said, its provenance, k, and what vLLM measured while serving it:
+acceptance length, per-position acceptance, generation throughput, how long it was watched.
+--forget drops serving runs' records from this workstation's journal (`runs --prune` forgets
+runs on a host, not what was measured of them here)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 
 from console.checkpoints.compare import Measurer, Row, table
-from console.checkpoints.journal import sessions
+from console.checkpoints.journal import forget, sessions
 from console.hosts.host import HostPool
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
@@ -28,6 +31,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="files", action="append", default=[], metavar="FILE",
                    help="also read saved `metrics --json` output (repeatable)")
     p.add_argument("--json", action="store_true", help="one JSON object per row")
+    p.add_argument("--forget", nargs="+", metavar="RUN", default=None,
+                   help="forget these serving runs: their sessions, swaps and measurements "
+                        "(run ids as `compare --json` and `runs HOST` show them)")
 
 
 async def measure(config: Config, seconds: float) -> None:
@@ -81,6 +87,17 @@ def render(rows: list[Row]) -> str:
 
 
 async def run(args: argparse.Namespace, config: Config) -> int:
+    if args.forget:
+        known = {r.run_id for r in table([])}
+        unknown = [r for r in args.forget if r not in known]
+        if unknown:
+            print(f"error: no serving session recorded for {', '.join(unknown)} (`compare "
+                  "--json` lists them)", file=sys.stderr)
+            return 1
+        n = forget(set(args.forget))
+        print(f"forgot {', '.join(args.forget)}: {n} records (the servers and their runs are "
+              "untouched)")
+        return 0
     if args.measure is not None:
         await measure(config, max(0.0, args.measure))
     rows = table([Path(f) for f in args.files])

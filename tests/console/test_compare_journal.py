@@ -201,3 +201,32 @@ def test_the_provenance_column_is_whole(capsys: pytest.CaptureFixture[str]) -> N
     out = capsys.readouterr().out
     assert "finetune-20261205-080000-ab12@150 < public-eagle3" in out, out
     assert out.splitlines()[0].split()[:3] == ["DRAFTER", "VERSION", "PROVENANCE"]
+
+
+def test_forget_drops_a_serving_runs_records_and_keeps_every_other_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`compare --forget RUN`: the run's session, swaps, scrapes and replays go; another run's
+    records and the damaged lines stay byte for byte; an unknown run is named, nothing lost."""
+    write_journal(with_damage=True)
+    record_session({"run_id": "serve-keep-5", "host": "local", "drafter": "/m/keep", "k": 3,
+                    "port": 8001, "started": T0 + 5})
+    record_scrape("serve-keep-5", {"host": "local", "url": URL, "t": T0 + 6,
+                                   "total": total(10, 10)})
+    files = (sessions_path(), swaps_path(), results_path())
+    before = {p: p.read_bytes().splitlines(keepends=True) for p in files}
+    assert cli_main(["compare", "--forget", "serve-nope"]) == 1
+    assert "no serving session recorded for serve-nope" in capsys.readouterr().err
+    assert {p: p.read_bytes().splitlines(keepends=True) for p in files} == before
+    assert cli_main(["compare", "--forget", "serve-pub-1"]) == 0
+    assert "forgot serve-pub-1:" in capsys.readouterr().out
+
+    def of_pub(line: bytes) -> bool:
+        try:
+            return json.loads(line).get("run_id") == "serve-pub-1"
+        except (ValueError, AttributeError, RecursionError):
+            return False
+    for p in files:
+        assert p.read_bytes().splitlines(keepends=True) == \
+            [ln for ln in before[p] if not of_pub(ln)], p.name
+    left = {r.run_id for r in table()}
+    assert "serve-pub-1" not in left and "serve-keep-5" in left
