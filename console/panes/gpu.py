@@ -124,6 +124,9 @@ class GpuPane(ShownTimers, Vertical):
         detail.display = not detail.display
         self.refresh_view(force=True)
 
+    def action_cycle_sort(self) -> None:
+        self.query_one(ProcessTable).action_cycle_sort()
+
     def on_gpu_table_cursor_moved(self, _event: GpuTable.CursorMoved) -> None:
         self.refresh_view(force=True)
 

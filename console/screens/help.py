@@ -38,6 +38,7 @@ def sections(first: str | None = None) -> list[Section]:
         title = SECTIONS[sid]
         rows: list[tuple[str, str]] = []
         labels: dict[str, int] = {}     # label -> its row, for keys that share one
+        listed: set[str] = set()        # a key bound twice (a pane's and its table's enter)
         for k in (k for k in KEYS if k.section == sid):
             if k.keys.isdigit():
                 if k.keys == "1":
@@ -45,6 +46,9 @@ def sections(first: str | None = None) -> list[Section]:
                     rows.append((f"1-{len(PANES)}", f"show a pane: {tabs}"))
                 continue
             key = key_display(k.keys)
+            if key in listed:           # one row per key: the first says what it does
+                continue
+            listed.add(key)
             if k.label in labels:
                 row = labels[k.label]
                 if key not in rows[row][0].split():
@@ -75,7 +79,7 @@ def render_sections(secs: list[Section]) -> Group:
 
 
 class HelpScreen(ModalScreen[None]):
-    """Every key by pane; any of esc, q or ? closes it."""
+    """Every key by pane; esc or ? closes it (q quits, as everywhere)."""
 
     KEY_SECTION: ClassVar[str] = "help"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("help"))

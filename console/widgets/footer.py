@@ -9,8 +9,10 @@ the next pane that has more. Only a footer that must grow, or one with grouped k
 the stock way.
 
 Below NARROW columns (an 80-column terminal) the footer is compact: less space between keys,
-the palette key without its label, and no `q Quit` (q still quits; help lists it), so a pane's
-own keys and `? Help` fit."""
+the short labels of the key map (`Stop` for `Stop run`), the palette key without its label, and
+no `q Quit` (q still quits; help lists it); `[ ] Host` goes too where the pane's own keys need
+its room (the header names the host; `[` and `]` still switch), so every key of a pane and
+`? Help` fit."""
 
 from __future__ import annotations
 
@@ -18,11 +20,14 @@ from collections import defaultdict
 from itertools import groupby
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer as _Footer
 from textual.widgets._footer import FooterKey
+
+from console.ui.keymap import SHORT
 
 if TYPE_CHECKING:
     from textual.screen import Screen
@@ -30,7 +35,9 @@ if TYPE_CHECKING:
 # what one key shows: key, key display, description, action, disabled, tooltip
 Spec = tuple[str, str, str, str, bool, str]
 NARROW = 100                       # columns: below this the main screen folds its hosts list
-_NARROW_HIDDEN = {"app.quit"}      # actions a narrow footer leaves out
+_NARROW_HIDDEN = {"quit", "app.quit"}   # actions a narrow footer leaves out
+_NARROW_SPARE = {"cycle_host(-1)"}       # ... and these where the pane's keys need the room
+_PALETTE_W = 5                           # columns the compact palette key takes at the right
 
 
 class Footer(_Footer):
@@ -96,8 +103,13 @@ class Footer(_Footer):
                 return None
             for bindings in same_group:
                 binding, enabled, tooltip = bindings[0]
-                keys.append((binding.key, app.get_key_display(binding), binding.description,
+                label = binding.description
+                if self._narrow:
+                    label = SHORT.get(label, label)
+                keys.append((binding.key, app.get_key_display(binding), label,
                              binding.action, not enabled, tooltip))
+        if self._narrow:
+            keys = _fit(keys, self.size.width or app.size.width)
         palette: Spec | None = None
         if self.show_command_palette and app.ENABLE_COMMAND_PALETTE \
                 and app.COMMAND_PALETTE_BINDING in active:
@@ -127,6 +139,15 @@ class Footer(_Footer):
         if palette_key is not None and palette is not None:
             _set_key(palette_key, palette)
         return True
+
+
+def _fit(keys: list[Spec], width: int) -> list[Spec]:
+    """A compact footer's keys without the spare ones when all would not fit `width`."""
+    # each key: its display, a space, its label, and a column between it and the next
+    used = sum(cell_len(display) + 2 + cell_len(label) for _k, display, label, *_r in keys)
+    if used + _PALETTE_W <= width:
+        return keys
+    return [k for k in keys if k[3] not in _NARROW_SPARE]
 
 
 def _set_key(widget: FooterKey, spec: Spec) -> None:
