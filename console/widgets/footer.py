@@ -17,20 +17,18 @@ its room (the header names the host; `[` and `]` still switch), so every key of 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from itertools import groupby
-from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import ActiveBinding, Binding
+from textual.screen import Screen
 from textual.widgets import Footer as _Footer
 from textual.widgets._footer import FooterKey
 
 from console.ui.keymap import SHORT
-
-if TYPE_CHECKING:
-    from textual.screen import Screen
 
 # what one key shows: key, key display, description, action, disabled, tooltip
 Spec = tuple[str, str, str, str, bool, str]
@@ -93,7 +91,7 @@ class Footer(_Footer):
         app = self.app
         active = self.screen.active_bindings
         by_action: defaultdict[str, list[tuple[Binding, bool, str]]] = defaultdict(list)
-        for _node, binding, enabled, tooltip in active.values():
+        for _node, binding, enabled, tooltip in _app_keys_first(active.values(), app):
             if binding.show and not (self._narrow and binding.action in _NARROW_HIDDEN):
                 by_action[binding.action].append((binding, enabled, tooltip))
         keys: list[Spec] = []
@@ -139,6 +137,16 @@ class Footer(_Footer):
         if palette_key is not None and palette is not None:
             _set_key(palette_key, palette)
         return True
+
+
+def _app_keys_first(active: Iterable[ActiveBinding], app: object) -> list[ActiveBinding]:
+    """The app's keys (q) where the screen's begin, as if the screen held them: a pane's
+    keys, then `q Quit  ? Help  [ ] Host`."""
+    entries = list(active)
+    own = [e for e in entries if e[0] is app]
+    rest = [e for e in entries if e[0] is not app]
+    at = next((i for i, e in enumerate(rest) if isinstance(e[0], Screen)), len(rest))
+    return rest[:at] + own + rest[at:]
 
 
 def _fit(keys: list[Spec], width: int) -> list[Spec]:

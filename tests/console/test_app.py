@@ -57,7 +57,11 @@ async def test_host_list_selects_the_host_for_every_pane(tmp_path: Path) -> None
         await pilot.pause()
         assert app.screen.sub_title.split()[0] == "gpu2"
         gpu = app.screen.query_one(GpuPane)
-        assert gpu.host == "gpu2" and "reconnecting" in app.screen.query_one(StatusLine).plain
+        # the pane says the host's state as the header does (the pool's), then its data's age
+        state = app.screen.sub_title.removeprefix("gpu2 ")
+        status = app.screen.query_one(StatusLine).plain
+        assert gpu.host == "gpu2" and status.startswith(f"gpu2 {state}"), (status, state)
+        assert "last data 40 s ago" in status, status
         await pilot.press("down")
         await pilot.pause()
         assert gpu.host == "local"
