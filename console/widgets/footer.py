@@ -9,10 +9,10 @@ the next pane that has more. Only a footer that must grow, or one with grouped k
 the stock way.
 
 Below NARROW columns (an 80-column terminal) the footer is compact: less space between keys,
-the short labels of the key map (`Stop` for `Stop run`), the palette key without its label, and
-no `q Quit` (q still quits; help lists it); `[ ] Host` goes too where the pane's own keys need
-its room (the header names the host; `[` and `]` still switch), so every key of a pane and
-`? Help` fit."""
+the palette key without its label, and no `q Quit` (q still quits; help lists it). At any width,
+keys that would not fit get the key map's short labels (`Stop` for `Stop run`), and if that is
+not enough `[ ] Host` goes (the header names the host; `[` and `]` still switch), so every key of
+a pane and `? Help` fit."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ from console.ui.keymap import SHORT
 Spec = tuple[str, str, str, str, bool, str]
 NARROW = 100                       # columns: below this the main screen folds its hosts list
 _NARROW_HIDDEN = {"quit", "app.quit"}   # actions a narrow footer leaves out
-_NARROW_SPARE = {"cycle_host(-1)"}       # ... and these where the pane's keys need the room
-_PALETTE_W = 5                           # columns the compact palette key takes at the right
+_SPARE = {"cycle_host(-1)"}              # left out where a pane's keys need the room
 
 
 class Footer(_Footer):
@@ -101,13 +100,8 @@ class Footer(_Footer):
                 return None
             for bindings in same_group:
                 binding, enabled, tooltip = bindings[0]
-                label = binding.description
-                if self._narrow:
-                    label = SHORT.get(label, label)
-                keys.append((binding.key, app.get_key_display(binding), label,
+                keys.append((binding.key, app.get_key_display(binding), binding.description,
                              binding.action, not enabled, tooltip))
-        if self._narrow:
-            keys = _fit(keys, self.size.width or app.size.width)
         palette: Spec | None = None
         if self.show_command_palette and app.ENABLE_COMMAND_PALETTE \
                 and app.COMMAND_PALETTE_BINDING in active:
@@ -115,6 +109,7 @@ class Footer(_Footer):
             palette = (binding.key, app.get_key_display(binding),
                        "" if self._narrow else binding.description,
                        binding.action, not enabled, binding.tooltip or binding.description)
+        keys = _fit(keys, palette, self.size.width or app.size.width, self._narrow)
         return tuple(keys), palette
 
     def _relabel(self, keys: tuple[Spec, ...], palette: Spec | None) -> bool:
@@ -140,22 +135,33 @@ class Footer(_Footer):
 
 
 def _app_keys_first(active: Iterable[ActiveBinding], app: object) -> list[ActiveBinding]:
-    """The app's keys (q) where the screen's begin, as if the screen held them: a pane's
-    keys, then `q Quit  ? Help  [ ] Host`."""
+    """The app's keys (q) before the screen's `?`, where its own q stood: `q Quit  ? Help`."""
     entries = list(active)
     own = [e for e in entries if e[0] is app]
     rest = [e for e in entries if e[0] is not app]
-    at = next((i for i, e in enumerate(rest) if isinstance(e[0], Screen)), len(rest))
+    at = next((i for i, e in enumerate(rest) if e[1].action == "app.help"), len(rest))
     return rest[:at] + own + rest[at:]
 
 
-def _fit(keys: list[Spec], width: int) -> list[Spec]:
-    """A compact footer's keys without the spare ones when all would not fit `width`."""
-    # each key: its display, a space, its label, and a column between it and the next
-    used = sum(cell_len(display) + 2 + cell_len(label) for _k, display, label, *_r in keys)
-    if used + _PALETTE_W <= width:
+def _fit(keys: list[Spec], palette: Spec | None, width: int, compact: bool) -> list[Spec]:
+    """The keys as they fit `width`: whole; else with the key map's short labels; else also
+    without the spare ones (`[ ] Host`)."""
+    def used(specs: list[Spec]) -> int:
+        # a compact key: display, space, label and a column before the next; a wide one has a
+        # column of padding each side instead
+        cols = sum(cell_len(d) + cell_len(label) + (2 if compact else 3)
+                   for _k, d, label, *_r in specs) - (1 if compact else 0)
+        if palette is not None:
+            cols += cell_len(palette[1]) + 2 + (cell_len(palette[2]) + 1 if palette[2] else 0)
+        return cols
+
+    if used(keys) <= width:
         return keys
-    return [k for k in keys if k[3] not in _NARROW_SPARE]
+    keys = [(k, d, SHORT.get(label, label), action, off, tip)
+            for k, d, label, action, off, tip in keys]
+    if used(keys) <= width:
+        return keys
+    return [k for k in keys if k[3] not in _SPARE]
 
 
 def _set_key(widget: FooterKey, spec: Spec) -> None:

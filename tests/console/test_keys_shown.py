@@ -48,9 +48,12 @@ async def test_every_pane_action_is_in_its_footer(tmp_path: Path, size: tuple[in
                     if k.section == tab_id and k.bound and k.palette}
             missing = sorted(want - set(shown))
             assert not missing, (title, size, missing, sorted(shown))
-            for key in want | {"question_mark"}:
-                region = shown[key].region
+            palette = shown.pop("ctrl+p").region
+            assert "question_mark" in shown, (title, size)
+            for key, widget in shown.items():   # whole, and clear of the palette key
+                region = widget.region
                 assert region.area and screen.contains_region(region), (title, key, region)
+                assert not region.overlaps(palette), (title, key, region, palette)
 
 
 def test_help_lists_each_key_once_per_section() -> None:
