@@ -299,7 +299,8 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.inspect(self.host, ck)
 
     def action_inspect(self) -> None:
-        self._inspect_selected(again=True)
+        if self._free_selection() is not None:   # says why not (nothing selected, busy)
+            self._inspect_selected(again=True)
 
     @work(exclusive=True, group="ckpt-inspect", exit_on_error=False)
     async def inspect(self, host: str, ck: Checkpoint) -> None:

@@ -105,6 +105,10 @@ class MainScreen(Screen):
     def action_cycle_host(self, step: int) -> None:
         """`[` / `]`: the previous / next host, in the hosts list's order (wrapping)."""
         names = self.host_names
+        if len(names) == 1:
+            self.notify(f"{self.selected} is the only configured host: add [hosts.NAME] to the "
+                        "config to switch between hosts", timeout=4)
+            return
         host = names[(names.index(self.selected) + step) % len(names)]
         self.query_one(HostList).index = names.index(host)  # the list follows, quietly
         self._select(host)
