@@ -16,7 +16,7 @@ from textual.widgets._footer import FooterKey
 from console.screens.confirm import ConfirmScreen
 from console.screens.convert_dialog import ConvertDialog
 from console.screens.help import HelpScreen, sections
-from console.ui.keymap import KEYS, PANES, key_display
+from console.ui.keymap import KEYS, PANES
 from tests.panes import app_for, checkpoints_tree, open_pane, report_shown
 from tests.replay import fleet_app
 from tests.waiting import wait_for
@@ -60,16 +60,6 @@ def test_help_lists_each_key_once_per_section() -> None:
     for title, rows in sections():
         keys = [key for key_text, _d in rows for key in key_text.split()]
         assert len(keys) == len(set(keys)), (title, keys)
-
-
-def test_the_pane_keys_the_readme_lists_are_each_in_the_map_once() -> None:
-    """One key, one row in a section: a pane's `enter` and its table's are one row of help."""
-    for tab_id, _title in PANES:
-        seen: dict[str, str] = {}
-        for k in (k for k in KEYS if k.section == tab_id):
-            key = key_display(k.keys)
-            assert seen.get(key, k.text) == k.text or k.on, (tab_id, key)
-            seen.setdefault(key, k.text)
 
 
 async def test_q_quits_from_help(tmp_path: Path) -> None:
