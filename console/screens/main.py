@@ -94,6 +94,7 @@ class MainScreen(Screen):
         self.query_one(HostList).show_state(message.host, services(self).pool.view(message.host))
         if message.host == self.selected:
             self._title()
+            self.query_one(GpuPane).refresh_view()   # its state line says the same, now
 
     def _show_states(self) -> None:
         """Every host's state in the list and the header, from the pool's one view of it."""
