@@ -2,9 +2,10 @@
 
 Sections in the key map's order: keys that work everywhere on the main screen (the pane number
 keys folded into one `1-6` row, and how to switch hosts), then the pane on screen, then the
-other panes in tab order (keys
-its widgets hold included: the process table's `s` is under GPUs), then the run detail screen
-and the dialogs. Keys with the same label in one section share a row (`enter i  Inspect`).
+other panes in tab order (keys its widgets hold included: the log view's arrows are under Logs),
+then the run detail screen and the dialogs. Keys with the same label in one section share a row
+(`enter i  Inspect`); a key bound twice in a section (the Runs pane's `enter` and its tables')
+has one row, the first binding's.
 """
 
 from __future__ import annotations

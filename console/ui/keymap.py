@@ -5,7 +5,7 @@ The panes' and screens' BINDINGS, the key footer (via those bindings), `?` help
 module finds keys by looking into screen classes. A key is bound on a class in a section: the
 section is where help lists it and where the palette runs it (a pane's tab, or a screen); `on`
 names the widget class that holds the binding (empty: the pane or screen itself), so a key a
-widget handles (the GPU process table's `s`) is still listed under its pane.
+widget handles (the log view's arrows) is still listed under its pane.
 
 Data only: this module imports nothing of the console, so anything may import it.
 """
