@@ -7,8 +7,11 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import PurePath
+from typing import ClassVar
 
 from textual.app import App
+from textual.binding import BindingType
+from textual.command import CommandPalette
 from textual.content import Content
 from textual.notifications import SeverityLevel
 from textual.theme import Theme
@@ -20,10 +23,12 @@ from console.screens.help import HelpScreen
 from console.screens.main import MainScreen
 from console.settings.config import Config
 from console.text import terminal_text
+from console.ui.keymap import bindings
 from console.ui.messages import HostStateChanged
 from console.ui.palette import ConsoleCommands
 from console.ui.themes import (
     DEFAULT_THEME,
+    OurThemes,
     check_theme,
     css_paths,
     register_themes,
@@ -37,6 +42,7 @@ class Eagle3App(App):
     TITLE = "eagle3-console"
     CSS_PATH = list[str | PurePath](css_paths())
     COMMANDS = App.COMMANDS | {ConsoleCommands}   # every pane action by name (ctrl+p)
+    BINDINGS: ClassVar[list[BindingType]] = list(bindings("main", on="Eagle3App"))  # q
 
     def __init__(self, config: Config, host: str | None = None, *,
                  clock: Callable[[], float] = time.time,
@@ -70,6 +76,10 @@ class Eagle3App(App):
             tabs = self.screen.query(TabbedContent)
             active = tabs.first().active if tabs else ""
             self.push_screen(HelpScreen(first=active.removeprefix("tab-") or None))
+
+    def search_themes(self) -> None:
+        """The palette's "Theme" command: our themes, not Textual's twenty beside them."""
+        self.push_screen(CommandPalette(providers=[OurThemes], placeholder="Search for themes…"))
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = True) -> None:

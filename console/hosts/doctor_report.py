@@ -9,6 +9,13 @@ from typing import Any
 def render(r: dict[str, Any]) -> str:
     """The engine's doctor report for humans (the CLI and the Host pane): one label column,
     torch once (on its own line, with its build), whatever engine version wrote the report."""
+    head, rows = report_rows(r)
+    width = max(len(k) for k, _v in rows)
+    return "\n".join([head, *(f"{k:<{width}}  {v}" for k, v in rows)])
+
+
+def report_rows(r: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+    """The report's first line and its (label, value) rows (a GPU's row has no label)."""
     rows: list[tuple[str, str]] = [("python", f"{r.get('python')}  ({r.get('executable')})"),
                                    ("cpus", str(r.get("cpus")))]
     rows += [(name, ver or "MISSING") for name, ver in (r.get("packages") or {}).items()
@@ -39,6 +46,5 @@ def render(r: dict[str, Any]) -> str:
                                + (f"{sent} file{'s' * (sent != 1)} sent" if sent else "up to date")
                                + f", manifest {str(pushed.get('manifest', ''))[:12]})"))
     rows += [("PROBLEM", p) for p in r.get("problems") or []]
-    width = max(len(k) for k, _v in rows)
     head = f"eagle3 engine {r.get('engine')} on {r.get('hostname')} ({r.get('platform')})"
-    return "\n".join([head, *(f"{k:<{width}}  {v}" for k, v in rows)])
+    return head, rows

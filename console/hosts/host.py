@@ -120,6 +120,7 @@ class HostPool:
         self.detail = {name: "" for name in config.hosts}
         self.answered: dict[str, float | None] = {name: None for name in config.hosts}
         self.unknown_key: dict[str, str | None] = {name: None for name in config.hosts}
+        self.connected_once: set[str] = set()   # hosts connected since the pool began
         self.on_state = on_state
         self.clock = clock
 
@@ -161,11 +162,13 @@ class HostPool:
         says it answers again (a frozen host's link stays up for a minute)."""
         host = self[name]
         if host.transport.connected:
+            self.connected_once.add(name)
             if self.state[name] in (HostState.IDLE, HostState.CONNECTING, HostState.FAILED):
                 self.set_state(name, HostState.CONNECTED)  # local: connected from the start
             return host
-        was = self.state[name]
-        self.set_state(name, HostState.RECONNECTING if was is HostState.CONNECTED
+        # a host this console had connected before is reconnecting, however many tries failed
+        # in between (it read `connecting` after the first failed one)
+        self.set_state(name, HostState.RECONNECTING if name in self.connected_once
                        else HostState.CONNECTING)
         try:
             await host.connect()
@@ -174,6 +177,7 @@ class HostPool:
             self.set_state(name, HostState.FAILED, str(e))
             raise
         self.unknown_key[name] = None
+        self.connected_once.add(name)
         if self.answered[name] is not None:   # monitored (console/monitor): this answered too
             self.heard(name)
         self.set_state(name, HostState.CONNECTED)

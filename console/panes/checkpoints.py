@@ -242,7 +242,12 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.query_one(InspectView).root = root
         table = self.query_one(CheckpointTable)
         whole = [ckpt_row(c, root) for c in found]
-        room = path_room(table.scrollable_content_region.width, whole)
+        width = table.scrollable_content_region.width
+        most = table.styles.max_height   # more rows than it shows: a scrollbar takes columns
+        if width and most is not None and len(found) + 1 > most.value \
+                and not table.show_vertical_scrollbar:   # (a shown one is not in `width`)
+            width -= table.styles.scrollbar_size_vertical
+        room = path_room(width, whole)
         table.show([c.path for c in found], [ckpt_row(c, root, room) for c in found])
         config = services(self).config
         folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
@@ -301,7 +306,8 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.inspect(self.host, ck)
 
     def action_inspect(self) -> None:
-        self._inspect_selected(again=True)
+        if self._free_selection() is not None:   # says why not (nothing selected, busy)
+            self._inspect_selected(again=True)
 
     @work(exclusive=True, group="ckpt-inspect", exit_on_error=False)
     async def inspect(self, host: str, ck: Checkpoint) -> None:

@@ -36,26 +36,31 @@ def gpu_rows(mon: HostMonitor, now: float) -> list[GpuRow]:
                    history=list(mon.history.get(g.index, ()))) for g in mon.gpu_list()]
 
 
-def status_parts(mon: HostMonitor, now: float,
-                 view: HostView | None = None) -> list[tuple[str, str]]:
-    """The status line: host, state, source, GPUs, driver, sample age. `view`: the host as the
-    pool sees it (console/hosts/host.py): a failed or silent host reads here as it does in the
-    header and the hosts list, one state with the age of its last answer."""
+def is_down(view: HostView) -> bool:
+    """The pool says the host is not answering: (re)connecting, failed or silent."""
+    return view.silent_s is not None or view.state in (
+        HostState.CONNECTING, HostState.RECONNECTING, HostState.FAILED)
+
+
+def status_parts(mon: HostMonitor, now: float, view: HostView) -> list[tuple[str, str]]:
+    """The status line: host, state, source, GPUs, driver, sample age. The state is the pool's
+    (`view`, console/hosts/host.py), as the header and the hosts list say it, with the age of the
+    last data; a host connected again whose monitor has not sent its first sample yet reads
+    `● connected · starting the monitor agent…`, never a state of its own."""
     s = mon.sample
     parts: list[tuple[str, str]] = [(f"{mon.name} ", "header")]
     age = fmt_age(mon.age(now))
-    down = view if view is not None and (view.state is HostState.FAILED
-                                         or view.silent_s is not None) else None
-    if down is not None or mon.state is MonitorState.RECONNECTING:
-        state, detail = "◌ reconnecting", mon.detail
-        if down is not None:
-            retry = " (retrying)" if down.state is HostState.FAILED else ""
-            state, detail = state_text(down) + retry, down.detail or mon.detail
-            if down.unknown_key is not None:   # retrying cannot help: say what does
-                state, detail = state_text(down), f"{down.unknown_key} · {TRUST_HINT}"
-        parts += [(state, "alert"), (f"  · last data {age}" if s else "", "stale"),
-                  (f" · {detail}", "label")]
-        return parts
+    last = (f"  · last data {age}" if s else "", "stale")
+    if is_down(view):
+        retry = " (retrying)" if view.state is HostState.FAILED else ""
+        state, detail = state_text(view) + retry, view.detail or mon.detail
+        if view.unknown_key is not None:   # retrying cannot help: say what does
+            state, detail = state_text(view), f"{view.unknown_key} · {TRUST_HINT}"
+        return parts + [(state, "alert"), last, (f" · {detail}" if detail else "", "label")]
+    if view.state is HostState.CONNECTED and (mon.state is MonitorState.RECONNECTING
+                                              or s is None):
+        return parts + [(state_text(view), "low"), last,
+                        (" · starting the monitor agent…", "label")]
     if s is None:
         return parts + [("◌ starting the monitor agent…", "label")]
     if mon.stale(now):
@@ -77,16 +82,18 @@ def status_parts(mon: HostMonitor, now: float,
 
 
 def no_data(mon: HostMonitor, view: HostView) -> tuple[str, str] | None:
-    """Why a host has no samples to show (None: the first is on its way): its state and its
-    error. Its connection failed (the pool's error) or its monitor lost it (the monitor's)."""
+    """Why a host has no samples to show (None: the first is on its way): its state as the pool
+    says it, and its error (the connection's, else the monitor's)."""
     if mon.sample is not None:
         return None
     if view.unknown_key is not None:
         return (f"{state_text(view)} {view.unknown_key}", TRUST_HINT)
     if view.state is HostState.FAILED:
-        return ("✖ failed, retrying", view.detail)
+        return (f"{state_text(view)}, retrying", view.detail)
+    if is_down(view):
+        return (state_text(view), view.detail or mon.detail or "no answer")
     if mon.state is MonitorState.RECONNECTING:
-        return ("◌ unreachable, retrying", mon.detail or "no answer")
+        return (state_text(view), f"starting the monitor agent… ({mon.detail or 'no answer'})")
     return None
 
 
@@ -124,6 +131,9 @@ class GpuPane(ShownTimers, Vertical):
         detail.display = not detail.display
         self.refresh_view(force=True)
 
+    def action_cycle_sort(self) -> None:
+        self.query_one(ProcessTable).action_cycle_sort()
+
     def on_gpu_table_cursor_moved(self, _event: GpuTable.CursorMoved) -> None:
         self.refresh_view(force=True)
 
@@ -138,8 +148,7 @@ class GpuPane(ShownTimers, Vertical):
         if key == self._drawn and not force:
             return
         self._drawn = key
-        down = mon.state is MonitorState.RECONNECTING or mon.stale(now) \
-            or view.silent_s is not None
+        down = mon.state is MonitorState.RECONNECTING or mon.stale(now) or is_down(view)
         self.set_class(down, "-down")
         self.query_one(StatusLine).show(status_parts(mon, now, view))
         s = mon.sample

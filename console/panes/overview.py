@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from rich.console import Group
+from rich.table import Table
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import BindingType
@@ -11,11 +13,23 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from console.errors import ConsoleError
-from console.hosts.doctor_report import render
+from console.hosts.doctor_report import report_rows
 from console.hosts.engine_client import doctor
-from console.ui.host_text import markup, plain
+from console.ui.host_text import cell, markup, plain
 from console.ui.keymap import bindings
 from console.ui.services import services
+
+
+def report_view(report: dict[str, Any]) -> Group:
+    """The doctor report as a label column and a value column: a long value (a path) wraps
+    inside its own column, under the value above it, never back at the pane's edge."""
+    head, rows = report_rows(report)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1, overflow="fold")
+    for label, value in rows:
+        grid.add_row(cell(label), cell(value))   # host text: never markup, ^X shown
+    return Group(cell(head), grid)
 
 
 class OverviewPane(VerticalScroll):
@@ -50,4 +64,4 @@ class OverviewPane(VerticalScroll):
             report_widget.update(markup("[b]$host[/b]\n\n[$error]$e[/]", host=host, e=e))
             return
         if self.host == host:
-            report_widget.update(plain(render(report)))
+            report_widget.update(report_view(report))

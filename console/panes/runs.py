@@ -87,6 +87,7 @@ class RunsPane(ShownTimers, Vertical):
         self.demo_state: DemoState | None = None   # None until the demo's build first posts
         self._drawn: tuple[object, ...] = ()
         self._hint = False     # the activity line holds the "no profile runs here" hint
+        self._said = False     # the activity line holds something (an action's outcome)
         # the host whose action failed on the activity line because it could not be reached:
         # its next good registry read says it is back (the failure stayed for minutes)
         self._unreached: str | None = None
@@ -127,6 +128,7 @@ class RunsPane(ShownTimers, Vertical):
         w = self.query_one("#runs-activity", Static)
         w.update(text if isinstance(text, (Content, Text)) else plain(text))
         w.set_class(error, "-error")
+        self._said = bool(text)
         self._hint = False
         self._unreached = None
 
@@ -228,8 +230,9 @@ class RunsPane(ShownTimers, Vertical):
             status += markup("\n[$error]$error[/]", error=model.list_error[host])
         self.query_one("#runs-status", Static).update(status)
         # while the demo builds, and after it failed, the activity line says so instead
+        # ... and never over what an action said (a push's outcome on a host without profiles)
         if model.busy is None and self.demo_state not in (DemoState.BUILDING, DemoState.FAILED) \
-                and not profiles:
+                and not profiles and (self._hint or not self._said):
             hidden = ""
             if self.config.path is not None and self.config.demo is None:
                 hidden = " (demo profiles hidden: your config defines hosts; demo = true keeps"\
@@ -261,6 +264,7 @@ class RunsPane(ShownTimers, Vertical):
             h = await services(self).pool.ensure(host)
             report = await self._push(h, None)
             self.activity(push_summary(report))
+            self.notify(push_summary(report))   # a toast too: a push changes nothing on screen
         except ConsoleError as e:
             self.failure("push", host, e)
         finally:

@@ -5,6 +5,12 @@ Pure state, no I/O: console/runs/watch.py feeds it the lines of a run's `events.
 a series keeps at most MAX_POINTS points (when full, every other point is dropped and only every
 2nd, 4th, ... new step is kept, so the whole run stays in view at a coarser grain; the latest
 value is always kept apart), and the log keeps the last MAX_LINES lines.
+
+A resumed run (console/runs/service.py resume_run) appends its next attempt to the same files.
+The record's attempt starts (`set_attempts`) put a marker line in the log before the first event
+of each later attempt and clear the rate and ETA the earlier attempt left; a training step at or
+below one already plotted (the attempt went on from its last checkpoint) drops the plotted points
+from that step on, so each series reads by step, the resumed attempt continuing the line.
 """
 
 from __future__ import annotations
@@ -37,6 +43,12 @@ class Series:
     stride: int = 1
     seen: int = 0
     last: tuple[float, float] | None = None
+
+    def cut(self, step: float) -> None:
+        """Forget the points at `step` and after (a resumed attempt computes them again)."""
+        self.points = [p for p in self.points if p[0] < step]
+        if self.last is not None and self.last[0] >= step:
+            self.last = self.points[-1] if self.points else None
 
     def add(self, step: float, value: float) -> None:
         self.last = (step, value)
@@ -83,6 +95,8 @@ class RunProgress:
         self.error: str | None = None
         self.events = 0
         self.version = 0     # bumped on every change: widgets redraw only when it moved
+        self.attempt_starts: list[float] = []   # when each attempt after the first started
+        self.attempt = 1     # the attempt whose events came last
 
     # -- feeding -----------------------------------------------------------------------------
     def ingest_event_line(self, text: str) -> None:
@@ -99,8 +113,23 @@ class RunProgress:
         self.lines.append(LogLine(None, "out", text))
         self.version += 1
 
+    def set_attempts(self, starts: list[float]) -> None:
+        """The start times of the attempts after the first (from the run's record)."""
+        self.attempt_starts = sorted(starts)
+
+    def _next_attempt(self, t: float) -> None:
+        """A marker before the first event of each attempt that started by `t`."""
+        while self.attempt <= len(self.attempt_starts) and \
+                t >= self.attempt_starts[self.attempt - 1]:
+            self.attempt += 1
+            self.lines.append(LogLine(self.attempt_starts[self.attempt - 2], "mark",
+                                      f"── attempt {self.attempt}: resumed ──"))
+            self.eta_s = self.rate = None   # the last attempt's: none until this one has its own
+
     def ingest(self, ev: events.Event) -> None:
         self.events += 1
+        if ev.t:
+            self._next_attempt(ev.t)
         if self.first_t is None and ev.t:
             self.first_t = ev.t
         if isinstance(ev, events.Progress):
@@ -132,6 +161,9 @@ class RunProgress:
                 self.series.setdefault(SERVED, Series()).add(float(ev.step), float(tau))
             return
         step = ev.step if ev.step is not None else (self.last_step or 0) + 1
+        if self.last_step is not None and step <= self.last_step:   # a resumed attempt
+            for series in self.series.values():
+                series.cut(float(step))
         self.last_step = step
         self.last_metrics = dict(ev.values)
         for name, v in ev.values.items():

@@ -46,6 +46,7 @@ class RunFeed:
         self.host = host
         self.record = record
         self.progress = RunProgress()
+        self.progress.set_attempts(record.attempt_starts())
         self.poll = poll
         self.status_every = status_every
         self.train_run: dict[str, Any] | None = None   # the engine's RUN_DIR/run.json
@@ -130,6 +131,7 @@ class RunFeed:
         mine = [r for r in recs if r.node_rank == self.record.node_rank] or recs
         if mine:
             self.record = mine[0]
+            self.progress.set_attempts(self.record.attempt_starts())
             self.progress.version += 1
         return self.record
 
@@ -235,6 +237,7 @@ class RunFeeds:
             # started again (resumed, console/runs/service.py resume_run): the same files go
             # on, so the feed follows on from its offsets; the last attempt's outcome is over
             feed.record, feed.finished = record, False
+            feed.progress.set_attempts(record.attempt_starts())
             feed.progress.error, feed.progress.result = None, None
             feed.progress.version += 1
         return feed

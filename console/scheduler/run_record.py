@@ -10,6 +10,7 @@ console side reads run.json's dict: panes, commands and schedulers use these fie
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,8 @@ class RunRecord:
     slurm: SlurmInfo | None = None                 # set for a run placed by Slurm
     best_tau: float | None = None  # a training run's best held-out acceptance length so far
     best_step: int | None = None   # and its step (the runner reads OUT/best/provenance.json)
+    #: (start, end) of each earlier attempt of a resumed run, oldest first (run.json "attempts")
+    earlier: tuple[tuple[float, float], ...] = ()
     _source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -125,9 +128,22 @@ class RunRecord:
             env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
             pid=d.get("pid"), push=PushInfo.parse(d.get("push")),
             slurm=SlurmInfo.parse(d) if d.get("scheduler") == "slurm" else None,
-            **_best(d.get("best")), _source=d)
+            **_best(d.get("best")), earlier=_attempts(d.get("attempts")), _source=d)
 
     # -- derived ----------------------------------------------------------------------------
+    def elapsed(self, now: float) -> float | None:
+        """Running time: every attempt's, the last one's up to `now` while it runs."""
+        end = self.end if self.end else (now if self.status == RunStatus.RUNNING else None)
+        if not self.start or not end:
+            return None
+        return sum(b - a for a, b in self.earlier) + end - self.start
+
+    def attempt_starts(self) -> list[float]:
+        """When each attempt after the first started (the last one: this record's start)."""
+        if not self.earlier:
+            return []
+        return [a for a, _b in self.earlier[1:]] + ([self.start] if self.start else [])
+
     def best_cell(self) -> str:
         """HELD-OUT as the Runs table and `runs` show it: a training run's best held-out
         acceptance length so far at its step (`3.44@150`, narrow enough for 80 columns); `-`
@@ -175,6 +191,17 @@ class RunRecord:
 
 def _text(v: object) -> str:
     return v if isinstance(v, str) else "" if v is None else str(v)
+
+
+def _attempts(d: object) -> tuple[tuple[float, float], ...]:
+    """(start, end) of each earlier attempt whose two times are finite and in order."""
+    out = []
+    for a in d if isinstance(d, list) else []:
+        start, end = (a.get("start"), a.get("end")) if isinstance(a, dict) else (None, None)
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+               for x in (start, end)) and start <= end:   # type: ignore[operator]
+            out.append((float(start), float(end)))   # type: ignore[arg-type]
+    return tuple(out)
 
 
 def _best(d: object) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 Sections in the key map's order: keys that work everywhere on the main screen (the pane number
 keys folded into one `1-6` row, and how to switch hosts), then the pane on screen, then the
-other panes in tab order (keys
-its widgets hold included: the process table's `s` is under GPUs), then the run detail screen
-and the dialogs. Keys with the same label in one section share a row (`enter i  Inspect`).
+other panes in tab order (keys its widgets hold included: the log view's arrows are under Logs),
+then the run detail screen and the dialogs. Keys with the same label in one section share a row
+(`enter i  Inspect`); a key bound twice in a section (the Runs pane's `enter` and its tables')
+has one row, the first binding's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def sections(first: str | None = None) -> list[Section]:
         title = SECTIONS[sid]
         rows: list[tuple[str, str]] = []
         labels: dict[str, int] = {}     # label -> its row, for keys that share one
+        listed: set[str] = set()        # a key bound twice (a pane's and its table's enter)
         for k in (k for k in KEYS if k.section == sid):
             if k.keys.isdigit():
                 if k.keys == "1":
@@ -45,6 +47,9 @@ def sections(first: str | None = None) -> list[Section]:
                     rows.append((f"1-{len(PANES)}", f"show a pane: {tabs}"))
                 continue
             key = key_display(k.keys)
+            if key in listed:           # one row per key: the first says what it does
+                continue
+            listed.add(key)
             if k.label in labels:
                 row = labels[k.label]
                 if key not in rows[row][0].split():
@@ -75,7 +80,7 @@ def render_sections(secs: list[Section]) -> Group:
 
 
 class HelpScreen(ModalScreen[None]):
-    """Every key by pane; any of esc, q or ? closes it."""
+    """Every key by pane; esc or ? closes it (q quits, as everywhere)."""
 
     KEY_SECTION: ClassVar[str] = "help"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("help"))

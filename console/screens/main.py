@@ -94,6 +94,7 @@ class MainScreen(Screen):
         self.query_one(HostList).show_state(message.host, services(self).pool.view(message.host))
         if message.host == self.selected:
             self._title()
+            self.query_one(GpuPane).refresh_view()   # its state line says the same, now
 
     def _show_states(self) -> None:
         """Every host's state in the list and the header, from the pool's one view of it."""
@@ -105,6 +106,10 @@ class MainScreen(Screen):
     def action_cycle_host(self, step: int) -> None:
         """`[` / `]`: the previous / next host, in the hosts list's order (wrapping)."""
         names = self.host_names
+        if len(names) == 1:
+            self.notify(f"{self.selected} is the only configured host: add [hosts.NAME] to the "
+                        "config to switch between hosts", timeout=4)
+            return
         host = names[(names.index(self.selected) + step) % len(names)]
         self.query_one(HostList).index = names.index(host)  # the list follows, quietly
         self._select(host)

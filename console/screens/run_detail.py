@@ -66,9 +66,13 @@ def progress_text(feed: RunFeed) -> str:
     frac = p.fraction
     if frac is not None:
         parts.append(f"{frac * 100:.0f}%")
-    if feed.status == RunStatus.RUNNING and p.eta_s is not None and frac is not None and frac < 1:
+    # a resumed run's rate and ETA are its last attempt's own: none before its first progress
+    start = feed.record.start
+    own = start is None or (p.progress_t is not None and p.progress_t >= start)
+    if feed.status == RunStatus.RUNNING and own and p.eta_s is not None and frac is not None \
+            and frac < 1:
         parts.append(f"ETA {fmt_duration(p.eta_s)}")
-    if p.rate:
+    if p.rate and own:
         parts.append(f"{p.rate:.2f} {unit}/s")
     return " · ".join(parts)
 
@@ -186,8 +190,8 @@ class RunDetailScreen(Screen[None]):
         status = rec.status.value + code
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.start)) \
             if rec.start else "-"
-        end = rec.end or (now if rec.status == RunStatus.RUNNING else None)
-        took = fmt_duration(end - rec.start) if end and rec.start else "-"
+        took_s = rec.elapsed(now)   # every attempt's running time
+        took = fmt_duration(took_s) if took_s is not None else "-"
         line = markup("[b]$id[/b] on $host · $state · started $started · $took", id=rec.id,
                       host=rec.host, state=f"{STATUS_MARK.get(rec.status, '')} {status}",
                       started=started, took=took)

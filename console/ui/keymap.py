@@ -5,7 +5,7 @@ The panes' and screens' BINDINGS, the key footer (via those bindings), `?` help
 module finds keys by looking into screen classes. A key is bound on a class in a section: the
 section is where help lists it and where the palette runs it (a pane's tab, or a screen); `on`
 names the widget class that holds the binding (empty: the pane or screen itself), so a key a
-widget handles (the GPU process table's `s`) is still listed under its pane.
+widget handles (the log view's arrows) is still listed under its pane.
 
 Data only: this module imports nothing of the console, so anything may import it.
 """
@@ -24,11 +24,14 @@ class Key:
     label: str             # footer and palette label
     section: str           # a SECTIONS id: where help lists it and the palette runs it
     on: str = ""           # class name that binds it inside the section ("" = the section's)
-    footer: bool = True    # shown in the key footer
+    footer: bool = True    # shown in the key footer (False: a cursor key, or one whose
+                           # label another shown key already says; tests hold it to that)
     palette: bool = True   # a palette command ("Runs: Launch")
     help: str = ""         # the longer help text (the label when empty)
     bound: bool = True     # False: Textual's own key (tab, ctrl+p), listed in help only
     display: str = ""      # how the footer shows the key ("" = Textual's own rendering)
+    priority: bool = False  # checked before the focused widget's and past a modal screen
+    short: str = ""        # the label a narrow (80-column) footer shows ("" = the label)
 
     @property
     def text(self) -> str:
@@ -61,8 +64,11 @@ SECTIONS: dict[str, str] = {
 
 KEYS: list[Key] = [
     # -- the main screen --------------------------------------------------------------------
-    Key("q", "app.quit", "Quit", "main", palette=False,
-        help="quit (runs keep running on their hosts)"),
+    # bound on the app, with priority (a modal screen hides the app's other bindings): q quits
+    # from every screen and dialog, except where a focused Input takes it as a letter
+    Key("q", "quit", "Quit", "main", on="Eagle3App", palette=False, priority=True,
+        help="quit (runs keep running on their hosts), from any screen or dialog; in a text "
+             "field it is the letter q"),
     Key("question_mark", "app.help", "Help", "main", palette=False,
         help="every key, by pane (this screen)"),
     *[Key(str(n), f"show_pane('{tab_id}')", title, "main", footer=False, palette=False,
@@ -84,7 +90,8 @@ KEYS: list[Key] = [
     # -- GPUs --------------------------------------------------------------------------------
     Key("d", "toggle_detail", "GPU detail", "gpu",
         help="detail view of the selected GPU (clocks, PCIe, ECC)"),
-    Key("s", "cycle_sort", "Sort", "gpu", on="ProcessTable",
+    # on the pane, not the process table: the footer shows it whichever table has the focus
+    Key("s", "cycle_sort", "Sort", "gpu",
         help="sort the process table by its next column"),
     Key("up,k", "move(-1)", "GPU up", "gpu", on="GpuTable", footer=False, palette=False,
         help="previous GPU"),
@@ -118,23 +125,25 @@ KEYS: list[Key] = [
         help="push the engine and the host's sync sets (files and bytes sent)"),
     Key("t", "launch", "Launch", "runs",
         help="launch the selected profile (pushes first; asks before a second copy)"),
-    Key("x", "stop", "Stop run", "runs",
+    Key("x", "stop", "Stop run", "runs", short="Stop",
         help="stop the selected run (SIGTERM to its process group, SIGKILL later)"),
-    Key("enter", "open", "Open run", "runs",
+    Key("enter", "open", "Open run", "runs", short="Open",
         help="open the run (on a profile: its newest run)"),
     # the focused table's enter is the one the footer shows (once: one key, one label); on a
     # profile it says what it opens, so the footer tells the two tables apart
     Key("enter", "select_cursor", "Newest run", "runs", on="ProfileTable", palette=False,
+        short="Newest",
         help="open the profile's newest run"),
     Key("enter", "select_cursor", "Open run", "runs", on="RunTable", palette=False,
+        short="Open",
         help="open the run under the cursor"),
     Key("r", "refresh", "Refresh", "runs", help="re-read the host's run registry"),
-    Key("R", "resume", "Resume", "runs", footer=False,
+    Key("R", "resume", "Resume", "runs",
         help="start the selected stopped or failed run again in its run directory with "
              "--resume (engine train runs)"),
     # tab stays in the pane (it left for the hosts list and the tabs, whose footer has only
     # q and ?): the profiles table, the runs table, and back
-    Key("tab", "next_table", "Other table", "runs", footer=False, palette=False,
+    Key("tab", "next_table", "Tables", "runs", palette=False, short="Table",
         help="the other table: profiles / runs (enter opens what its cursor is on)"),
     Key("P", "prune", "Prune", "runs",
         help="forget the host's ended runs (asks first): their records and logs are deleted, "
@@ -151,19 +160,18 @@ KEYS: list[Key] = [
         help="serve it in vLLM (verifier, TP, k, port, extra args)"),
     Key("m", "compare", "Compare", "checkpoints",
         help="compare the served drafters by vLLM's measured acceptance"),
-    Key("e", "evaluate", "Evaluate", "checkpoints", footer=False,
+    Key("e", "evaluate", "Evaluate", "checkpoints", short="Eval",
         help="measure its acceptance on held-out data on the host (engine eval: target, data, "
              "k; transformers or vLLM's engine)"),
-    Key("w", "swap", "Swap in", "checkpoints", footer=False,
+    Key("w", "swap", "Swap in", "checkpoints", short="Swap",
         help="swap it into the host's running vLLM server (no restart; checked first)"),
-    Key("r", "refresh", "Rescan", "checkpoints", help="scan the host for checkpoints again"),
+    Key("r", "refresh", "Rescan", "checkpoints", short="Scan",
+        help="scan the host for checkpoints again"),
     # -- screens on top ----------------------------------------------------------------------
     Key("escape", "close", "Back", "run_detail",
         help="back to the runs (the run keeps being followed)"),
-    Key("x", "stop", "Stop run", "run_detail"),
+    Key("x", "stop", "Stop run", "run_detail", short="Stop"),
     Key("question_mark", "app.help", "Help", "run_detail", palette=False),
-    Key("q", "app.quit", "Quit", "run_detail", palette=False,
-        help="quit (runs keep running on their hosts)"),
     Key("escape", "cancel", "Cancel", "convert"),
     Key("ctrl+s", "convert", "Convert", "convert"),
     Key("escape", "cancel", "Cancel", "serve"),
@@ -175,8 +183,20 @@ KEYS: list[Key] = [
     Key("y", "answer(True)", "Yes", "confirm"),
     Key("n", "answer(False)", "No", "confirm"),
     Key("escape", "answer(False)", "Cancel", "confirm"),
-    Key("escape,q,question_mark", "close", "Close", "help"),
+    Key("escape,question_mark", "close", "Close", "help"),
 ]
+
+
+def short_labels() -> dict[str, str]:
+    """label -> what a narrow footer shows instead (one short form per label)."""
+    out: dict[str, str] = {}
+    for k in KEYS:
+        if k.short:
+            assert out.setdefault(k.label, k.short) == k.short, k.label
+    return out
+
+
+SHORT = short_labels()
 
 
 def keys_of(section: str, on: str = "") -> list[Key]:
@@ -186,8 +206,8 @@ def keys_of(section: str, on: str = "") -> list[Key]:
 
 def bindings(section: str, on: str = "") -> list[Binding]:
     """Textual bindings of one class, from KEYS (what the class puts in BINDINGS)."""
-    return [Binding(k.keys, k.action, k.label, show=k.footer, key_display=k.display or None)
-            for k in keys_of(section, on)]
+    return [Binding(k.keys, k.action, k.label, show=k.footer, key_display=k.display or None,
+                    priority=k.priority) for k in keys_of(section, on)]
 
 
 def key_display(keys: str) -> str:

@@ -1,17 +1,20 @@
 """Colour themes: palettes from themes/palettes.toml, styles from themes/*.tcss, and the chosen
 theme remembered in the config file.
 
-The .tcss files use theme variables only, so any registered theme (ours or Textual's built-in
-ones, all offered by the command palette's "Theme" command) restyles the whole console.
+The .tcss files use theme variables only, so any registered theme restyles the whole console.
+The command palette's "Theme" command offers ours only (OurThemes); Textual's built-in themes
+still work when named by `--theme` or the config file.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 from textual.app import App
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.theme import Theme
 
 from console.errors import ConfigError
@@ -51,6 +54,26 @@ def register_themes(app: App[Any]) -> list[str]:
         app.register_theme(theme)
         names.append(theme.name)
     return names
+
+
+class OurThemes(Provider):
+    """The palette's theme list: the themes of palettes.toml, in its order."""
+
+    def _themes(self) -> list[str]:
+        return [t.name for t in load_palettes() if t.name in self.app.available_themes]
+
+    def _set(self, name: str) -> None:
+        self.app.theme = name
+
+    async def discover(self) -> Hits:
+        for name in self._themes():
+            yield DiscoveryHit(name, partial(self._set, name))
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name in self._themes():
+            if (score := matcher.match(name)) > 0:
+                yield Hit(score, matcher.highlight(name), partial(self._set, name))
 
 
 def check_theme(app: App[Any], name: str, where: str) -> str:

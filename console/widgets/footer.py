@@ -9,28 +9,32 @@ the next pane that has more. Only a footer that must grow, or one with grouped k
 the stock way.
 
 Below NARROW columns (an 80-column terminal) the footer is compact: less space between keys,
-the palette key without its label, and no `q Quit` (q still quits; help lists it), so a pane's
-own keys and `? Help` fit."""
+the palette key without its label, and no `q Quit` (q still quits; help lists it). At any width,
+keys that would not fit get the key map's short labels (`Stop` for `Stop run`), and if that is
+not enough `[ ] Host` goes (the header names the host; `[` and `]` still switch), so every key of
+a pane and `? Help` fit."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from itertools import groupby
-from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import ActiveBinding, Binding
+from textual.screen import Screen
 from textual.widgets import Footer as _Footer
 from textual.widgets._footer import FooterKey
 
-if TYPE_CHECKING:
-    from textual.screen import Screen
+from console.ui.keymap import SHORT
 
 # what one key shows: key, key display, description, action, disabled, tooltip
 Spec = tuple[str, str, str, str, bool, str]
 NARROW = 100                       # columns: below this the main screen folds its hosts list
-_NARROW_HIDDEN = {"app.quit"}      # actions a narrow footer leaves out
+_NARROW_HIDDEN = {"quit", "app.quit"}   # actions a narrow footer leaves out
+_SPARE = {"cycle_host(-1)"}              # left out where a pane's keys need the room
 
 
 class Footer(_Footer):
@@ -86,7 +90,7 @@ class Footer(_Footer):
         app = self.app
         active = self.screen.active_bindings
         by_action: defaultdict[str, list[tuple[Binding, bool, str]]] = defaultdict(list)
-        for _node, binding, enabled, tooltip in active.values():
+        for _node, binding, enabled, tooltip in _app_keys_first(active.values(), app):
             if binding.show and not (self._narrow and binding.action in _NARROW_HIDDEN):
                 by_action[binding.action].append((binding, enabled, tooltip))
         keys: list[Spec] = []
@@ -105,6 +109,7 @@ class Footer(_Footer):
             palette = (binding.key, app.get_key_display(binding),
                        "" if self._narrow else binding.description,
                        binding.action, not enabled, binding.tooltip or binding.description)
+        keys = _fit(keys, palette, self.size.width or app.size.width, self._narrow)
         return tuple(keys), palette
 
     def _relabel(self, keys: tuple[Spec, ...], palette: Spec | None) -> bool:
@@ -127,6 +132,36 @@ class Footer(_Footer):
         if palette_key is not None and palette is not None:
             _set_key(palette_key, palette)
         return True
+
+
+def _app_keys_first(active: Iterable[ActiveBinding], app: object) -> list[ActiveBinding]:
+    """The app's keys (q) before the screen's `?`, where its own q stood: `q Quit  ? Help`."""
+    entries = list(active)
+    own = [e for e in entries if e[0] is app]
+    rest = [e for e in entries if e[0] is not app]
+    at = next((i for i, e in enumerate(rest) if e[1].action == "app.help"), len(rest))
+    return rest[:at] + own + rest[at:]
+
+
+def _fit(keys: list[Spec], palette: Spec | None, width: int, compact: bool) -> list[Spec]:
+    """The keys as they fit `width`: whole; else with the key map's short labels; else also
+    without the spare ones (`[ ] Host`)."""
+    def used(specs: list[Spec]) -> int:
+        # a compact key: display, space, label and a column before the next; a wide one has a
+        # column of padding each side instead
+        cols = sum(cell_len(d) + cell_len(label) + (2 if compact else 3)
+                   for _k, d, label, *_r in specs) - (1 if compact else 0)
+        if palette is not None:
+            cols += cell_len(palette[1]) + 2 + (cell_len(palette[2]) + 1 if palette[2] else 0)
+        return cols
+
+    if used(keys) <= width:
+        return keys
+    keys = [(k, d, SHORT.get(label, label), action, off, tip)
+            for k, d, label, action, off, tip in keys]
+    if used(keys) <= width:
+        return keys
+    return [k for k in keys if k[3] not in _SPARE]
 
 
 def _set_key(widget: FooterKey, spec: Spec) -> None:

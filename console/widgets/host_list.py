@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import Label, ListItem, ListView
@@ -46,6 +47,23 @@ def state_text(view: HostView) -> str:
     return f"{mark(view)} {state_word(view)}"
 
 
+#: columns inside the list (themes/base.tcss: 24 wide, less its border)
+ROOM = 22
+
+
+def state_lines(word: str, room: int) -> list[str]:
+    """The state in lines of `room` columns, broken after its commas."""
+    lines: list[str] = []
+    for part in word.split(", "):
+        if lines and len(lines[-1]) + 2 + len(part) <= room:
+            lines[-1] += ", " + part
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.append(part)
+    return lines
+
+
 class HostItem(ListItem):
     """One host row."""
 
@@ -60,8 +78,17 @@ class HostItem(ListItem):
         yield self.label
 
     def _text(self, view: HostView) -> Content:
-        text = markup("$mark $host  [dim]$state[/]", mark=mark(view), host=self.host,
-                      state=state_word(view))
+        """`● gpu1  connected` on one line where it fits the list; else `✖ gpu2` and its state
+        under it, a line per part that fits (`failed,` / `no answer for 2 min`); then its
+        note."""
+        word = state_word(view)
+        if cell_len(f"{mark(view)} {self.host}  {word}") <= ROOM:
+            text = markup("$mark $host  [dim]$state[/]", mark=mark(view), host=self.host,
+                          state=word)
+        else:
+            text = markup("$mark $host", mark=mark(view), host=self.host)
+            for line in state_lines(word, ROOM - 2):
+                text += markup("\n  [dim]$line[/]", line=line)
         return text + (markup("\n  [dim]$note[/]", note=self.note) if self.note else "")
 
     def show(self, view: HostView) -> None:

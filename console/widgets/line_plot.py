@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
@@ -133,15 +134,30 @@ class LinePlot(Widget):
             lo, hi = lo - 0.5, hi + 0.5
         return (xr[0], max(xr[1], xr[0] + 1)), (lo, hi)
 
+    def title_line(self, width: int) -> tuple[str, list[tuple[int, str]]]:
+        """The title and each series' latest value, (series index, label) each, in `width`
+        columns where a shorter form fits: the whole, then without the plot's title, then with
+        each series named by its first word (`train` for `train (est.)`). Never a value cut."""
+        last = [(k, name, fmt_value(pts[-1][1])) for k, (name, pts) in enumerate(self.series)
+                if pts]
+        if len(self.series) <= 1:
+            return self.title, [(k, f"  {v}") for k, _n, v in last]
+        forms = [(self.title, [(k, f"  {n} {v}") for k, n, v in last]),
+                 ("", [(k, f"{'  ' if i else ''}{n} {v}") for i, (k, n, v) in enumerate(last)]),
+                 ("", [(k, f"{' ' if i else ''}{n.split(' (')[0]} {v}")
+                       for i, (k, n, v) in enumerate(last)])]
+        for title, labels in forms:
+            if cell_len(title + "".join(lb for _k, lb in labels)) <= width:
+                return title, labels
+        return forms[-1]
+
     def render(self) -> Text:
         w, h = self.size.width, self.size.height
         out = Text(no_wrap=True, overflow="crop")
-        out.append(self.title, self._style("plot--title"))
-        for k, (name, pts) in enumerate(self.series):
-            if pts:
-                label = f"  {name} {fmt_value(pts[-1][1])}" if len(self.series) > 1 else \
-                    f"  {fmt_value(pts[-1][1])}"
-                out.append(label, self._style(f"plot--s{k % N_COLOURS}"))
+        title, labels = self.title_line(w)
+        out.append(title, self._style("plot--title"))
+        for k, label in labels:
+            out.append(label, self._style(f"plot--s{k % N_COLOURS}"))
         rng = self.ranges()
         rows = max(0, h - 2)
         cols = max(0, w - Y_LABEL)

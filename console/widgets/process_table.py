@@ -1,17 +1,15 @@
 """The GPU process table: every process holding GPU memory on the host, with its GPU, sortable
-by any column (`s` cycles the sort key, clicking a header sorts by it)."""
+by any column (`s` on its pane cycles the sort key, clicking a header sorts by it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from rich.text import Text
-from textual.binding import BindingType
 from textual.widgets import DataTable
 
 from console.monitor.record import GpuProcess
-from console.ui.keymap import bindings
 from console.widgets.meters import fmt_bytes
 from console.widgets.text_table import TextTable
 
@@ -28,8 +26,6 @@ COLUMNS: list[tuple[str, Callable[[GpuProcess], Any], bool]] = [
 
 class ProcessTable(TextTable):
     """GPU processes; the sort survives refreshes."""
-
-    BINDINGS: ClassVar[list[BindingType]] = list(bindings("gpu", on="ProcessTable"))
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)

@@ -126,8 +126,8 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
             rec.error[:REASON_WIDTH - 1] + "…"
         return (fit_id(rec.id, RUN_WIDTH), f"{STATUS_MARK[rec.status]} {rec.status} ({reason})",
                 *("-",) * (len(RUN_COLUMNS) - 2))
-    end = rec.end if rec.end else (now if rec.status == RunStatus.RUNNING else None)
-    dur = fmt_duration(end - rec.start) if rec.start and end else "-"
+    took = rec.elapsed(now)      # a resumed run's: every attempt's running time
+    dur = fmt_duration(took) if took is not None else "-"
     return (fit_id(rec.id, RUN_WIDTH - len(node)) + node,
             f"{STATUS_MARK.get(rec.status, ' ')} {status}",
             progress_of(rec, prog), rec.best_cell(), dur, code_of(rec))

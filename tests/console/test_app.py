@@ -57,7 +57,11 @@ async def test_host_list_selects_the_host_for_every_pane(tmp_path: Path) -> None
         await pilot.pause()
         assert app.screen.sub_title.split()[0] == "gpu2"
         gpu = app.screen.query_one(GpuPane)
-        assert gpu.host == "gpu2" and "reconnecting" in app.screen.query_one(StatusLine).plain
+        # the pane says the host's state as the header does (the pool's), then its data's age
+        state = app.screen.sub_title.removeprefix("gpu2 ")
+        status = app.screen.query_one(StatusLine).plain
+        assert gpu.host == "gpu2" and status.startswith(f"gpu2 {state}"), (status, state)
+        assert "last data 40 s ago" in status, status
         await pilot.press("down")
         await pilot.pause()
         assert gpu.host == "local"
@@ -79,6 +83,9 @@ async def test_footer_shows_each_panes_keys_after_every_switch(tmp_path: Path) -
             for _node, b, _enabled, _tip in app.screen.active_bindings.values():
                 if b.show and b.action not in {a for _k, a in want}:
                     want.append((b.key, b.action))
+            # the app's q (bound on the app, so that dialogs have it) where the screen's stood
+            want.remove(("q", "quit"))
+            want.insert([a for _k, a in want].index("app.help"), ("q", "quit"))
             assert [k for k, _d in shown] == [k for k, _a in want], n
             assert all(d for _k, d in shown)
             labels = [d for _k, d in shown]    # never "enter Inspect  i Inspect"

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,115 @@ async def test_a_frozen_host_reads_one_state_with_the_age_of_its_last_answer(
     assert "gpu1 ◌ no answer for 1" in after[-1], after[-1]   # 10-14 s
     assert "no answer for 1" in item, item
     assert "◌ no answer for 1" in status and "reconnecting" not in status, status
+
+
+def documented_states() -> list[str]:
+    """The host states the README names (the paragraph after its Keys table)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    para = text.split("A host's state is one line", 1)[1].split("\n\n", 1)[0]
+    import re
+    return re.findall(r"`([○◌●✖][^`]*)`", para)
+
+
+def is_documented(state: str, documented: list[str]) -> bool:
+    import re
+
+    def shape(s: str) -> str:
+        return re.sub(r"\d+(\.\d+)? (s|min|h)\b", "N", s)
+    return shape(state) in {shape(d) for d in documented}
+
+
+@pytest.mark.slow   # a host down for 7 s, then back: the monitor's backoff and agent start
+@pytest.mark.sshd
+async def test_a_host_that_goes_away_and_comes_back_reads_one_documented_state_everywhere(
+        sshd: SSHD, tmp_path: Path) -> None:
+    """The host's sshd stopped under a live monitor, then started again: at every moment the
+    header, the hosts list and the GPUs pane say the same state (the GPUs pane said
+    `reconnecting` or `unreachable` while the header said `● connected` for seconds after the
+    host was back), each state is one the README names and a reconnect reads `reconnecting`
+    (it read `connecting`), and each line of the hosts list fits the list (`failed, no ans`)."""
+    from rich.cells import cell_len
+
+    from console.monitor.service import MonitorHub, MonitorState
+    from console.widgets.status_line import StatusLine
+
+    host = HostConfig(name="gpu1", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
+                      identity=str(sshd.user_key), python=sys.executable,
+                      root=str(tmp_path / "root"))
+    app = create_app(Config(hosts={"gpu1": host}))
+    app.monitors = MonitorHub(app.pool, interval=0.25, clock=app.clock)
+    documented = documented_states()
+    assert "◌ reconnecting" in documented and len(documented) >= 6, documented
+    seen: list[str] = []
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        main, pane = app.screen, app.screen.query_one(GpuPane)
+        item = main.query_one(HostItem)
+
+        def look() -> str:
+            """The three states, read after each has drawn from its source."""
+            main._show_states()
+            pane.refresh_view(force=True)
+            header = main.sub_title.removeprefix("gpu1 ")
+            lines = str(item.label.render()).splitlines()
+            room = item.content_region.width
+            assert all(cell_len(ln) <= room for ln in lines), (lines, room)
+            first, *rest = lines[0].split("  ", 1)
+            listed = f"{first.split()[0]} {' '.join([*rest, *(ln.strip() for ln in lines[1:])])}"
+            status = pane.query_one(StatusLine).plain
+            assert listed == header, (listed, header)
+            if header == "● connected":
+                assert not any(w in status for w in ("◌", "✖", "unreachable")), status
+            else:
+                assert status.startswith(f"gpu1 {header}"), (status, header)
+            assert is_documented(header, documented), (header, documented)
+            if not seen or seen[-1] != header:
+                seen.append(header)
+            return header
+
+        async def watch(cond: Callable[[], bool], timeout: float, what: str) -> None:
+            deadline = time.monotonic() + timeout
+            while not cond():
+                assert time.monotonic() < deadline, (what, seen)
+                look()
+                await pilot.pause(0.1)
+
+        await watch(lambda: app.monitors["gpu1"].version >= 3 and look() == "● connected",
+                    60, "samples")
+        sshd.stop()
+        try:
+            end = time.monotonic() + 7
+            await watch(lambda: time.monotonic() > end, 10, "the host away")
+        finally:
+            sshd.restart()
+        await watch(lambda: app.monitors["gpu1"].state is MonitorState.LIVE
+                    and look() == "● connected", 60, "the host back")
+    down = seen[seen.index("● connected") + 1:-1]
+    assert down and "◌ reconnecting" in down, seen
+    assert not any("connecting" in s and "reconnecting" not in s for s in down), seen
+
+
+async def test_a_long_host_state_fits_the_hosts_list(tmp_path: Path) -> None:
+    """A host that answered before, then failed two minutes ago: `✖ failed, no answer for 2 min`
+    in the 24-column list, each line whole (it was cut to `failed, no ans`)."""
+    from rich.cells import cell_len
+
+    from tests.replay import FrozenClock
+
+    dead = HostConfig(name="gpu2", ssh=f"nobody@127.0.0.1:{_closed_port()}",
+                      root=str(tmp_path / "r"), known_hosts=str(tmp_path / "kh"))
+    clock = FrozenClock(1000.0)
+    app = create_app(Config(hosts={"local": local_host(), "gpu2": dead}), clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.pool.heard("gpu2")
+        with pytest.raises(Unreachable):
+            await app.pool.ensure("gpu2")
+        clock.t += 120
+        app.screen._show_states()
+        await pilot.pause()
+        item = next(i for i in app.screen.query(HostItem) if i.host == "gpu2")
+        lines = str(item.label.render()).splitlines()
+        assert " ".join(ln.strip() for ln in lines) == "✖ gpu2 failed, no answer for 2 min"
+        room = item.content_region.width
+        assert room and all(cell_len(ln) <= room for ln in lines), (lines, room)
+        assert app.screen.sub_title == "local ● connected" or "gpu2" not in app.screen.sub_title

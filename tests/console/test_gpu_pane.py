@@ -44,7 +44,8 @@ def test_snapshot_gpu_detail_view(snap_compare: Any, tmp_path: Path) -> None:
 
 
 def test_snapshot_gpu_pane_reconnecting_host(snap_compare: Any, tmp_path: Path) -> None:
-    """gpu2 dropped: "reconnecting", its last data greyed and every GPU tagged stale."""
+    """gpu2's monitor dropped, its link up again: `● connected` as the header says, `starting the
+    monitor agent…`, its last data greyed and every GPU tagged stale."""
     assert snap_compare(fleet_app(tmp_path, host="gpu2"), terminal_size=SIZE)
 
 

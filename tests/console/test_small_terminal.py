@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from rich.cells import cell_len
+from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.screen import ModalScreen
 from textual.widget import Widget
@@ -23,6 +24,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select
 from console.app import Eagle3App
 from console.hosts.host import HostPool
 from console.monitor.service import MonitorHub
+from console.panes.checkpoints import CheckpointTable
 from console.screens.compare import CompareScreen
 from console.screens.confirm import ConfirmScreen
 from console.screens.convert_dialog import ConvertDialog
@@ -31,6 +33,7 @@ from console.screens.main import MainScreen
 from console.screens.serve_dialog import ServeDialog
 from console.settings.config import Config, HostConfig
 from console.widgets.host_list import HostList
+from console.widgets.line_plot import LinePlot, fmt_value
 from console.widgets.log_charts import CHART_ROWS, LogCharts
 from console.widgets.run_tables import RunTable
 from tests.console.test_compare import two_served_drafters
@@ -71,9 +74,11 @@ DOCTOR = {"engine": "0.1.0", "python": "3.11.7", "executable": "/root/venv/bin/p
 
 def fits(pilot: Pilot[Any]) -> None:
     """Nothing a person uses is cut off: every control on the screen on top lies inside the
-    terminal and inside the dialog box that holds it; the hosts list is folded on a small one."""
+    terminal and inside the dialog box that holds it; the hosts list is folded on a small one;
+    what a person reads is whole (shown_whole)."""
     screen = pilot.app.screen
     whole = screen.region
+    shown_whole(screen)
     for w in screen.query("*"):
         if not isinstance(w, CONTROLS) or not w.display or not w.region.area:
             continue
@@ -97,6 +102,54 @@ def fits(pilot: Pilot[Any]) -> None:
     assert main.query_one(HostList).display is not narrow
     if narrow:
         assert main.sub_title.split()[0] == main.selected   # the header names the host
+
+
+def first_line(w: Widget) -> str:
+    """What the screen shows on a widget's first row."""
+    return w.render_lines(Region(0, 0, w.size.width, 1))[0].text
+
+
+def shown_text(w: Widget) -> str:
+    """Every row a widget draws (past its window too), as text."""
+    return "\n".join(s.text for s in w.render_lines(Region(0, 0, w.size.width,
+                                                            max(1, w.virtual_size.height))))
+
+
+def shown_whole(screen: Any) -> None:
+    """On the widgets on screen: the checkpoints table's columns inside it (MODIFIED was cut
+    when a scrollbar came), each plot's title row holding every series' latest value (run
+    detail cut `held-out 3.930`), and the Host pane's values wrapping under their own column
+    (a long path went on at the pane's edge)."""
+    for table in screen.query(CheckpointTable):
+        if table.display and table.region.area:
+            assert table.virtual_size.width <= table.scrollable_content_region.width, (
+                table.virtual_size, table.scrollable_content_region)
+    for plot in screen.query(LinePlot):
+        if not (plot.display and plot.region.area):
+            continue
+        line = first_line(plot)
+        for _name, pts in plot.series:
+            if pts:
+                assert fmt_value(pts[-1][1]) in line, (plot.id, line)
+    for report in screen.query("#doctor-report"):
+        if not (report.display and report.region.area):
+            continue
+        lines = [s.text.rstrip() for s in report.render_lines(
+            Region(0, 0, report.size.width, report.virtual_size.height))]
+        lines = [ln for ln in lines if ln.strip()]
+        rows = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("python ")), None)
+        if rows is None:
+            continue
+        indent = len(lines[rows]) - len(lines[rows].lstrip())
+        value_col = indent + len(lines[rows].lstrip().split("  ")[0].rstrip())
+        value_col = len(lines[rows]) - len(lines[rows][value_col:].lstrip())
+        for ln in lines[rows:]:
+            lead = len(ln) - len(ln.lstrip())
+            if lead > indent:   # a continuation or a GPU row: under the values
+                assert lead >= value_col, (ln, value_col)
+            else:               # a row: its label, then its value at the value column
+                assert len(ln) - len(ln[indent:].split("  ", 1)[-1].lstrip()) == value_col, (
+                    ln, value_col)
 
 
 # -- panes ------------------------------------------------------------------------------------
@@ -123,10 +176,10 @@ def test_snapshot_gpu_detail_80x24(snap_compare: Any, tmp_path: Path) -> None:
     assert snap_compare(fleet_app(tmp_path), terminal_size=SMALL, run_before=ready)
 
 
-def doctor_app(tmp_path: Path) -> Eagle3App:
-    """gpu1 runs on this machine with a `python` that answers `-m engine doctor` with DOCTOR
+def doctor_app(tmp_path: Path, report: dict[str, Any] = DOCTOR) -> Eagle3App:
+    """gpu1 runs on this machine with a `python` that answers `-m engine doctor` with `report`
     (and is the real interpreter for anything else the console runs there)."""
-    event = {"v": 1, "kind": "result", "t": 0, "cmd": "doctor", "data": DOCTOR}
+    event = {"v": 1, "kind": "result", "t": 0, "cmd": "doctor", "data": report}
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n"
                       f"case \" $* \" in *' -m engine doctor '*) echo '{json.dumps(event)}';"
@@ -146,11 +199,26 @@ def test_snapshot_host_80x24(snap_compare: Any, tmp_path: Path) -> None:
     async def ready(pilot: Pilot[Any]) -> None:
         await pilot.press("2")
         report = pilot.app.screen.query_one("#doctor-report")
-        await wait_until(pilot, lambda: "eagle3 engine" in str(report.render()))
+        await wait_until(pilot, lambda: "eagle3 engine" in shown_text(report))
         await pilot.pause()
         fits(pilot)
 
     assert snap_compare(doctor_app(tmp_path), terminal_size=SMALL, run_before=ready)
+
+
+async def test_long_host_values_wrap_under_their_column_at_80x24(tmp_path: Path) -> None:
+    """A venv's long interpreter path and a deep disk path: their ends wrap under the values,
+    not back at the pane's edge (where they read as labels)."""
+    deep = "/home/someone/work/projects/eagle3/experiments/2026-11/venvs/train-env"
+    report = DOCTOR | {"executable": f"{deep}/bin/python3.11",
+                       "disk": DOCTOR["disk"] | {"path": f"{deep}/scratch/eagle3-root"}}
+    async with doctor_app(tmp_path, report).run_test(size=SMALL) as pilot:
+        await pilot.press("2")
+        text = pilot.app.screen.query_one("#doctor-report")
+        await wait_until(pilot, lambda: "eagle3 engine" in shown_text(text))
+        await pilot.pause()
+        fits(pilot)
+        assert "bin/python3.11" in shown_text(text)   # wrapped, all of it there
 
 
 def test_snapshot_fleet_80x24(snap_compare: Any, tmp_path: Path) -> None:
@@ -217,6 +285,43 @@ def test_snapshot_checkpoints_80x24(snap_compare: Any, utc: None) -> None:
         fits(pilot)
 
     assert snap_compare(app_for(root, shelf), terminal_size=SMALL, run_before=ready)
+
+
+async def test_many_checkpoints_keep_their_modified_column_at_80x24(tmp_path: Path,
+                                                                  utc: None) -> None:
+    """More checkpoints than the table shows: its scrollbar comes, and MODIFIED stays whole
+    (the paths give up the columns)."""
+    from tests.drafters import write_drafter
+
+    shelf = checkpoints_tree(tmp_path)
+    for i in range(12):
+        write_drafter(shelf / f"more-drafters-of-a-long-sweep-{i:02d}", seed=10 + i)
+    app = app_for(tmp_path, shelf)
+    async with app.run_test(size=SMALL) as pilot:
+        pane = await open_pane(pilot)
+        await wait_until(pilot, lambda: len(pane.query_one(CheckpointTable).paths) == 15)
+        await pilot.pause()
+        pane._draw()
+        await pilot.pause()
+        table = pane.query_one(CheckpointTable)
+        assert table.show_vertical_scrollbar
+        fits(pilot)
+
+
+def test_snapshot_run_detail_80x24(snap_compare: Any, utc: None) -> None:
+    """The finished finetune's detail: the progress line, the plots with each series' latest
+    value in their title row (held-out 3.930), the log tail and provenance."""
+    from tests.console.test_run_detail import open_finished
+
+    root, clock = two_runs("small-run-detail")
+
+    async def ready(pilot: Pilot[Any]) -> None:
+        await open_finished(pilot)
+        await pilot.pause()
+        fits(pilot)
+
+    assert snap_compare(local_app(local_config(root), clock), terminal_size=SMALL,
+                        run_before=ready)
 
 
 def test_snapshot_help_80x24(snap_compare: Any, tmp_path: Path) -> None:

@@ -124,3 +124,26 @@ def test_unknown_theme_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_snapshot_gpu_pane_high_contrast(snap_compare: Any, tmp_path: Path) -> None:
     assert snap_compare(fleet_app(tmp_path, theme="eagle3-high-contrast"), terminal_size=(120, 40))
+
+
+async def test_the_palettes_theme_command_lists_our_themes_only(tmp_path: Path) -> None:
+    """ctrl+p, Theme: the four palettes of themes/palettes.toml, none of Textual's built-in
+    ones (which still work by name from --theme or the config file)."""
+    from textual.command import CommandList
+
+    from tests.waiting import wait_for
+
+    app = create_app(_config(tmp_path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"theme", "enter")
+        ours = [t.name for t in load_palettes()]
+
+        def listed() -> list[str]:
+            options = app.screen.query_one(CommandList).options
+            return [str(o.prompt).split("\n")[0].strip() for o in options]
+
+        await wait_for(pilot, lambda: len(listed()) >= len(ours), 20, "the theme list")
+        await pilot.pause(0.3)
+        assert sorted(listed()) == sorted(ours), listed()

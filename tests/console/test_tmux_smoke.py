@@ -101,7 +101,7 @@ def test_demo_default_in_a_real_terminal(term: Term, demo_dir: Path, tmp_path: P
     term.wait("Demo workspace", timeout=120)
     screen = term.wait("t Launch")                           # the footer: this pane's keys
     assert "Runs" in screen and "finetune" in screen and "scratch" in screen
-    assert "p Push" in screen and "x Stop run" in screen
+    assert "p Push" in screen and "x Stop" in screen and "R Resume" in screen
     term.keys("?")
     screen = term.wait("eagle3-console keys")
     assert "Runs pane" in screen
