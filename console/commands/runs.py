@@ -127,8 +127,10 @@ def _when(t: float | None) -> str:
 
 
 def _duration(r: RunRecord) -> str:
-    if not r.start:
+    """Running time over every attempt (a resumed run's earlier ones too)."""
+    total = r.elapsed(time.time())
+    if total is None:
         return "-"
-    secs = int((r.end or time.time()) - r.start)
+    secs = int(total)
     h, rem = divmod(secs, 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}"

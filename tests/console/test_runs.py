@@ -363,3 +363,21 @@ def test_runs_fits_100_columns_with_serve_run_ids(
     out, err = capsys.readouterr()
     assert out.splitlines()[1].split()[:2] == [serve, profile] and err == ""
     assert len(out.splitlines()[1]) > 100
+
+
+def test_runs_elapsed_counts_every_attempt_of_a_resumed_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped after 100 s and resumed for 200 s ran 5 minutes, not the last 200 s."""
+    from tests.runs_registry import recorded_events, write_run
+
+    run = "finetune-20261205-120000-ab12"
+    write_run(tmp_path, run, recorded_events()[:5], status="succeeded", start=1000.0,
+              end=1200.0, exit_code=0, train_json=False)
+    path = tmp_path / "runs" / run / "run.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()),
+                                "attempts": [{"start": 100.0, "end": 200.0}]}))
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[hosts.local]\npython = "{sys.executable}"\nroot = "{tmp_path}"\n')
+    assert cli_main(["--config", str(cfg), "runs", "local"]) == 0
+    head, row = capsys.readouterr().out.splitlines()
+    assert row[head.index("ELAPSED"):].split()[0] == "0:05:00", row
