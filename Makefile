@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # pip (26) shows even with -q; it is information only, so the installs below filter it out
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: run test test-fast setup setup-test setup-vllm check lint clean screenshots
+.PHONY: run test test-fast setup setup-test setup-vllm check lint clean screenshots figures
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -58,6 +58,11 @@ test-fast: setup-test
 # The README's docs/screenshot*.svg from the real app: a demo finetune run in a scratch directory
 screenshots: setup
 	$(BIN)/python docs/screenshots.py
+
+# The README's demo acceptance table: a scratch demo workspace, its scratch and finetune runs at
+# equal steps, `engine eval` on each (and vLLM's engine when .venv-vllm is there)
+figures: setup
+	$(BIN)/python docs/demo_figures.py $(ARGS)
 
 check: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks docs
