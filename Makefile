@@ -15,7 +15,8 @@ VLLM_CONSTRAINTS ?= constraints-vllm.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 
-.PHONY: run test test-fast test-latest lock setup setup-test setup-vllm check lint clean screenshots
+.PHONY: run test test-fast test-latest lock setup setup-test setup-vllm check lint clean screenshots \
+	figures
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -90,6 +91,11 @@ test-fast: setup-test
 # The README's docs/screenshot*.svg from the real app: a demo finetune run in a scratch directory
 screenshots: setup
 	$(BIN)/python docs/screenshots.py
+
+# The README's demo acceptance table: a scratch demo workspace, its scratch and finetune runs at
+# equal steps, `engine eval` on each (and vLLM's engine when .venv-vllm is there)
+figures: setup
+	$(BIN)/python docs/demo_figures.py $(ARGS)
 
 check: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks docs

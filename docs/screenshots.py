@@ -2,7 +2,7 @@
 
 In a scratch data directory (`--work`, default /tmp/eagle3-screenshots) the demo workspace is
 built (the first time: about a minute on 2 cores), the demo finetune is launched on the local host
-and run to its end (about 35 s), then the app is driven with Pilot: the Runs pane with the
+and run to its end (about 15 s), then the app is driven with Pilot: the Runs pane with the
 finished run (docs/screenshot-runs.svg), its run detail (docs/screenshot.svg), and the
 comparison of two serving sessions (docs/screenshot-compare.svg). The demo has no vLLM, so the
 comparison's two sessions, the demo's public drafter and the finetune's out/final, carry

@@ -39,10 +39,9 @@ ROUTE_METRIC = "vllm:rl_weight_update_operation_duration_seconds_count"
 @pytest.fixture(scope="module")
 def drafters(demo_dir: Path, demo_info: dict[str, Any],
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The demo finetune (its draft vocab is rebuilt, so the public drafter's is another size)
-    exported for vLLM at step 30 (`early`: the server starts with it) and at its end (`ft`: 60
-    steps, swapped in); `other-aux`: `ft` with other aux layer ids (the server cannot take
-    it)."""
+    """The demo finetune exported for vLLM at step 30 (`early`: the server starts with it) and
+    at its end (`ft`: 60 steps, swapped in); `other-aux`: `ft` with other aux layer ids (the
+    server cannot take it)."""
     d = tmp_path_factory.mktemp("swap")
     words = shlex.split(demo_info["commands"]["finetune"])[3:]      # after `python -m engine`
     words[words.index("--out") + 1] = str(d / "ft")
