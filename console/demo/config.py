@@ -10,7 +10,7 @@ defaults it adds:
     local.checkpoints     the demo's public drafter (run outputs are listed anyway)
     local.logs            the workspace's recorded vLLM server log, for the Logs pane
 
-so a new user presses `t` and watches a real CPU finetune finish in about two minutes. Each run
+so a new user presses `t` and watches a real CPU finetune finish in about 15 s. Each run
 writes into its own run directory (`--out {run_dir}/out`, substituted by console/runs/service.py).
 The training arguments are the workspace's own suggested commands (its demo.json, so a
 workspace built by another engine version still gets the runs it was made for); before the
