@@ -1,6 +1,6 @@
 """`stop` of a training run that measures its checkpoints in a serving vLLM (`eval_server` in
 its profile): a real host-side runner starts `python -m engine train` on the demo data against
-a stand-in server (tests/swap_server_standin.py on 127.0.0.1). A swap back slower than the grace
+a stand-in server (tests/vllm_swap_standin.py on 127.0.0.1). A swap back slower than the grace
 is waited for (the server ends on its own drafter, the stop says what it waited for); a swap
 back the server refuses is a warning naming what the server serves and what it should serve,
 and `launch --resume` then swaps the run's own checkpoint out without being told."""
@@ -18,7 +18,7 @@ from console.cli import main as cli_main
 from engine import events
 from engine.demo.workspace import TRAIN_ARGS
 from tests.drafters import write_drafter
-from tests.swap_server_standin import SwapServerStandin
+from tests.vllm_swap_standin import SwapServer
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.demo_workspace",)
@@ -66,7 +66,7 @@ def base(tmp_path: Path) -> Path:
 
 def test_stop_waits_for_the_drafter_swapped_back(demo_dir: Path, base: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    srv = SwapServerStandin(base)
+    srv = SwapServer(base)
     try:
         cfg = write_config(tmp_path, demo_dir, srv.url)
         run_id = launched(cfg, capsys)
@@ -81,7 +81,7 @@ def test_stop_waits_for_the_drafter_swapped_back(demo_dir: Path, base: Path, tmp
     finally:
         srv.close()
     assert code == 0, said.err
-    assert (srv.version, srv.loaded) == ("default", str(base))
+    assert (srv.version, srv.serving) == ("default", str(base))
     assert took >= SWAP_BACK_S
     assert f"{run_id} on box: stopped" in said.out
     assert "after swapping the eval server's drafter back" in said.out and str(base) in said.out
@@ -91,8 +91,8 @@ def test_stop_waits_for_the_drafter_swapped_back(demo_dir: Path, base: Path, tmp
 def test_a_refused_swap_back_is_named_and_resume_recovers(
         demo_dir: Path, base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     refusing = [False]
-    srv = SwapServerStandin(base, fault=lambda m, p: "refuse" if refusing[0]
-                            and p == "/update_weights" else None)
+    srv = SwapServer(base, fault=lambda m, p: "refuse" if refusing[0]
+                     and p == "/update_weights" else None)
     try:
         cfg = write_config(tmp_path, demo_dir, srv.url)
         run_id = launched(cfg, capsys)
@@ -102,7 +102,7 @@ def test_a_refused_swap_back_is_named_and_resume_recovers(
         assert cli_main(["--config", str(cfg), "stop", run_id, "--grace", "5"]) == 1
         said = capsys.readouterr()
         serves = srv.version
-        assert serves.startswith("step_0000") and srv.loaded != str(base)
+        assert serves.startswith("step_0000") and srv.serving != str(base)
         warning = said.err.strip().splitlines()[-1]
         assert warning.startswith(f"warning: {run_id} on box: the eval server {srv.url} may "
                                   f"still serve {serves}"), warning
@@ -120,4 +120,4 @@ def test_a_refused_swap_back_is_named_and_resume_recovers(
         capsys.readouterr()
     finally:
         srv.close()
-    assert (srv.version, srv.loaded) == ("default", str(base))
+    assert (srv.version, srv.serving) == ("default", str(base))

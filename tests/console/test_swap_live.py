@@ -21,12 +21,14 @@ from console.runs.service import stop_run
 from tests.console.test_compare_journal import open_compare
 from tests.console.test_serve import (  # noqa: F401 (standin_vllm: a fixture)
     _stop_all,
+    drop_fields,
     local_config,
     standin_vllm,
     write_verifier,
 )
 from tests.drafters import tiny_config, write_drafter
 from tests.runs_registry import local_app
+from tests.sshd import free_port
 from tests.vllm_swap_standin import SwapServer
 
 #: what a training run's --eval-server left the server on (another console's swap)
@@ -52,19 +54,23 @@ async def test_serve_bench_swap_bench_against_the_server_that_runs(
     write_drafter(step, tiny_config(draft_vocab_size=96), seed=3)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hello"}\n{"prompt": "again"}\n')
-    srv = SwapServer(str(d96), str(verifier), version=EVAL_LEFT)
-    srv.accept[str(step)] = 2
+    # the stand-in vllm stays silent: the swappable server answers on its port once serve
+    # has found the port free
+    drop_fields(tmp_path / "bin" / "vllm", "mute")
+    port = free_port()
     cfg, cfg_path = local_config(tmp_path)
     conf = ["--config", str(cfg_path)]
     pool = HostPool(cfg)
+    srv: SwapServer | None = None
     try:
-        live = await serve(cfg, "box", ServeRequest(str(d96), str(verifier), port=srv.port),
-                           pool)
+        live = await serve(cfg, "box", ServeRequest(str(d96), str(verifier), port=port), pool)
+        srv = SwapServer(str(d96), str(verifier), version=EVAL_LEFT, port=port)
+        srv.accept[str(step)] = 2
         await cli(capsys, *conf, "bench", "box", "--prompts", str(prompts), "--max-tokens",
                   "12", "--url", srv.url, "--json")
         # another drafter served and stopped: the newest record, of another vocabulary
         other = await serve(cfg, "box", ServeRequest(str(d80), str(verifier),
-                                                     port=srv.port + 1), pool)
+                                                     port=free_port()), pool)
         await stop_run(cfg, other.id, pool, grace=2.0)
         out, err = await cli(capsys, *conf, "swap", "box", str(step))
         assert f"{srv.url} now serves {step}" in out, out
@@ -95,7 +101,8 @@ async def test_serve_bench_swap_bench_against_the_server_that_runs(
             table = screen.query_one("DataTable")
             assert table.row_count == len(screen.rows)
     finally:
-        srv.close()
+        if srv is not None:
+            srv.close()
         await pool.close()
         await _stop_all(cfg)
 
@@ -124,11 +131,16 @@ async def test_url_names_a_server_no_record_knows_and_records_fill_in_what_it_ca
             f"error: box: cannot tell which drafter the server at {mute.url} started with "
             f"(HTTP 404: Not Found), so {new} cannot be checked against it"], err
         assert mute.routes() == []
+        # served on its port (found free: the stand-in vllm stays silent), then it answers again
+        mute.close()
+        drop_fields(tmp_path / "bin" / "vllm", "mute")
         pool = HostPool(cfg)
         try:
             await serve(cfg, "box", ServeRequest(str(d96), str(verifier), port=mute.port), pool)
         finally:
             await pool.close()
+        mute = SwapServer(str(d96), str(verifier), port=mute.port)
+        mute.server_info = False
         out, _ = await cli(capsys, *conf, "swap", "box", str(new), "--url",
                            mute.url + "/metrics", "--json")
         done: dict[str, Any] = json.loads(out)

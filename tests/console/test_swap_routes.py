@@ -26,7 +26,7 @@ ROUTES = ["/start_draft_weight_update", "/update_weights", "/finish_weight_updat
 
 @pytest.fixture
 def server() -> Iterator[SwapServer]:
-    srv = SwapServer("/drafters/old", "/target", version=OLD)
+    srv = SwapServer("/drafters/old", "/target", version=OLD, need_weights=False)
     yield srv
     srv.close()
 

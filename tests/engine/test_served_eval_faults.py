@@ -1,4 +1,4 @@
-"""`train --eval-server` against a broken or hostile server (tests/swap_server_standin.py on
+"""`train --eval-server` against a broken or hostile server (tests/vllm_swap_standin.py on
 127.0.0.1), in real `python -m engine train` runs on the demo data: every fault of the server
 during a measurement (a NaN counter, `"completion_tokens": "eight"`, a JSON list, a 100 MiB
 answer, a bad status line, a stall past the measurement's deadline) is a warning and the run
@@ -21,14 +21,14 @@ from engine.errors import EngineError
 from engine.training.served_eval import ServedEval
 from tests.drafters import write_drafter
 from tests.engine_helpers import REPO, engine_env, train_args
-from tests.swap_server_standin import SwapServerStandin
+from tests.vllm_swap_standin import SwapServer
 
 pytest_plugins = ("tests.demo_workspace",)
 pytestmark = pytest.mark.slow   # real training runs
 
 #: the fault each checkpoint's measurement meets (once, on the route named), in order
 FAULTS = [("nan", "/metrics"), ("words", "/v1/completions"), ("list", "/v1/completions"),
-          ("huge", "/v1/completions"), ("badstatus", "/v1/completions"),
+          ("huge", "/v1/completions"), ("badline", "/v1/completions"),
           ("stall", "/v1/completions")]
 DEADLINE_S = 4
 
@@ -74,7 +74,7 @@ def test_every_fault_of_the_server_is_a_warning(demo_dir: Path, base: Path,
             return kind
         return None
 
-    srv = SwapServerStandin(base, fault=fault)
+    srv = SwapServer(base, fault=fault)
     out = tmp_path / "run"
     try:
         p = train(demo_dir, out, srv.url, "--max-steps", str(len(FAULTS) + 1), "--save-every",
@@ -91,15 +91,15 @@ def test_every_fault_of_the_server_is_a_warning(demo_dir: Path, base: Path,
         assert want in msg, (want, msg)
     assert [e.step for e in served(out)] == [len(FAULTS) + 1]   # the last one, unharmed
     assert json.loads((out / "run.json").read_text())["status"] == "done"
-    assert (srv.version, srv.loaded) == ("default", str(base))   # swapped back once, at the end
+    assert (srv.version, srv.serving) == ("default", str(base))   # swapped back once, at the end
     assert srv.swaps_in().count(str(base)) == 1
 
 
 def test_a_swap_back_that_fails_is_worded_and_run_json_ends(demo_dir: Path, base: Path,
                                                             tmp_path: Path) -> None:
     # a server that breaks once the original drafter is loaded again: a bad status line
-    srv = SwapServerStandin(base, fault=lambda m, p: "badstatus" if srv.updates
-                            and srv.updates[-1] == str(base) else None)
+    srv = SwapServer(base, fault=lambda m, p: "badline" if srv.updates
+                     and srv.updates[-1] == str(base) else None)
     out = tmp_path / "run"
     try:
         p = train(demo_dir, out, srv.url, "--max-steps", "2", "--save-every", "2")
@@ -118,7 +118,7 @@ def test_a_swap_back_that_fails_is_worded_and_run_json_ends(demo_dir: Path, base
 def test_another_drafters_folder_is_not_swapped_in_as_default(demo_dir: Path, base: Path,
                                                               tmp_path: Path) -> None:
     write_drafter(tmp_path / "other", seed=2)
-    srv = SwapServerStandin(base)
+    srv = SwapServer(base)
     out = tmp_path / "run"
     try:
         p = train(demo_dir, out, srv.url, "--max-steps", "2", "--save-every", "2",
@@ -134,5 +134,5 @@ def test_another_drafters_folder_is_not_swapped_in_as_default(demo_dir: Path, ba
     assert p.returncode == 1
     err = p.stderr.strip().splitlines()[-1]
     assert f"--eval-server-drafter {tmp_path / 'other'}" in err and str(base) in err, err
-    assert srv.swaps_in() == [] and srv.paths("POST", "/start_draft_weight_update") == []
-    assert (srv.version, srv.loaded) == ("default", str(base))
+    assert srv.swaps_in() == [] and srv.bodies("POST", "/start_draft_weight_update") == []
+    assert (srv.version, srv.serving) == ("default", str(base))
