@@ -103,13 +103,19 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         assert not app.screen.query_one("#convert-force", Checkbox).value
         first = app.screen
         await pilot.press("ctrl+s")
-        # the dialog is back once its widgets are: the screen's type alone comes first
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog)
-                       and app.screen is not first
-                       and bool(app.screen.query("#convert-dst-error"))
-                       and bool(str(app.screen.query_one("#convert-dst-error",
-                                                         Static).render()).strip()),
-                       what="the convert dialog back with its reason")
+        def reopened() -> bool:
+            """The dialog is back once every field of it is mounted (the screen's type comes
+            first, its widgets one by one after it)."""
+            s = app.screen
+            if not isinstance(s, ConvertDialog) or s is first:
+                return False
+            fields = [s.query(f"#{wid}") for wid in ("convert-dst", "convert-force",
+                                                     "convert-dtype", "convert-dst-error")]
+            return all(f and f.first().is_mounted for f in fields) and \
+                bool(str(s.query_one("#convert-dst-error", Static).render()).strip())
+
+        await wait_for(pilot, reopened, what="the convert dialog back with its reason")
+        await pilot.pause()
         again = app.screen
         assert again.query_one("#convert-dst", Input).value == dst
         assert again.query_one("#convert-to", Select).value == "sglang"
@@ -147,13 +153,19 @@ async def test_replace_refused_by_the_engine_reopens_the_dialog(tmp_path: Path) 
         first.query_one("#convert-dst", Input).value = str(notes)
         first.query_one("#convert-force", Checkbox).value = True
         await pilot.press("ctrl+s")
-        # the dialog is back once its widgets are: the screen's type alone comes first
-        await wait_for(pilot, lambda: isinstance(app.screen, ConvertDialog)
-                       and app.screen is not first
-                       and bool(app.screen.query("#convert-dst-error"))
-                       and bool(str(app.screen.query_one("#convert-dst-error",
-                                                         Static).render()).strip()),
-                       what="the convert dialog back with its reason")
+        def reopened() -> bool:
+            """The dialog is back once every field of it is mounted (the screen's type comes
+            first, its widgets one by one after it)."""
+            s = app.screen
+            if not isinstance(s, ConvertDialog) or s is first:
+                return False
+            fields = [s.query(f"#{wid}") for wid in ("convert-dst", "convert-force",
+                                                     "convert-dtype", "convert-dst-error")]
+            return all(f and f.first().is_mounted for f in fields) and \
+                bool(str(s.query_one("#convert-dst-error", Static).render()).strip())
+
+        await wait_for(pilot, reopened, what="the convert dialog back with its reason")
+        await pilot.pause()
         again = app.screen
         assert again.query_one("#convert-dst", Input).value == str(notes)
         assert again.query_one("#convert-force", Checkbox).value
