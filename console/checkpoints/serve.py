@@ -3,7 +3,7 @@
     vllm serve VERIFIER --tensor-parallel-size N --port P \
         --speculative-config '{"method": "eagle3", "model": CKPT, "num_speculative_tokens": K}'
 
-(spec sheet section 4, "How the serving engines load"). Before anything starts, the checkpoint
+(vLLM's EAGLE-3 speculative config). Before anything starts, the checkpoint
 is inspected on the host with the engine and refused, naming the failing check, when vLLM would
 not load it: a failed inspect check, a speculators-style config without its verifier, or a
 verifier whose config.json (read on the host when VERIFIER is a folder there) does not fit the
@@ -403,7 +403,7 @@ def drafter_fields(draft_cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def flags_vllm_drops(draft_cfg: dict[str, Any]) -> list[tuple[str, bool, bool]]:
-    """EAGLE 3.1 flags (spec 4a) the config states where vLLM 0.32 does not read them:
+    """EAGLE 3.1 flags the config states where vLLM 0.32 does not read them:
     (name, asked, what vLLM takes). vLLM's llama/deepseek_eagle3 take `norm_before_fc` from
     eagle_config, else the top level, but `fc_norm` and `norm_output` from the top level only
     (default false); a speculators-style config is read at the top level by its adapter."""

@@ -13,7 +13,7 @@ Config styles (the two config.json layouts drafters ship in):
   `transformer_layer_config`, `norm_before_residual` written explicitly, `speculators_config`.
 
 Layer kinds (`Eagle3Config.layer_kind`): "llama" (the EAGLE-3 layer) or "mla" (DeepSeek-V2/V3
-multi-head latent attention, spec 4a), told by `kv_lora_rank`. An MLA drafter's config is the flat
+multi-head latent attention), told by `kv_lora_rank`. An MLA drafter's config is the flat
 EAGLE style with vLLM's `architectures: ["Eagle3DeepseekV2ForCausalLM"]`, `model_type:
 "deepseek_v2"` (vLLM 0.32 serves a "deepseek_v3" draft as its MTP model) and the MLA sizes; the
 speculators style cannot express it (vLLM's speculators adapter builds llama/qwen3 layers only),
@@ -45,12 +45,12 @@ SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_VERSION = "0.3.0"
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 DTYPES = ("float32", "float16", "bfloat16")
-# `norm_output` has two meanings (spec 4a): speculators/vLLM "hand the post-final-norm state to the
+# `norm_output` has two meanings: speculators/vLLM "hand the post-final-norm state to the
 # next step" and SpecForge "apply the final norm before lm_head at all". The environment variable
 # states which one a flat config means when nothing else tells.
 NORM_OUTPUT_MEANINGS = ("speculators", "specforge")
 NORM_OUTPUT_ENV = "EAGLE3_NORM_OUTPUT_MEANING"
-NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")  # spec 4a, spelled as vLLM reads them
+NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")  # spelled as vLLM reads them
 
 # Llama config keys we do not interpret but carry through both styles unchanged.
 PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
@@ -59,7 +59,8 @@ PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer
 
 @dataclass
 class Eagle3Config:
-    """Everything that fixes the drafter's shapes and math. Notation as in the spec sheet."""
+    """Everything that fixes the drafter's shapes and math. H hidden size, Ht target hidden,
+    V target vocab, Vd draft vocab."""
 
     hidden_size: int
     """H: the draft model's hidden width."""

@@ -1,5 +1,5 @@
 """Named drafter sizes (gpt-fast style presets): "tiny" and "tiny-mla" run on CPU in
-milliseconds (tests); the others match the spec sheet's examples and the public drafters.
+milliseconds (tests); the others match the public drafters' shapes.
 
     PRESETS: name -> Eagle3Config     preset(name) -> a fresh copy (EngineError: unknown name)
 """
@@ -13,7 +13,7 @@ from engine.model.config import Eagle3Config
 
 __all__ = ["PRESETS", "preset"]
 
-# Named sizes. "tiny" runs on CPU in milliseconds; the others match the spec sheet's examples.
+# Named sizes. "tiny" runs on CPU in milliseconds; the others match public drafters' shapes.
 PRESETS: dict[str, Eagle3Config] = {
     "tiny": Eagle3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=512, draft_vocab_size=128,
@@ -33,7 +33,7 @@ PRESETS: dict[str, Eagle3Config] = {
         rope_theta=50000.0, max_position_embeddings=131072, target_num_layers=61,
         verifier="moonshotai/Kimi-K2-Instruct",
         verifier_architectures=["DeepseekV3ForCausalLM"]),
-    # The MLA drafter of TorchSpec's public Kimi-K2.5 drafters (spec 4a): Kimi-K2's attention
+    # The MLA drafter of TorchSpec's public Kimi-K2.5 drafters: Kimi-K2's attention
     # sizes (64 heads, q_lora 1536, kv_lora 512, nope 128 / rope 64 / v 128, yarn x32), a dense MLP
     # at its dense layers' width.
     "kimi-k2-mla": Eagle3Config(
