@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +47,25 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+@pytest.fixture
+def snap_compare(snap_compare: Any, request: pytest.FixtureRequest) -> Any:
+    """pytest-textual-snapshot's compare, saying on a mismatch which rows differ (its HTML
+    report is out of reach in CI)."""
+    from pytest_textual_snapshot import node_to_report_path
+
+    from tests.snapshot_text import describe_difference
+
+    def compare(*args: Any, **kwargs: Any) -> bool:
+        same = bool(snap_compare(*args, **kwargs))
+        if not same:
+            # the file the plugin wrote for its report a moment ago, in this process
+            data = pickle.loads(node_to_report_path(request.node).read_bytes())
+            print("snapshot difference:\n" + describe_difference(data[1], data[2]))
+        return same
+
+    return compare
 
 
 @pytest.fixture
