@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.ckpt.config_styles import to_eagle_dict
 from engine.cli import main
 from tests.drafters import random_state, tiny_config, write_drafter
 from tests.paths import REPO
@@ -85,7 +86,7 @@ def _no_nbr(d: Path) -> None:
 
 def _mixed(d: Path) -> None:
     write_drafter(d, style="speculators")
-    (d / "config.json").write_text(json.dumps(tiny_config().to_eagle_dict()))
+    (d / "config.json").write_text(json.dumps(to_eagle_dict(tiny_config())))
 
 
 @pytest.mark.parametrize("damage,check", [(_bad_t2d, "vocab_map"), (_bad_shape, "shapes"),
