@@ -88,7 +88,11 @@ def config_from_dict(d: dict[str, Any], norm_output_meaning: str | None = None
     verifier = spec.get("verifier") or {}
     archs = verifier.get("architectures") if isinstance(verifier, dict) else None
     k = cfg.speculative_tokens
-    for p in spec.get("proposal_methods") or []:
+    methods = spec.get("proposal_methods") or []
+    if not isinstance(methods, list):
+        raise EngineError(f"config field 'speculators_config.proposal_methods': {methods!r} is "
+                          "not a list")
+    for p in methods:
         if isinstance(p, dict) and isinstance(p.get("speculative_tokens"), int):
             k = p["speculative_tokens"]
             break

@@ -152,7 +152,8 @@ class Eagle3Config:
         if self.num_key_value_heads not in (None, self.num_attention_heads):
             raise EngineError(f"config field 'num_key_value_heads': {self.num_key_value_heads} "
                               "!= num_attention_heads (MLA has one key/value per head)")
-        kind = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
+        rs = self.rope_scaling if isinstance(self.rope_scaling, dict) else {}  # _check_rope names
+        kind = rs.get("rope_type", rs.get("type"))
         if kind not in (None, "default", "yarn"):
             raise EngineError(f"config field 'rope_scaling.rope_type': {kind!r} (an MLA drafter "
                               "takes default or yarn RoPE, as vLLM's DeepSeek layer does)")

@@ -109,6 +109,21 @@ def test_embedding_present_is_reported(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 0 and emb["detail"].startswith("present [512, 64]")
 
 
+def test_a_config_field_of_the_wrong_type_is_one_line_naming_file_and_field(tmp_path: Path
+                                                                          ) -> None:
+    write_drafter(tmp_path, style="speculators")
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf["speculators_config"]["proposal_methods"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "engine", "inspect", str(tmp_path)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path / 'config.json'}: config field 'speculators_config.proposal_methods'" \
+        in r.stderr
+
+
 def test_unreadable_checkpoint_is_one_line_error(tmp_path: Path) -> None:
     write_drafter(tmp_path, layout="bin")
     (tmp_path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a zip")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -361,6 +362,25 @@ def test_from_dict_names_missing_and_bad_fields() -> None:
     d = to_speculators_dict(preset("tiny"))
     d["transformer_layer_config"] = "nope"
     with pytest.raises(EngineError, match="transformer_layer_config"):
+        config_from_dict(d)
+
+
+@pytest.mark.parametrize(("name", "style", "key", "value", "field"), [
+    ("tiny", "speculators", "speculators_config.proposal_methods", 3,
+     "'speculators_config.proposal_methods': 3 is not a list"),
+    ("tiny-mla", "eagle", "rope_scaling", "yarn", "'rope_scaling': 'yarn' is not an object"),
+    ("tiny-mla", "eagle", "rope_scaling", [4.0], "'rope_scaling': [4.0] is not an object"),
+])
+def test_a_field_of_the_wrong_json_type_is_named(name: str, style: str, key: str, value: object,
+                                                 field: str) -> None:
+    cfg = preset(name)
+    d = to_speculators_dict(cfg) if style == "speculators" else to_eagle_dict(cfg)
+    *parents, last = key.split(".")
+    parent = d
+    for p in parents:
+        parent = parent[p]
+    parent[last] = value
+    with pytest.raises(EngineError, match=re.escape(f"config field {field}")):
         config_from_dict(d)
 
 
