@@ -60,6 +60,7 @@ def build(d: Path, preset_name: str, embed: bool) -> tuple[int, str, int]:
     import torch
 
     from engine.ckpt.checks import expected_tensors
+    from engine.ckpt.config_styles import to_eagle_dict
     from engine.ckpt.key_map import from_canonical
     from engine.ckpt.safetensors_io import SafetensorsWriter, itemsize, st_code, tensor_bytes
     from engine.model.draft import preset
@@ -85,7 +86,7 @@ def build(d: Path, preset_name: str, embed: bool) -> tuple[int, str, int]:
         w.write(out, tensor_bytes(t))
         del t
     w.close()
-    (d / "config.json").write_text(json.dumps(cfg.to_eagle_dict(), indent=2))
+    (d / "config.json").write_text(json.dumps(to_eagle_dict(cfg), indent=2))
     nbytes = {out: itemsize(code) * _numel(shape) for out, code, shape in specs}
     big = max(nbytes, key=lambda k: nbytes[k])
     return (d / "model.safetensors").stat().st_size, big, nbytes[big]

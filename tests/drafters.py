@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.ckpt.config_styles import to_eagle_dict, to_speculators_dict
 from engine.ckpt.key_map import from_canonical
 from engine.model.draft import Eagle3Config, Eagle3Draft, preset
 
@@ -44,8 +45,8 @@ def write_drafter(d: Path, cfg: Eagle3Config | None = None, style: str = "eagle"
     state = state if state is not None else random_state(cfg, seed, embed)
     d.mkdir(parents=True, exist_ok=True)
     stored = {from_canonical(k, style): v.contiguous() for k, v in state.items()}
-    conf = cfg.to_speculators_dict(verifier="tiny/target") if style == "speculators" \
-        else cfg.to_eagle_dict()
+    conf = to_speculators_dict(cfg, verifier="tiny/target") if style == "speculators" \
+        else to_eagle_dict(cfg)
     (d / "config.json").write_text(json.dumps(conf, indent=2))
     if layout == "single":
         save_file(stored, str(d / "model.safetensors"), metadata={"format": "pt"})

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.ckpt.config_styles import NORM_FLAGS, to_eagle_dict, to_speculators_dict
 from engine.ckpt.drafter_dir import Checkpoint, open_checkpoint
 from engine.ckpt.key_map import (
     EXPORT_TARGETS,
@@ -28,7 +29,7 @@ from engine.ckpt.key_map import (
 )
 from engine.ckpt.safetensors_io import FLOAT_CODES, torch_dtype
 from engine.errors import EngineError
-from engine.model.config import NORM_FLAGS, Eagle3Config, aux_ids_problem
+from engine.model.config import Eagle3Config, aux_ids_problem
 
 
 @dataclass(frozen=True)
@@ -286,9 +287,10 @@ def require_checks(ck: Checkpoint) -> None:
 
 
 def norm_flags_check(ck: Checkpoint) -> Check:
-    """The EAGLE 3.1 flags (spec 4a) as this engine runs them, and any the config does not
-    state although the tensors show it (vLLM drops `input_norm` silently when `norm_before_fc`
-    is not in the config; `convert` writes the flag)."""
+    """The EAGLE 3.1 flags (`norm_before_fc`, `fc_norm`, `norm_output`) as this engine runs
+    them, and any the config does not state although the tensors show it (vLLM drops
+    `input_norm` silently when `norm_before_fc` is not in the config; `convert` writes the
+    flag)."""
     cfg, conf = ck.config, ck.config_dict
     nested = conf.get("eagle_config")
     eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
@@ -322,7 +324,7 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
     if cfg.layer_kind == "mla":
         _mla_export_check(cfg, to)
     if output_style(to) == "eagle":
-        cfg.to_eagle_dict()  # raises for norm_before_residual: true
+        to_eagle_dict(cfg)  # raises for norm_before_residual: true
     if to in ("vllm", "sglang"):
         if cfg.has_vocab_map and "d2t" not in canonical:
             raise EngineError(f"{to}: draft_vocab_size != vocab_size needs a d2t tensor")
@@ -338,7 +340,7 @@ def export_checks(cfg: Eagle3Config, canonical: list[str], to: str) -> list[str]
         layer = [n for n in names if n.startswith("layers.")]
         if layer:  # SGLang drops these silently and runs a random layer
             raise EngineError(f"sglang: tensor {layer[0]!r} is not a midlayer.* name")
-        if cfg.aux_layer_ids is not None and "eagle_config" not in cfg.to_eagle_dict():
+        if cfg.aux_layer_ids is not None and "eagle_config" not in to_eagle_dict(cfg):
             warnings.append("sglang: aux layer ids include 0; SGLang cannot express them")
     return warnings
 
@@ -361,9 +363,9 @@ def _mla_serving_check(conf: dict[str, Any]) -> Check:
 
 
 def _mla_export_check(cfg: Eagle3Config, to: str) -> None:
-    """An MLA drafter is served by vLLM's Eagle3DeepseekV2ForCausalLM alone (spec 4a)."""
+    """An MLA drafter is served by vLLM's Eagle3DeepseekV2ForCausalLM alone."""
     if to == "speculators":
-        cfg.to_speculators_dict()  # raises, naming why
+        to_speculators_dict(cfg)  # raises, naming why
     if to == "sglang":
         raise EngineError("sglang: an MLA drafter (kv_lora_rank) cannot be expressed for SGLang "
                           "(its llama_eagle3 builds a Llama layer and ignores the MLA tensors); "

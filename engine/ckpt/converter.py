@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from engine.ckpt.checks import export_checks, require_checks
+from engine.ckpt.config_styles import to_eagle_dict, to_speculators_dict
 from engine.ckpt.drafter_dir import Checkpoint, open_checkpoint
 from engine.ckpt.drafter_save import (
     build_provenance,
@@ -267,8 +268,8 @@ def _provenance(ck: Checkpoint, to: str, dtype: str, items: list[_Item],
                            for i in items if i.in_code != i.out_code}},
         "embedding": {"action": embed_action, "source": embed_info},
         "aux_layer_ids": {"value": cfg.aux_layer_ids,
-                          "written": (cfg.to_speculators_dict() if out_style == "speculators"
-                                      else cfg.to_eagle_dict()).get(
+                          "written": (to_speculators_dict(cfg) if out_style == "speculators"
+                                      else to_eagle_dict(cfg)).get(
                               "eagle_aux_hidden_state_layer_ids") is not None,
                           "convention": AUX_CONVENTION},
         "warnings": warnings,

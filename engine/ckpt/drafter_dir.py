@@ -16,17 +16,19 @@ from typing import Any
 
 import torch
 
+from engine.ckpt.config_styles import NORM_OUTPUT_ENV, config_from_dict
 from engine.ckpt.key_map import IGNORED_SUFFIXES, Detected, detect, to_canonical
 from engine.ckpt.safetensors_io import Entry, WeightSet, open_weights
 from engine.errors import EngineError
 from engine.fileio import read_json
-from engine.model.config import NORM_OUTPUT_ENV, Eagle3Config
+from engine.model.config import Eagle3Config
 
 
 def norm_output_meaning(d: Path) -> str | None:
-    """Who wrote a flat config's `norm_output` (spec 4a): what NORM_OUTPUT_ENV says, else
-    "speculators" for this engine's own exports (a provenance.json with our engine_version: we
-    write the key only in that meaning), else None (unknown: a config carrying it is refused)."""
+    """Who wrote a flat config's `norm_output` (speculators/vLLM and SpecForge mean different
+    things by it): what NORM_OUTPUT_ENV says, else "speculators" for this engine's own exports (a
+    provenance.json with our engine_version: we write the key only in that meaning), else None
+    (unknown: a config carrying it is refused)."""
     env = os.environ.get(NORM_OUTPUT_ENV)
     if env:
         return env
@@ -48,7 +50,7 @@ def read_config(d: Path) -> tuple[dict[str, Any], Eagle3Config]:
     try:
         meaning = norm_output_meaning(d) if isinstance(data, dict) and "norm_output" in data \
             else None
-        return data, Eagle3Config.from_dict(data, norm_output_meaning=meaning)
+        return data, config_from_dict(data, norm_output_meaning=meaning)
     except EngineError as e:
         raise EngineError(f"{path}: {e}") from None
 

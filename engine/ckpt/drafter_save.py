@@ -16,6 +16,7 @@ import torch
 
 from engine import __version__
 from engine.ckpt.checks import expected_tensors, export_checks
+from engine.ckpt.config_styles import to_eagle_dict, to_speculators_dict
 from engine.ckpt.key_map import IGNORED_SUFFIXES, from_canonical, output_style
 from engine.ckpt.output_dir import atomic_output_dir
 from engine.ckpt.safetensors_io import FLOAT_CODES, save_tensors, torch_dtype
@@ -27,8 +28,9 @@ from engine.model.config import Eagle3Config
 def config_for(cfg: Eagle3Config, to: str, verifier: str | None = None,
                speculative_tokens: int | None = None) -> dict[str, Any]:
     if output_style(to) == "speculators":
-        return cfg.to_speculators_dict(verifier=verifier, speculative_tokens=speculative_tokens)
-    return cfg.to_eagle_dict()
+        return to_speculators_dict(cfg, verifier=verifier,
+                                   speculative_tokens=speculative_tokens)
+    return to_eagle_dict(cfg)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -82,8 +84,9 @@ def save_drafter(dst: Path, cfg: Eagle3Config, state_dict: Mapping[str, torch.Te
         save_tensors(tmp / "model.safetensors", {names[k]: v for k, v in sd.items()})
         write_json(tmp / "config.json", conf)
         if sections is not None or (cfg.norm_output and style == "eagle"):
-            # a flat config's `norm_output` is read by who wrote it (spec 4a): this record says
-            # it was us, in the speculators/vLLM meaning, even for a bare save
+            # a flat config's `norm_output` is read by who wrote it (SpecForge means another
+            # thing by it): this record says it was us, in the speculators/vLLM meaning, even
+            # for a bare save
             write_json(tmp / "provenance.json", build_provenance(to, sections or {}))
     return warnings
 

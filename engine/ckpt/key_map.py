@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from engine.ckpt.config_styles import config_style
 from engine.errors import EngineError
-from engine.model.config import config_style
 
 STYLES = ("eagle", "speculators")
 EXPORT_TARGETS = ("eagle", "speculators", "vllm", "sglang")

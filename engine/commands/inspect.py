@@ -31,9 +31,10 @@ def collect(path: str) -> dict[str, Any]:
     from pathlib import Path
 
     from engine.ckpt.checks import run_checks
+    from engine.ckpt.config_styles import NORM_FLAGS
     from engine.ckpt.drafter_dir import open_checkpoint
     from engine.ckpt.key_map import EXPORT_TARGETS, output_style
-    from engine.model.config import MLA_FIELDS, NORM_FLAGS
+    from engine.model.config import MLA_FIELDS
 
     ck = open_checkpoint(Path(path))
     cfg = ck.config

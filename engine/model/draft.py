@@ -4,9 +4,9 @@ Public API
 ----------
 Eagle3Config, PRESETS, preset(name), default_aux_layer_ids(n)   (engine/model/config.py,
     engine/model/presets.py; RMSNorm and RoPE live in engine/model/blocks.py)
-    The typed config; `Eagle3Config.from_dict` reads the EAGLE (flat Llama) or the speculators
-    config style, `to_eagle_dict()` / `to_speculators_dict(verifier=, speculative_tokens=)` write
-    them. Presets: "tiny" (CPU tests), "llama3-8b", "kimi-k2", "kimi-k2-mla", "tiny-mla".
+    The typed config; engine/ckpt/config_styles.py reads it from and writes it to the EAGLE
+    (flat Llama) and the speculators config style. Presets: "tiny" (CPU tests), "llama3-8b",
+    "kimi-k2", "kimi-k2-mla", "tiny-mla".
 Eagle3Draft(cfg)
     The nn.Module. Canonical parameter names are the EAGLE ones (engine/ckpt/key_map.py maps the
     speculators `layers.0.*` names to and from them):
@@ -26,10 +26,11 @@ Eagle3Draft(cfg)
     Optional, by config flag: input_norm.weight [3Ht] (norm_before_fc), fc_norm.{0,1,2}.weight
     [Ht] (fc_norm). An MLA drafter (`cfg.layer_kind == "mla"`) has the MLA attention's
     parameters instead of q/k/v/o_proj (engine/model/mla_layer.py); the rest is the same.
-    Rotary tables are non-persistent buffers, never saved. `norm_output` (EAGLE 3.1, spec 4a):
+    Rotary tables are non-persistent buffers, never saved. `norm_output` (EAGLE 3.1):
     the state handed to the next step is norm(out), not out.
     `trainable_state_dict()` is the state dict without the frozen embedding; `set_embedding(w)`
-    installs the target's (engine.formats.load_target_embedding reads it from a target dir).
+    installs the target's (engine/ckpt/target_weights.py `load_target_embedding` reads it from a
+    target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
                         attention_mask [B,T] | None, position_ids [B,T] | None,
                         rows: K index tensors | None)
@@ -242,7 +243,7 @@ class Eagle3Draft(nn.Module):
 
     def hand_on(self, out: Tensor) -> Tensor:
         """The layer's pre-norm output -> the state the next draft step receives: the same, or
-        with `norm_output` (EAGLE 3.1, spec 4a) the final norm of it. Logits are `logits(out)`
+        with `norm_output` (EAGLE 3.1) the final norm of it. Logits are `logits(out)`
         either way (lm_head of the normalised state)."""
         return self.norm(out) if self.config.norm_output else out
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.ckpt.config_styles import config_from_dict
 from engine.ckpt.target_config import config_dtype, config_hash
 from engine.ckpt.target_weights import TargetHead, load_embedding
 from engine.data.features import FeatureData
@@ -67,7 +68,7 @@ def data_hash(data: FeatureData) -> str:
 def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int],
                    eagle_version: str = DEFAULT_EAGLE_VERSION) -> Eagle3Config:
     """The drafter's shapes from the target's config (one Llama layer at the target's width);
-    EAGLE 3.1 turns on `norm_before_fc` and `norm_output` (spec 4a)."""
+    EAGLE 3.1 turns on `norm_before_fc` and `norm_output`."""
     keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
             "max_position_embeddings", "vocab_size")
@@ -78,7 +79,7 @@ def scratch_config(tcfg: dict[str, Any], vd: int, aux: list[int],
              target_num_hidden_layers=n, torch_dtype=stored)
     if aux != serving_default_aux_ids(n) or aux_ids_problem(aux) is not None:
         d["eagle_aux_hidden_state_layer_ids"] = aux  # what serving engines compute, else named
-    cfg = Eagle3Config.from_dict(d)
+    cfg = config_from_dict(d)
     on = eagle_version == "3.1"
     return dataclasses.replace(cfg, norm_before_fc=on, norm_output=on)
 

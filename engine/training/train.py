@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from engine import __version__, stop_hold
 from engine.ckpt.checks import require_finite
+from engine.ckpt.config_styles import to_eagle_dict
 from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import SERVED, Emitter
@@ -386,7 +387,7 @@ class Trainer:
                    "world_size": self.dist.world,
                    "settings": self._settings(), "inputs": self._inputs(),
                    "engine": __version__}
-        path = save_checkpoint(self.ckpt_root, self.step, self.draft.config.to_eagle_dict(),
+        path = save_checkpoint(self.ckpt_root, self.step, to_eagle_dict(self.draft.config),
                                model, optim, trainer, rngs, self.cfg.keep)
         self.ev.log(f"checkpoint {path.name}" + (f" (held-out tau {tau_est:.3f})"
                                                   if tau_est is not None else ""))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.capture.vllm_engine import self_check
+from engine.ckpt.config_styles import to_eagle_dict
 from engine.errors import EngineError
 from engine.model.config import aux_ids_problem, default_aux_layer_ids, serving_default_aux_ids
 from tests.drafters import tiny_config, write_drafter
@@ -37,9 +38,9 @@ def test_six_layers_get_the_nearest_distinct_layers_and_fewer_than_three_are_ref
 
 
 def test_ids_other_than_the_serving_defaults_are_written_and_the_defaults_are_not() -> None:
-    six = tiny_config(target_num_layers=6, aux_layer_ids=[2, 3, 4]).to_eagle_dict()
+    six = to_eagle_dict(tiny_config(target_num_layers=6, aux_layer_ids=[2, 3, 4]))
     assert six["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]   # vLLM would compute 2, 3, 3
-    seven = tiny_config(target_num_layers=7, aux_layer_ids=[2, 3, 4]).to_eagle_dict()
+    seven = to_eagle_dict(tiny_config(target_num_layers=7, aux_layer_ids=[2, 3, 4]))
     assert "eagle_aux_hidden_state_layer_ids" not in seven         # what vLLM computes anyway
 
 

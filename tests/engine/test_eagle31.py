@@ -1,9 +1,11 @@
-"""EAGLE 3.1 (`norm_before_fc`, `fc_norm`, `norm_output`; spec section 4a): read, run, written.
+"""EAGLE 3.1 (`norm_before_fc`, `fc_norm`, `norm_output`): read, run, written.
 
 The exactness test writes a drafter the way speculators 0.9 does with its defaults (speculators
 config style, `layers.0.*` names, `embed_tokens` stored, `norm_before_fc` and `norm_output` true)
 with safetensors itself, and checks our TTT logits against `reference_ttt_logits`: a plain loop
-over positions written from the spec's math (sections 1, 4a, 5), sharing nothing with engine/.
+over positions written from the EAGLE-3 math (engine/model/draft.py's docstring states it; the
+three flags as engine/model/config.py's field docstrings define them), sharing no code with
+engine/.
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ import torch
 from safetensors.torch import save_file
 
 from engine.ckpt.checks import export_checks, load_drafter, run_checks
+from engine.ckpt.config_styles import (
+    NORM_OUTPUT_ENV,
+    config_from_dict,
+    to_eagle_dict,
+    to_speculators_dict,
+)
 from engine.ckpt.drafter_dir import open_checkpoint
 from engine.errors import EngineError
-from engine.model.config import NORM_OUTPUT_ENV, Eagle3Config
 from engine.model.draft import Eagle3Draft
 from tests.drafters import random_state, tiny_config
 
@@ -29,7 +36,7 @@ pytest_plugins = ("tests.demo_workspace",)
 SPECULATORS_09_FLAGS = {"norm_before_fc": True, "fc_norm": False, "norm_output": True}
 
 
-# -- the reference (spec math, float64, one query at a time) -------------------------------------
+# -- the reference (the math written out, float64, one query at a time) --------------------------
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
@@ -193,12 +200,12 @@ def test_flags_round_trip_every_style(tmp_path: Path) -> None:
     ck = open_checkpoint(tmp_path / "d")
     flags = next(c for c in run_checks(ck) if c.name == "norm_flags")
     assert flags.detail.startswith("norm_before_fc true · fc_norm false · norm_output true")
-    spec = ck.config.to_speculators_dict()
+    spec = to_speculators_dict(ck.config)
     assert {k: spec[k] for k in SPECULATORS_09_FLAGS} == SPECULATORS_09_FLAGS
-    eagle = ck.config.to_eagle_dict()
+    eagle = to_eagle_dict(ck.config)
     assert eagle["norm_output"] is True and eagle["norm_before_fc"] is True
     assert "fc_norm" not in eagle
-    back = Eagle3Config.from_dict(spec)
+    back = config_from_dict(spec)
     assert (back.norm_before_fc, back.norm_output) == (True, True)
     with pytest.raises(EngineError, match="sglang: norm_output"):
         export_checks(ck.config, list(ck.stored), "sglang")
@@ -233,14 +240,14 @@ def test_inspect_states_the_flags_it_runs_and_the_style_it_reads(
 
 def test_flat_norm_output_needs_its_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                            ) -> None:
-    conf = tiny_config().to_eagle_dict()
+    conf = to_eagle_dict(tiny_config())
     conf["norm_output"] = True
     with pytest.raises(EngineError, match=NORM_OUTPUT_ENV):
-        Eagle3Config.from_dict(conf)
-    assert Eagle3Config.from_dict(conf, norm_output_meaning="speculators").norm_output
-    assert not Eagle3Config.from_dict(conf, norm_output_meaning="specforge").norm_output
+        config_from_dict(conf)
+    assert config_from_dict(conf, norm_output_meaning="speculators").norm_output
+    assert not config_from_dict(conf, norm_output_meaning="specforge").norm_output
     with pytest.raises(EngineError, match="SpecForge"):
-        Eagle3Config.from_dict({**conf, "norm_output": False}, norm_output_meaning="specforge")
+        config_from_dict({**conf, "norm_output": False}, norm_output_meaning="specforge")
     # on disk: refused without a writer, ours by its provenance, others by the variable
     d = tmp_path / "d"
     d.mkdir()

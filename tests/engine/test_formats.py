@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.ckpt.checks import expected_tensors, export_checks, load_drafter, run_checks
+from engine.ckpt.config_styles import to_eagle_dict, to_speculators_dict
 from engine.ckpt.drafter_dir import open_checkpoint
 from engine.ckpt.drafter_save import save_drafter
 from engine.ckpt.key_map import (
@@ -58,8 +59,8 @@ def test_model_parameter_names_are_canonical() -> None:
 
 
 def test_detect_styles() -> None:
-    e = tiny_config().to_eagle_dict()
-    s = tiny_config().to_speculators_dict()
+    e = to_eagle_dict(tiny_config())
+    s = to_speculators_dict(tiny_config())
     assert detect(["fc.weight", "midlayer.mlp.up_proj.weight"], e, "x").format == "eagle"
     assert detect(["layers.0.mlp.up_proj.weight"], s, "x").format == "speculators"
     mixed = detect(["layers.0.mlp.up_proj.weight"], e, "x")

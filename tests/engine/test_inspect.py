@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.ckpt.config_styles import to_eagle_dict
 from engine.cli import main
 from tests.drafters import random_state, tiny_config, write_drafter
 from tests.paths import REPO
@@ -85,7 +86,7 @@ def _no_nbr(d: Path) -> None:
 
 def _mixed(d: Path) -> None:
     write_drafter(d, style="speculators")
-    (d / "config.json").write_text(json.dumps(tiny_config().to_eagle_dict()))
+    (d / "config.json").write_text(json.dumps(to_eagle_dict(tiny_config())))
 
 
 @pytest.mark.parametrize("damage,check", [(_bad_t2d, "vocab_map"), (_bad_shape, "shapes"),
@@ -106,6 +107,21 @@ def test_embedding_present_is_reported(tmp_path: Path, capsys: pytest.CaptureFix
     rc, r = inspect_json(tmp_path, capsys)
     emb = next(c for c in r["checks"] if c["name"] == "embedding")
     assert rc == 0 and emb["detail"].startswith("present [512, 64]")
+
+
+def test_a_config_field_of_the_wrong_type_is_one_line_naming_file_and_field(tmp_path: Path
+                                                                          ) -> None:
+    write_drafter(tmp_path, style="speculators")
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf["speculators_config"]["proposal_methods"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "engine", "inspect", str(tmp_path)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path / 'config.json'}: config field 'speculators_config.proposal_methods'" \
+        in r.stderr
 
 
 def test_unreadable_checkpoint_is_one_line_error(tmp_path: Path) -> None:

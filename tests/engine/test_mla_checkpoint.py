@@ -1,4 +1,4 @@
-"""MLA drafter checkpoints (issue 30 point 3): the config style that can express them (flat,
+"""MLA drafter checkpoints: the config style that can express them (flat,
 vLLM's Eagle3DeepseekV2ForCausalLM), the ones refused by name, the key layouts (TorchSpec's
 `midlayer.*`, `layers.0.*`), `inspect`'s shape checks per field, `convert`, and a finetune on the
 demo target that exports what it read."""
@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.ckpt.config_styles import MLA_ARCH, config_from_dict, to_eagle_dict, to_speculators_dict
 from engine.errors import EngineError
-from engine.model.config import MLA_ARCH, Eagle3Config
 from engine.model.presets import preset
 from tests.drafters import MLA_ATTENTION_NAMES, mla_config_dict, write_mla_drafter
 from tests.engine_helpers import run_engine
@@ -27,22 +27,22 @@ pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
 
 def test_a_torchspec_config_reads_and_writes_back_as_vllm_reads_it() -> None:
     conf = mla_config_dict()
-    cfg = Eagle3Config.from_dict(conf)
+    cfg = config_from_dict(conf)
     assert cfg.layer_kind == "mla" and cfg.head_dim == 8 and cfg.num_key_value_heads == 4
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim) == \
         (24, 16, 12, 10)
-    out = cfg.to_eagle_dict()
+    out = to_eagle_dict(cfg)
     assert out["architectures"] == [MLA_ARCH] and out["model_type"] == "deepseek_v2"
     assert "head_dim" not in out and out["rope_interleave"] is True
     for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
               "v_head_dim", "draft_vocab_size", "vocab_size"):
         assert out[k] == conf[k], k
     assert out["rope_scaling"]["original_max_position_embeddings"] == 512
-    assert Eagle3Config.from_dict(out) == cfg
+    assert config_from_dict(out) == cfg
     # no original context in the config: the export names the one our yarn used
     rs = {k: v for k, v in conf["rope_scaling"].items()  # type: ignore[attr-defined]
           if k != "original_max_position_embeddings"}
-    short = Eagle3Config.from_dict({**conf, "rope_scaling": rs}).to_eagle_dict()
+    short = to_eagle_dict(config_from_dict({**conf, "rope_scaling": rs}))
     assert short["rope_scaling"]["original_max_position_embeddings"] == 2048
 
 
@@ -65,7 +65,7 @@ def test_presets_build() -> None:
 def test_bad_mla_configs_are_refused_naming_the_field(change: dict[str, object],
                                                       field: str) -> None:
     with pytest.raises(EngineError, match=f"config field '{field}'"):
-        Eagle3Config.from_dict({**mla_config_dict(), **change})
+        config_from_dict({**mla_config_dict(), **change})
 
 
 @pytest.mark.parametrize(("key", "value", "says"), [
@@ -82,7 +82,7 @@ def test_each_rope_scaling_field_is_checked_by_name(key: str, value: object, say
     conf = mla_config_dict()
     conf["rope_scaling"] = {**conf["rope_scaling"], key: value}  # type: ignore[dict-item]
     with pytest.raises(EngineError, match=re.escape(f"config field 'rope_scaling.{key}': {says}")):
-        Eagle3Config.from_dict(conf)
+        config_from_dict(conf)
 
 
 def test_inspect_and_convert_refuse_a_nan_mscale_naming_the_file(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_mla_fields_without_kv_lora_rank_are_refused() -> None:
 def test_styles_that_cannot_express_mla_are_refused_by_name() -> None:
     cfg = preset("tiny-mla")
     with pytest.raises(EngineError, match="speculators: an MLA drafter"):
-        cfg.to_speculators_dict(verifier="x")
+        to_speculators_dict(cfg, verifier="x")
 
 
 @pytest.fixture(scope="module")

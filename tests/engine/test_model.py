@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.ckpt.config_styles import config_from_dict, to_eagle_dict, to_speculators_dict
 from engine.errors import EngineError
 from engine.model.draft import (
     Eagle3Config,
@@ -295,43 +297,43 @@ def test_kimi_preset_shapes_on_meta_device() -> None:
 
 def test_config_styles_round_trip() -> None:
     cfg = preset("llama3-8b").with_(aux_layer_ids=[1, 16, 29], target_hidden_size=5120)
-    e = cfg.to_eagle_dict()
+    e = to_eagle_dict(cfg)
     assert e["architectures"] == ["LlamaForCausalLMEagle3"]
     assert e["tie_word_embeddings"] is False and "norm_output" not in e
     assert e["vocab_size"] == 128256 and e["draft_vocab_size"] == 32000
     assert e["eagle_aux_hidden_state_layer_ids"] == [1, 16, 29]
     assert e["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 15, 28]  # SGLang reading
-    s = cfg.to_speculators_dict(verifier="meta-llama/Llama-3.1-8B-Instruct", speculative_tokens=5)
+    s = to_speculators_dict(cfg, verifier="meta-llama/Llama-3.1-8B-Instruct", speculative_tokens=5)
     assert s["norm_before_residual"] is False
     assert s["transformer_layer_config"]["vocab_size"] == 128256
     assert s["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
     assert s["speculators_config"]["verifier"]["name_or_path"] == \
         "meta-llama/Llama-3.1-8B-Instruct"
-    back = Eagle3Config.from_dict(s)
-    assert back.to_eagle_dict() == e
-    assert Eagle3Config.from_dict(e) == cfg.with_(verifier=None, verifier_architectures=None)
+    back = config_from_dict(s)
+    assert to_eagle_dict(back) == e
+    assert config_from_dict(e) == cfg.with_(verifier=None, verifier_architectures=None)
 
 
 def test_default_aux_ids_are_omitted() -> None:
     cfg = preset("llama3-8b").with_(aux_layer_ids=[2, 16, 29])  # the defaults for N = 32
-    assert "eagle_aux_hidden_state_layer_ids" not in cfg.to_eagle_dict()
-    assert cfg.to_speculators_dict()["eagle_aux_hidden_state_layer_ids"] is None
+    assert "eagle_aux_hidden_state_layer_ids" not in to_eagle_dict(cfg)
+    assert to_speculators_dict(cfg)["eagle_aux_hidden_state_layer_ids"] is None
     assert preset("llama3-8b").resolved_aux_layer_ids() == [2, 16, 29]
 
 
 def test_sglang_style_aux_ids_are_read_as_outputs() -> None:
-    d = preset("tiny").to_eagle_dict()
+    d = to_eagle_dict(preset("tiny"))
     d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
-    assert Eagle3Config.from_dict(d).aux_layer_ids == [2, 3, 4]
+    assert config_from_dict(d).aux_layer_ids == [2, 3, 4]
 
 
 def test_speculators_without_norm_before_residual_is_read_as_vllm_does() -> None:
-    d = preset("tiny").to_speculators_dict(verifier="x")
+    d = to_speculators_dict(preset("tiny"), verifier="x")
     del d["norm_before_residual"]
-    cfg = Eagle3Config.from_dict(d)
+    cfg = config_from_dict(d)
     assert cfg.norm_before_residual is True
     with pytest.raises(EngineError, match="norm_before_residual"):
-        cfg.to_eagle_dict()
+        to_eagle_dict(cfg)
 
 
 @pytest.mark.parametrize("change,field", [
@@ -349,23 +351,42 @@ def test_config_validation_names_the_field(change: dict, field: str) -> None:
 
 
 def test_from_dict_names_missing_and_bad_fields() -> None:
-    d = preset("tiny").to_eagle_dict()
+    d = to_eagle_dict(preset("tiny"))
     del d["intermediate_size"]
     with pytest.raises(EngineError, match="'intermediate_size': missing"):
-        Eagle3Config.from_dict(d)
-    d = preset("tiny").to_eagle_dict()
+        config_from_dict(d)
+    d = to_eagle_dict(preset("tiny"))
     d["hidden_act"] = "gelu"
     with pytest.raises(EngineError, match="hidden_act"):
-        Eagle3Config.from_dict(d)
-    d = preset("tiny").to_speculators_dict()
+        config_from_dict(d)
+    d = to_speculators_dict(preset("tiny"))
     d["transformer_layer_config"] = "nope"
     with pytest.raises(EngineError, match="transformer_layer_config"):
-        Eagle3Config.from_dict(d)
+        config_from_dict(d)
+
+
+@pytest.mark.parametrize(("name", "style", "key", "value", "field"), [
+    ("tiny", "speculators", "speculators_config.proposal_methods", 3,
+     "'speculators_config.proposal_methods': 3 is not a list"),
+    ("tiny-mla", "eagle", "rope_scaling", "yarn", "'rope_scaling': 'yarn' is not an object"),
+    ("tiny-mla", "eagle", "rope_scaling", [4.0], "'rope_scaling': [4.0] is not an object"),
+])
+def test_a_field_of_the_wrong_json_type_is_named(name: str, style: str, key: str, value: object,
+                                                 field: str) -> None:
+    cfg = preset(name)
+    d = to_speculators_dict(cfg) if style == "speculators" else to_eagle_dict(cfg)
+    *parents, last = key.split(".")
+    parent = d
+    for p in parents:
+        parent = parent[p]
+    parent[last] = value
+    with pytest.raises(EngineError, match=re.escape(f"config field {field}")):
+        config_from_dict(d)
 
 
 def test_transformers5_rope_parameters_spelling() -> None:
-    d = preset("llama3-8b").to_eagle_dict()
+    d = to_eagle_dict(preset("llama3-8b"))
     rs = d.pop("rope_scaling")
     d["rope_parameters"] = {"rope_theta": d.pop("rope_theta"), **rs}
-    cfg = Eagle3Config.from_dict(d)
+    cfg = config_from_dict(d)
     assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == rs
