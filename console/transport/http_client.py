@@ -88,6 +88,11 @@ class _Broken(Exception):
         self.kind, self.status, self.why = kind, status, why
 
 
+def size(n: int) -> str:
+    """A byte count for a message: 32 MiB, 64 KiB."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
 def excerpt(text: str, room: int = EXCERPT) -> str:
     """The start of a server's text for an error line: its first line, at most `room`
     characters, the length of what was left out said."""
@@ -166,7 +171,7 @@ def inflate(data: bytes, wbits: int, limit: int = MAX_RESPONSE) -> bytes:
     except zlib.error as e:
         raise _Broken(GARBLED, None, f"not valid compressed data ({e})") from None
     if len(out) > limit or d.unconsumed_tail:
-        raise _Broken(GARBLED, None, f"compressed, it inflates past {limit >> 20} MiB")
+        raise _Broken(GARBLED, None, f"compressed, it inflates past {size(limit)}")
     if not d.eof:
         raise _Broken(CUT, None, "cut short (compressed body)")
     return out
@@ -239,8 +244,8 @@ async def request(transport: Transport, url: str, method: str = "GET", body: byt
             while chunk := await stream.read():
                 raw.extend(chunk)
                 if len(raw) > limit:
-                    raise HttpError(transport.name, what, f"answer larger than "
-                                    f"{limit >> 20} MiB", None, GARBLED)
+                    raise HttpError(transport.name, what, f"answer larger than {size(limit)}",
+                                    None, GARBLED)
 
     try:
         await asyncio.wait_for(go(), timeout)
