@@ -283,9 +283,9 @@ async def call(transport: Transport, url: str, method: str = "GET", body: Any = 
                timeout: float = 60.0) -> Any:
     """The JSON answer of `method url` (with `body` as JSON); HttpError otherwise."""
     data = None if body is None else json.dumps(body).encode("utf-8")
-    resp = await fetch_ok(transport, url, method, data, timeout=timeout)
+    text = (await fetch_ok(transport, url, method, data, timeout=timeout)).text
     try:
-        return json.loads(resp.text) if resp.text.strip() else None
+        return json.loads(text) if text.strip() else None
     except (ValueError, RecursionError):
         raise HttpError(transport.name, f"{method} {url}", "an answer (HTTP 200) that is not "
                         "JSON", 200, GARBLED) from None
