@@ -9,6 +9,7 @@ requests through `send`:
     the request raises `DeadlineExceeded` (a TimeoutError: callers retry it like a timeout);
   - the answer's body is read in chunks up to `max_bytes` (a declared Content-Length over it is
     refused before reading): more raises `AnswerTooLarge`, which is not retried.
+An error answer is quoted by `error_reason`: vLLM's (and OpenAI's) own message, not its JSON.
 Standard library only (http.client), so the connection can be kept alive between requests.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import heapq
 import http.client
 import itertools
+import json
 import socket
 import threading
 import time
@@ -39,6 +41,25 @@ class AnswerTooLarge(Exception):
 class Answer:
     status: int
     body: bytes
+
+
+def error_reason(body: bytes, room: int = 500) -> str:
+    """The server's own message in an error answer (its JSON `error`, `detail` or `message`,
+    a nested `{"message": ...}` too), else the first line of the body; at most `room`
+    characters."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict):
+        for key in ("error", "detail", "message"):
+            v = doc.get(key)
+            if isinstance(v, dict):
+                v = v.get("message")
+            if v:
+                return str(v)[:room]
+    return (text.strip().splitlines() or ["(no body)"])[0][:room]
 
 
 def connection(url: str, timeout: float) -> http.client.HTTPConnection:

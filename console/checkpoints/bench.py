@@ -2,7 +2,7 @@
 command's service).
 
 Each prompt is a conversation cut before its first assistant turn, sent to the server's
-`/v1/chat/completions` through the host's own connection (console/checkpoints/server_http.py):
+`/v1/chat/completions` through the host's own connection (console/transport/http_client.py):
 vLLM applies the target's own chat template, greedy (temperature 0), each reply to its end
 (EOS) or max_tokens M, as served traffic stops (engine/training/served_eval.py replays the same
 way; `fixed_length` generates M tokens past EOS, text no conversation holds, which no drafter
@@ -46,12 +46,12 @@ from typing import Any
 
 from console.checkpoints.compare import record_scrape
 from console.checkpoints.live import serving_now
-from console.checkpoints.server_http import call
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host
 from console.logs.metrics_service import scrape
 from console.logs.vllm_metrics import Snapshot, interval
 from console.settings.metrics_url import split_url
+from console.transport.http_client import call
 from console.transport.small_files import json_why
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

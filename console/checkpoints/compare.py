@@ -45,9 +45,9 @@ from console.checkpoints.journal import (
     swaps,
 )
 from console.checkpoints.live import DEFAULT, weight_info
-from console.checkpoints.server_http import ServerError
 from console.hosts.host import Host
 from console.logs.metrics_service import MetricsError, MetricsWatch
+from console.transport.http_client import HttpError
 
 _STEP = re.compile(r"^step_0*(\d+)$")
 
@@ -234,7 +234,7 @@ class Measurer:
             return None
         try:
             return await weight_info(host, s.base_url)
-        except ServerError:
+        except HttpError:
             return None
 
     async def measure(self, session: Session, host: Host) -> dict[str, Any]:

@@ -30,12 +30,12 @@ from console.checkpoints.journal import (
     swaps,
     text,
 )
-from console.checkpoints.server_http import REFUSED, UNREACHABLE, ServerError, call
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
 from console.settings.metrics_url import split_url
+from console.transport.http_client import GARBLED, REFUSED, UNREACHABLE, HttpError, call
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT = "default"
@@ -106,12 +106,12 @@ class Served:
 
 
 async def weight_info(host: Host, base: str) -> str:
-    """The server's weight version (ServerError when it does not answer one)."""
+    """The server's weight version (HttpError when it does not answer one)."""
     doc = await call(host.transport, base + "/weight_info", timeout=INFO_TIMEOUT)
     v = text(doc.get("weight_version")) if isinstance(doc, dict) else None
     if not v:
-        raise ServerError(host.name, f"GET {base}/weight_info", "no weight_version in its "
-                          "answer", 200, "garbled")
+        raise HttpError(host.name, f"GET {base}/weight_info", "no weight_version in its "
+                        "answer", 200, GARBLED)
     return v
 
 
@@ -136,18 +136,18 @@ def recorded_version(session: Session, records: list[SwapRecord]) -> tuple[str, 
 
 async def ask(host: Host, base: str, session: Session | None) -> Served:
     """What the server at `base` serves (module docstring). A server without the weight
-    routes (`serve --no-swap`) serves the drafter it started with: version None. ServerError
+    routes (`serve --no-swap`) serves the drafter it started with: version None. HttpError
     when it does not answer /weight_info otherwise (its reason says whether it was reached)."""
     why = None
     try:
         version: str | None = await weight_info(host, base)
-    except ServerError as e:
+    except HttpError as e:
         if e.kind != REFUSED or e.status != 404:
             raise
         version, why = None, NO_ROUTES
     try:
         started, verifier, k = await started_config(host, base)
-    except ServerError as e:
+    except HttpError as e:
         started, verifier, k, why = None, None, None, why or e.why
     asked = started is not None
     if not asked and session is not None:   # the server cannot say: the journal's
@@ -184,11 +184,11 @@ async def serving_now(host: Host, url: str | None = None) -> tuple[Session | Non
         base = session.base_url
     try:
         return session, await ask(host, base, session)
-    except ServerError as e:
+    except HttpError as e:
         raise not_answering(host, base, e) from e
 
 
-def not_answering(host: Host, base: str, e: ServerError) -> ConsoleError:
+def not_answering(host: Host, base: str, e: HttpError) -> ConsoleError:
     """The one line for a server that does not say what it serves."""
     if e.kind == UNREACHABLE:
         return ConsoleError(f"{host.name}: no server answers at {base} ({e.why}); `runs "

@@ -8,7 +8,6 @@ of the run's own log (output.log: vLLM's stdout and stderr), for the caller to s
 from __future__ import annotations
 
 import asyncio
-import json
 import posixpath
 import time
 from collections.abc import Callable
@@ -16,18 +15,19 @@ from typing import Any
 
 from console.errors import TransportError
 from console.hosts.host import Host
-from console.logs.metrics_service import MetricsError, fetch
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import list_runs
 from console.scheduler.records import Run
 from console.scheduler.run_status import RunStatus
-from console.settings.metrics_url import split_url
 from console.text import visible
+from console.transport.http_client import HttpError, call
 
 #: seconds `serve` waits for the server to answer /v1/models before it checks (a large verifier
 #: takes minutes to load on 8 GPUs)
 CHECK_TIMEOUT = 900.0
 CHECK_POLL = 3.0
+#: seconds one poll of /v1/models waits for its answer
+ANSWER_TIMEOUT = 5.0
 #: the log's last line is looked for in its last bytes (a progress bar's line is long)
 TAIL_BYTES = 8192
 LINE_WIDTH = 200
@@ -37,13 +37,10 @@ OnWait = Callable[[float, str], None]
 
 
 async def _models(host: Host, port: int) -> list[dict[str, Any]]:
-    """/v1/models' entries, fetched through the host's own connection (MetricsError when the
-    server does not answer; ValueError when the answer is not its JSON)."""
-    text = await fetch(host.transport, split_url(f"http://127.0.0.1:{port}/v1/models"))
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise ValueError("/v1/models' answer is nested too deep") from None
+    """/v1/models' entries, fetched through the host's own connection (HttpError when the
+    server does not answer JSON; ValueError when the JSON is not /v1/models')."""
+    doc = await call(host.transport, f"http://127.0.0.1:{port}/v1/models",
+                     timeout=ANSWER_TIMEOUT)
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise ValueError("no `data` list in /v1/models' answer")
@@ -84,8 +81,8 @@ async def wait_until_served(host: Host, run: Run, port: int, timeout: float = CH
     while True:
         try:
             return await _models(host, port), ""
-        except (MetricsError, ValueError) as e:
-            why = e.why if isinstance(e, MetricsError) else str(e)
+        except (HttpError, ValueError) as e:
+            why = e.why if isinstance(e, HttpError) else str(e)
         recs = await list_runs(host, run.id)
         if recs and all(r.status != RunStatus.RUNNING for r in recs):
             return None, f"the run {recs[0].status} before vLLM answered /v1/models " \

@@ -18,7 +18,7 @@ folder):
 
 The weight version is the drafter's folder name and the sha256 of its weight files (the first
 16 hex digits), so the comparison table can tell two drafters on one server apart. A route that
-fails is worded by what is known (console/checkpoints/server_http.py): a refusal leaves the old
+fails is worded by what is known (console/transport/http_client.py): a refusal leaves the old
 drafter (the backend reads the whole folder before it touches the model); a lost answer to
 /update_weights leaves it unknown, so the update is closed with a weight version that says so
 (`unknown: NEW or OLD`) rather than with a name that may be false.
@@ -46,10 +46,10 @@ from console.checkpoints.serve import (
     refusal,
     session_provenance,
 )
-from console.checkpoints.server_http import REFUSED, ServerError, call
 from console.checkpoints.service import inspect_checkpoint
 from console.errors import ConsoleError
 from console.hosts.host import Host
+from console.transport.http_client import REFUSED, HttpError, call
 
 SIZE_FIELDS = ("hidden_size", "target_hidden_size", "intermediate_size", "num_attention_heads",
                "num_key_value_heads", "head_dim", "draft_vocab_size")
@@ -186,7 +186,7 @@ async def _now_says(host: Host, url: str) -> str:
     """What /weight_info says now, as a clause for an error line (never raises)."""
     try:
         return f"/weight_info now says {await weight_info(host, url)}"
-    except ServerError as e:
+    except HttpError as e:
         return f"it does not answer /weight_info now ({e.why}): it may have stopped, `runs " \
                f"{host.name}` shows its run"
 
@@ -197,7 +197,7 @@ async def _close(host: Host, url: str, version: str | None) -> str:
     try:
         await call(host.transport, url + "/finish_weight_update", "POST",
                    {} if version is None else {"weight_version": version}, timeout=CLOSE_S)
-    except ServerError as e:
+    except HttpError as e:
         return f"the update could not be closed ({e.why})"
     return "the update was closed"
 
@@ -211,7 +211,7 @@ async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -
     try:
         try:
             await call(t, url + "/start_draft_weight_update", "POST", {})
-        except ServerError as e:
+        except HttpError as e:
             if e.kind != REFUSED or "already active" not in e.why:
                 raise
             # an earlier swap stopped between start and finish: what it loaded is not known,
@@ -219,7 +219,7 @@ async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -
             was = f"{UNKNOWN}an update left open over {was}"
             await call(t, url + "/finish_weight_update", "POST", {"weight_version": was})
             await call(t, url + "/start_draft_weight_update", "POST", {})
-    except ServerError as e:
+    except HttpError as e:
         closed = "" if e.known else f"; {await _close(host, url, None)}"
         raise ConsoleError(f"{host.name}: {ckpt} was not swapped in: opening the update failed "
                            f"({e.why}){closed}; opening loads nothing, so the server serves "
@@ -228,7 +228,7 @@ async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -
     try:
         await call(t, url + "/update_weights", "POST", {"update_info": {"path": ckpt}},
                    timeout=SWAP_S)
-    except ServerError as e:
+    except HttpError as e:
         if e.known:   # the backend reads the whole folder before it touches the model
             closed = await _close(host, url, None)
             raise ConsoleError(f"{host.name}: the server refused {ckpt} ({e.why}); nothing was "
@@ -242,17 +242,17 @@ async def post_routes(host: Host, url: str, ckpt: str, version: str, was: str) -
     try:
         await call(t, url + "/finish_weight_update", "POST", {"weight_version": version},
                    timeout=SWAP_S)
-    except ServerError as e:
+    except HttpError as e:
         if e.known:
             raise ConsoleError(f"{host.name}: the server loaded {ckpt} but refused to finish "
                                f"the update ({e.why}); what it serves is not known, "
                                f"{await _now_says(host, url)}; {again}") from e
-        with contextlib.suppress(ServerError):
+        with contextlib.suppress(HttpError):
             if await weight_info(host, url) == version:
                 return f"its answer to /finish_weight_update was lost ({e.why}); /weight_info " \
                        "confirms the swap"
         closed = await _close(host, url, version)   # still open: close it as asked
-        with contextlib.suppress(ServerError):
+        with contextlib.suppress(HttpError):
             if await weight_info(host, url) == version:
                 return f"its answer to /finish_weight_update was lost ({e.why}); asked again, " \
                        f"{closed}: /weight_info confirms the swap"
@@ -276,7 +276,7 @@ async def swap(host: Host, ckpt: str, url: str | None = None) -> dict[str, Any]:
     seconds = time.monotonic() - t0
     try:
         got = await weight_info(host, base)
-    except ServerError as e:
+    except HttpError as e:
         raise ConsoleError(f"{host.name}: the routes answered, but /weight_info does not "
                            f"({e.why}): whether {ckpt} serves is not confirmed") from e
     if got != p["version"]:

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.bounded_http import AnswerTooLarge, connection, send
+from engine.bounded_http import AnswerTooLarge, connection, error_reason, send
 from engine.capture.server import DEFAULT_STORAGE, capture_layer_ids, slots
 from engine.ckpt.final_norm import FinalNorm, load_final_norm
 from engine.errors import EngineError
@@ -279,7 +279,7 @@ class VllmClient:
         if status >= 400:
             if status in RETRY_STATUS:
                 raise _Transient(f"HTTP {status}")
-            detail = raw[:300].decode("utf-8", "replace").strip()
+            detail = error_reason(raw, 300)
             raise EngineError(f"{what}: HTTP {status} from {self.root}{path}: {detail}")
         try:
             return json.loads(raw)

@@ -34,7 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from engine.bounded_http import AnswerTooLarge, connection, send
+from engine.bounded_http import AnswerTooLarge, connection, error_reason, send
 from engine.data.conversations import Conversation, parse_line, read_conversations
 from engine.errors import EngineError
 from engine.events import Emitter
@@ -94,7 +94,7 @@ class Client:
                     except (ValueError, RecursionError) as e:  # not the JSON we expect
                         raise RequestFailed(f"bad response from {self.url}: "
                                             f"{str(e)[:200]}") from None
-                detail = ans.body[:200].decode("utf-8", "replace").strip()
+                detail = error_reason(ans.body, 200)
                 if ans.status not in RETRY_STATUS:
                     raise RequestFailed(f"HTTP {ans.status} from {self.url}: {detail}")
                 why = f"HTTP {ans.status}"

@@ -60,7 +60,13 @@ from pathlib import Path
 from typing import Any
 
 from engine import stop_hold
-from engine.bounded_http import AnswerTooLarge, DeadlineExceeded, connection, send
+from engine.bounded_http import (
+    AnswerTooLarge,
+    DeadlineExceeded,
+    connection,
+    error_reason,
+    send,
+)
 from engine.errors import EngineError
 from engine.fileio import read_json, sha256_file, write_json
 
@@ -217,9 +223,10 @@ class ServedEval:
             raise EngineError(f"--eval-server: {what}: {_fault(e)}") from None
         finally:
             conn.close()
-        text = ans.body.decode("utf-8", errors="replace")
         if ans.status != 200:
-            raise EngineError(f"--eval-server: {what}: HTTP {ans.status}: {_reason(text)}")
+            raise EngineError(f"--eval-server: {what}: HTTP {ans.status}: "
+                              f"{error_reason(ans.body)}")
+        text = ans.body.decode("utf-8", errors="replace")
         if not as_json:
             return text
         try:
@@ -487,19 +494,3 @@ def _fault(e: BaseException) -> str:
     """A broken answer in one line: what broke and the first of its words."""
     words = str(e).strip().splitlines()
     return f"{type(e).__name__}" + (f": {words[0][:200]}" if words else "")
-
-
-def _reason(text: str) -> str:
-    """vLLM's own message in an error answer (its `error`, `detail` or `message`)."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        for key in ("error", "detail", "message"):
-            v = doc.get(key)
-            if isinstance(v, dict):
-                v = v.get("message")
-            if v:
-                return str(v)[:500]
-    return (text.strip().splitlines() or ["(no body)"])[0][:500]

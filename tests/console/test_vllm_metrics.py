@@ -24,12 +24,13 @@ import pytest
 
 from console.cli import main as cli_main
 from console.errors import ConfigError, TransportError
-from console.logs.metrics_service import MAX_RESPONSE, MetricsError, fetch, scrape
+from console.logs.metrics_service import MetricsError, fetch, scrape
 from console.logs.vllm_metrics import Series, is_reset, parse_snapshot
 from console.panes import logs as logs_pane
 from console.panes.logs import LogsPane
 from console.settings.config import load_config
 from console.settings.metrics_url import split_url
+from console.transport.http_client import MAX_RESPONSE
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
 from console.widgets.log_charts import LogCharts

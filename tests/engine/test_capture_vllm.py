@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from engine.capture.vllm_capture import prepare_from_vllm
+from engine.capture.vllm_client import VllmClient
 from engine.data.chat import tokenize_conversation
 from engine.data.conversations import read_conversations
 from engine.data.readers import open_data
@@ -27,6 +28,7 @@ from engine.data.target import load_tokenizer
 from engine.errors import EngineError
 from engine.events import Emitter
 from tests.engine_helpers import REPO, engine_env, events, kill_after_shards, run_engine
+from tests.raw_http_server import RawHttpServer, answer
 from tests.vllm_standin import VllmStandin
 
 pytest_plugins = ("tests.demo_workspace",)
@@ -524,3 +526,17 @@ def test_a_streamed_batch_crosses_processes_as_one_shared_buffer() -> None:
     for k, t in batch.items():
         assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
         assert got[k].untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+
+
+def test_a_refused_request_is_worded_with_vllms_reason() -> None:
+    """An error status that is not retried: vLLM's own message, not its JSON."""
+    doc = b'{"error": {"message": "prompt: token ids expected", "code": 400}}'
+    srv = RawHttpServer({"/v1/completions": lambda s, c: c.sendall(answer("400 Bad Request",
+                                                                          doc))})
+    try:
+        with pytest.raises(EngineError) as e:
+            VllmClient(srv.url("/v1")).call("/v1/completions", {"prompt": "x"}, "capture")
+    finally:
+        srv.stop()
+    assert str(e.value) == (f"capture: HTTP 400 from {srv.url('')}/v1/completions: "
+                            "prompt: token ids expected"), str(e.value)

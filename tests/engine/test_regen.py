@@ -96,8 +96,11 @@ def test_regen_failed_conversations_are_reported_and_retried(demo_dir: Path, tmp
     finally:
         bad.close()
     assert p.returncode == 1
-    assert p.stderr.strip().splitlines()[-1].startswith(
-        f"error: 1 of 4 conversations failed (first: {rows[2]['id']!r}: HTTP 400")
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: 1 of 4 conversations failed (first: {rows[2]['id']!r}: HTTP 400"), last
+    # the server's own message, not its JSON
+    assert ": prompt rejected); rerun" in last and '{"error"' not in last, last
     assert rows[2]["id"] not in {r["id"] for r in read_jsonl(out)} and len(read_jsonl(out)) == 3
     good = OpenAIServer(str(demo_dir / "target"))
     try:

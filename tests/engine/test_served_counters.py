@@ -1,6 +1,7 @@
 """train --eval-server's arithmetic without a server: vLLM's /metrics page read into counters
 (summed over engines, per position), the deltas of one replay as acceptance figures, the URL
-refused off the loopback, and the weight version the console's `swap` would write."""
+refused off the loopback, and the weight version the console's `swap` would write; and its
+requests' error answers (a raw server on 127.0.0.1) worded with the server's own reason."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError
-from engine.training.served_eval import check_url, figures, parse_counters, weight_version
+from engine.training.served_eval import (
+    ServedEval,
+    check_url,
+    figures,
+    parse_counters,
+    weight_version,
+)
+from tests.raw_http_server import RawHttpServer, answer
 
 PAGE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
@@ -56,3 +64,23 @@ def test_weight_version_is_the_swap_commands(tmp_path: Path) -> None:
                     (("model-2.safetensors", b"more"), ("model.safetensors", b"weights")))
     assert weight_version(d) == \
         "step_000050@" + hashlib.sha256(lines.encode()).hexdigest()[:16]
+
+
+def test_an_error_answer_is_worded_with_the_servers_reason() -> None:
+    deep = b'{"error": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"   # past the recursion limit
+    vllm = b'{"error": {"message": "weights not found in /x", "code": 400}}'
+    srv = RawHttpServer({
+        "/vllm": lambda s, c: c.sendall(answer("400 Bad Request", vllm)),
+        "/html": lambda s, c: c.sendall(answer("502 Bad Gateway", b"<html>down</html>\nmore")),
+        "/deep": lambda s, c: c.sendall(answer("400 Bad Request", deep)),
+    })
+    try:
+        ev = ServedEval(f"http://127.0.0.1:{srv.port}", [], 1, deadline_s=10)
+        for path, why in (("/vllm", "HTTP 400: weights not found in /x"),
+                          ("/html", "HTTP 502: <html>down</html>"),
+                          ("/deep", "HTTP 400: " + deep.decode()[:500])):
+            with pytest.raises(EngineError) as e:
+                ev.call("POST", path, {})
+            assert str(e.value) == f"--eval-server: POST {ev.url}{path}: {why}", path
+    finally:
+        srv.stop()
