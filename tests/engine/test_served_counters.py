@@ -45,7 +45,7 @@ def test_counters_and_the_figures_of_their_deltas() -> None:
     assert figures(before, before)["acceptance_length"] is None    # nothing drafted
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "https://127.0.0.1:8000",
+@pytest.mark.parametrize("url", ["http://gpu-box.invalid:8000", "https://127.0.0.1:8000",
                                  "http://127.0.0.1", "http://127.0.0.1:8000/v1"])
 def test_an_eval_server_off_the_loopback_is_refused(url: str) -> None:
     with pytest.raises(EngineError, match="--eval-server"):
