@@ -18,12 +18,13 @@ from __future__ import annotations
 import heapq
 import http.client
 import itertools
-import json
 import socket
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
+
+from engine.http_reason import server_message
 
 MAX_ANSWER_BYTES = 64 << 20  # a chat reply or a completion's answer is kilobytes
 _CHUNK = 1 << 16
@@ -44,22 +45,10 @@ class Answer:
 
 
 def error_reason(body: bytes, room: int = 500) -> str:
-    """The server's own message in an error answer (its JSON `error`, `detail` or `message`,
-    a nested `{"message": ...}` too), else the first line of the body; at most `room`
-    characters."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict):
-        for key in ("error", "detail", "message"):
-            v = doc.get(key)
-            if isinstance(v, dict):
-                v = v.get("message")
-            if v:
-                return str(v)[:room]
-    return (text.strip().splitlines() or ["(no body)"])[0][:room]
+    """The server's own message in an error answer (engine/http_reason.py), at most `room`
+    characters; else the body's first line (JSON without a message), or `(no body)`."""
+    text = server_message(body) or body.decode("utf-8", errors="replace").strip()
+    return (text.splitlines() or ["(no body)"])[0][:room]
 
 
 def connection(url: str, timeout: float) -> http.client.HTTPConnection:

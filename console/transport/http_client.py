@@ -37,6 +37,7 @@ from typing import Any
 from console.errors import ConsoleError, TransportError
 from console.settings.metrics_url import Endpoint, split_url
 from console.transport.base import Transport
+from engine.http_reason import server_message
 
 UNREACHABLE, REFUSED, NO_ANSWER, CUT, GARBLED = \
     "unreachable", "refused", "no answer", "cut", "garbled"
@@ -103,24 +104,9 @@ def excerpt(text: str, room: int = EXCERPT) -> str:
 
 
 def server_reason(body: bytes) -> str:
-    """vLLM's own message in an error answer (its JSON `error`, `detail` or `message`, a
-    nested `{"message": ...}` too), else the first line of a body that is not JSON; "" when
+    """vLLM's own message in an error answer (engine/http_reason.py), cut to a line; "" when
     there is none."""
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        doc = json.loads(text) if text.startswith("{") else None
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict):
-        for key in ("error", "detail", "message"):
-            v = doc.get(key)
-            if isinstance(v, dict):
-                v = v.get("message")
-            if isinstance(v, str) and v.strip():
-                return excerpt(v.strip(), REASON)
-    if text and doc is None and not text.startswith("{"):
-        return excerpt(text.splitlines()[0], REASON)
-    return ""
+    return excerpt(server_message(body), REASON)
 
 
 def refusal(resp: Response) -> tuple[str, int]:

@@ -46,7 +46,7 @@ CONSOLE_LAYERS: list[tuple[str, ...]] = [
 #: the engine's layers, lowest first
 ENGINE_LAYERS: list[tuple[str, ...]] = [
     ("engine", "engine.errors", "engine.fileio", "engine.events", "engine.dist",
-     "engine.monitor", "engine.inspect_report"),
+     "engine.monitor", "engine.inspect_report", "engine.http_reason"),
     ("engine.model",),
     ("engine.ckpt",),
     ("engine.data",),
@@ -56,8 +56,9 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
     ("engine.commands",),
     ("engine.cli", "engine.__main__"),
 ]
-#: all the console may import of the engine: the event stream and the inspect report's text
-ENGINE_CONTRACT = {"engine.events", "engine.inspect_report"}
+#: all the console may import of the engine: the event stream, the inspect report's text and
+#: the reading of an HTTP error answer (standard library only)
+ENGINE_CONTRACT = {"engine.events", "engine.inspect_report", "engine.http_reason"}
 TUI = ("console.panes", "console.screens", "console.widgets")
 
 
