@@ -41,6 +41,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (item.path not in vllm, item.path not in slow))
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """EAGLE3_DURATIONS=FILE: every phase's time appended as it ends (`SECONDS PHASE NODEID`),
+    so a run cut short by a time limit still says where its time went (--durations prints only
+    at the end)."""
+    path = os.environ.get("EAGLE3_DURATIONS")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never read or write the user's real config/data dirs from a test."""
