@@ -42,13 +42,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """EAGLE3_DURATIONS=FILE: every phase's time appended as it ends (`SECONDS PHASE NODEID`),
-    so a run cut short by a time limit still says where its time went (--durations prints only
-    at the end)."""
+    """EAGLE3_DURATIONS=FILE: every phase's time appended as it ends (`SECONDS PHASE OUTCOME
+    NODEID`), so a run cut short by a time limit still says where its time went and what failed
+    (--durations prints only at the end)."""
     path = os.environ.get("EAGLE3_DURATIONS")
     if path:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")
+            f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")
 
 
 @pytest.fixture(autouse=True)
