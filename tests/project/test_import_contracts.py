@@ -45,8 +45,8 @@ CONSOLE_LAYERS: list[tuple[str, ...]] = [
 ]
 #: the engine's layers, lowest first
 ENGINE_LAYERS: list[tuple[str, ...]] = [
-    ("engine", "engine.errors", "engine.fileio", "engine.events", "engine.dist",
-     "engine.monitor", "engine.inspect_report", "engine.http_reason"),
+    ("engine", "engine.errors", "engine.fileio", "engine.events", "engine.progress_bar",
+     "engine.dist", "engine.monitor", "engine.inspect_report", "engine.http_reason"),
     ("engine.model",),
     ("engine.ckpt",),
     ("engine.data",),
