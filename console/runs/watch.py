@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from console.errors import ConsoleError, TransportError
+from console.errors import TransportError
 from console.hosts.host import Host
 from console.logs.follow import LogFollower
 from console.runs.progress import RunProgress
@@ -244,15 +244,3 @@ class RunFeeds:
 
     def find(self, host: str, run_id: str) -> RunFeed | None:
         return self._feeds.get((host, run_id))
-
-
-def describe_error(e: BaseException) -> str:
-    """One line for a failed service call, as panes show it."""
-    if isinstance(e, ConsoleError):
-        return str(e)
-    return f"{type(e).__name__}: {e}"
-
-
-def on_host(host: str, what: str) -> str:
-    """`host: what`, naming the host once (errors from a transport already start with it)."""
-    return what if what.startswith(f"{host}: ") else f"{host}: {what}"
