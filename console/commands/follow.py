@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from console.hosts.host import Host, HostPool
 from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
 from console.runs.service import RunHostDown, find_run, list_runs
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import EXIT_CODES, RunStatus
 from console.settings.config import Config
 from engine import events

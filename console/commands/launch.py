@@ -17,7 +17,7 @@ import time
 from console.errors import ConsoleError
 from console.hosts.host import HostPool
 from console.runs.service import launch, list_runs, resume_run
-from console.scheduler.records import Run
+from console.scheduler.registry import Run
 from console.scheduler.run_status import EXIT_CODES, RunStatus, combined_status
 from console.settings.config import Config
 

@@ -14,7 +14,8 @@ import time
 from console.hosts.host import HostPool
 from console.runs.service import list_runs, prune_runs
 from console.scheduler.launch import fit_id
-from console.scheduler.records import PruneReport, RunRecord, newest_first
+from console.scheduler.registry import PruneReport, newest_first
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 

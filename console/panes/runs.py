@@ -43,7 +43,7 @@ from console.panes.timers import ShownTimers
 from console.runs.model import RunsModel
 from console.runs.service import launch, prune_runs, resume_run, stop_run
 from console.scheduler.launch import LaunchHooks, NotStarted
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import LOCAL, Config
 from console.ui.host_text import markup, plain

@@ -16,7 +16,8 @@ from console.errors import CommandFailed, ConsoleError, TransportError, describe
 from console.hosts.host import Host
 from console.runs.service import list_runs
 from console.runs.watch import RunFeed, RunFeeds
-from console.scheduler.records import RunRecord, newest_first
+from console.scheduler.registry import newest_first
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 
 #: finished engine runs read once per session (their PROGRESS after a restart)

@@ -29,7 +29,7 @@ from console.hosts.host import Host
 from console.logs.follow import LogFollower
 from console.runs.progress import RunProgress
 from console.runs.service import list_runs
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 
 EVENTS, OUTPUT = "events.jsonl", "output.log"
