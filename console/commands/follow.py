@@ -272,48 +272,44 @@ async def look_up(config: Config, run_id: str, pool: HostPool,
         return nodes
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
-    try:
-        notices = Notices()
-        nodes = await look_up(config, args.run, pool, notices)
-        match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
-        host, rec = match[0]
-        run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
-        watch = RunWatch(host, args.run)
-        names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
-        start = "begin" if args.lines is None else "end"
-        followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
-                                 tail_lines=args.lines, until=watch.ended,
-                                 on_notice=notices.of(n))
-                     for n in names]
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
+    notices = Notices()
+    nodes = await look_up(config, args.run, pool, notices)
+    match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
+    host, rec = match[0]
+    run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
+    watch = RunWatch(host, args.run)
+    names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
+    start = "begin" if args.lines is None else "end"
+    followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
+                             tail_lines=args.lines, until=watch.ended,
+                             on_notice=notices.of(n))
+                 for n in names]
 
-        skipped = Skipped()
-        errors = ErrorsOnce()
+    skipped = Skipped()
+    errors = ErrorsOnce()
 
-        async def pump(f: LogFollower, name: str) -> None:
-            is_events = name == "events.jsonl"
-            steps = StepLines()
-            async for batch in f.batches():
-                for line in batch:
-                    try:
-                        texts = json_lines(line, name) if args.json else \
-                            steps.add(line) if is_events else [line.display()]
-                    except MalformedEvent as e:
-                        skipped.add(line, str(e))
-                        continue
-                    sys.stdout.writelines(t + "\n" for t in texts
-                                          if args.json or errors.first(t))
-                sys.stdout.writelines(t + "\n" for t in steps.flush())
-                sys.stdout.flush()
+    async def pump(f: LogFollower, name: str) -> None:
+        is_events = name == "events.jsonl"
+        steps = StepLines()
+        async for batch in f.batches():
+            for line in batch:
+                try:
+                    texts = json_lines(line, name) if args.json else \
+                        steps.add(line) if is_events else [line.display()]
+                except MalformedEvent as e:
+                    skipped.add(line, str(e))
+                    continue
+                sys.stdout.writelines(t + "\n" for t in texts
+                                      if args.json or errors.first(t))
+            sys.stdout.writelines(t + "\n" for t in steps.flush())
+            sys.stdout.flush()
 
-        await asyncio.gather(*(pump(f, n) for f, n in zip(followers, names, strict=True)))
-        if skipped.count:
-            print(f"-- warning: skipped {skipped.count} malformed event line"
-                  f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
-        code = "" if watch.exit_code is None else f", exit {watch.exit_code}"
-        why = f": {watch.failure}" if watch.failure else ""
-        print(f"-- run {args.run} {watch.status}{code}{why}", file=sys.stderr)
-    finally:
-        await pool.close()
+    await asyncio.gather(*(pump(f, n) for f, n in zip(followers, names, strict=True)))
+    if skipped.count:
+        print(f"-- warning: skipped {skipped.count} malformed event line"
+              f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
+    code = "" if watch.exit_code is None else f", exit {watch.exit_code}"
+    why = f": {watch.failure}" if watch.failure else ""
+    print(f"-- run {args.run} {watch.status}{code}{why}", file=sys.stderr)
     return EXIT_CODES.get(watch.status, 0)

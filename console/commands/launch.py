@@ -50,23 +50,19 @@ async def settle(run: Run, pool: HostPool) -> Run:
     return run
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     if args.resume is None and args.profile is None:
         raise ConsoleError("launch: name a profile (or --resume RUN)")
     if args.resume is not None and args.profile is not None and \
             args.profile not in config.hosts:
         raise ConsoleError(f"launch --resume: {args.profile!r} is not a configured host "
                            f"({', '.join(config.hosts)})")
-    pool = HostPool(config)
-    try:
-        if args.resume is not None:
-            begun = await resume_run(config, args.resume, pool, host=args.profile,
-                                     force=args.force)
-        else:
-            begun = await launch(config, args.profile, pool, force=args.force)
-        started = await settle(begun, pool)
-    finally:
-        await pool.close()
+    if args.resume is not None:
+        begun = await resume_run(config, args.resume, pool, host=args.profile,
+                                 force=args.force)
+    else:
+        begun = await launch(config, args.profile, pool, force=args.force)
+    started = await settle(begun, pool)
     status = combined_status([r.status for r in started.records])
     code = EXIT_CODES.get(status, 0)
     if args.json:
