@@ -3,7 +3,8 @@
 Each subcommand lives in console/commands/<name>.py and exposes:
     HELP: str
     configure(parser: argparse.ArgumentParser) -> None
-    async run(args, config: console.settings.config.Config) -> int
+    async run(args, config: console.settings.config.Config, pool: console.hosts.host.HostPool)
+        -> int   (the one pool the CLI opened: the subcommand never closes it)
 A console.errors.ConsoleError prints one line `error: ...` on stderr and exits 1. What a
 subcommand prints goes through console/text.py's TerminalText: a host's control characters
 (escape sequences) are shown as `^X`, never sent to the terminal raw. Ctrl-C, SIGTERM
@@ -29,11 +30,13 @@ import signal
 import sys
 import traceback
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, cast
 
 from console import __version__
 from console.demo.config import console_config
 from console.errors import ConfigError, ConsoleError
+from console.hosts.host import HostPool
+from console.settings.config import Config
 from console.text import TerminalText
 
 COMMANDS: dict[str, str] = {
@@ -81,6 +84,13 @@ class Terminated(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+async def with_hosts(module: Any, args: argparse.Namespace, config: Config) -> int | None:
+    """A subcommand's `run`, given the one host pool it connects through: whatever the
+    subcommand opened is closed when it ends, however it ends (an error, Ctrl-C, SIGTERM)."""
+    async with HostPool(config) as pool:
+        return cast(int | None, await module.run(args, config, pool))
 
 
 async def run_subcommand(coro: Coroutine[Any, Any, int | None]) -> int | None:
@@ -160,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_app(config, theme=args.theme, host=args.tui_host)
         with contextlib.redirect_stdout(TerminalText(sys.stdout)), \
                 contextlib.redirect_stderr(TerminalText(sys.stderr)):
-            return int(asyncio.run(run_subcommand(args._module.run(args, config))) or 0)
+            return int(asyncio.run(run_subcommand(with_hosts(args._module, args, config))) or 0)
     except ConsoleError as e:
         if args.debug:
             traceback.print_exc()

@@ -93,3 +93,16 @@ class CommandFailed(TransportError):
         super().__init__(host, f"`{cmd}` {how}" + (f": {last}" if last else ""))
         self.returncode = returncode
         self.stderr = stderr
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for a failed call, as the panes and subcommands show it: our own errors carry
+    their message, anything else is named by its type."""
+    if isinstance(e, ConsoleError):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
+def on_host(host: str, what: str) -> str:
+    """`host: what`, naming the host once (a TransportError's message already starts with it)."""
+    return what if what.startswith(f"{host}: ") else f"{host}: {what}"

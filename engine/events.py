@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar, TypeAlias
 
+from engine.progress_bar import ProgressBar
+
 EVENTS_VERSION = 1
 KINDS = ("progress", "metric", "log", "result", "error", "sample")
 LEVELS = ("debug", "info", "warning", "error")
@@ -313,9 +315,8 @@ def drop_torn_tail(path: str) -> None:
 class Emitter:
     """Where an engine command reports to: JSON lines with --events, a human view without.
 
-    Human mode: progress is a one-line bar on stderr (redrawn at most every 0.1 s) when stderr
-    is a terminal, and whole lines (one per tenth done, or per 10 s) when it is a file or a pipe,
-    never `\r`; logs go to stderr, results are printed by the command itself. Extra sinks (e.g.
+    Human mode: progress (at most every 0.1 s) and logs go to stderr through
+    engine/progress_bar.py; results are printed by the command itself. Extra sinks (e.g.
     RUN_DIR/events.jsonl) always receive JSON lines, whichever mode stdout is in.
     """
 
@@ -326,10 +327,8 @@ class Emitter:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.sinks: list[IO[str]] = []
-        self._last_bar = 0.0
-        self._bar_open = False
-        self._tty = _isatty(self.err)
-        self._plain_last: dict[str, tuple[int | None, float]] = {}  # desc -> (tenth, time)
+        self._last_progress = 0.0
+        self.bar = ProgressBar(self.err)
         self._progress_start: dict[str, tuple[float, int]] = {}
 
     # -- sinks ---------------------------------------------------------------------------------
@@ -344,7 +343,7 @@ class Emitter:
         self.sinks.append(open(path, "a" if append else "w", encoding="utf-8"))  # noqa: SIM115
 
     def close(self) -> None:
-        self._end_bar()
+        self.bar.end()
         for s in self.sinks:
             s.close()
         self.sinks.clear()
@@ -370,17 +369,17 @@ class Emitter:
         rate = (done - start[1]) / elapsed if elapsed > 0 and done > start[1] else None
         eta = (total - done) / rate if rate and total is not None else None
         finished = total is not None and done >= total
-        if not force and not finished and now - self._last_bar < 0.1:
+        if not force and not finished and now - self._last_progress < 0.1:
             return  # throttle both views: a tight loop must not flood the stream
-        self._last_bar = now
+        self._last_progress = now
         payload = {"done": done, "total": total, "unit": unit, "desc": desc,
                    "eta_s": None if eta is None else round(eta, 1),
                    "rate": None if rate is None else round(rate, 3)}
         self._emit("progress", payload)
         if not self.json_mode:
-            self._draw_bar(done, total, unit, desc, rate, eta)
+            self.bar.draw(done, total, unit, desc, rate, eta)
             if finished:
-                self._end_bar()
+                self.bar.end()
 
     def metric(self, values: dict[str, Any], step: int | None = None, name: str = "") -> None:
         """One step's numbers (`name`: what they measure, when not the training step's); a
@@ -397,9 +396,7 @@ class Emitter:
     def log(self, msg: str, level: str = "info") -> None:
         self._emit("log", {"level": level, "msg": msg})
         if not self.json_mode:
-            self._end_bar()
-            self.err.write(("" if level == "info" else f"{level}: ") + msg + "\n")
-            self.err.flush()
+            self.bar.line(("" if level == "info" else f"{level}: ") + msg)
 
     def result(self, data: dict[str, Any]) -> None:
         self._emit("result", {"data": data})
@@ -415,57 +412,9 @@ class Emitter:
                   file=self.out, flush=True)
 
     def error(self, msg: str, type_: str = "EngineError") -> None:
-        self._end_bar()  # the CLI's `error:` line must not be glued to a half-drawn bar
+        self.bar.end()  # the CLI's `error:` line must not be glued to a half-drawn bar
         self._emit("error", {"msg": msg, "type": type_})
 
     def sample(self, data: dict[str, Any]) -> None:
         """One monitor-agent sample (engine/monitor.py documents the record)."""
         self._emit("sample", data)
-
-    # -- human progress bar ----------------------------------------------------------------------
-    def _draw_bar(self, done: int, total: int | None, unit: str, desc: str,
-                  rate: float | None, eta: float | None) -> None:
-        if total:
-            frac = min(1.0, done / total)
-            width = 30
-            fill = int(frac * width)
-            bar = "#" * fill + "-" * (width - fill)
-            text = f"{desc} [{bar}] {done}/{total} {unit} {frac * 100:5.1f}%"
-        else:
-            text = f"{desc} {done} {unit}"
-        if rate:
-            text += f" {rate:.1f} {unit}/s"
-        if eta is not None:
-            text += f" eta {_fmt_secs(eta)}"
-        if not self._tty:   # a log file or a pipe: a few whole lines, no carriage returns
-            tenth = int(min(1.0, done / total) * 10) if total else None
-            last = self._plain_last.get(desc)
-            now = time.monotonic()
-            if last is None or (tenth is not None and tenth != last[0]) or now - last[1] >= 10:
-                self._plain_last[desc] = (tenth, now)
-                self.err.write(text[:150] + "\n")
-                self.err.flush()
-            return
-        self.err.write("\r" + text[:150].ljust(60))
-        self.err.flush()
-        self._bar_open = True
-
-    def _end_bar(self) -> None:
-        if self._bar_open:
-            self.err.write("\n")
-            self.err.flush()
-            self._bar_open = False
-
-
-def _isatty(stream: IO[str]) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):   # no isatty, or closed
-        return False
-
-
-def _fmt_secs(s: float) -> str:
-    s = int(s)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"

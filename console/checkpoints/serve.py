@@ -40,7 +40,7 @@ from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, HostPool
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import launch, list_runs
-from console.scheduler.records import Run
+from console.scheduler.registry import Run
 from console.settings.config import Config, Profile
 from console.transport.small_files import json_why, read_small
 

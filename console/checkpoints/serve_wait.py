@@ -17,7 +17,7 @@ from console.errors import TransportError
 from console.hosts.host import Host
 from console.logs.vllm_log import strip_ansi
 from console.runs.service import list_runs
-from console.scheduler.records import Run
+from console.scheduler.registry import Run
 from console.scheduler.run_status import RunStatus
 from console.text import visible
 from console.transport.http_client import HttpError, call

@@ -43,19 +43,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the replay as JSON")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     if args.n is not None and args.n < 1:
         raise ConsoleError("-n must be at least 1")
-    pool = HostPool(config)
-    try:
-        host = await pool.ensure(args.host)
-        await host.connect()
-        prompts = read_prompts_file(args.prompts, args.n) if args.prompts else \
-            await read_prompts_dir(host, args.data, args.n)
-        res = await replay(host, prompts, url=args.url, max_tokens=args.max_tokens,
-                           concurrency=args.concurrency, fixed_length=args.fixed_length)
-    finally:
-        await pool.close()
+    host = await pool.ensure(args.host)
+    await host.connect()
+    prompts = read_prompts_file(args.prompts, args.n) if args.prompts else \
+        await read_prompts_dir(host, args.data, args.n)
+    res = await replay(host, prompts, url=args.url, max_tokens=args.max_tokens,
+                       concurrency=args.concurrency, fixed_length=args.fixed_length)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -36,24 +36,20 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "(run ids as `compare --json` and `runs HOST` show them)")
 
 
-async def measure(config: Config, seconds: float) -> None:
-    pool = HostPool(config)
+async def measure(config: Config, pool: HostPool, seconds: float) -> None:
     measurer = Measurer()
-    try:
-        live = []
-        for s in sessions():
-            if s.host not in config.hosts:
-                continue
-            host = await pool.ensure(s.host)
-            recs = await list_runs(host, s.run_id)
-            if recs and recs[0].status == RunStatus.RUNNING:
-                live.append((s, host))
-        for i in range(2):
-            if i:
-                await asyncio.sleep(seconds)
-            await asyncio.gather(*(measurer.measure(s, h) for s, h in live))
-    finally:
-        await pool.close()
+    live = []
+    for s in sessions():
+        if s.host not in config.hosts:
+            continue
+        host = await pool.ensure(s.host)
+        recs = await list_runs(host, s.run_id)
+        if recs and recs[0].status == RunStatus.RUNNING:
+            live.append((s, host))
+    for i in range(2):
+        if i:
+            await asyncio.sleep(seconds)
+        await asyncio.gather(*(measurer.measure(s, h) for s, h in live))
 
 
 def _f(v: float | None, fmt: str) -> str:
@@ -86,7 +82,7 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     if args.forget:
         known = {r.run_id for r in table([])}
         unknown = [r for r in args.forget if r not in known]
@@ -99,7 +95,7 @@ async def run(args: argparse.Namespace, config: Config) -> int:
               "untouched)")
         return 0
     if args.measure is not None:
-        await measure(config, max(0.0, args.measure))
+        await measure(config, pool, max(0.0, args.measure))
     rows = table([Path(f) for f in args.files])
     if args.json:
         for r in rows:

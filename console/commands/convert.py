@@ -34,8 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="print the summary and the result's report as one JSON object")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     host = await pool.ensure(args.host)
     tty = sys.stderr.isatty() and not args.json
 
@@ -49,7 +48,6 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                                            verifier=args.verifier, on_event=progress)
         report = await inspect_checkpoint(host, summary.dst)
     finally:
-        await pool.close()
         if tty:
             print(file=sys.stderr)
     if args.json:

@@ -19,13 +19,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     host = await pool.ensure(args.host)
-    try:
-        report = await doctor(host)
-    finally:
-        await pool.close()
+    report = await doctor(host)
     print(json.dumps(report, indent=2) if args.json else render(report))
     # 1 when the host cannot run the engine (a missing or broken package), so scripts see it
     return 1 if report.get("problems") else 0

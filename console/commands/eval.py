@@ -31,8 +31,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     tty = sys.stderr.isatty() and not args.json
 
     def progress(ev: events.Event) -> None:
@@ -47,7 +46,6 @@ async def run(args: argparse.Namespace, config: Config) -> int:
                           vllm_engine=args.vllm_engine)
         result = await evaluate_checkpoint(host, req, on_event=progress)
     finally:
-        await pool.close()
         if tty:
             print(file=sys.stderr)
     print(json.dumps(result.to_json(), indent=2) if args.json

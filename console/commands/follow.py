@@ -20,20 +20,19 @@ import json
 import posixpath
 import re
 import sys
-import time
 from collections.abc import Callable, Mapping
 
 from console.hosts.host import Host, HostPool
 from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
-from console.runs.service import RunHostDown, find_run, list_runs
-from console.scheduler.records import RunRecord
-from console.scheduler.run_status import EXIT_CODES, RunStatus
+from console.runs.service import RunHostDown, find_run
+from console.runs.watch import RunFeed
+from console.scheduler.run_record import RunRecord
+from console.scheduler.run_status import EXIT_CODES
 from console.settings.config import Config
 from engine import events
 from engine.events import MalformedEvent
 
 HELP = "print RUN's output and engine events as they come; ends when the run ends"
-STATUS_EVERY = 2.0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -44,26 +43,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object per line: every engine event with all its fields, "
                         "and each output line as {\"kind\": \"output\", ...}")
-
-
-class RunWatch:
-    """Whether the run is over, asked at most every STATUS_EVERY seconds."""
-
-    def __init__(self, host: Host, run_id: str) -> None:
-        self.host, self.run_id = host, run_id
-        self.status = RunStatus.RUNNING
-        self.exit_code: int | None = None
-        self.failure = ""      # the runner's recorded reason (run.json `error`)
-        self._asked = 0.0
-
-    async def ended(self) -> bool:
-        if time.monotonic() - self._asked >= STATUS_EVERY:
-            self._asked = time.monotonic()
-            recs = await list_runs(self.host, self.run_id)
-            if recs:
-                self.status, self.exit_code = recs[0].status, recs[0].exit_code
-                self.failure = recs[0].failure
-        return not self.status.active  # active: running, or a Slurm job still queued
 
 
 def render_event(line: Line) -> str | None:
@@ -272,48 +251,45 @@ async def look_up(config: Config, run_id: str, pool: HostPool,
         return nodes
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
-    try:
-        notices = Notices()
-        nodes = await look_up(config, args.run, pool, notices)
-        match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
-        host, rec = match[0]
-        run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
-        watch = RunWatch(host, args.run)
-        names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
-        start = "begin" if args.lines is None else "end"
-        followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
-                                 tail_lines=args.lines, until=watch.ended,
-                                 on_notice=notices.of(n))
-                     for n in names]
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
+    notices = Notices()
+    nodes = await look_up(config, args.run, pool, notices)
+    match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
+    host, rec = match[0]
+    run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
+    feed = RunFeed(host, rec)
+    names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
+    start = "begin" if args.lines is None else "end"
+    followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
+                             tail_lines=args.lines, until=feed.ended,
+                             on_notice=notices.of(n))
+                 for n in names]
 
-        skipped = Skipped()
-        errors = ErrorsOnce()
+    skipped = Skipped()
+    errors = ErrorsOnce()
 
-        async def pump(f: LogFollower, name: str) -> None:
-            is_events = name == "events.jsonl"
-            steps = StepLines()
-            async for batch in f.batches():
-                for line in batch:
-                    try:
-                        texts = json_lines(line, name) if args.json else \
-                            steps.add(line) if is_events else [line.display()]
-                    except MalformedEvent as e:
-                        skipped.add(line, str(e))
-                        continue
-                    sys.stdout.writelines(t + "\n" for t in texts
-                                          if args.json or errors.first(t))
-                sys.stdout.writelines(t + "\n" for t in steps.flush())
-                sys.stdout.flush()
+    async def pump(f: LogFollower, name: str) -> None:
+        is_events = name == "events.jsonl"
+        steps = StepLines()
+        async for batch in f.batches():
+            for line in batch:
+                try:
+                    texts = json_lines(line, name) if args.json else \
+                        steps.add(line) if is_events else [line.display()]
+                except MalformedEvent as e:
+                    skipped.add(line, str(e))
+                    continue
+                sys.stdout.writelines(t + "\n" for t in texts
+                                      if args.json or errors.first(t))
+            sys.stdout.writelines(t + "\n" for t in steps.flush())
+            sys.stdout.flush()
 
-        await asyncio.gather(*(pump(f, n) for f, n in zip(followers, names, strict=True)))
-        if skipped.count:
-            print(f"-- warning: skipped {skipped.count} malformed event line"
-                  f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
-        code = "" if watch.exit_code is None else f", exit {watch.exit_code}"
-        why = f": {watch.failure}" if watch.failure else ""
-        print(f"-- run {args.run} {watch.status}{code}{why}", file=sys.stderr)
-    finally:
-        await pool.close()
-    return EXIT_CODES.get(watch.status, 0)
+    await asyncio.gather(*(pump(f, n) for f, n in zip(followers, names, strict=True)))
+    if skipped.count:
+        print(f"-- warning: skipped {skipped.count} malformed event line"
+              f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
+    end = feed.record
+    code = "" if end.exit_code is None else f", exit {end.exit_code}"
+    why = f": {end.failure}" if end.failure else ""
+    print(f"-- run {args.run} {end.status}{code}{why}", file=sys.stderr)
+    return EXIT_CODES.get(end.status, 0)

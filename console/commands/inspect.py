@@ -22,12 +22,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     host = await pool.ensure(args.host)
-    try:
-        report = await inspect_checkpoint(host, await host.resolve(args.path))
-    finally:
-        await pool.close()
+    report = await inspect_checkpoint(host, await host.resolve(args.path))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report.to_json()))
     return 0 if report.ok else 1

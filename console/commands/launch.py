@@ -17,7 +17,7 @@ import time
 from console.errors import ConsoleError
 from console.hosts.host import HostPool
 from console.runs.service import launch, list_runs, resume_run
-from console.scheduler.records import Run
+from console.scheduler.registry import Run
 from console.scheduler.run_status import EXIT_CODES, RunStatus, combined_status
 from console.settings.config import Config
 
@@ -50,23 +50,19 @@ async def settle(run: Run, pool: HostPool) -> Run:
     return run
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     if args.resume is None and args.profile is None:
         raise ConsoleError("launch: name a profile (or --resume RUN)")
     if args.resume is not None and args.profile is not None and \
             args.profile not in config.hosts:
         raise ConsoleError(f"launch --resume: {args.profile!r} is not a configured host "
                            f"({', '.join(config.hosts)})")
-    pool = HostPool(config)
-    try:
-        if args.resume is not None:
-            begun = await resume_run(config, args.resume, pool, host=args.profile,
-                                     force=args.force)
-        else:
-            begun = await launch(config, args.profile, pool, force=args.force)
-        started = await settle(begun, pool)
-    finally:
-        await pool.close()
+    if args.resume is not None:
+        begun = await resume_run(config, args.resume, pool, host=args.profile,
+                                 force=args.force)
+    else:
+        begun = await launch(config, args.profile, pool, force=args.force)
+    started = await settle(begun, pool)
     status = combined_status([r.status for r in started.records])
     code = EXIT_CODES.get(status, 0)
     if args.json:

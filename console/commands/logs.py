@@ -32,13 +32,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="one JSON object per line ({offset, text}, or the metrics record)")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     host = await pool.ensure(args.host)
     path = await host.resolve(args.path)
     st = await host.transport.stat(path)
     if (st is None and not args.follow) or (st is not None and st.is_dir):
-        await pool.close()
         what = "no such file" if st is None else "is a directory (logs prints a file)"
         raise ConsoleError(f"{args.host}: {path}: {what}")
     lines = None if args.metrics else args.lines if args.lines is not None else 10
@@ -70,18 +68,15 @@ async def run(args: argparse.Namespace, config: Config) -> int:
 
     follower = LogFollower(host.transport, path, start="begin", tail_lines=lines,
                            follow=args.follow, on_notice=_notice, until=at_end)
-    try:
-        async for batch in follower.batches():
-            if args.metrics:
-                recs = [parse_line(line.text) for line in batch.containing(MARKERS)]
-                show([json.dumps(r.to_dict()) if args.json else render(r)
-                      for r in recs if r is not None])
-                continue
-            show([json.dumps({"offset": line.offset, "text": line.text}) if args.json
-                  else line.display() for line in batch])
-        release()
-    finally:
-        await pool.close()
+    async for batch in follower.batches():
+        if args.metrics:
+            recs = [parse_line(line.text) for line in batch.containing(MARKERS)]
+            show([json.dumps(r.to_dict()) if args.json else render(r)
+                  for r in recs if r is not None])
+            continue
+        show([json.dumps({"offset": line.offset, "text": line.text}) if args.json
+              else line.display() for line in batch])
+    release()
     if args.metrics and not shown and not args.follow:
         print(f"-- no vLLM metrics lines in {args.host}:{path}", file=sys.stderr)
         return 1

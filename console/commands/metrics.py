@@ -37,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="stop after N scrapes (default: until interrupted)")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     url = args.url or config.host(args.host).metrics or DEFAULT_URL
     try:
         watch = MetricsWatch(url)
@@ -46,28 +46,24 @@ async def run(args: argparse.Namespace, config: Config) -> int:
     if args.interval <= 0 or (args.count is not None and args.count < 1):
         raise ConsoleError("--interval must be positive and --count at least 1")
     count = 1 if args.once else args.count
-    pool = HostPool(config)
     host = await pool.ensure(args.host)
     failures = 0
-    try:
-        n = 0
-        while count is None or n < count:
-            if n:
-                await asyncio.sleep(args.interval)
-            n += 1
-            try:
-                report = await watch.poll(host.transport)
-            except MetricsError as e:
-                if args.once:
-                    raise
-                failures += 1
-                _emit_error(args, e)
-                continue
-            head = {"host": args.host, "url": url}
-            print(json.dumps(report.to_dict(**head)) if args.json else render(report),
-                  flush=True)
-    finally:
-        await pool.close()
+    n = 0
+    while count is None or n < count:
+        if n:
+            await asyncio.sleep(args.interval)
+        n += 1
+        try:
+            report = await watch.poll(host.transport)
+        except MetricsError as e:
+            if args.once:
+                raise
+            failures += 1
+            _emit_error(args, e)
+            continue
+        head = {"host": args.host, "url": url}
+        print(json.dumps(report.to_dict(**head)) if args.json else render(report),
+              flush=True)
     return 1 if count is not None and failures == count else 0
 
 

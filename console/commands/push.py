@@ -28,20 +28,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     host = await pool.ensure(args.host)
-    try:
-        trees = await host_trees(host, config, args.sync or None)
+    trees = await host_trees(host, config, args.sync or None)
 
-        def progress(done: int, total: int, sent: int) -> None:
-            if not args.json and sys.stderr.isatty():
-                print(f"\r{done}/{total} files, {_size(sent)}", end="", file=sys.stderr)
+    def progress(done: int, total: int, sent: int) -> None:
+        if not args.json and sys.stderr.isatty():
+            print(f"\r{done}/{total} files, {_size(sent)}", end="", file=sys.stderr)
 
-        report = await push(host, trees, delete=args.delete, verify=args.verify,
-                            on_progress=progress)
-    finally:
-        await pool.close()
+    report = await push(host, trees, delete=args.delete, verify=args.verify,
+                        on_progress=progress)
     if args.json:
         for w in report.warnings:
             print(f"warning: {w}", file=sys.stderr)

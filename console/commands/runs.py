@@ -14,7 +14,8 @@ import time
 from console.hosts.host import HostPool
 from console.runs.service import list_runs, prune_runs
 from console.scheduler.launch import fit_id
-from console.scheduler.records import PruneReport, RunRecord, newest_first
+from console.scheduler.registry import PruneReport, newest_first
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
@@ -33,16 +34,12 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "queued runs stay; nothing is signalled")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     host = await pool.ensure(args.host)
-    try:
-        if args.prune:
-            report = await prune_runs(host)
-        else:
-            records = newest_first(await list_runs(host))   # the runs pane's order
-    finally:
-        await pool.close()
+    if args.prune:
+        report = await prune_runs(host)
+    else:
+        records = newest_first(await list_runs(host))   # the runs pane's order
     if args.prune:
         return _print_prune(report, args.json)
     if args.json:

@@ -47,10 +47,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.epilog = "Words after `--` go to `vllm serve` as they are."
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     req = ServeRequest(ckpt=args.ckpt, verifier=args.verifier, tp=args.tp, k=args.k,
                        port=args.port, extra=list(args.passthrough), swappable=not args.no_swap)
-    pool = HostPool(config)
     checked: ServedCheck | None = None
     shown = [""]
 
@@ -60,13 +59,10 @@ async def run(args: argparse.Namespace, config: Config) -> int:
             shown[0] = line
             print(f"  waiting for vLLM ({seconds:.0f} s): {line}", file=sys.stderr, flush=True)
 
-    try:
-        started = await serve(config, args.host, req, pool, force=args.force)
-        if not args.no_check:
-            checked = await check_served(pool[args.host], req, started,
-                                         timeout=args.check_timeout, on_wait=waiting)
-    finally:
-        await pool.close()
+    started = await serve(config, args.host, req, pool, force=args.force)
+    if not args.no_check:
+        checked = await check_served(pool[args.host], req, started,
+                                     timeout=args.check_timeout, on_wait=waiting)
     warnings = checked.warnings if checked else []
     if args.json:
         print(json.dumps({"id": started.id, "status": started.status,

@@ -28,12 +28,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="seconds between SIGTERM and SIGKILL (default 10)")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
-    try:
-        stopped = await stop_run(config, args.run, pool, grace=args.grace)
-    finally:
-        await pool.close()
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
+    stopped = await stop_run(config, args.run, pool, grace=args.grace)
     lost = 0
     for r in stopped.records:
         if r.status == RunStatus.LOST:  # its pids are gone or someone else's: nothing was signalled

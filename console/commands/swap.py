@@ -27,12 +27,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the swap as JSON")
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
-    pool = HostPool(config)
-    try:
-        done = await swap(await pool.ensure(args.host), args.ckpt, args.url)
-    finally:
-        await pool.close()
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
+    done = await swap(await pool.ensure(args.host), args.ckpt, args.url)
     if args.json:
         print(json.dumps(done, indent=2))
         return 0

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import sys
 
+from console.hosts.host import HostPool
 from console.hosts.hostkeys import offered_key, record
 from console.settings.config import Config, HostConfig
 
@@ -36,7 +37,7 @@ def _host(config: Config, name: str) -> HostConfig:
     return config.host(name)  # raises ConfigError listing the configured hosts
 
 
-async def run(args: argparse.Namespace, config: Config) -> int:
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     # fetched and judged in console/hosts/hostkeys.py, which the TUI's K shares
     offer = await offered_key(_host(config, args.host))
     if offer.trusted:

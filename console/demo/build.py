@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.demo.config import DEMO_ENV, SERVE_LOG, refresh_demo_profiles
-from console.errors import ConsoleError
+from console.errors import ConsoleError, describe_error
 from console.hosts.engine_client import run_engine
 from console.hosts.host import Host
-from console.runs.watch import describe_error
 from console.settings.config import Config
 from engine import events
 

@@ -12,7 +12,7 @@ console (or anything outside the stdlib), so they run on any host Python >= 3.8.
                         list runs (marking lost ones) and stop them; the Slurm commands go to
     slurm_job.py        Slurm runs: sbatch a batch script (submit), run and record one node of
                         the job under srun (node), take the scheduler's word (settle, mark-stop)
-    run_records.py      what both share: run.json written and checked field by field
+    records.py          what both share: run.json written and checked field by field
                         (record_problem), listing, pid/start-time identity, the profile lock and
                         the forked command's side of a start. As a script, runner.py compiles
                         these two siblings from source (no bytecode cache is ever read)

@@ -53,7 +53,7 @@ lock file .record.lock in the run directory (the login node and node 0 both writ
 # (the docstring above is the usage text a bad command line prints.) This file is the one
 # script the console runs, for every subcommand; the Slurm ones (submit, node, settle,
 # mark-stop) are in slurm_job.py, the records and the process plumbing both share in
-# run_records.py. As a script (sys.path[0] is this folder) it compiles those two from their
+# records.py. As a script (sys.path[0] is this folder) it compiles those two from their
 # source, as Python does this file, so a truncated bytecode cache cannot break them either.
 
 from __future__ import annotations
@@ -83,10 +83,9 @@ def _load_sibling(name: str) -> Any:
 
 
 if __package__:  # imported: console.hostside.runner (the console), eagle3_hostside.runner
-    from . import run_records as records
-    from . import slurm_job
-else:  # run as a script: slurm_job finds run_records in sys.modules, so it loads first
-    records = _load_sibling("run_records")
+    from . import records, slurm_job
+else:  # run as a script: slurm_job finds records in sys.modules, so it loads first
+    records = _load_sibling("records")
     slurm_job = _load_sibling("slurm_job")
 
 record_problem = records.record_problem   # the console checks the records it reads with it

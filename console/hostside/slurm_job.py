@@ -27,9 +27,9 @@ import time
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 if __package__:  # console.hostside.slurm_job (the console), eagle3_hostside.slurm_job
-    from . import run_records as records
-else:  # compiled from source by runner.py run as a script, which loaded run_records first
-    records = sys.modules["run_records"]
+    from . import records
+else:  # compiled from source by runner.py run as a script, which loaded records first
+    records = sys.modules["records"]
 
 JOB_SCRIPT = "job.sh"
 RECORD_LOCK = ".record.lock"

@@ -47,9 +47,8 @@ from console.checkpoints.service import (
 )
 from console.checkpoints.swap import swap
 from console.demo.config import HELD_OUT_DATA
-from console.errors import ConsoleError
+from console.errors import ConsoleError, describe_error, on_host
 from console.panes.timers import ShownTimers
-from console.runs.watch import describe_error, on_host
 from console.screens.compare import CompareScreen
 from console.screens.convert_dialog import (
     ConvertDialog,

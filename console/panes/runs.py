@@ -36,15 +36,14 @@ from textual.content import Content
 from textual.widgets import DataTable, Label, Static
 
 from console.demo.build import DemoState, DemoStatus, build_demo
-from console.errors import CommandFailed, ConsoleError, TransportError
+from console.errors import CommandFailed, ConsoleError, TransportError, describe_error
 from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
 from console.runs.model import RunsModel
 from console.runs.service import launch, prune_runs, resume_run, stop_run
-from console.runs.watch import describe_error
 from console.scheduler.launch import LaunchHooks, NotStarted
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import LOCAL, Config
 from console.ui.host_text import markup, plain

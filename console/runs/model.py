@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from console.errors import CommandFailed, ConsoleError, TransportError
+from console.errors import CommandFailed, ConsoleError, TransportError, describe_error
 from console.hosts.host import Host
 from console.runs.service import list_runs
-from console.runs.watch import RunFeed, RunFeeds, describe_error
-from console.scheduler.records import RunRecord, newest_first
+from console.runs.watch import RunFeed, RunFeeds
+from console.scheduler.registry import newest_first
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 
 #: finished engine runs read once per session (their PROGRESS after a restart)

@@ -3,7 +3,7 @@ ones, whatever places them.
 
 Each host's scheduler (console/scheduler: `ssh` runs detached processes through the host-side
 runner, `slurm` submits batch jobs) does the work; the records both read live in
-console/scheduler/records.py, the launch steps they share in console/scheduler/launch.py.
+console/scheduler/registry.py, the launch steps they share in console/scheduler/launch.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from console.errors import CommandFailed, ConsoleError, TransportError, Unreacha
 from console.hosts.host import Host, HostPool, HostState
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
-from console.scheduler.records import PruneReport, Run, RunRecord, host_prune
+from console.scheduler.registry import PruneReport, Run, host_prune
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 

@@ -8,11 +8,12 @@ again later: it goes on from there, so nothing is lost or counted twice. A new c
 feed at byte 0 and catches up on the whole run. A dropped connection is the follower's business: it
 reconnects with backoff and reads on from its offset.
 
-`follow()` ends once the host's registry says the run is no longer running and both files are
-read to their end. Provenance comes from the run record (what ran, with which pushed code) and,
-for `engine train`, from the training run's own run.json (finetune source and sha256, data and
-vocab hashes): read when following starts, looked for again with each registry check until it
-appears (the engine writes it after loading its inputs), and read once more at the end.
+`follow()` ends once the host's registry says the run is no longer running (nor pending) and both
+files are read to their end; `ended()` is that question alone (the follow subcommand's too).
+Provenance comes from the run record (what ran, with which pushed code) and, for `engine
+train`, from the training run's own run.json (finetune source and sha256, data and vocab hashes):
+read when following starts, looked for again with each registry check until it appears (the
+engine writes it after loading its inputs), and read once more at the end.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from console.errors import ConsoleError, TransportError
+from console.errors import TransportError
 from console.hosts.host import Host
 from console.logs.follow import LogFollower
 from console.runs.progress import RunProgress
 from console.runs.service import list_runs
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 
 EVENTS, OUTPUT = "events.jsonl", "output.log"
@@ -83,7 +84,7 @@ class RunFeed:
             await self.load_provenance()
             await asyncio.gather(*(self._pump(name, on_change) for name in self.files()))
             await self.load_provenance()
-            self.finished = self.status != RunStatus.RUNNING
+            self.finished = not self.status.active
         finally:
             self.following = False
             if on_change is not None:
@@ -99,7 +100,7 @@ class RunFeed:
 
         follower = LogFollower(self.host.transport, path,
                                start="begin" if resume is None else resume,
-                               poll=self.poll, until=self._ended, on_notice=notice)
+                               poll=self.poll, until=self.ended, on_notice=notice)
         skip = resume            # the line at the resume offset was handed over already
         async for batch in follower.batches():
             for line in batch:
@@ -115,16 +116,17 @@ class RunFeed:
             if on_change is not None:
                 on_change()
 
-    async def _ended(self) -> bool:
-        """Whether the run is over (the registry is asked at most every status_every s)."""
-        if self.status != RunStatus.RUNNING:
+    async def ended(self) -> bool:
+        """Whether the run is over (the registry is asked at most every status_every s): a
+        Slurm job still pending is not, its files are still to come."""
+        if not self.status.active:
             return True
         if time.monotonic() - self._asked >= self.status_every:
             self._asked = time.monotonic()
             await self.refresh_record()
             if self.train_run is None:   # engine train writes it after its setup: show it then
                 await self.load_provenance()
-        return self.status != RunStatus.RUNNING
+        return not self.status.active
 
     async def refresh_record(self) -> RunRecord:
         recs = await list_runs(self.host, self.run_id)
@@ -231,8 +233,8 @@ class RunFeeds:
         feed = self._feeds.get(key)
         if feed is None:
             feed = self._feeds[key] = RunFeed(host, record)
-        elif feed.status == RunStatus.RUNNING:
-            feed.record = record    # records only move on: running, then how it ended
+        elif feed.status.active:
+            feed.record = record    # records only move on: pending, running, then how it ended
         elif (record.start or 0) > (feed.record.start or 0):
             # started again (resumed, console/runs/service.py resume_run): the same files go
             # on, so the feed follows on from its offsets; the last attempt's outcome is over
@@ -244,15 +246,3 @@ class RunFeeds:
 
     def find(self, host: str, run_id: str) -> RunFeed | None:
         return self._feeds.get((host, run_id))
-
-
-def describe_error(e: BaseException) -> str:
-    """One line for a failed service call, as panes show it."""
-    if isinstance(e, ConsoleError):
-        return str(e)
-    return f"{type(e).__name__}: {e}"
-
-
-def on_host(host: str, what: str) -> str:
-    """`host: what`, naming the host once (errors from a transport already start with it)."""
-    return what if what.startswith(f"{host}: ") else f"{host}: {what}"

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from console.hosts.host import Host, HostPool
     from console.scheduler.launch import LaunchHooks
-    from console.scheduler.records import Run, RunRecord
+    from console.scheduler.registry import Run
+    from console.scheduler.run_record import RunRecord
     from console.settings.config import Config, Profile
 
 

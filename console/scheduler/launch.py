@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from console.errors import ConfigError, ConsoleError
 from console.hosts.host import Host
 from console.hosts.push import PushReport, engine_trees, push, sync_tree
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Profile
 

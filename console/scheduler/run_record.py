@@ -1,6 +1,6 @@
 """A run record parsed once: run.json as the host-side runner listed it, into typed fields.
 
-The runner checks every field it acts on (console/hostside/run_records.py record_problem); the
+The runner checks every field it acts on (console/hostside/records.py record_problem); the
 console checks again here, because what a host sends is not trusted. A record with a field of
 the wrong type comes back `corrupt` with the reason, and carries nothing else. Nothing on the
 console side reads run.json's dict: panes, commands and schedulers use these fields, and
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from console.hostside.run_records import best_figure, record_problem
+from console.hostside.records import best_figure, record_problem
 from console.scheduler.run_status import RunStatus
 
 
@@ -206,7 +206,7 @@ def _attempts(d: object) -> tuple[tuple[float, float], ...]:
 
 def _best(d: object) -> dict[str, Any]:
     """best_tau and best_step from the runner's "best" (an acceptance length and a step in
-    range: run_records.best_figure), else none."""
+    range: records.best_figure), else none."""
     if not isinstance(d, dict):
         return {}
     fig = best_figure(d.get("tau"), d.get("step"))

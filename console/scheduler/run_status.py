@@ -1,6 +1,6 @@
 """A run's status: the one enum the console compares, and its ended and active sets.
 
-The host-side runner writes these words into run.json (console/hostside/run_records.py keeps the
+The host-side runner writes these words into run.json (console/hostside/records.py keeps the
 same list for Python 3.8 hosts); `corrupt` is the console's own word for a record it cannot
 trust. Everything on the console side compares RunStatus members, never the strings.
 """

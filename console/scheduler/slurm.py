@@ -36,7 +36,8 @@ from console.scheduler.launch import (
     start_anyway,
     substitute,
 )
-from console.scheduler.records import RUNNER, Run, RunRecord, host_records, runner
+from console.scheduler.registry import RUNNER, Run, host_records, runner
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus, combined_status
 from console.settings.config import Config, HostConfig, Profile
 from console.settings.slurm_options import SlurmOptions, missing

@@ -25,7 +25,8 @@ from console.scheduler.launch import (
     start_anyway,
     substitute,
 )
-from console.scheduler.records import Run, RunRecord, host_records, runner, runs_dir
+from console.scheduler.registry import Run, host_records, runner, runs_dir
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Profile
 

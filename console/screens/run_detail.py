@@ -24,10 +24,10 @@ from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
 from console.checkpoints.serve_guard import argv_port, served_drafter
-from console.errors import ConsoleError
+from console.errors import ConsoleError, describe_error
 from console.runs.progress import HELD_OUT, SERVED
 from console.runs.service import stop_run
-from console.runs.watch import RunFeed, describe_error
+from console.runs.watch import RunFeed
 from console.scheduler.run_status import RunStatus
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings

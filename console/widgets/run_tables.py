@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 
 from console.runs.progress import RunProgress
 from console.scheduler.launch import fit_id
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Profile
 from console.ui.keymap import bindings

@@ -196,7 +196,9 @@ async def test_follow_command_until_run_ends(tmp_path: Path,
     import argparse
 
     from console.commands import follow as follow_cmd
-    rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None, json=False), cfg)
+    async with HostPool(cfg) as pool:
+        rc = await follow_cmd.run(argparse.Namespace(run=run.id, node=0, lines=None, json=False),
+                                  cfg, pool)
     out, err = capsys.readouterr()
     assert rc == 1      # the run failed: follow says so to a script too
     assert out.splitlines() == [f"tick {i}" for i in range(5)]

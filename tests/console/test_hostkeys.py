@@ -16,6 +16,7 @@ import console.transport.known_hosts as kh
 from console.cli import main
 from console.commands import trust
 from console.errors import AuthFailed, HostKeyChanged, HostKeyUnknown
+from console.hosts.host import HostPool
 from console.settings.config import load_config
 from console.transport import open_transport
 from tests.conftest import ssh_host
@@ -143,7 +144,9 @@ def test_trust_asks_and_records_only_on_yes(sshd: SSHD, tmp_path: Path,
 async def test_trusted_key_lets_the_transport_in(sshd: SSHD, tmp_path: Path) -> None:
     kh_file = tmp_path / "known_hosts"
     cfg = write_config(tmp_path, sshd, kh_file)
-    assert await trust.run(argparse.Namespace(host="t", yes=True), load_config(cfg)) == 0
+    config = load_config(cfg)
+    async with HostPool(config) as pool:
+        assert await trust.run(argparse.Namespace(host="t", yes=True), config, pool) == 0
     async with open_transport(ssh_host(sshd, known_hosts=str(kh_file))) as t:
         assert (await t.run(["echo", "in"])).stdout == "in\n"
 

@@ -1,5 +1,5 @@
 """console/hostside/ as the host runs it: runner.py as a script from a pushed copy of the folder
-(its siblings slurm_job.py and run_records.py loaded beside it, never from a bytecode cache),
+(its siblings slurm_job.py and records.py loaded beside it, never from a bytecode cache),
 on the oldest Python the hosts may have (3.8) when this machine has one, and the files the
 console sends or fills from the folder (the checkpoint scan, the nvidia-smi fallback)."""
 
@@ -75,11 +75,11 @@ def test_truncated_caches_of_every_module_do_not_break_the_runner(tmp_path: Path
 
 
 def test_runner_imported_as_a_package_module_shares_one_record_check() -> None:
-    import console.hostside.run_records as run_records
+    import console.hostside.records as records
     import console.hostside.runner as runner
     import console.hostside.slurm_job as slurm_job
-    assert runner.record_problem is run_records.record_problem
-    assert runner.records is run_records and slurm_job.records is run_records
+    assert runner.record_problem is records.record_problem
+    assert runner.records is records and slurm_job.records is records
 
 
 def _python38() -> str | None:

@@ -13,7 +13,7 @@ import pytest
 
 from console.hosts.host import HostPool
 from console.runs.service import find_run, launch, stop_run
-from console.scheduler.records import Run
+from console.scheduler.registry import Run
 from console.settings.config import Config, HostConfig, Profile
 from tests.sshd import SSHD
 

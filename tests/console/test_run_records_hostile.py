@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from console.hostside import runner as runner_module
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from tests.console.test_safety_runs import cli, local_toml
 from tests.runs_registry import write_run
 

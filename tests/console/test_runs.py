@@ -21,8 +21,8 @@ from console.errors import ConsoleError
 from console.hosts.host import Host, HostPool
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler.launch import LaunchHooks, NotStarted, build_argv
-from console.scheduler.records import RunRecord, combined_status
-from console.scheduler.run_status import RunStatus
+from console.scheduler.run_record import RunRecord
+from console.scheduler.run_status import RunStatus, combined_status
 from console.settings.config import Config, HostConfig, Profile
 from engine import events
 from tests.sshd import SSHD

@@ -245,6 +245,33 @@ async def test_feed_shows_provenance_when_the_run_writes_it(tmp_path: Path) -> N
         await host.close()
 
 
+async def test_feed_of_a_pending_job_waits_for_it_to_start_and_end(tmp_path: Path) -> None:
+    """A Slurm job still pending has no output yet: the feed (and the follow subcommand, which
+    asks the same `ended`) keeps asking the registry instead of calling the run over."""
+    lines = recorded_events()
+    run_dir = write_run(tmp_path, RUNNING, [], status="pending", start=time.time(),
+                        train_json=False)
+    host = Host(local_config(tmp_path).hosts["local"])
+    rec = (await list_runs(host, RUNNING))[0]
+    assert rec.status == "pending"
+    feed = RunFeed(host, rec, poll=0.05, status_every=0.1)
+    task = asyncio.ensure_future(feed.follow())
+    try:
+        watched = time.monotonic() + 0.8        # several registry checks, each still pending
+        while time.monotonic() < watched:
+            assert not task.done(), "the feed called a pending job over"
+            await asyncio.sleep(0.05)
+        (run_dir / "events.jsonl").write_text("".join(ln + "\n" for ln in lines))
+        rec_json = json.loads((run_dir / "run.json").read_text())
+        rec_json.update(status="succeeded", exit_code=0, end=time.time())
+        (run_dir / "run.json").write_text(json.dumps(rec_json))
+        await asyncio.wait_for(task, 60)
+        assert feed.finished and feed.status == "succeeded" and feed.progress.done == 150
+    finally:
+        task.cancel()
+        await host.close()
+
+
 def test_series_stay_bounded_and_keep_the_whole_run_in_view() -> None:
     s = Series()
     n = MAX_POINTS * 10 + 7

@@ -20,7 +20,7 @@ from textual.widgets import Static
 from console.errors import ConsoleError
 from console.hosts.host import Host, HostPool
 from console.hostside import runner as runner_module
-from console.hostside.run_records import lock_profile
+from console.hostside.records import lock_profile
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
 from console.runs.service import launch, list_runs, stop_run

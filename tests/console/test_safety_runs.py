@@ -26,7 +26,7 @@ from console.errors import ConsoleError
 from console.hosts.engine_client import ensure_engine
 from console.hosts.host import HostPool
 from console.runs.service import launch, list_runs, stop_run
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.settings.config import Profile
 from console.widgets.run_tables import run_row
 from tests.console.test_runs import make_config, wait_status

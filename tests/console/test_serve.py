@@ -549,7 +549,7 @@ async def test_serve_shows_the_servers_last_log_line_while_it_waits(
 async def test_the_last_log_line_is_text_with_a_progress_bar_at_its_latest(
         tmp_path: Path) -> None:
     from console.checkpoints.serve_wait import last_log_line
-    from console.scheduler.records import Run
+    from console.scheduler.registry import Run
     from console.scheduler.run_record import RunRecord
     from console.scheduler.run_status import RunStatus
 

@@ -20,7 +20,8 @@ from console.errors import ConfigError, ConsoleError
 from console.hosts.host import Host, HostPool
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler import scheduler_for
-from console.scheduler.records import RunRecord, runner
+from console.scheduler.registry import runner
+from console.scheduler.run_record import RunRecord
 from console.scheduler.slurm import Job, gres_gpus, judge, parse_sinfo, partitions
 from console.settings.config import Config, HostConfig, Profile, load_config
 from console.settings.slurm_options import SlurmOptions, time_problem

@@ -12,6 +12,8 @@ module (Tarjan)."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -45,8 +47,8 @@ CONSOLE_LAYERS: list[tuple[str, ...]] = [
 ]
 #: the engine's layers, lowest first
 ENGINE_LAYERS: list[tuple[str, ...]] = [
-    ("engine", "engine.errors", "engine.fileio", "engine.events", "engine.dist",
-     "engine.monitor", "engine.inspect_report", "engine.http_reason"),
+    ("engine", "engine.errors", "engine.fileio", "engine.events", "engine.progress_bar",
+     "engine.dist", "engine.monitor", "engine.inspect_report", "engine.http_reason"),
     ("engine.model",),
     ("engine.ckpt",),
     ("engine.data",),
@@ -222,6 +224,20 @@ def test_the_console_reads_the_engine_only_through_its_contract() -> None:
         assert {d.split(".")[0] for d in deps} <= {"__future__", "json", "sys", "time", "typing",
                                                    "dataclasses", "collections", "os", "engine",
                                                    "threading", "math", "io", "collections.abc"}
+
+
+def test_every_subcommand_connects_through_the_one_pool_the_cli_opens() -> None:
+    """console/cli.py opens one HostPool (`async with`) and hands it to the subcommand's `run`,
+    so whatever a subcommand connected is closed however it ends; none opens its own."""
+    own = sorted(m for m, p in modules("console").items() if m.startswith("console.commands.")
+                 for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id == "HostPool")
+    assert own == []
+    from console.cli import COMMANDS
+    takes = {name: list(inspect.signature(importlib.import_module(mod).run).parameters)
+             for name, mod in COMMANDS.items()}
+    assert {n: p for n, p in takes.items() if p != ["args", "config", "pool"]} == {}
 
 
 def test_the_hostside_helpers_import_nothing_of_ours() -> None:

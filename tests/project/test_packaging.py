@@ -37,11 +37,11 @@ def test_wheel_finds_themes_and_hostside(tmp_path: Path) -> None:
         # the host-side helpers, the Slurm and records modules the runner loads beside it
         # included, and the monitor fallback's shell script (package data, not a module)
         from importlib import resources
-        import console.hostside.slurm_job, console.hostside.run_records
+        import console.hostside.slurm_job, console.hostside.records
         import console.hostside.checkpoint_scan as scan, console.monitor.nvidia_smi as smi
         here = resources.files("console.hostside")
         assert str(here).startswith(sys.argv[1]), here
-        for name in ("runner.py", "slurm_job.py", "run_records.py", "checkpoint_scan.py",
+        for name in ("runner.py", "slurm_job.py", "records.py", "checkpoint_scan.py",
                      "nvidia_smi_fallback.sh"):
             assert here.joinpath(name).is_file(), name
         assert scan.__file__.startswith(sys.argv[1]), scan.__file__

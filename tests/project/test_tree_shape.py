@@ -11,7 +11,7 @@ import pytest
 
 from tests.paths import REPO as ROOT
 
-TOP_MODULES, PACKAGE_MODULES, MODULE_LINES, FUNCTION_LINES = 12, 20, 600, 80
+TOP_MODULES, PACKAGE_MODULES, MODULE_LINES, FUNCTION_LINES = 13, 20, 600, 80
 
 
 def python_files(*dirs: str) -> list[Path]:

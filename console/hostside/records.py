@@ -11,7 +11,7 @@ start (run_command: own session and group, waits until it is recorded, then exec
 reaping loop (reap_until). Forgetting: the ended runs' files we wrote (prune_runs). See
 runner.py for the whole design.
 
-Imported as a sibling: `from . import run_records` in a package (console.hostside in the
+Imported as a sibling: `from . import records` in a package (console.hostside in the
 console), compiled from source by runner.py when that runs as a script on the host.
 """
 

@@ -1,4 +1,4 @@
-"""Run records shared by both schedulers: a host's registry as the host-side runner lists it.
+"""A host's run registry, shared by both schedulers, as the host-side runner lists it.
 
 The registry lives on each host, so it holds whether or not a console was connected:
 
@@ -37,9 +37,6 @@ from console.hosts.host import Host
 from console.hosts.push import HOSTSIDE_PACKAGE, PushReport
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus, combined_status
-
-__all__ = ["RUNNER", "PruneReport", "Run", "RunRecord", "RunStatus", "combined_status",
-           "host_prune", "host_records", "newest_first", "runner", "runs_dir"]
 
 RUNNER = "runner.py"   # in ROOT/code/eagle3_hostside, run as a script (see runner())
 
@@ -103,7 +100,7 @@ class PruneReport:
 
 
 async def host_prune(host: Host) -> PruneReport:
-    """Forget the host's ended runs (console/hostside/run_records.py prune_runs): only the
+    """Forget the host's ended runs (console/hostside/records.py prune_runs): only the
     files the runner wrote are deleted; nothing is signalled."""
     data = await runner(host, ["prune", await runs_dir(host)])
     if not isinstance(data, dict):
