@@ -324,7 +324,9 @@ class LogFollower:
                 raise
             if await self.transport.stat(self.path) is None:
                 return None                   # gone (mid-rotation) or not created yet: wait
-            raise
+            # there now: created (or rotated in) between the read and the stat; read again,
+            # and a second failure is the file's own (unreadable): said, not waited on
+            data = await self.transport.read_range(self.path, self.offset - k, k + self.chunk)
         if data[:k] != self._finger:
             return await self._replaced(len(data) < k)
         new = data[k:]

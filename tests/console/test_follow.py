@@ -10,10 +10,12 @@ import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from console.cli import main as cli_main
+from console.errors import CommandFailed
 from console.hosts.host import HostPool
 from console.logs.follow import MAX_LINE, Line, LogFollower
 from console.logs.vllm_log import MARKERS, parse_line
@@ -247,3 +249,38 @@ def test_logs_metrics_lines_counts_the_lines_shown(sshd: SSHD, tmp_path: Path,
                      "--lines", "4"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == f"-- no vLLM metrics lines in gpu:{plain}"
+
+
+class _WriterBetweenReadAndStat(LocalTransport):
+    """The real local transport; the file is created at the worst moment: after the follower's
+    read found nothing there and before it asks whether the file exists (a run's output.log
+    appears just as `follow` starts)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path, self.read_failed, self.created = path, False, False
+
+    async def read_range(self, path: str, start: int, length: int) -> bytes:
+        try:
+            return await super().read_range(path, start, length)
+        except CommandFailed:
+            self.read_failed = True
+            raise
+
+    async def stat(self, path: str) -> Any:
+        if self.read_failed and not self.created and path == str(self.path):
+            self.created = True
+            self.path.write_text("first\nsecond\n")
+        return await super().stat(path)
+
+
+async def test_a_log_created_between_the_read_and_the_stat_is_read_not_an_error(
+        tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    f = LogFollower(_WriterBetweenReadAndStat(log), str(log), start="begin", poll=0.01)
+    it = f.batches().__aiter__()
+    got: list[str] = []
+    while len(got) < 2:
+        got += [ln.text for ln in await asyncio.wait_for(it.__anext__(), 5)]
+    f.stop()
+    assert f.transport.created and got == ["first", "second"]   # type: ignore[attr-defined]
