@@ -17,9 +17,9 @@ from textual.notifications import SeverityLevel
 from textual.theme import Theme
 
 from console.demo.config import add_demo
+from console.dialogs.help import HelpScreen
 from console.hosts.host import HostPool, HostState
 from console.monitor.service import MonitorHub
-from console.screens.help import HelpScreen
 from console.screens.main import MainScreen
 from console.settings.config import Config
 from console.text import terminal_text

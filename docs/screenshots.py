@@ -30,12 +30,12 @@ from console.checkpoints.serve import record_session, session_provenance, sessio
 from console.checkpoints.service import inspect_checkpoint
 from console.demo.build import ensure_demo
 from console.demo.config import console_config, refresh_demo_profiles
+from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
 from console.monitor.service import MonitorHub
 from console.panes.runs import RunsPane
 from console.runs.service import launch, list_runs
 from console.scheduler.run_status import RunStatus
-from console.screens.compare import CompareScreen
 from console.screens.run_detail import RunDetailScreen
 from console.settings.config import LOCAL, Config
 from console.widgets.run_tables import RunTable

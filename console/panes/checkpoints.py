@@ -12,7 +12,7 @@
                the rate at each draft position (console/checkpoints/evaluate.py)
     w          swap it into the host's running vLLM server without a restart, checked against
                the served drafter first (console/checkpoints/swap.py)
-    m          compare the served drafters by vLLM's measured acceptance (screens/compare.py)
+    m          compare the served drafters by vLLM's measured acceptance (dialogs/compare.py)
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
 No I/O here: workers call console/checkpoints/service.py. Reports are kept per (path, mtime), so
@@ -47,17 +47,17 @@ from console.checkpoints.service import (
 )
 from console.checkpoints.swap import swap
 from console.demo.config import HELD_OUT_DATA
-from console.errors import ConsoleError, describe_error, on_host
-from console.panes.timers import ShownTimers
-from console.screens.compare import CompareScreen
-from console.screens.convert_dialog import (
+from console.dialogs.compare import CompareScreen
+from console.dialogs.convert_dialog import (
     ConvertDialog,
     ConvertRequest,
     dialog_words,
     exists_message,
 )
-from console.screens.eval_dialog import EvalDialog
-from console.screens.serve_dialog import ServeDialog
+from console.dialogs.eval_dialog import EvalDialog
+from console.dialogs.serve_dialog import ServeDialog
+from console.errors import ConsoleError, describe_error, on_host
+from console.panes.timers import ShownTimers
 from console.settings.config import LOCAL
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings

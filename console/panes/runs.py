@@ -36,6 +36,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Label, Static
 
 from console.demo.build import DemoState, DemoStatus, build_demo
+from console.dialogs.confirm import ConfirmScreen
 from console.errors import CommandFailed, ConsoleError, TransportError, describe_error
 from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
@@ -296,7 +297,6 @@ class RunsPane(ShownTimers, Vertical):
         pool = services(self).pool
 
         async def confirm(busy: list[RunRecord]) -> bool:
-            from console.screens.confirm import ConfirmScreen
             ids = ", ".join(sorted({r.id for r in busy}))
             again: bool = await self.app.push_screen_wait(ConfirmScreen(markup(
                 "Profile [b]$name[/b] is already running ($ids).\n\nStart a second copy?",
@@ -359,7 +359,6 @@ class RunsPane(ShownTimers, Vertical):
 
     @work(group="runs-action", exit_on_error=False)
     async def do_stop(self, run_id: str) -> None:
-        from console.screens.confirm import ConfirmScreen
         try:
             rec = self._selected_run()
             how = (f"scancel --signal=TERM, scancel after {STOP_GRACE_S:.0f} s"
@@ -422,7 +421,6 @@ class RunsPane(ShownTimers, Vertical):
 
     @work(group="runs-action", exit_on_error=False)
     async def do_prune(self, host: str, n: int) -> None:
-        from console.screens.confirm import ConfirmScreen
         try:
             ok = await self.app.push_screen_wait(ConfirmScreen(markup(
                 "Forget the $n on [b]$host[/b]?\n\nTheir records and logs are deleted; files "

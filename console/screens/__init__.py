@@ -1,1 +1,1 @@
-"""Screens: the main screen (hosts + panes) and modal dialogs."""
+"""The screens the app shows: the main screen (hosts + panes) and an opened run."""

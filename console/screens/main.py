@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header, TabbedContent, TabPane
 
+from console.dialogs.confirm import ConfirmScreen
 from console.errors import ConsoleError
 from console.hosts.hostkeys import offered_key, record
 from console.panes.checkpoints import CheckpointsPane
@@ -26,7 +27,6 @@ from console.panes.gpu import GpuPane
 from console.panes.logs import LogsPane
 from console.panes.overview import OverviewPane
 from console.panes.runs import RunsPane
-from console.screens.confirm import ConfirmScreen
 from console.screens.run_detail import RunDetailScreen
 from console.ui.keymap import PANES as PANE_TITLES
 from console.ui.keymap import bindings

@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static
 
 from console.checkpoints.serve_guard import argv_port, served_drafter
+from console.dialogs.confirm import ConfirmScreen
 from console.errors import ConsoleError, describe_error
 from console.runs.progress import HELD_OUT, SERVED
 from console.runs.service import stop_run
@@ -217,7 +218,6 @@ class RunDetailScreen(Screen[None]):
 
     @work(group="detail-stop", exclusive=True, exit_on_error=False)
     async def do_stop(self) -> None:
-        from console.screens.confirm import ConfirmScreen
         run_id = self.feed.run_id
         if not await self.app.push_screen_wait(ConfirmScreen(markup(
                 "Stop [b]$run[/b]?\n\nSIGTERM to its process group, SIGKILL after $grace s "

@@ -1,7 +1,7 @@
 """Every key of the console, declared once: which key, which action, its label, where it shows.
 
 The panes' and screens' BINDINGS, the key footer (via those bindings), `?` help
-(screens/help.py) and the command palette (commands_palette.py) are all built from KEYS; no
+(dialogs/help.py) and the command palette (commands_palette.py) are all built from KEYS; no
 module finds keys by looking into screen classes. A key is bound on a class in a section: the
 section is where help lists it and where the palette runs it (a pane's tab, or a screen); `on`
 names the widget class that holds the binding (empty: the pane or screen itself), so a key a

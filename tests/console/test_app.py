@@ -10,9 +10,9 @@ from textual.widgets import ProgressBar, TabbedContent
 from textual.widgets._footer import FooterKey
 from textual.widgets._progress_bar import Bar
 
+from console.dialogs.compare import CompareScreen
+from console.dialogs.help import sections
 from console.panes.gpu import GpuPane
-from console.screens.compare import CompareScreen
-from console.screens.help import sections
 from console.screens.main import PANES
 from console.widgets.footer import Footer
 from console.widgets.gpu_table import GpuTable

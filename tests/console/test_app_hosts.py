@@ -15,10 +15,10 @@ import pytest
 from textual.widgets._footer import FooterKey
 
 from console.app import create_app
+from console.dialogs.help import flat, sections
 from console.errors import Unreachable
 from console.hosts.host import HostState
 from console.panes.gpu import GpuPane
-from console.screens.help import flat, sections
 from console.screens.main import PANES
 from console.settings.config import Config, HostConfig, local_host
 from console.widgets.footer import Footer
@@ -187,9 +187,9 @@ async def test_a_stop_from_the_runs_pane_goes_through_the_pool(tmp_path: Path) -
     connected on its own before, and the list went on saying `idle`."""
     import json
 
+    from console.dialogs.confirm import ConfirmScreen
     from console.hostside.runner import proc_start
     from console.panes.runs import RunsPane
-    from console.screens.confirm import ConfirmScreen
     from console.widgets.run_tables import RunTable
     from tests.runs_registry import local_app, local_config, write_run
 

@@ -15,7 +15,7 @@ from textual.widgets import Checkbox, Input, Static
 
 from console.cli import main as cli_main
 from console.demo.config import demo_profiles
-from console.screens.eval_dialog import EvalDialog
+from console.dialogs.eval_dialog import EvalDialog
 from console.settings.config import Config, HostConfig
 from console.widgets.inspect_view import InspectView
 from tests.conftest import ssh_host

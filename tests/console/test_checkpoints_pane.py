@@ -15,8 +15,8 @@ from textual.pilot import Pilot
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from console.cli import main as cli_main
+from console.dialogs.convert_dialog import ConvertDialog, default_destination
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
-from console.screens.convert_dialog import ConvertDialog, default_destination
 from console.screens.main import MainScreen
 from console.settings.config import HostConfig
 from console.widgets.inspect_view import InspectView
@@ -228,7 +228,7 @@ async def test_the_inspect_view_shows_the_provenance(tmp_path: Path) -> None:
 async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Path) -> None:
     """The serve dialog was empty where the convert dialog proposed the
     profiles' target; a verifier given to a conversion is proposed to serve as well."""
-    from console.screens.serve_dialog import ServeDialog
+    from console.dialogs.serve_dialog import ServeDialog
 
     shelf = checkpoints_tree(tmp_path)
     app = app_for(tmp_path, shelf)
@@ -260,7 +260,7 @@ async def test_serve_with_an_empty_verifier_says_why_in_the_dialog(tmp_path: Pat
     """ctrl+s with the verifier emptied seemed to do nothing (a toast alone was missed):
     the dialog stays, says what is missing under the field and puts the cursor there; the
     same for a TP that is not a number. A good value clears it."""
-    from console.screens.serve_dialog import ServeDialog
+    from console.dialogs.serve_dialog import ServeDialog
 
     shelf = checkpoints_tree(tmp_path)
     app = app_for(tmp_path, shelf)

@@ -19,9 +19,9 @@ from console.checkpoints.compare import read_scrapes, record_scrape, rows, table
 from console.checkpoints.journal import Scrape, Session, SwapRecord
 from console.checkpoints.serve import ServeRequest, record_session, serve
 from console.cli import main as cli_main
+from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
 from console.runs.service import list_runs, stop_run
-from console.screens.compare import CompareScreen
 from tests.console.test_serve import (  # noqa: F401 (a fixture)
     drop_fields,
     standin_vllm,

@@ -20,8 +20,8 @@ from console.checkpoints.journal import Session, results_path, sessions_path, sw
 from console.checkpoints.serve import record_session
 from console.checkpoints.swap import record_swap
 from console.cli import main as cli_main
+from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
-from console.screens.compare import CompareScreen
 from tests.runs_registry import local_app, local_config
 from tests.vllm_swap_standin import SwapServer
 from tests.waiting import wait_for

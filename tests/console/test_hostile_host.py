@@ -17,14 +17,14 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static
 
 from console.cli import main as cli_main
+from console.dialogs.confirm import ConfirmScreen
+from console.dialogs.convert_dialog import ConvertDialog
+from console.dialogs.serve_dialog import ServeDialog
 from console.panes.checkpoints import CheckpointsPane, CheckpointTable
 from console.panes.logs import LogsPane
 from console.panes.runs import RunsPane
-from console.screens.confirm import ConfirmScreen
-from console.screens.convert_dialog import ConvertDialog
 from console.screens.main import MainScreen
 from console.screens.run_detail import RunDetailScreen
-from console.screens.serve_dialog import ServeDialog
 from console.widgets.run_tables import RunTable
 from tests.hostile import (
     BAD_MARKUP_RUN,

@@ -172,9 +172,9 @@ async def test_the_console_names_an_unknown_key_and_trusts_it_after_asking(
     import sys
 
     from console.app import create_app
+    from console.dialogs.confirm import ConfirmScreen
     from console.hosts.host import HostState
     from console.panes.gpu import GpuPane
-    from console.screens.confirm import ConfirmScreen
     from console.settings.config import Config
     from console.ui.palette import ConsoleCommands
     from console.widgets.gpu_table import GpuTable

@@ -10,7 +10,7 @@ import pkgutil
 import re
 
 import console
-from console.screens.help import flat, sections
+from console.dialogs.help import flat, sections
 from console.ui.keymap import KEYS, PANES, SECTIONS, key_display
 from tests.paths import REPO
 

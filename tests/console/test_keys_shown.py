@@ -13,9 +13,9 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 from textual.widgets._footer import FooterKey
 
-from console.screens.confirm import ConfirmScreen
-from console.screens.convert_dialog import ConvertDialog
-from console.screens.help import HelpScreen, sections
+from console.dialogs.confirm import ConfirmScreen
+from console.dialogs.convert_dialog import ConvertDialog
+from console.dialogs.help import HelpScreen, sections
 from console.ui.keymap import KEYS, PANES
 from tests.panes import app_for, checkpoints_tree, open_pane, report_shown
 from tests.replay import fleet_app

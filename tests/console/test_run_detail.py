@@ -17,10 +17,10 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import ProgressBar, Static
 
+from console.dialogs.confirm import ConfirmScreen
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
 from console.runs.progress import HELD_OUT, SERVED
-from console.screens.confirm import ConfirmScreen
 from console.screens.run_detail import TAU_HELD_OUT, TAU_SERVED, TAU_TRAIN, RunDetailScreen
 from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail

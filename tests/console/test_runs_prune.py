@@ -17,6 +17,7 @@ import psutil
 import pytest
 from textual.widgets import Static
 
+from console.dialogs.confirm import ConfirmScreen
 from console.errors import ConsoleError
 from console.hosts.host import Host, HostPool
 from console.hostside import runner as runner_module
@@ -24,7 +25,6 @@ from console.hostside.records import lock_profile
 from console.hostside.runner import proc_start
 from console.panes.runs import RunsPane
 from console.runs.service import launch, list_runs, stop_run
-from console.screens.confirm import ConfirmScreen
 from console.settings.config import Config, HostConfig, Profile
 from console.widgets.run_tables import RunTable
 from tests.runs_registry import local_app, local_config, recorded_events, write_run

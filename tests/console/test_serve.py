@@ -198,7 +198,7 @@ async def test_serve_from_the_checkpoints_pane(tmp_path: Path, standin_vllm: Pat
     """`v` on a checkpoint: the dialog, then the run started on the host; a refusal is shown."""
     from textual.widgets import Input
 
-    from console.screens.serve_dialog import ServeDialog
+    from console.dialogs.serve_dialog import ServeDialog
     from console.widgets.inspect_view import InspectView
     from tests.console.test_checkpoints_pane import (
         SIZE,
@@ -491,7 +491,7 @@ async def test_a_refused_serve_stays_on_screen_until_dismissed(tmp_path: Path) -
     when the pane rescans; moving to another checkpoint, or `i`, puts it away."""
     from textual.widgets import Input
 
-    from console.screens.serve_dialog import ServeDialog
+    from console.dialogs.serve_dialog import ServeDialog
     from console.widgets.inspect_view import InspectView
     from tests.console.test_checkpoints_pane import SIZE, checkpoints_tree, open_pane
     from tests.replay import FrozenClock

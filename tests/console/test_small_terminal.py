@@ -22,15 +22,15 @@ from textual.widget import Widget
 from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from console.app import Eagle3App
+from console.dialogs.compare import CompareScreen
+from console.dialogs.confirm import ConfirmScreen
+from console.dialogs.convert_dialog import ConvertDialog
+from console.dialogs.eval_dialog import EvalDialog
+from console.dialogs.serve_dialog import ServeDialog
 from console.hosts.host import HostPool
 from console.monitor.service import MonitorHub
 from console.panes.checkpoints import CheckpointTable
-from console.screens.compare import CompareScreen
-from console.screens.confirm import ConfirmScreen
-from console.screens.convert_dialog import ConvertDialog
-from console.screens.eval_dialog import EvalDialog
 from console.screens.main import MainScreen
-from console.screens.serve_dialog import ServeDialog
 from console.settings.config import Config, HostConfig
 from console.widgets.host_list import HostList
 from console.widgets.line_plot import LinePlot, fmt_value

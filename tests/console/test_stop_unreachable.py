@@ -127,8 +127,8 @@ async def test_x_on_an_unreachable_host_says_so_until_it_answers_again(sshd: SSH
     the failure staying beside a run that reads succeeded."""
     from textual.widgets import Static
 
+    from console.dialogs.confirm import ConfirmScreen
     from console.panes.runs import RunsPane
-    from console.screens.confirm import ConfirmScreen
     from console.widgets.run_tables import RunTable
     from tests.runs_registry import local_app
     from tests.waiting import wait_for

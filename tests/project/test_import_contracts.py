@@ -1,8 +1,9 @@
 """The import contracts, in one place: the console runs without torch and the engine without
 textual/asyncssh; no import cycle in console/ or engine/; imports run from a layer down to the
-same or a lower one, never back up (a pane may import a service, never the reverse); panes,
-screens and widgets never import a transport; and the console reads the engine only through its
-contract modules (the event stream and the inspect report).
+same or a lower one, never back up (a pane may import a service, never the reverse); a layer
+is a whole package, and modal screens live below the panes (dialogs), full screens above them
+(screens); panes, screens, dialogs and widgets never import a transport; and the console reads
+the engine only through its contract modules (the event stream and the inspect report).
 
 The graph is read from the source with ast (nothing is imported): every `import` counts, at
 module level or inside a function (a function-local import that closes a cycle only hides it),
@@ -25,7 +26,8 @@ import pytest
 from tests.paths import REPO as ROOT
 
 #: the console's layers, lowest first: a module may import its own layer or a lower one. The
-#: ui group (keymap, messages, palette, themes, services) sits under widgets, panes and screens.
+#: ui group (keymap, messages, palette, themes, services) sits under widgets, dialogs, panes and
+#: screens; the dialogs (modal screens a pane or the app opens) sit under the panes.
 CONSOLE_LAYERS: list[tuple[str, ...]] = [
     ("console", "console.errors", "console.hostside"),
     ("console.settings",),
@@ -36,10 +38,7 @@ CONSOLE_LAYERS: list[tuple[str, ...]] = [
     ("console.checkpoints",),
     ("console.commands", "console.ui"),
     ("console.widgets",),
-    # the modal screens a pane opens (a question, a dialog, the comparison table)
-    ("console.screens.confirm", "console.screens.convert_dialog", "console.screens.serve_dialog",
-     "console.screens.eval_dialog",
-     "console.screens.compare"),
+    ("console.dialogs",),
     ("console.panes",),
     ("console.screens",),
     ("console.app",),
@@ -61,7 +60,7 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
 #: all the console may import of the engine: the event stream, the inspect report's text and
 #: the reading of an HTTP error answer (standard library only)
 ENGINE_CONTRACT = {"engine.events", "engine.inspect_report", "engine.http_reason"}
-TUI = ("console.panes", "console.screens", "console.widgets")
+TUI = ("console.panes", "console.screens", "console.dialogs", "console.widgets")
 
 
 def modules(package: str) -> dict[str, Path]:
@@ -195,6 +194,38 @@ def test_no_import_cycle(package: str) -> None:
                                             ("engine", ENGINE_LAYERS)])
 def test_imports_never_run_back_up_a_layer(package: str, layers: list[tuple[str, ...]]) -> None:
     assert upward(import_graph(package), layers) == []
+
+
+def test_the_layers_are_whole_packages() -> None:
+    """A layer names a package or a top-level module, never one module of a package: a module
+    that sits apart from its package belongs in a package of its own."""
+    for root, layers in (("console", CONSOLE_LAYERS), ("engine", ENGINE_LAYERS)):
+        parts = [n for names in layers for n in names]
+        assert [n for n in parts if n.count(".") > 1] == [], root
+        assert [n for n in parts if n != root and not (ROOT / n.replace(".", "/")).is_dir()
+                and not (ROOT / (n.replace(".", "/") + ".py")).is_file()] == [], root
+
+
+def screen_classes(package: str) -> dict[str, set[str]]:
+    """Each module's Screen and ModalScreen subclasses, by the base they name."""
+    out: dict[str, set[str]] = {}
+    for m, p in modules(package).items():
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ClassDef):
+                for b in n.bases:
+                    base = ast.unparse(b).split("[")[0].rsplit(".", 1)[-1]
+                    if base in ("Screen", "ModalScreen"):
+                        out.setdefault(base, set()).add(m)
+    return out
+
+
+def test_dialogs_hold_the_modal_screens_and_screens_the_full_ones() -> None:
+    """A modal screen is opened over the panes, so it sits below them in console/dialogs; a
+    full screen holds the panes, so it sits above them in console/screens."""
+    found = screen_classes("console")
+    assert found["ModalScreen"] and found["Screen"]
+    assert sorted(m for m in found["ModalScreen"] if not m.startswith("console.dialogs.")) == []
+    assert sorted(m for m in found["Screen"] if not m.startswith("console.screens.")) == []
 
 
 def test_panes_screens_and_widgets_never_import_a_transport() -> None:

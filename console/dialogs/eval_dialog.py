@@ -17,8 +17,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from console.checkpoints.evaluate import EvalRequest
+from console.dialogs.convert_dialog import SHORT, compact_fields
 from console.errors import ConsoleError
-from console.screens.convert_dialog import SHORT, compact_fields
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 

@@ -18,7 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from console.checkpoints.serve import ServeRequest
-from console.screens.convert_dialog import SHORT, compact_fields
+from console.dialogs.convert_dialog import SHORT, compact_fields
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 
