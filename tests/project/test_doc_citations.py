@@ -1,8 +1,8 @@
 """What the prose cites is there: every `docs/...` file (and `#section` of one) named in the
 README, ARCHITECTURE.md, docs/ or the code (tests hold paths as data) exists; every module path
 (`engine/ckpt/vocab.py`) and dotted name (`engine.capture.swap_backend.SwapExtension`) in the
-markdown names a module, and an attribute defined at its top level. The code cites these, never anything outside the
-repository."""
+markdown names a module, and an attribute defined at its top level. The code cites these,
+never anything outside the repository."""
 
 from __future__ import annotations
 
