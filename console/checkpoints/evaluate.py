@@ -4,9 +4,10 @@ engine client, its answer parsed once into an EvalResult (the Checkpoints pane's
 
 The transformers path (the default) replays greedy speculative decoding with the target loaded
 by the engine; `vllm_engine` runs the target in vLLM with the drafter as its speculative config
-and counts with vLLM's own counters, for targets transformers cannot hold (README, "Which
-evaluation"). Either way the figures are the engine's: mean acceptance length (1 + accepted per
-draft, vLLM's definition) and the acceptance rate at each draft position.
+and counts with vLLM's own counters, for targets transformers cannot hold
+(docs/engine-cli.md#which-evaluation). Either way the figures are the engine's: mean acceptance
+length (1 + accepted per draft, vLLM's definition) and the acceptance rate at each draft
+position.
 """
 
 from __future__ import annotations

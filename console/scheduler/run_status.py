@@ -49,7 +49,8 @@ ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
 #: over, with an outcome the host recorded (a corrupt record is neither active nor ended)
 ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST})
 #: what `follow` (and `launch`, for a run that ended at once) exits with, by the run's outcome;
-#: the README's "Exit codes" table (1 is also any error the console prints as `error: ...`)
+#: the "Exit codes" table of docs/subcommands.md (1 is also any error the console prints as
+#: `error: ...`)
 EXIT_CODES = {RunStatus.SUCCEEDED: 0, RunStatus.FAILED: 1, RunStatus.STOPPED: 3,
               RunStatus.LOST: 4, RunStatus.CORRUPT: 5}
 #: a multi-node run's status is the first of these any node has (then succeeded)

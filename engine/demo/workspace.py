@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from engine.data.target import Target
 
 # Sizes chosen so that `demo init` takes about a minute and a demo run well under one on 2 CPU
-# cores (the figures: docs/demo_figures.py, in the project README).
+# cores (the figures: docs/demo_figures.py, in docs/benchmarks.md).
 TARGET_STEPS = 200
 N_TRAIN, N_EVAL, N_PUBLIC = 320, 40, 128
 MAX_NEW_TOKENS = 32

@@ -23,7 +23,8 @@ from engine.training.served_eval import check_url
 
 EAGLE_VERSIONS = ("3.0", "3.1")
 # A new drafter's default flavour: EAGLE 3.1 measured at least as good as 3.0 on the demo at equal
-# steps (README, "Demo acceptance"), and it is what speculators 0.9 and vLLM 0.32 default to.
+# steps (docs/benchmarks.md, "Demo acceptance"), and it is what speculators 0.9 and vLLM 0.32
+# default to.
 DEFAULT_EAGLE_VERSION = "3.1"
 
 
