@@ -32,8 +32,9 @@ Eagle3Draft(cfg)
     installs the target's (engine.formats.load_target_embedding reads it from a target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
                         attention_mask [B,T] | None, position_ids [B,T] | None,
-                        rows: K index tensors | None)
-    -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll.
+                        rows: K index tensors | None, head: bool)
+    -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll. head=False returns
+    the lm_head's input (the final-norm states [.., H]) for the trainer's fused loss.
     With `rows`, step i's logits are only those of the flat positions rows[i] (indices into
     B*T): [n_i, Vd]. The trainer passes the positions its loss reads, so the norm, the lm_head
     and the loss skip the others (prompt tokens, padding, targets outside the draft vocab).
@@ -269,9 +270,11 @@ class Eagle3Draft(nn.Module):
     def ttt_forward(self, aux_hidden: Tensor, input_ids: Tensor, steps: int,
                     attention_mask: Tensor | None = None,
                     position_ids: Tensor | None = None,
-                    rows: list[Tensor] | None = None) -> list[Tensor]:
+                    rows: list[Tensor] | None = None, head: bool = True) -> list[Tensor]:
         """The K-step TTT unroll (module docstring): returns K logits tensors [B,T,Vd], or
-        [n_i,Vd] for the flat positions rows[i] when `rows` is given."""
+        [n_i,Vd] for the flat positions rows[i] when `rows` is given. head=False: the lm_head's
+        input instead ([.., H], the final-norm states), for a loss that applies the lm_head
+        itself (engine/model/fused_ce.py)."""
         if steps < 1:
             raise ValueError("steps must be >= 1")
         b, t, _ = aux_hidden.shape
@@ -292,16 +295,17 @@ class Eagle3Draft(nn.Module):
             mask = None if split else ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
             step = self._step_fn or self._ttt_step
             h, lg, kv = step(ep, h, cos, sin, past, mask,  # h [B,T,H], fed to step i+1
-                             None if rows is None else rows[i])
+                             None if rows is None else rows[i], head)
             past.append(kv)
             out_logits.append(lg)  # [B,T,Vd]
         return out_logits
 
     def _ttt_step(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                  mask: Tensor | None, rows: Tensor | None = None) -> tuple[Tensor, Tensor, KV]:
+                  mask: Tensor | None, rows: Tensor | None = None, head: bool = True
+                  ) -> tuple[Tensor, Tensor, KV]:
         """One TTT step (ep: the step's tokens' `embed_proj`): (the next step's h [B,T,H] (pre-
         final-norm, or after it with `norm_output`), logits [B,T,Vd] or [n,Vd] of the flat
-        `rows`, this step's (k, v))."""
+        `rows` (without `head`: the final-norm states there), this step's (k, v))."""
         if self.checkpoint_activations and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
             out, kv = checkpoint(self.midlayer, ep, h, cos, sin, list(past), mask,  # a snapshot:
@@ -311,9 +315,10 @@ class Eagle3Draft(nn.Module):
         if self.config.norm_output:  # EAGLE 3.1: the normalised state goes on, logits from it
             out = self.norm(out)
             sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
-            return out, self.lm_head(sel), kv
-        sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
-        return out, self.logits(sel), kv
+        else:
+            sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
+            sel = self.norm(sel)
+        return out, self.lm_head(sel) if head else sel, kv
 
     def compile_step(self, **options: Any) -> None:
         """torch.compile the TTT step (`_ttt_step`; CPU and CUDA). One graph per step index

@@ -38,11 +38,11 @@ from engine.events import SERVED, Emitter
 from engine.fileio import read_json, reason, termination_raises, write_json
 from engine.model.draft import Eagle3Draft
 from engine.model.ttt_loss import (
+    TargetSide,
     step_rows,
     summarize,
     target_argmax,
-    target_distribution,
-    ttt_loss,
+    ttt_loss_fused,
 )
 from engine.training.checkpointing import (
     check_optimizer_state,
@@ -62,15 +62,21 @@ INPUT_HASHES = ("data_sha256", "vocab_sha256", "target_config_sha256")
 
 
 class Unroll(nn.Module):
-    """The TTT unroll as a module `forward`, so DDP/FSDP hooks see it."""
+    """The TTT unroll and its loss as a module `forward`, so DDP/FSDP hooks see it: the loss
+    applies the drafter's lm_head itself (engine/model/fused_ce.py), inside the forward where
+    FSDP has the weight gathered. Returns (loss, stats) of `ttt_loss_fused`."""
 
     def __init__(self, draft: Eagle3Draft, steps: int) -> None:
         super().__init__()
         self.draft = draft
         self.steps = steps
 
-    def forward(self, aux: Tensor, ids: Tensor, att: Tensor, rows: list[Tensor]) -> list[Tensor]:
-        return self.draft.ttt_forward(aux, ids, self.steps, attention_mask=att, rows=rows)
+    def forward(self, aux: Tensor, ids: Tensor, att: Tensor, rows: list[Tensor],
+                target: TargetSide, loss_mask: Tensor, denom: float) -> tuple[Tensor, Tensor]:
+        states = self.draft.ttt_forward(aux, ids, self.steps, attention_mask=att, rows=rows,
+                                        head=False)
+        return ttt_loss_fused(states, self.draft.lm_head.weight, target, loss_mask,
+                              self.draft.d2t, denom, rows)
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -273,14 +279,13 @@ class Trainer:
                 if self.lm_head is None:
                     self.lm_head = self.setup_.lm_head.full().to(self.dev)
                 top = target_argmax(b["hidden"], self.lm_head)
-            with torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-                p, in_vocab = target_distribution(b["hidden"], self.head_d, top, self.draft.t2d)
+            in_vocab = self.draft.t2d[top]
             rows = step_rows(b["loss_mask"], in_vocab, self.cfg.ttt_steps)  # what the loss reads
+        # p over the draft vocab is made chunk by chunk inside the loss, from the target's rows
+        target = TargetSide(b["hidden"], self.head_d, top, in_vocab)
         with self._timed("draft"), torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-            logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"], rows)
-            loss, stats = ttt_loss(logits, p, top, in_vocab, b["loss_mask"], self.draft.d2t,
-                                   denom, rows)
-            del logits  # K [n,Vd] tensors the backward does not read (the loss saved its own)
+            loss, stats = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"],
+                                      rows, target, b["loss_mask"], denom)
         if grad:
             with self._timed("backward"):
                 (loss * self.dist.world).backward()  # DDP averages: undo it, denom is global
