@@ -42,6 +42,7 @@ from torch import Tensor
 
 from engine.model.draft import shift_left
 from engine.model.fused_ce import linear_soft_ce
+from engine.model.packing import same_segment
 
 STEP_WEIGHT = 0.8
 GATHER_ROWS = 1024  # rows of p gathered at once by SoftCrossEntropy (a bounded transient)
@@ -147,23 +148,33 @@ def _step_ce(lg: Tensor, p2: Tensor, psum: Tensor, shift: int) -> Tensor:
     return ce.view(b, t)
 
 
-def step_masks(loss_mask: Tensor, in_vocab: Tensor, k: int) -> list[Tensor]:
+def supervised(loss_mask: Tensor, n: int, segments: Tensor | None = None) -> Tensor:
+    """Bool [B,T]: loss_mask(t+n), and in packed rows t+n in t's own sample."""
+    sup = shift_left(loss_mask, n).bool()
+    return sup if segments is None else sup & same_segment(segments, n)
+
+
+def step_masks(loss_mask: Tensor, in_vocab: Tensor, k: int, segments: Tensor | None = None
+               ) -> list[Tensor]:
     """Step i's position mask [B,T]: loss_mask(t+2+i) and the target argmax at t+1+i in the
-    draft vocab (module docstring)."""
-    return [shift_left(loss_mask, 2 + i).bool() & shift_left(in_vocab, 1 + i) for i in range(k)]
+    draft vocab (module docstring); packed rows: t+2+i in t's own sample."""
+    return [supervised(loss_mask, 2 + i, segments) & shift_left(in_vocab, 1 + i)
+            for i in range(k)]
 
 
-def step_rows(loss_mask: Tensor, in_vocab: Tensor, k: int) -> list[Tensor]:
+def step_rows(loss_mask: Tensor, in_vocab: Tensor, k: int, segments: Tensor | None = None
+              ) -> list[Tensor]:
     """The flat positions (indices into B*T) of each step's mask: the rows `ttt_forward(rows=)`
     computes logits for and `ttt_loss(rows=)` reads."""
-    return [m.reshape(-1).nonzero().squeeze(1) for m in step_masks(loss_mask, in_vocab, k)]
+    return [m.reshape(-1).nonzero().squeeze(1)
+            for m in step_masks(loss_mask, in_vocab, k, segments)]
 
 
 def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, loss_mask: Tensor,
-             d2t: Tensor, denom: float, rows: list[Tensor] | None = None
-             ) -> tuple[Tensor, Tensor]:
+             d2t: Tensor, denom: float, rows: list[Tensor] | None = None,
+             segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(weighted total loss, stats vector) for one micro-batch. `logits` are [B,T,Vd] each, or
-    [n_i,Vd] for the positions `rows` (step_rows) when given.
+    [n_i,Vd] for the positions `rows` (step_rows) when given; `segments`: packed rows.
 
     stats (float64, summable across micro-batches and ranks), K = len(logits):
         [0:K]    loss_i * 1       (already divided by denom)
@@ -175,7 +186,7 @@ def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, los
     p2 = p.reshape(-1, p.shape[-1])  # [B*T,Vd]
     psum = p2.sum(-1)
     total = p.new_zeros(())
-    masks = step_masks(loss_mask, in_vocab, len(logits))
+    masks = step_masks(loss_mask, in_vocab, len(logits), segments)
     losses: list[Tensor] = []
     for i, lg in enumerate(logits):
         if rows is None:
@@ -187,7 +198,7 @@ def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, los
         losses.append(loss_i.detach())
     with torch.no_grad():
         preds = [lg.argmax(-1) for lg in logits]
-    return total, _stats(losses, preds, top, loss_mask, masks, d2t, rows)
+    return total, _stats(losses, preds, top, loss_mask, masks, d2t, rows, segments)
 
 
 @dataclass(frozen=True)
@@ -203,14 +214,14 @@ class TargetSide:
 
 
 def ttt_loss_fused(states: list[Tensor], lm_head: Tensor, target: TargetSide, loss_mask: Tensor,
-                   d2t: Tensor, denom: float, rows: list[Tensor], chunk: int | None = None
-                   ) -> tuple[Tensor, Tensor]:
+                   d2t: Tensor, denom: float, rows: list[Tensor], chunk: int | None = None,
+                   segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`ttt_loss(rows=)` from the lm_head's input instead of its output: `states` are the
     final-norm draft states [n_i,H] of each step's `rows` (`ttt_forward(head=False)`), `lm_head`
     the draft's [Vd,H]. All K steps go through one `linear_soft_ce` (each row weighted
     0.8^i / denom), so no [n,Vd] logits or p exist beyond one chunk of rows (fused_ce.py)."""
     k = len(states)
-    masks = step_masks(loss_mask, target.in_vocab, k)
+    masks = step_masks(loss_mask, target.in_vocab, k, segments)
     sizes = [int(r.numel()) for r in rows]
     x = torch.cat(states) if k > 1 else states[0]
     idx = torch.cat([r + (1 + i) for i, r in enumerate(rows)])
@@ -221,20 +232,21 @@ def ttt_loss_fused(states: list[Tensor], lm_head: Tensor, target: TargetSide, lo
     total, ce, pred = linear_soft_ce(x, lm_head, th, target.head_d, idx, wt, chunk)
     losses = [c.sum() / denom for c in ce.split(sizes)]
     return total, _stats(losses, list(pred.split(sizes)), target.top, loss_mask, masks, d2t,
-                         rows)
+                         rows, segments)
 
 
 def _stats(losses: list[Tensor], preds: list[Tensor], top: Tensor, loss_mask: Tensor,
-           masks: list[Tensor], d2t: Tensor, rows: list[Tensor] | None) -> Tensor:
+           masks: list[Tensor], d2t: Tensor, rows: list[Tensor] | None,
+           segments: Tensor | None) -> Tensor:
     """The stats vector of `ttt_loss` from each step's loss and draft argmax ([B,T], or [n_i]
     at `rows`)."""
     k = len(losses)
     stats = torch.zeros(3 * k + 2, dtype=torch.float64, device=top.device)
-    sup0 = shift_left(loss_mask, 2).bool()  # [B,T]
+    sup0 = supervised(loss_mask, 2, segments)  # [B,T]
     chain = sup0.clone()
     chain_sum = torch.zeros((), dtype=torch.float64, device=top.device)
     for i, pred in enumerate(preds):
-        sup = shift_left(loss_mask, 2 + i).bool()
+        sup = supervised(loss_mask, 2 + i, segments)
         if rows is None:
             right = (pred + d2t[pred]) == shift_left(top, 1 + i)  # [B,T]
         else:  # right only where the mask is: the only places the stats read it

@@ -36,14 +36,7 @@ from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import SERVED, Emitter
 from engine.fileio import read_json, reason, termination_raises, write_json
-from engine.model.draft import Eagle3Draft
-from engine.model.ttt_loss import (
-    TargetSide,
-    step_rows,
-    summarize,
-    target_argmax,
-    ttt_loss_fused,
-)
+from engine.model.ttt_loss import TargetSide, step_rows, summarize, target_argmax
 from engine.training.checkpointing import (
     check_optimizer_state,
     latest_dir,
@@ -56,27 +49,10 @@ from engine.training.config import TrainConfig
 from engine.training.plan import Step, epoch_steps, split_holdout
 from engine.training.served_eval import ServedEval
 from engine.training.setup import Setup, build
+from engine.training.unroll import Unroll
 
 # sha256 of what a run reads (engine/training/setup.py's provenance)
 INPUT_HASHES = ("data_sha256", "vocab_sha256", "target_config_sha256")
-
-
-class Unroll(nn.Module):
-    """The TTT unroll and its loss as a module `forward`, so DDP/FSDP hooks see it: the loss
-    applies the drafter's lm_head itself (engine/model/fused_ce.py), inside the forward where
-    FSDP has the weight gathered. Returns (loss, stats) of `ttt_loss_fused`."""
-
-    def __init__(self, draft: Eagle3Draft, steps: int) -> None:
-        super().__init__()
-        self.draft = draft
-        self.steps = steps
-
-    def forward(self, aux: Tensor, ids: Tensor, att: Tensor, rows: list[Tensor],
-                target: TargetSide, loss_mask: Tensor, denom: float) -> tuple[Tensor, Tensor]:
-        states = self.draft.ttt_forward(aux, ids, self.steps, attention_mask=att, rows=rows,
-                                        head=False)
-        return ttt_loss_fused(states, self.draft.lm_head.weight, target, loss_mask,
-                              self.draft.d2t, denom, rows)
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -171,8 +147,10 @@ class Trainer:
 
     def epoch(self, e: int) -> list[Step]:
         if e not in self.plans:
+            packed = self.cfg.pack_tokens is not None
             self.plans[e] = epoch_steps(self.train_idx, self.setup_.data.lengths,
-                                        self.cfg.batch_tokens, self.group, self.cfg.seed, e)
+                                        self.cfg.pack_tokens or self.cfg.batch_tokens,
+                                        self.group, self.cfg.seed, e, packed)
         return self.plans[e]
 
     def _settings(self) -> dict[str, Any]:
@@ -267,12 +245,16 @@ class Trainer:
                 trainer.timers[name] = trainer.timers.get(name, 0.0) + time.perf_counter() - self.t
         return _T()
 
-    def _micro(self, idx: tuple[int, ...], denom: float, grad: bool) -> Tensor:
-        """Forward (+ backward when grad) of one micro-batch; returns its stats vector."""
+    def _micro(self, idx: tuple[int, ...], denom: float, grad: bool, packed: bool = False
+               ) -> Tensor:
+        """Forward (+ backward when grad) of one micro-batch (one packed row when `packed`);
+        returns its stats vector."""
         # Offline, a batch is read from the shards; online, reading it runs the target.
         with self._timed("target" if self.cfg.online else "data"):
+            data = self.setup_.data
             b = {k: v.to(self.dev, non_blocking=True)
-                 for k, v in self.setup_.data.batch(idx).items()}
+                 for k, v in (data.packed(idx) if packed else data.batch(idx)).items()}
+        seg = b.get("segments")
         with self._timed("target"), torch.no_grad():
             top = b.get("target_argmax")
             if top is None:
@@ -280,12 +262,12 @@ class Trainer:
                     self.lm_head = self.setup_.lm_head.full().to(self.dev)
                 top = target_argmax(b["hidden"], self.lm_head)
             in_vocab = self.draft.t2d[top]
-            rows = step_rows(b["loss_mask"], in_vocab, self.cfg.ttt_steps)  # what the loss reads
+            rows = step_rows(b["loss_mask"], in_vocab, self.cfg.ttt_steps, seg)  # the loss's
         # p over the draft vocab is made chunk by chunk inside the loss, from the target's rows
         target = TargetSide(b["hidden"], self.head_d, top, in_vocab)
         with self._timed("draft"), torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
             loss, stats = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"],
-                                      rows, target, b["loss_mask"], denom)
+                                      rows, target, b["loss_mask"], denom, seg)
         if grad:
             with self._timed("backward"):
                 (loss * self.dist.world).backward()  # DDP averages: undo it, denom is global
@@ -304,7 +286,8 @@ class Trainer:
             if not last and hasattr(self.module, "no_sync"):
                 sync = self.module.no_sync()  # type: ignore[operator]
             with sync:
-                stats += self._micro(idx, denom, grad=True)
+                stats += self._micro(idx, denom, grad=True,
+                                     packed=self.cfg.pack_tokens is not None)
         self.dist.all_reduce_sum(stats)
         with self._timed("optimizer"):
             gnorm = torch.nn.utils.clip_grad_norm_(
