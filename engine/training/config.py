@@ -146,6 +146,9 @@ class TrainConfig:
         if self.from_vllm and not self.online:
             raise EngineError("--from-vllm: streams features for --online training (pass "
                               "--online), or capture first: engine prepare --from-vllm")
+        if self.pack_tokens is not None and self.online:
+            raise EngineError("--pack-tokens: packs prepared features; --online streams them "
+                              "per padded batch (drop one of the two)")
         if self.resume_despite_changed_data and not self.resume:
             raise EngineError("--resume-despite-changed-data: only with --resume")
         if self.vocab and self.rebuild_vocab:

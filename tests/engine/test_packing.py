@@ -166,3 +166,22 @@ def test_pack_tokens_trains(demo_dir: Path, tmp_path: Path) -> None:
     first = tr.train_step(plan[0])
     assert math.isfinite(first["loss"]) and first["loss"] > 0
     assert tr._settings()["pack_tokens"] == 700
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (["--pack-tokens", "0"], "--pack-tokens 0: must be >= 1"),
+    (["--pack-tokens", "512", "--online"], "--pack-tokens: packs prepared features"),
+])
+def test_pack_tokens_refusals(demo_dir: Path, tmp_path: Path, args: list[str], want: str
+                              ) -> None:
+    import subprocess
+    import sys
+    data = demo_dir / ("conversations/train.jsonl" if "--online" in args else "data")
+    r = subprocess.run([sys.executable, "-m", "engine", "train", "--target",
+                        str(demo_dir / "target"), "--data", str(data), "--out",
+                        str(tmp_path / "run"), *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and want in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()
