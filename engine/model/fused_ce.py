@@ -7,9 +7,11 @@ rows of the target's lm_head Wt [Vd,Ht]:
     p[r]  = softmax(th[idx[r]] @ Wt.T)                 (float32)
     ce[r] = -sum_v p[r,v] * log_softmax(x[r] @ W.T)[v]
     loss  = sum_r wt[r] * ce[r]
-`linear_soft_ce` computes the loss, ce and the draft argmax of each row, one chunk of rows at a
-time: the draft logits and p exist for that chunk only (`chunk_rows`: about CHUNK_ELEMS values
-each), so peak memory grows with the number of rows times the hidden size, never times the vocab.
+`linear_soft_ce` computes the loss, ce and the draft argmax of each row, a chunk at a time: p for
+a chunk of target rows (made once however many steps read them, as one p per batch would be),
+then the draft logits of the rows that read those targets (`chunk_rows`: about CHUNK_ELEMS values
+per chunk in all), so peak memory grows with the number of rows times the hidden size, never
+times the vocab.
 
 The loss is a weighted sum, so its gradient is known up to the one scalar the backward receives:
 the forward computes it chunk by chunk while the chunk's logits exist (softmax * sum(p) - p,
@@ -56,27 +58,39 @@ class LinearSoftCE(torch.autograd.Function):
         pred = torch.empty(m, dtype=torch.int64, device=x.device)
         dx = torch.empty_like(x) if want_x else None
         dw = torch.zeros(w.shape, dtype=acc, device=w.device) if want_w else None
+        half = max(1, rows // 2)  # four [half,Vd] buffers live at once: p's, the gathered p,
+        # the logits and a logsumexp temporary
+        order = torch.argsort(idx, stable=True)  # x rows by their target row
+        sidx = idx[order]
         with torch.autocast(x.device.type, enabled=False):
             wc, tc = w.to(cdt), wt_head.to(cdt)
-            for a in range(0, m, rows):
-                xs = x[a:a + rows].to(cdt)
-                lg = (xs @ wc.T).to(acc)  # [c,Vd]
-                pred[a:a + rows] = lg.argmax(-1)
-                p = (th.index_select(0, idx[a:a + rows]).to(cdt) @ tc.T).to(acc)
-                p = p.sub_(p.amax(-1, keepdim=True)).exp_()  # softmax in place
-                p = p.div_(p.sum(-1, keepdim=True))
-                logp = lg.sub_(lg.logsumexp(-1, keepdim=True))  # in place: one [c,Vd] buffer
-                ce[a:a + rows] = -torch.bmm(p.unsqueeze(1), logp.unsqueeze(2)).view(-1)
-                if dx is None and dw is None:
+            lo, hi = (int(sidx[0]), int(sidx[-1]) + 1) if m else (0, 0)
+            for a in range(lo, hi, half):  # target rows [a, a+half): p made once for them
+                s0, s1 = torch.searchsorted(sidx, torch.tensor([a, a + half], device=idx.device)
+                                            ).tolist()
+                if s0 == s1:
                     continue
-                # d ce / d logits = softmax * sum(p) - p, in place of logp
-                g = logp.exp_().mul_(p.sum(-1, keepdim=True)).sub_(p)
-                g.mul_(row_wt[a:a + rows, None].to(acc))
-                gc = g.to(cdt)
-                if dx is not None:
-                    dx[a:a + rows] = (gc @ wc).to(dx.dtype)
-                if dw is not None:
-                    dw.add_(gc.T @ xs)
+                pt = (th[a:a + half].to(cdt) @ tc.T).to(acc)
+                pt = pt.sub_(pt.amax(-1, keepdim=True)).exp_()  # softmax in place
+                pt = pt.div_(pt.sum(-1, keepdim=True))
+                for b in range(s0, s1, half):  # the x rows reading them, `half` at a time
+                    sel = order[b:min(b + half, s1)]
+                    p = pt.index_select(0, sidx[b:min(b + half, s1)] - a)
+                    xs = x.index_select(0, sel).to(cdt)
+                    lg = (xs @ wc.T).to(acc)  # [c,Vd]
+                    pred[sel] = lg.argmax(-1)
+                    logp = lg.sub_(lg.logsumexp(-1, keepdim=True))  # in place
+                    ce[sel] = -torch.bmm(p.unsqueeze(1), logp.unsqueeze(2)).view(-1)
+                    if dx is None and dw is None:
+                        continue
+                    # d ce / d logits = softmax * sum(p) - p, in place of logp
+                    g = logp.exp_().mul_(p.sum(-1, keepdim=True)).sub_(p)
+                    g.mul_(row_wt.index_select(0, sel)[:, None].to(acc))
+                    gc = g.to(cdt)
+                    if dx is not None:
+                        dx[sel] = (gc @ wc).to(dx.dtype)
+                    if dw is not None:
+                        dw.add_(gc.T @ xs)
         loss = (ce * row_wt).sum()
         ctx.mark_non_differentiable(ce, pred)
         ctx.save_for_backward(dx, dw)
