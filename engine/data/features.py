@@ -1,6 +1,7 @@
 """What every training-data reader returns: a Sample per conversation and the FeatureData list
 they come in, with lengths and supervised counts known up front (so batch plans need no tensor
-reads), and `collate`, the padded batch the trainer consumes. The readers: engine/data/readers.py.
+reads), and `collate`, the padded batch the trainer consumes (`collate_packed`: one packed
+row). The readers: engine/data/readers.py.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class FeatureData:
         """A padded batch of these samples (see `collate`)."""
         return collate([self[i] for i in indices])
 
+    def packed(self, indices: tuple[int, ...] | list[int]) -> dict[str, Tensor]:
+        """These samples side by side in one row (see `collate_packed`)."""
+        return collate_packed([self[i] for i in indices])
+
     def describe(self, i: int) -> str:
         """Where sample i comes from, for error messages (a reader may name its file)."""
         return f"sample {i}"
@@ -86,4 +91,19 @@ def collate(samples: list[Sample]) -> dict[str, Tensor]:
         top = out["target_argmax"] = torch.zeros(b, width, dtype=torch.long)
         for r, s in enumerate(samples):
             top[r, :s.input_ids.numel()] = s.target_argmax  # type: ignore[assignment]
+    return out
+
+
+def collate_packed(samples: list[Sample]) -> dict[str, Tensor]:
+    """The samples concatenated into one row [1, sum T]: the keys of `collate` (attention_mask
+    all 1) and `segments` [1, sum T], sample r's positions holding r (engine/model/packing.py)."""
+    out = {k: torch.cat([getattr(s, k) for s in samples])[None]
+           for k in ("input_ids", "loss_mask", "aux", "hidden")}
+    out["input_ids"], out["loss_mask"] = out["input_ids"].long(), out["loss_mask"].long()
+    out["attention_mask"] = torch.ones_like(out["input_ids"])
+    out["segments"] = torch.cat([torch.full((s.input_ids.numel(),), r, dtype=torch.long)
+                                 for r, s in enumerate(samples)])[None]
+    if all(s.target_argmax is not None for s in samples):
+        out["target_argmax"] = torch.cat([s.target_argmax for s in samples  # type: ignore[misc]
+                                          ]).long()[None]
     return out

@@ -33,8 +33,9 @@ Eagle3Draft(cfg)
     target dir).
 Eagle3Draft.ttt_forward(aux_hidden [B,T,3Ht], input_ids [B,T], steps K,
                         attention_mask [B,T] | None, position_ids [B,T] | None,
-                        rows: K index tensors | None)
-    -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll.
+                        rows: K index tensors | None, head: bool)
+    -> list of K draft-vocab logits [B,T,Vd]. The training-time-test unroll. head=False returns
+    the lm_head's input (the final-norm states [.., H]) for the trainer's fused loss.
     With `rows`, step i's logits are only those of the flat positions rows[i] (indices into
     B*T): [n_i, Vd]. The trainer passes the positions its loss reads, so the norm, the lm_head
     and the loss skip the others (prompt tokens, padding, targets outside the draft vocab).
@@ -69,6 +70,7 @@ from torch import Tensor, nn
 from engine.model.blocks import KV, RMSNorm, apply_rope, inv_freq, rope_cos_sin
 from engine.model.config import Eagle3Config, default_aux_layer_ids
 from engine.model.mla_layer import MLAttention
+from engine.model.packing import block_diagonal, segment_positions
 from engine.model.presets import PRESETS, preset
 from engine.model.ttt_attention import split_attention
 
@@ -270,17 +272,22 @@ class Eagle3Draft(nn.Module):
     def ttt_forward(self, aux_hidden: Tensor, input_ids: Tensor, steps: int,
                     attention_mask: Tensor | None = None,
                     position_ids: Tensor | None = None,
-                    rows: list[Tensor] | None = None) -> list[Tensor]:
+                    rows: list[Tensor] | None = None, head: bool = True,
+                    segments: Tensor | None = None) -> list[Tensor]:
         """The K-step TTT unroll (module docstring): returns K logits tensors [B,T,Vd], or
-        [n_i,Vd] for the flat positions rows[i] when `rows` is given."""
+        [n_i,Vd] for the flat positions rows[i] when `rows` is given. head=False: the lm_head's
+        input instead ([.., H], the final-norm states), for a loss that applies the lm_head
+        itself (engine/model/fused_ce.py). `segments` [B,T]: packed rows (engine/model/
+        packing.py), attention block-diagonal per sample (the dense path), positions restarting."""
         if steps < 1:
             raise ValueError("steps must be >= 1")
         b, t, _ = aux_hidden.shape
         dev = aux_hidden.device
         if position_ids is None:
-            position_ids = torch.arange(t, device=dev).expand(b, t)  # [B,T]
+            position_ids = torch.arange(t, device=dev).expand(b, t) if segments is None \
+                else segment_positions(segments)  # [B,T]
         h = self.fuse(aux_hidden)  # [B,T,H]
-        split = self._split(attention_mask)
+        split = segments is None and self._split(attention_mask)
         # Every step reads the same tokens, shifted: token t+1's part of q/k/v is computed once
         # (one matmul, one weight gradient) and shifted left by i for step i, instead of K times.
         emb = self.embed_tokens(shift_left(input_ids, 1)).to(h.dtype)  # [B,T,H], 0 at the end
@@ -290,19 +297,21 @@ class Eagle3Draft(nn.Module):
         for i in range(steps):
             ep = _shift_repeat_last(ep_all, i)  # token t+1+i (token 0's part past the end)
             cos, sin = self._cos_sin(position_ids + i, h.dtype)
-            mask = None if split else ttt_mask(t, i, attention_mask, dev)  # [B|1,1,T,(i+1)T]
+            mask = None if split else ttt_mask(t, i, attention_mask, dev,  # [B|1,1,T,(i+1)T]
+                                               segments)
             step = self._step_fn or self._ttt_step
             h, lg, kv = step(ep, h, cos, sin, past, mask,  # h [B,T,H], fed to step i+1
-                             None if rows is None else rows[i])
+                             None if rows is None else rows[i], head)
             past.append(kv)
             out_logits.append(lg)  # [B,T,Vd]
         return out_logits
 
     def _ttt_step(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                  mask: Tensor | None, rows: Tensor | None = None) -> tuple[Tensor, Tensor, KV]:
+                  mask: Tensor | None, rows: Tensor | None = None, head: bool = True
+                  ) -> tuple[Tensor, Tensor, KV]:
         """One TTT step (ep: the step's tokens' `embed_proj`): (the next step's h [B,T,H] (pre-
         final-norm, or after it with `norm_output`), logits [B,T,Vd] or [n,Vd] of the flat
-        `rows`, this step's (k, v))."""
+        `rows` (without `head`: the final-norm states there), this step's (k, v))."""
         if self.checkpoint_activations and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
             out, kv = checkpoint(self.midlayer, ep, h, cos, sin, list(past), mask,  # a snapshot:
@@ -312,9 +321,10 @@ class Eagle3Draft(nn.Module):
         if self.config.norm_output:  # EAGLE 3.1: the normalised state goes on, logits from it
             out = self.norm(out)
             sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
-            return out, self.lm_head(sel), kv
-        sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
-        return out, self.logits(sel), kv
+        else:
+            sel = out if rows is None else out.reshape(-1, out.shape[-1]).index_select(0, rows)
+            sel = self.norm(sel)
+        return out, self.lm_head(sel) if head else sel, kv
 
     def compile_step(self, **options: Any) -> None:
         """torch.compile the TTT step (`_ttt_step`; CPU and CUDA). One graph per step index
@@ -418,15 +428,19 @@ class Eagle3Draft(nn.Module):
         return torch.stack(drafts, dim=-1)  # [B,T,k]
 
 
-def ttt_mask(t: int, i: int, attention_mask: Tensor | None, device: torch.device) -> Tensor:
-    """Bool mask [B|1,1,T,(i+1)T] for TTT step i: causal over step-0 keys, then one diagonal
-    block per step j = 1..i (the key of step j at the query's own position)."""
+def ttt_mask(t: int, i: int, attention_mask: Tensor | None, device: torch.device,
+             segments: Tensor | None = None) -> Tensor:
+    """Bool mask [B|1,1,T,(i+1)T] for TTT step i: causal over step-0 keys (within a query's own
+    segment when `segments` [B,T] is given), then one diagonal block per step j = 1..i (the key
+    of step j at the query's own position)."""
     causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()  # [T,T]
+    if segments is not None:
+        causal = causal & block_diagonal(segments)  # [B,1,T,T]
     if attention_mask is not None:
         keep = attention_mask.bool()[:, None, None, :]  # [B,1,1,T]: padded keys hidden ...
         eye = torch.eye(t, dtype=torch.bool, device=device)
         causal = (causal & keep) | eye  # ... except a query's own key (no all-masked rows)
-    else:
+    elif causal.dim() == 2:
         causal = causal[None, None]  # [1,1,T,T]
     if i == 0:
         return causal

@@ -23,6 +23,11 @@ t+2+i.
   (engine/model/draft.py `ttt_forward(rows=)`); prompt tokens, padding and targets outside the draft
   vocab cost no lm_head work, no log_softmax and no saved [T,Vd] activations. The result is the
   full-logits objective, up to float summation order (fewer rows in each reduction).
+- the trainer's loss is `ttt_loss_fused`: the same objective from the lm_head's input (the
+  final-norm draft states at `step_rows`), with the lm_head, p over the draft vocab (from the
+  target's hidden rows) and the soft cross-entropy fused over chunks of rows
+  (engine/model/fused_ce.py), so no [T,Vd] logits, p or log_softmax exist at all: peak memory
+  does not grow with T x V. `ttt_loss` on given logits stays the reference it is tested against.
 - tau (estimated acceptance length of a greedy chain of K drafts, vLLM counting, bonus included):
   1 + sum over n of the fraction of supervised positions whose first n drafts are all right.
   Chains run teacher-forced along the data, which the target itself generated.
@@ -30,10 +35,14 @@ t+2+i.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from engine.model.draft import shift_left
+from engine.model.fused_ce import linear_soft_ce
+from engine.model.packing import same_segment
 
 STEP_WEIGHT = 0.8
 GATHER_ROWS = 1024  # rows of p gathered at once by SoftCrossEntropy (a bounded transient)
@@ -45,11 +54,12 @@ def draft_head(lm_head: Tensor, draft_ids: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def target_argmax(hidden: Tensor, lm_head: Tensor, rows: int = 4096, cols: int = 32768
+def target_argmax(hidden: Tensor, lm_head: Tensor, rows: int = 1024, cols: int = 32768
                   ) -> Tensor:
     """The target's argmax over its full vocab [..] (int64) for final-norm hidden states
     [.., Ht]: float32 logits hidden @ lm_head.T, computed in blocks of `rows` tokens x `cols`
-    vocab ids (no [T, V] tensor), first index on ties like `argmax`. prepare stores it
+    vocab ids (no [T, V] tensor; one block is 128 MiB, whatever T and V), first index on ties
+    like `argmax`. prepare stores it
     (`target_argmax` in the shards) and training computes it with the same function when the
     data has none."""
     shape = hidden.shape[:-1]
@@ -138,23 +148,33 @@ def _step_ce(lg: Tensor, p2: Tensor, psum: Tensor, shift: int) -> Tensor:
     return ce.view(b, t)
 
 
-def step_masks(loss_mask: Tensor, in_vocab: Tensor, k: int) -> list[Tensor]:
+def supervised(loss_mask: Tensor, n: int, segments: Tensor | None = None) -> Tensor:
+    """Bool [B,T]: loss_mask(t+n), and in packed rows t+n in t's own sample."""
+    sup = shift_left(loss_mask, n).bool()
+    return sup if segments is None else sup & same_segment(segments, n)
+
+
+def step_masks(loss_mask: Tensor, in_vocab: Tensor, k: int, segments: Tensor | None = None
+               ) -> list[Tensor]:
     """Step i's position mask [B,T]: loss_mask(t+2+i) and the target argmax at t+1+i in the
-    draft vocab (module docstring)."""
-    return [shift_left(loss_mask, 2 + i).bool() & shift_left(in_vocab, 1 + i) for i in range(k)]
+    draft vocab (module docstring); packed rows: t+2+i in t's own sample."""
+    return [supervised(loss_mask, 2 + i, segments) & shift_left(in_vocab, 1 + i)
+            for i in range(k)]
 
 
-def step_rows(loss_mask: Tensor, in_vocab: Tensor, k: int) -> list[Tensor]:
+def step_rows(loss_mask: Tensor, in_vocab: Tensor, k: int, segments: Tensor | None = None
+              ) -> list[Tensor]:
     """The flat positions (indices into B*T) of each step's mask: the rows `ttt_forward(rows=)`
     computes logits for and `ttt_loss(rows=)` reads."""
-    return [m.reshape(-1).nonzero().squeeze(1) for m in step_masks(loss_mask, in_vocab, k)]
+    return [m.reshape(-1).nonzero().squeeze(1)
+            for m in step_masks(loss_mask, in_vocab, k, segments)]
 
 
 def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, loss_mask: Tensor,
-             d2t: Tensor, denom: float, rows: list[Tensor] | None = None
-             ) -> tuple[Tensor, Tensor]:
+             d2t: Tensor, denom: float, rows: list[Tensor] | None = None,
+             segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(weighted total loss, stats vector) for one micro-batch. `logits` are [B,T,Vd] each, or
-    [n_i,Vd] for the positions `rows` (step_rows) when given.
+    [n_i,Vd] for the positions `rows` (step_rows) when given; `segments`: packed rows.
 
     stats (float64, summable across micro-batches and ranks), K = len(logits):
         [0:K]    loss_i * 1       (already divided by denom)
@@ -163,41 +183,85 @@ def ttt_loss(logits: list[Tensor], p: Tensor, top: Tensor, in_vocab: Tensor, los
         [3K]     chain sum        (sum over n of positions whose first n drafts are right)
         [3K+1]   supervised step-0 positions
     """
-    k = len(logits)
-    stats = torch.zeros(3 * k + 2, dtype=torch.float64, device=p.device)
     p2 = p.reshape(-1, p.shape[-1])  # [B*T,Vd]
     psum = p2.sum(-1)
     total = p.new_zeros(())
-    sup0 = shift_left(loss_mask, 2).bool()  # [B,T]
-    chain = sup0.clone()
-    chain_sum = p.new_zeros((), dtype=torch.float64)
-    masks = step_masks(loss_mask, in_vocab, k)
+    masks = step_masks(loss_mask, in_vocab, len(logits), segments)
+    losses: list[Tensor] = []
     for i, lg in enumerate(logits):
-        sup = shift_left(loss_mask, 2 + i).bool()
-        mask = masks[i]  # [B,T]
         if rows is None:
             ce = _step_ce(lg, p2, psum, 1 + i)  # [B,T]
-            loss_i = (ce * mask).sum() / denom
+            loss_i = (ce * masks[i]).sum() / denom
         else:
             loss_i = SoftCrossEntropy.apply(lg, p2, psum, rows[i] + (1 + i)).sum() / denom
         total = total + (STEP_WEIGHT ** i) * loss_i
-        with torch.no_grad():
-            pred = lg.argmax(-1)
-            if rows is None:
-                right = (pred + d2t[pred]) == shift_left(top, 1 + i)  # [B,T]
-            else:  # right only where the mask is: the only places the stats read it
-                flat = top.reshape(-1)
-                right = torch.zeros_like(flat, dtype=torch.bool)
-                right[rows[i]] = (pred + d2t[pred]) == flat[rows[i] + (1 + i)]
-                right = right.view_as(top)
-            chain = chain & right & sup
-            chain_sum = chain_sum + chain.sum()
-            stats[i] = loss_i.detach().double()
-            stats[k + i] = (right & mask).sum()
-            stats[2 * k + i] = mask.sum()
+        losses.append(loss_i.detach())
+    with torch.no_grad():
+        preds = [lg.argmax(-1) for lg in logits]
+    return total, _stats(losses, preds, top, loss_mask, masks, d2t, rows, segments)
+
+
+@dataclass(frozen=True)
+class TargetSide:
+    """What the fused loss reads of the target for one micro-batch: its final-norm hidden
+    states [B,T,Ht], the draft-vocab rows of its lm_head [Vd,Ht], its argmax over the full vocab
+    [B,T] and whether that argmax is in the draft vocab [B,T]."""
+
+    hidden: Tensor
+    head_d: Tensor
+    top: Tensor
+    in_vocab: Tensor
+
+
+def ttt_loss_fused(states: list[Tensor], lm_head: Tensor, target: TargetSide, loss_mask: Tensor,
+                   d2t: Tensor, denom: float, rows: list[Tensor], chunk: int | None = None,
+                   segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`ttt_loss(rows=)` from the lm_head's input instead of its output: `states` are the
+    final-norm draft states [n_i,H] of each step's `rows` (`ttt_forward(head=False)`), `lm_head`
+    the draft's [Vd,H]. All K steps go through one `linear_soft_ce` (each row weighted
+    0.8^i / denom), so no [n,Vd] logits or p exist beyond one chunk of rows (fused_ce.py)."""
+    k = len(states)
+    masks = step_masks(loss_mask, target.in_vocab, k, segments)
+    sizes = [int(r.numel()) for r in rows]
+    x = torch.cat(states) if k > 1 else states[0]
+    idx = torch.cat([r + (1 + i) for i, r in enumerate(rows)])
+    acc = torch.promote_types(x.dtype, torch.float32)
+    wt = torch.cat([torch.full((n,), STEP_WEIGHT ** i / denom, dtype=acc, device=x.device)
+                    for i, n in enumerate(sizes)])
+    th = target.hidden.reshape(-1, target.hidden.shape[-1])
+    total, ce, pred = linear_soft_ce(x, lm_head, th, target.head_d, idx, wt, chunk)
+    losses = [c.sum() / denom for c in ce.split(sizes)]
+    return total, _stats(losses, list(pred.split(sizes)), target.top, loss_mask, masks, d2t,
+                         rows, segments)
+
+
+def _stats(losses: list[Tensor], preds: list[Tensor], top: Tensor, loss_mask: Tensor,
+           masks: list[Tensor], d2t: Tensor, rows: list[Tensor] | None,
+           segments: Tensor | None) -> Tensor:
+    """The stats vector of `ttt_loss` from each step's loss and draft argmax ([B,T], or [n_i]
+    at `rows`)."""
+    k = len(losses)
+    stats = torch.zeros(3 * k + 2, dtype=torch.float64, device=top.device)
+    sup0 = supervised(loss_mask, 2, segments)  # [B,T]
+    chain = sup0.clone()
+    chain_sum = torch.zeros((), dtype=torch.float64, device=top.device)
+    for i, pred in enumerate(preds):
+        sup = supervised(loss_mask, 2 + i, segments)
+        if rows is None:
+            right = (pred + d2t[pred]) == shift_left(top, 1 + i)  # [B,T]
+        else:  # right only where the mask is: the only places the stats read it
+            flat = top.reshape(-1)
+            right = torch.zeros_like(flat, dtype=torch.bool)
+            right[rows[i]] = (pred + d2t[pred]) == flat[rows[i] + (1 + i)]
+            right = right.view_as(top)
+        chain = chain & right & sup
+        chain_sum = chain_sum + chain.sum()
+        stats[i] = losses[i].double()
+        stats[k + i] = (right & masks[i]).sum()
+        stats[2 * k + i] = masks[i].sum()
     stats[3 * k] = chain_sum
     stats[3 * k + 1] = sup0.sum()
-    return total, stats
+    return stats
 
 
 def summarize(stats: Tensor, k: int) -> dict[str, float]:

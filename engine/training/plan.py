@@ -1,11 +1,12 @@
 """The deterministic batch plan: which samples every rank trains on at every step.
 
-Per epoch e, the training sample indices are shuffled with a generator seeded by (seed, e), then
-cut in order into micro-batches whose padded size (longest sample x count) stays within
-`batch_tokens`. Consecutive groups of `world_size * grad_accum` micro-batches form one optimizer
-step; rank r takes micro-batch `a * world_size + r` at accumulation index a. An incomplete trailing
-group is dropped. The plan depends only on lengths, the seed and these sizes, so a resumed run
-(or another rank) recomputes it exactly and the data position is just (epoch, step in epoch).
+Per epoch e, the training sample indices are shuffled with a generator seeded by (seed, e), then cut
+in order into micro-batches whose padded size (longest sample x count) stays within `batch_tokens`,
+or, packed, whose summed length does (one packed row; a longer sample alone). Consecutive groups of
+`world_size * grad_accum` micro-batches form one optimizer step; rank r takes micro-batch `a *
+world_size + r` at accumulation index a. An incomplete trailing group is dropped. The plan depends
+only on lengths, the seed and these sizes, so a resumed run (or another rank) recomputes it exactly
+and the data position is just (epoch, step in epoch).
 
 A single process with grad_accum = W * A and W ranks with grad_accum = A see the same global
 batches, which is what makes the torchrun comparison possible.
@@ -34,28 +35,31 @@ class Step:
         return [i for m in self.micro for i in m]
 
 
-def micro_batches(order: list[int], lengths: list[int], batch_tokens: int) -> list[tuple[int, ...]]:
+def micro_batches(order: list[int], lengths: list[int], batch_tokens: int, packed: bool = False
+                  ) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = []
     cur: list[int] = []
-    longest = 0
+    longest = total = 0
     for i in order:
         n = lengths[i]
-        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+        size = total + n if packed else max(longest, n) * (len(cur) + 1)
+        if cur and size > batch_tokens:
             out.append(tuple(cur))
-            cur, longest = [], 0
+            cur, longest, total = [], 0, 0
         cur.append(i)
         longest = max(longest, n)
+        total += n
     if cur:
         out.append(tuple(cur))
     return out
 
 
 def epoch_steps(indices: list[int], lengths: list[int], batch_tokens: int, group: int,
-                seed: int, epoch: int) -> list[Step]:
+                seed: int, epoch: int, packed: bool = False) -> list[Step]:
     """The steps of one epoch over `indices` (module docstring)."""
     gen = torch.Generator().manual_seed(seed * 100003 + epoch)
     perm = torch.randperm(len(indices), generator=gen).tolist()
-    micro = micro_batches([indices[p] for p in perm], lengths, batch_tokens)
+    micro = micro_batches([indices[p] for p in perm], lengths, batch_tokens, packed)
     n = len(micro) // group
     return [Step(epoch, s, tuple(micro[s * group:(s + 1) * group])) for s in range(n)]
 

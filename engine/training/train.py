@@ -37,14 +37,7 @@ from engine.dist import Dist, maybe_init_dist, shutdown
 from engine.errors import EngineError
 from engine.events import SERVED, Emitter
 from engine.fileio import read_json, reason, termination_raises, write_json
-from engine.model.draft import Eagle3Draft
-from engine.model.ttt_loss import (
-    step_rows,
-    summarize,
-    target_argmax,
-    target_distribution,
-    ttt_loss,
-)
+from engine.model.ttt_loss import TargetSide, step_rows, summarize, target_argmax
 from engine.training.checkpointing import (
     check_optimizer_state,
     latest_dir,
@@ -57,21 +50,10 @@ from engine.training.config import TrainConfig
 from engine.training.plan import Step, epoch_steps, split_holdout
 from engine.training.served_eval import ServedEval
 from engine.training.setup import Setup, build
+from engine.training.unroll import Unroll
 
 # sha256 of what a run reads (engine/training/setup.py's provenance)
 INPUT_HASHES = ("data_sha256", "vocab_sha256", "target_config_sha256")
-
-
-class Unroll(nn.Module):
-    """The TTT unroll as a module `forward`, so DDP/FSDP hooks see it."""
-
-    def __init__(self, draft: Eagle3Draft, steps: int) -> None:
-        super().__init__()
-        self.draft = draft
-        self.steps = steps
-
-    def forward(self, aux: Tensor, ids: Tensor, att: Tensor, rows: list[Tensor]) -> list[Tensor]:
-        return self.draft.ttt_forward(aux, ids, self.steps, attention_mask=att, rows=rows)
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -166,8 +148,10 @@ class Trainer:
 
     def epoch(self, e: int) -> list[Step]:
         if e not in self.plans:
+            packed = self.cfg.pack_tokens is not None
             self.plans[e] = epoch_steps(self.train_idx, self.setup_.data.lengths,
-                                        self.cfg.batch_tokens, self.group, self.cfg.seed, e)
+                                        self.cfg.pack_tokens or self.cfg.batch_tokens,
+                                        self.group, self.cfg.seed, e, packed)
         return self.plans[e]
 
     def _settings(self) -> dict[str, Any]:
@@ -262,26 +246,29 @@ class Trainer:
                 trainer.timers[name] = trainer.timers.get(name, 0.0) + time.perf_counter() - self.t
         return _T()
 
-    def _micro(self, idx: tuple[int, ...], denom: float, grad: bool) -> Tensor:
-        """Forward (+ backward when grad) of one micro-batch; returns its stats vector."""
+    def _micro(self, idx: tuple[int, ...], denom: float, grad: bool, packed: bool = False
+               ) -> Tensor:
+        """Forward (+ backward when grad) of one micro-batch (one packed row when `packed`);
+        returns its stats vector."""
         # Offline, a batch is read from the shards; online, reading it runs the target.
         with self._timed("target" if self.cfg.online else "data"):
+            data = self.setup_.data
             b = {k: v.to(self.dev, non_blocking=True)
-                 for k, v in self.setup_.data.batch(idx).items()}
+                 for k, v in (data.packed(idx) if packed else data.batch(idx)).items()}
+        seg = b.get("segments")
         with self._timed("target"), torch.no_grad():
             top = b.get("target_argmax")
             if top is None:
                 if self.lm_head is None:
                     self.lm_head = self.setup_.lm_head.full().to(self.dev)
                 top = target_argmax(b["hidden"], self.lm_head)
-            with torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-                p, in_vocab = target_distribution(b["hidden"], self.head_d, top, self.draft.t2d)
-            rows = step_rows(b["loss_mask"], in_vocab, self.cfg.ttt_steps)  # what the loss reads
+            in_vocab = self.draft.t2d[top]
+            rows = step_rows(b["loss_mask"], in_vocab, self.cfg.ttt_steps, seg)  # the loss's
+        # p over the draft vocab is made chunk by chunk inside the loss, from the target's rows
+        target = TargetSide(b["hidden"], self.head_d, top, in_vocab)
         with self._timed("draft"), torch.autocast("cuda", torch.bfloat16, enabled=self.amp):
-            logits = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"], rows)
-            loss, stats = ttt_loss(logits, p, top, in_vocab, b["loss_mask"], self.draft.d2t,
-                                   denom, rows)
-            del logits  # K [n,Vd] tensors the backward does not read (the loss saved its own)
+            loss, stats = self.module(b["aux"].float(), b["input_ids"], b["attention_mask"],
+                                      rows, target, b["loss_mask"], denom, seg)
         if grad:
             with self._timed("backward"):
                 (loss * self.dist.world).backward()  # DDP averages: undo it, denom is global
@@ -300,7 +287,8 @@ class Trainer:
             if not last and hasattr(self.module, "no_sync"):
                 sync = self.module.no_sync()  # type: ignore[operator]
             with sync:
-                stats += self._micro(idx, denom, grad=True)
+                stats += self._micro(idx, denom, grad=True,
+                                     packed=self.cfg.pack_tokens is not None)
         self.dist.all_reduce_sum(stats)
         with self._timed("optimizer"):
             gnorm = torch.nn.utils.clip_grad_norm_(
