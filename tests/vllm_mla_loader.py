@@ -1,6 +1,6 @@
 """Run with vLLM's Python: build vLLM's own Eagle3DeepseekV2ForCausalLM (its config class from
 the drafter's config.json, through EngineArgs as `vllm serve --speculative-config` does) and run
-its `load_weights` over a drafter directory's tensors (issue 30 point 3).
+its `load_weights` over a drafter directory's tensors.
 
     python tests/vllm_mla_loader.py DRAFTER TARGET   ->  one JSON line on stdout
 

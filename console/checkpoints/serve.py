@@ -246,8 +246,8 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
 
 # -- what vLLM actually loaded --------------------------------------------------------------------
 #
-# Fields of a drafter have reached vLLM silently wrong before (vLLM issues 38111, 42143, 46488:
-# a field dropped on the way, e.g. norm_before_fc in 38111; acceptance lower, nothing logged). So
+# Fields of a drafter have reached vLLM silently wrong before (a field dropped on the way, e.g.
+# norm_before_fc; acceptance lower, nothing logged: docs/eagle3.md#how-the-serving-engines-load). So
 # once the server answers, the run's output.log and /v1/models are read back and compared with
 # what was asked. What vLLM 0.32 prints about the speculative config (recorded from a real
 # server in tests/fixtures/vllm/serve-0.32.0-cpu.log):

@@ -1,5 +1,5 @@
 """vLLM log lines -> typed metrics records (pure functions; every stats-line format vLLM
-writes).
+writes: docs/eagle3.md#vllm-log-lines).
 
 Two lines matter to an EAGLE-3 user watching a server:
 

@@ -1,4 +1,5 @@
-"""vLLM's Prometheus `/metrics` page -> acceptance figures (pure: no I/O, no clock).
+"""vLLM's Prometheus `/metrics` page -> acceptance figures (pure: no I/O, no clock;
+docs/eagle3.md#vllm-metrics).
 
 vLLM's exact counters beat its log lines: the log prints a rounded summary every 10 s, while
 `/metrics` gives the running totals, so any span's figures are exact differences.

@@ -1,4 +1,4 @@
-"""A check of vLLM's captured states against a forward that is not vLLM's (issue 29).
+"""A check of vLLM's captured states against a forward that is not vLLM's.
 
 vLLM's prompt-log-prob self-check (engine/capture/vllm_engine.py `self_check`) compares the
 captured final state with vLLM's own log-probs: a forward that vLLM computes wrongly passes it

@@ -2,7 +2,7 @@
 
 vLLM (0.18+) saves hidden states while serving with the speculative method
 `extract_hidden_states` and the KV connector `ExampleHiddenStatesConnector` (vLLM docs: "Hidden
-State Extraction"; spec sheet section 8):
+State Extraction"; docs/eagle3.md#the-hidden-states-connector):
 
     vllm serve TARGET --tensor-parallel-size N --no-enable-chunked-prefill
       --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,

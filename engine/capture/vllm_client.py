@@ -1,6 +1,6 @@
 """One sample's target features from a vLLM server running hidden-state extraction.
 
-The protocol (vLLM's ExampleHiddenStatesConnector; spec sheet section 8):
+The protocol (vLLM's ExampleHiddenStatesConnector; docs/eagle3.md#the-hidden-states-connector):
 1. `POST /v1/completions` with `prompt` = the sample's token ids and `max_tokens` 1. The answer
    carries `kv_transfer_params.hidden_states_path`: PATH, a safetensors file the server writes
    asynchronously, holding `hidden_states` [T, L, H] (L = the server's layer ids, ascending; see

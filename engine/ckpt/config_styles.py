@@ -1,5 +1,6 @@
 """The drafter config's two on-disk styles: a config.json dict read into `Eagle3Config`
-(engine/model/config.py) and written back out.
+(engine/model/config.py) and written back out (docs/eagle3.md#config-fields-eagle-style,
+docs/eagle3.md#config-fields-speculators-style, docs/eagle3.md#eagle-31-flags).
 
     config_style(d) -> "eagle" | "speculators"
     config_from_dict(d, norm_output_meaning=None) -> Eagle3Config

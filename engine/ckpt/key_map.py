@@ -1,5 +1,5 @@
 """The key-map adapter: how each checkpoint style names its tensors, and where a target model
-keeps its embedding and lm_head.
+keeps its embedding and lm_head (docs/eagle3.md#checkpoint-key-names).
 
 Drafter styles (EAGLE and speculators key names)
     eagle        `midlayer.*` names, flat Llama config (EAGLE, SpecForge, AQ-MedAI; what vLLM and

@@ -1,7 +1,7 @@
 """Draft vocab maps (d2t: draft id -> offset to its target id; t2d: whether a target id is in
 the draft vocab): build them from data, and re-index a drafter's lm_head.
 
-Conventions
+Conventions (docs/eagle3.md#the-d2t-convention)
     d2t  int64 [Vd]  offsets: target_id = draft_id + d2t[draft_id]
     t2d  bool  [V]   true for target ids in the draft vocab;  nonzero(t2d) == d2t + arange(Vd)
     The draft vocab is the Vd ids with the most loss-masked occurrences (ties: lower id first),
@@ -188,7 +188,7 @@ def coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
 
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor | None, where: str,
                     vocab_size: int | None = None) -> None:
-    """Raise unless d2t/t2d satisfy the spec's invariant."""
+    """Raise unless d2t/t2d satisfy the invariant (docs/eagle3.md#the-d2t-convention)."""
     if d2t.dtype != torch.int64 or d2t.dim() != 1:
         raise EngineError(f"{where}: tensor 'd2t' must be int64 [Vd] (got {d2t.dtype} "
                           f"{list(d2t.shape)})")

@@ -195,8 +195,9 @@ class Eagle3Config:
 
 
 def serving_default_aux_ids(n: int) -> list[int]:
-    """The inputs of decoder layers 2, N//2 and N-3 (vLLM convention), what vLLM
-    and SGLang compute when a drafter's config names no ids. Below 7 layers two of them meet."""
+    """The inputs of decoder layers 2, N//2 and N-3 (vLLM convention), what vLLM and SGLang
+    compute when a drafter's config names no ids (docs/eagle3.md#aux-layer-ids). Below 7 layers
+    two of them meet."""
     return [2, n // 2, n - 3]
 
 

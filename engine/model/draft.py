@@ -1,4 +1,5 @@
 """The EAGLE-3 draft model: one decoder layer over fused target features.
+(docs/eagle3.md#the-draft-model; the TTT unroll: docs/eagle3.md#the-ttt-loss)
 
 Public API
 ----------

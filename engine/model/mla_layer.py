@@ -1,10 +1,11 @@
 """The MLA draft-layer kind: DeepSeek-V2/V3 multi-head latent attention over the 2H input.
 
 The drafter of vLLM 0.32's `Eagle3DeepseekV2ForCausalLM` (deepseek_eagle3.py) and TorchSpec's
-`*_eagle3_mla` drafters (spec 4a). Everything around the attention is the EAGLE-3 layer of
-engine/model/draft.py (`DecoderLayer`: hidden_norm, input_layernorm, [embedding; hidden] 2H
-input, residual, dense SiLU MLP) and its shared unroll; this file is only the attention, picked
-by `Eagle3Config.layer_kind == "mla"`. Parameter names are vLLM's and transformers':
+`*_eagle3_mla` drafters (docs/eagle3.md#mla-drafters). Everything around the attention is
+the EAGLE-3 layer of engine/model/draft.py (`DecoderLayer`: hidden_norm, input_layernorm,
+[embedding; hidden] 2H input, residual, dense SiLU MLP) and its shared unroll; this file is
+only the attention, picked by `Eagle3Config.layer_kind == "mla"`. Parameter names are vLLM's
+and transformers':
 
     midlayer.self_attn.q_a_proj.weight            [q_lora, 2H]   (q_lora_rank set)
     midlayer.self_attn.q_a_layernorm.weight       [q_lora]

@@ -1,4 +1,4 @@
-"""Offline evaluation from the console (issue 32 point 19): `e` on a checkpoint and the `eval`
+"""Offline evaluation from the console: `e` on a checkpoint and the `eval`
 subcommand run the real `python -m engine eval` on the host (the demo workspace's target, public
 drafter and held-out data) and show its figures, the same as the engine prints when run by hand;
 bad input is named in the dialog or in one line, with a non-zero exit."""

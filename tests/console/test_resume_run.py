@@ -1,4 +1,4 @@
-"""Resuming a run from the console (issue 32 point 18), through the CLI as a subprocess against
+"""Resuming a run from the console, through the CLI as a subprocess against
 the real test sshd and the demo workspace: a demo finetune stopped after its first checkpoint is
 started again by `launch gpu --resume RUN` in the same run directory under the same id, the
 engine continues from that checkpoint (`resumed from … at step N`) and finishes; the earlier

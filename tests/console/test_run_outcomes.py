@@ -1,4 +1,4 @@
-"""What a script and a person see of a run's outcome (issue 32 points 3, 4, 11), through the CLI
+"""What a script and a person see of a run's outcome, through the CLI
 as a subprocess against the real test sshd: `launch` exits 1 when its process failed at once,
 `follow` exits with the run's outcome (0 succeeded, 1 failed, 3 stopped) and prints the reason
 the runner recorded and the engine's error once; across dropped connections each file's resume
@@ -173,7 +173,7 @@ def test_follow_waits_for_a_host_that_is_down_while_it_looks_up_the_run(tmp_path
 
 
 def test_notices_name_the_file(capsys: pytest.CaptureFixture[str]) -> None:
-    """follow's notices (issue 32 point 11): the connection's `reconnecting` once for both
+    """follow's notices: the connection's `reconnecting` once for both
     files, each file's `reconnected` naming it and the byte it resumes at."""
     from console.commands.follow import Notices
     notices = Notices()

@@ -298,7 +298,7 @@ def test_runs_columns_stay_in_line_with_a_long_profile_name(
 
 def test_runs_show_a_training_runs_best_held_out_figure(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """HELD-OUT (issue 32 point 19): the best held-out acceptance length a training run
+    """HELD-OUT: the best held-out acceptance length a training run
     exported so far at its step (`3.44@150`, as the Runs pane shows it), read by the host-side
     runner from OUT/best/provenance.json; `-` for a run with none, and for a record that is not
     a finite figure and a whole step."""

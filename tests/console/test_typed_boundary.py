@@ -1,4 +1,4 @@
-"""What a host sends is parsed once into typed records (issue 27, points 1 and 2).
+"""What a host sends is parsed once into typed records.
 
 The engine writes no NaN or infinity; an events.jsonl that holds them anyway (an older engine, a
 hand-edited file, a hostile host) crashes neither the run detail plot, the Runs pane nor

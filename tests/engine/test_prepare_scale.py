@@ -132,7 +132,8 @@ def test_estimate_matches_the_bytes_prepare_writes(single: Path) -> None:
     written = sum((single / s["file"]).stat().st_size for s in m["shards"])
     # the rest is safetensors headers (ids metadata) and offsets: a few KB per shard
     assert est <= written <= est + 8192 * len(m["shards"])
-    # the arithmetic: 4 x 7168 x bf16 is ~57 KB a token, 50k x 2k tokens ~5.7 TB
+    # docs/eagle3.md#the-hidden-states-connector: 4 x 7168 x bf16 is ~57 KB a token, 50k x 2k
+    # tokens ~5.7 TB
     assert human(estimate_bytes(50_000 * 2_000, 4, 7168, 2)) == "5.7 TB"
 
 

@@ -1,7 +1,7 @@
 """What a data directory, a checkpoint or a full disk can make `train`, `vocab build` and
-`inspect` do (issue 28, defects 4, 5, 7, 8, 9, 10): one worded line naming the file and a non-zero
-exit, never a NaN drafter published as a success. Real crafted files, `python -m engine` in a
-subprocess, on test_prepare's tiny target and prepared data."""
+`inspect` do: one worded line naming the file and a non-zero exit, never a NaN drafter published
+as a success. Real crafted files, `python -m engine` in a subprocess, on test_prepare's tiny
+target and prepared data."""
 
 # ruff: noqa: F811  (test_prepare's module fixtures, imported, are these tests' arguments)
 from __future__ import annotations

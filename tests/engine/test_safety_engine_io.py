@@ -1,4 +1,4 @@
-"""What a server or a file can make the engine do to a user's files (issue 28, points 1, 2, 3, 6).
+"""What a server or a file can make the engine do to a user's files.
 
 Hostile servers on 127.0.0.1 (a capture server naming files of the user's, a chat server that
 answers one byte a second or without end), crafted output files and a real `python -m engine`

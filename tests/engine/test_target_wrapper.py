@@ -1,4 +1,4 @@
-"""A Kimi-K2.5-shaped target behind its multimodal wrapper (issue 29): every command that reads
+"""A Kimi-K2.5-shaped target behind its multimodal wrapper: every command that reads
 the target gives what it gives on the unwrapped twin (tests/kimi_target.py, same weights).
 
 The transformers path loads the text stack alone (AutoModelForCausalLM refuses the wrapper's

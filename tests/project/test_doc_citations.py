@@ -109,3 +109,28 @@ def test_relative_links_in_the_markdown_resolve() -> None:
             if not (path.parent / target.split("#")[0]).exists():
                 stale.append(f"{path.relative_to(ROOT)}: {target}")
     assert stale == [], stale
+
+
+#: a citation of a text outside the repository: the spec sheet, or a tracker issue by number
+OUTSIDE_CITATION = re.compile(r"spec[ -]?sheet|eagle3-spec|\bspec (?:section|sections|\d)|"
+                              r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def cited_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "console", "engine",
+                          "benchmarks", "tests", "docs", "README.md", "ARCHITECTURE.md"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    own = Path(__file__).resolve()
+    return [ROOT / p for p in out if p.endswith((".py", ".md", ".sh"))
+            and (ROOT / p).is_file() and (ROOT / p).resolve() != own]
+
+
+def test_no_citation_points_outside_the_repository() -> None:
+    """The facts the code relies on are in docs/eagle3.md; nothing cites the spec sheet or an
+    issue number, which a reader of the repository cannot open."""
+    found = []
+    for path in cited_files():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if m := OUTSIDE_CITATION.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert found == [], found
