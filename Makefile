@@ -54,7 +54,7 @@ run: setup
 # suite alone keeps ~1.1 of 2 cores busy. PYTEST_WORKERS=0 runs it in this process.
 PYTEST_WORKERS ?= 2
 test: setup-test
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The suite on today's newest releases (its own venvs; the lock files are left as they are), to meet
 # a new release on purpose. If it is green, `make lock` records those versions.
@@ -84,7 +84,7 @@ lock:
 # The inner loop: everything but the tests marked slow (Pilot apps, training runs, tmux) and the
 # real-vLLM ones. One half only: `make test-fast PYTEST_ARGS=tests/engine` (or tests/console).
 test-fast: setup-test
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
 # pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).

@@ -34,11 +34,21 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHD]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with a real vLLM first (the longest: a server start each), then files with a slow
     test (order within a file kept). `make test` hands whole files to two workers in
-    collection order; starting the long files first keeps one worker from finishing a long file
-    alone at the end (longest-first scheduling)."""
+    collection order (`--no-loadscope-reorder`: xdist would otherwise put the files with the
+    most tests first, and the long vLLM files last); starting the long files first keeps one
+    worker from finishing a long file alone at the end (longest-first scheduling). The second
+    file is the first slow one that needs no demo workspace: the second worker runs it while
+    the first builds the workspace, instead of waiting on the build's lock."""
     vllm = {item.path for item in items if item.get_closest_marker("vllm")}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
+    demo = {item.path for item in items if "demo_dir" in getattr(item, "fixturenames", ())}
     items.sort(key=lambda item: (item.path not in vllm, item.path not in slow))
+    files = list(dict.fromkeys(item.path for item in items))
+    free = next((f for f in files[1:] if f in slow and f not in demo), None)
+    if free is not None and files[0] in demo:
+        order = {f: i for i, f in enumerate([files[0], free] + [f for f in files[1:]
+                                                                  if f != free])}
+        items.sort(key=lambda item: order[item.path])
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
