@@ -142,9 +142,10 @@ def test_mla_greedy_chains_match_on_both_paths() -> None:
     assert torch.equal(split_all[:, -1], split_one)
 
 
+@pytest.mark.slow
 def test_mla_ttt_step_compiles_and_matches_eager() -> None:
     """--compile with the MLA layer: dynamo captures its step (aot_eager: graph capture and
-    autograd without code generation, a few seconds); logits and gradients as eager."""
+    autograd without code generation: 20 s on 2 busy cores); logits and gradients as eager."""
     import torch._dynamo
     torch._dynamo.reset()
     m = _mla_draft(torch.float32)
