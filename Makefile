@@ -107,11 +107,14 @@ screenshots: setup
 figures: setup
 	$(BIN)/python docs/demo_figures.py $(ARGS)
 
-# Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
-# pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).
+# Lint, types and the import contracts (about 10 s of CPU: they read the source, and start Python
+# twice to see what it imports); fails on any finding (.ci/run runs it before the suite).
+# Formatting: only the pycodestyle subset (E, W) inside ruff check; the code keeps its
+# hand-aligned layout (README).
 check: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks docs
 	$(BIN)/python -m mypy console engine
+	$(BIN)/python -m pytest -q -n 0 -p no:cacheprovider tests/project/test_import_contracts.py
 
 lint: check
 
