@@ -15,8 +15,8 @@ VLLM_CONSTRAINTS ?= constraints-vllm.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PIP_C_VLLM = $(if $(VLLM_CONSTRAINTS),-c $(VLLM_CONSTRAINTS))
 
-.PHONY: run test test-fast test-latest lock setup setup-test setup-vllm check lint clean screenshots \
-	figures
+.PHONY: run test test-fast test-unit test-latest lock setup setup-test setup-vllm check lint clean \
+	screenshots figures
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -86,8 +86,18 @@ lock:
 test-fast: setup-test
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not vllm" $(PYTEST_ARGS)
 
-# Lint and types; fails on any finding (.ci/run runs it before the suite). Formatting: only the
-# pycodestyle subset (E, W) inside ruff check; the code keeps its hand-aligned layout (README).
+# The unit loop, under a minute on 2 cores: the tests that start nothing (no process, sshd, Pilot
+# app, vLLM or training run), chosen by a rule in tests/unit_loop.py: a test is left out when it
+# is marked slow, vllm, sshd or component, uses a fixture that starts a component (sshd,
+# snap_compare, demo_dir, vllm_python, slurm_cluster), or when its code and its fixtures', followed
+# through the tests/ helpers they call, run an app, start a subprocess or reach a host through the
+# console's CLI, hosts or transports. Under it a test that still starts a process or an app fails
+# (mark it `component`); `pytest --unit-why` lists what the rule leaves out and why. One process:
+# two workers would each import the whole suite, which costs more than they win on 2 cores.
+# Measured here: 509 tests in 49-55 s (2 shared cores, load average 4.5-4.8; 33-37 s of CPU).
+test-unit: setup-test
+	$(BIN)/python -m pytest -q -n 0 --unit $(PYTEST_ARGS)
+
 # The README's docs/screenshot*.svg from the real app: a demo finetune run in a scratch directory
 screenshots: setup
 	$(BIN)/python docs/screenshots.py
@@ -97,9 +107,14 @@ screenshots: setup
 figures: setup
 	$(BIN)/python docs/demo_figures.py $(ARGS)
 
+# Lint, types and the import contracts (about 10 s of CPU: they read the source, and start Python
+# twice to see what it imports); fails on any finding (.ci/run runs it before the suite).
+# Formatting: only the pycodestyle subset (E, W) inside ruff check; the code keeps its
+# hand-aligned layout (README).
 check: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks docs
 	$(BIN)/python -m mypy console engine
+	$(BIN)/python -m pytest -q -n 0 -p no:cacheprovider tests/project/test_import_contracts.py
 
 lint: check
 

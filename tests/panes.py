@@ -1,23 +1,32 @@
-"""Driving the app's Runs and Checkpoints panes with Pilot, shared by the pane, detail, small
-terminal, serve and hostile-host tests: the recorded runs and the drafter shelf they show, opening
-a pane and waiting for its first listing."""
+"""Driving the app's Runs, Checkpoints and Logs panes with Pilot, shared by the pane, detail,
+small terminal, serve, compare and hostile-host tests: the recorded runs, the drafter shelf and
+the server log they show, opening a pane (or a run's detail, or the compare table) and waiting
+for its first listing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
 
+from console.app import Eagle3App
 from console.panes.checkpoints import CheckpointsPane
+from console.panes.logs import LogsPane
 from console.panes.runs import RunsPane
 from console.runs.watch import RunFeed
+from console.screens.compare import CompareScreen
 from console.screens.main import MainScreen
+from console.screens.run_detail import RunDetailScreen
 from console.widgets.inspect_view import InspectView
+from console.widgets.run_tables import RunTable
 from tests.drafters import write_drafter
-from tests.replay import FrozenClock
+from tests.replay import FIXTURES, FrozenClock, fleet_app
 from tests.runs_registry import (
     event_time,
     local_app,
@@ -69,8 +78,26 @@ async def show_runs(pilot: Pilot[Any], n_running: int) -> None:
     await pilot.pause()
 
 
+async def open_finished(pilot: Pilot[Any]) -> RunDetailScreen:
+    """Run detail of the finished run, read to its end."""
+    await show_runs(pilot, len(upto_step(recorded_events(), 60)))
+    app = pilot.app
+    app.screen.query_one(RunTable).focus()
+    await pilot.press("down", "enter")
+    await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
+    screen = app.screen
+    assert isinstance(screen, RunDetailScreen)
+    feed = screen.feed
+    await wait_for(pilot, lambda: feed.finished and
+                   feed.progress.events == len(recorded_events()))
+    screen.refresh_view(force=True)
+    await pilot.pause()
+    return screen
+
+
 # -- the Checkpoints pane: a shelf of drafters and a run's output ------------------------
 
+CHECKPOINTS_SIZE = (120, 40)   # the terminal of the Checkpoints pane's tests and snapshot
 MTIME = 1_764_504_000.0   # fixed modification times: the list shows them
 # what training writes beside out/final (engine/training/train.py's export; fixed values)
 TRAINED_PROVENANCE = {"engine_version": "0.1.0", "time": "2026-11-30T14:30:00+0000",
@@ -117,3 +144,48 @@ async def open_pane(pilot: Pilot[Any]) -> CheckpointsPane:
 def report_shown(pane: CheckpointsPane, path: str) -> bool:
     view = pane.query_one(InspectView)
     return view.report is not None and view.heading.endswith(path)
+
+
+async def open_compare(pilot: Pilot[Any]) -> CompareScreen:
+    """`m` on the Checkpoints pane, once the table has measured what runs."""
+    app = pilot.app
+    await pilot.press("6")
+    await pilot.press("m")
+    await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen)
+                   and app.screen.measured >= 1)
+    assert isinstance(app.screen, CompareScreen) and app.is_running
+    return app.screen
+
+
+# -- the Logs pane: the recorded vLLM server log on a fleet host -----------------------------
+
+SERVER_LOG = FIXTURES / "vllm" / "server.log"
+N_LINES = len(SERVER_LOG.read_text().splitlines())
+# long enough that the status line's shortened path is the same on every machine
+LOG_REL = "serving/opt/vllm/run/logs/vllm-server-2025-11-30.log"
+
+
+def logs_app(tmp_path: Path, text: str | None = None) -> tuple[Eagle3App, Path]:
+    """The fleet app with host gpu1 following one log: the recorded one, or `text`."""
+    log = tmp_path / LOG_REL
+    log.parent.mkdir(parents=True)
+    if text is None:
+        shutil.copy(SERVER_LOG, log)
+    else:
+        log.write_text(text)
+    app = fleet_app(tmp_path)
+    app.config.hosts["gpu1"].logs = [str(log)]
+    return app, log
+
+
+async def open_logs(pilot: Pilot[Any], lines: int) -> LogsPane:
+    """`4`, then until the pane has read `lines` lines."""
+    await pilot.press("4")
+    pane = pilot.app.screen.query_one(LogsPane)
+    end = time.monotonic() + 20
+    while pane.model.total < lines:
+        assert time.monotonic() < end, f"read {pane.model.total} of {lines} lines"
+        await asyncio.sleep(0.05)
+    pane.redraw(force=True)
+    await pilot.pause()
+    return pane

@@ -18,6 +18,8 @@ import torch
 from engine.data.readers import open_data
 
 REPO = Path(__file__).resolve().parent.parent
+#: how far the served-against-offline comparisons continue each held-out prompt
+NEW_TOKENS = 64
 
 
 def find_vllm_python() -> str | None:
@@ -142,3 +144,14 @@ class CaptureServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def held_out_prompts(demo_dir: Path) -> list[list[int]]:
+    """Each held-out sample up to its first assistant token: what `engine eval` continues."""
+    data = open_data(str(demo_dir / "eval"))
+    out = []
+    for i in range(len(data)):
+        s = data[i]
+        first = int(s.loss_mask.nonzero()[0])
+        out.append(s.input_ids[:first].tolist())
+    return out

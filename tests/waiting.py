@@ -3,6 +3,7 @@ this process, and fail with what was awaited when it does not come in time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,3 +30,17 @@ def wait_until(cond: Callable[[], object], timeout: float = 20.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+async def wait_port(port: int, timeout: float = 30) -> None:
+    """Until something accepts connections on 127.0.0.1:port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on 127.0.0.1:{port}") from None
+            await asyncio.sleep(0.1)

@@ -22,6 +22,7 @@ from console.settings.config import HostConfig
 from console.widgets.inspect_view import InspectView
 from console.widgets.meters import count
 from tests.panes import (
+    CHECKPOINTS_SIZE,
     MTIME,
     app_for,
     checkpoints_tree,
@@ -32,7 +33,7 @@ from tests.replay import FrozenClock
 from tests.runs_registry import fresh_snap_root, local_app, local_config
 from tests.waiting import wait_for
 
-SIZE = (120, 40)
+SIZE = CHECKPOINTS_SIZE
 pytestmark = pytest.mark.usefixtures("utc")   # times on screen are local times
 
 

@@ -15,45 +15,25 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from console.checkpoints.compare import read_scrapes, record_scrape, rows, table
-from console.checkpoints.journal import Scrape, Session, SwapRecord
+from console.checkpoints.compare import read_scrapes, record_scrape, table
 from console.checkpoints.serve import ServeRequest, record_session, serve
 from console.cli import main as cli_main
 from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
 from console.runs.service import list_runs, stop_run
-from tests.console.test_serve import (  # noqa: F401 (a fixture)
-    drop_fields,
-    standin_vllm,
-    write_verifier,
-)
 from tests.drafters import write_drafter
 from tests.paths import REPO
 from tests.runs_registry import fresh_snap_root, local_app, local_config
+from tests.serving import drop_fields, write_verifier
+from tests.serving_journal import parsed_rows, scrape, two_served_drafters
 from tests.sshd import free_port
 from tests.vllm_metrics_standin import State, VllmMetricsStandin
 
+pytest_plugins = ("tests.serving",)
 SIZE = (140, 36)
 
 
 pytestmark = pytest.mark.usefixtures("utc")
-
-
-def scrape(t: float, series: int, drafts: int, accepted: int, pos: list[float],
-           host: str = "box", url: str = "http://127.0.0.1:8000/metrics", **kw: Any
-           ) -> dict[str, Any]:
-    total = {"drafts": drafts, "accepted": accepted, "acceptance_length": 1 + accepted / drafts,
-             "per_position": pos, "generation_tokens_per_s": kw.get("tps"),
-             "seconds": kw.get("seconds")}
-    return {"host": host, "url": url, "t": t, "series": series, "total": total}
-
-
-def parsed_rows(sessions: list[dict[str, Any]], scrapes: list[dict[str, Any]],
-                swaps: tuple[dict[str, Any], ...] = ()) -> list[Any]:
-    """rows() of journal lines as the journal's parsers read them."""
-    return rows([s for d in sessions if (s := Session.parse(d))],
-                [s for d in scrapes if (s := Scrape.parse(d))],
-                [s for d in swaps if (s := SwapRecord.parse(d))])
 
 
 def test_rows_take_each_sessions_newest_series_and_match_saved_scrapes_by_time() -> None:
@@ -209,21 +189,6 @@ def test_saved_metrics_json_is_reshown(tmp_path: Path, capsys: pytest.CaptureFix
     assert cli_main(["--config", str(cfg), "compare", "--from", str(saved)]) == 0
     out = capsys.readouterr().out
     assert "/d/x" in out and "3.50" in out and "0.90 0.80 0.50 0.30" in out
-
-
-def two_served_drafters(url: str, t0: float) -> None:
-    """The public drafter, then a finetune of it, served and scraped 10 minutes each (recorded in
-    the current registry root)."""
-    record_session({"run_id": "serve-public-1", "host": "local", "drafter": "/models/public-eagle3",
-                    "k": 3, "metrics": url, "started": t0, "provenance": {}})
-    record_session({"run_id": "serve-ft-final-1", "host": "local", "k": 3, "metrics": url,
-                    "drafter": "/srv/eagle3/runs/finetune-20261130/out/final", "started": t0 + 900,
-                    "provenance": {"run": "/srv/eagle3/runs/finetune-20261130", "step": 150,
-                                   "finetune": {"path": "/models/public-eagle3"}}})
-    record_scrape("serve-public-1", scrape(t0 + 600, 1, 2000, 2520, [0.62, 0.41, 0.23],
-                                           url=url, seconds=600.0, tps=812.5))
-    record_scrape("serve-ft-final-1", scrape(t0 + 1500, 1, 2000, 3880, [0.87, 0.63, 0.44],
-                                             url=url, seconds=600.0, tps=1093.0))
 
 
 def test_snapshot_compare_table(snap_compare: Any) -> None:

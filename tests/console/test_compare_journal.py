@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.pilot import Pilot
 
 from console.checkpoints.compare import Measurer, record_scrape, table
 from console.checkpoints.journal import Session, results_path, sessions_path, swaps_path
@@ -22,6 +21,7 @@ from console.checkpoints.swap import record_swap
 from console.cli import main as cli_main
 from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
+from tests.panes import open_compare
 from tests.runs_registry import local_app, local_config
 from tests.vllm_swap_standin import SwapServer
 from tests.waiting import wait_for
@@ -35,17 +35,6 @@ def total(drafts: int, accepted: int) -> dict[str, Any]:
     return {"drafts": drafts, "accepted": accepted, "draft_tokens": 3 * drafts,
             "acceptance_length": 1 + accepted / drafts, "per_position": [0.9, 0.5, 0.2],
             "generation_tokens_per_s": 80.0, "seconds": 30.0}
-
-
-async def open_compare(pilot: Pilot[Any]) -> CompareScreen:
-    """`m` on the Checkpoints pane, once the table has measured what runs."""
-    app = pilot.app
-    await pilot.press("6")
-    await pilot.press("m")
-    await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen)
-                   and app.screen.measured >= 1)
-    assert isinstance(app.screen, CompareScreen) and app.is_running
-    return app.screen
 
 
 def write_journal(with_damage: bool) -> None:

@@ -5,7 +5,6 @@ jumps, bounded memory and batched redraws under a fast-growing log; and the LogM
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +13,6 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from console.app import Eagle3App
 from console.logs.follow import Line, LogFollower
 from console.logs.log_model import CONTROL, MAX_LINES, LogModel
 from console.panes import logs as logs_pane
@@ -22,53 +20,26 @@ from console.panes.logs import FLOOD_REDRAW_S, REDRAW_S, LogsPane
 from console.widgets.log_charts import LogCharts
 from console.widgets.log_view import LogView
 from console.widgets.status_line import StatusLine
+from tests.panes import N_LINES, SERVER_LOG, logs_app, open_logs
 from tests.replay import FIXTURES, fleet_app
 
 SIZE = (120, 40)
-SERVER_LOG = FIXTURES / "vllm" / "server.log"
-N_LINES = len(SERVER_LOG.read_text().splitlines())
-# long enough that the status line's shortened path is the same on every machine
-LOG_REL = "serving/opt/vllm/run/logs/vllm-server-2025-11-30.log"
-
-
-def _app(tmp_path: Path, text: str | None = None) -> tuple[Eagle3App, Path]:
-    log = tmp_path / LOG_REL
-    log.parent.mkdir(parents=True)
-    if text is None:
-        shutil.copy(SERVER_LOG, log)
-    else:
-        log.write_text(text)
-    app = fleet_app(tmp_path)
-    app.config.hosts["gpu1"].logs = [str(log)]
-    return app, log
-
-
-async def _open_logs(pilot: Pilot[Any], lines: int) -> LogsPane:
-    await pilot.press("4")
-    pane = pilot.app.screen.query_one(LogsPane)
-    end = time.monotonic() + 20
-    while pane.model.total < lines:
-        assert time.monotonic() < end, f"read {pane.model.total} of {lines} lines"
-        await asyncio.sleep(0.05)
-    pane.redraw(force=True)
-    await pilot.pause()
-    return pane
 
 
 def test_snapshot_logs_pane(snap_compare: Any, tmp_path: Path) -> None:
     """The recorded vLLM server log: charts from its 60 stats lines, the newest lines below."""
-    app, _log = _app(tmp_path)
+    app, _log = logs_app(tmp_path)
 
     async def ready(pilot: Pilot[Any]) -> None:
-        await _open_logs(pilot, N_LINES)
+        await open_logs(pilot, N_LINES)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=ready)
 
 
 async def test_charts_filter_and_errors(tmp_path: Path) -> None:
-    app, _log = _app(tmp_path)
+    app, _log = logs_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        pane = await _open_logs(pilot, N_LINES)
+        pane = await open_logs(pilot, N_LINES)
         m, view = pane.model, pane.query_one(LogView)
         assert len(m.engine) == 60 and len(m.spec) == 60 and m.errors == 3
         assert m.spec[-1].per_position == (0.776, 0.6, 0.428)
@@ -93,9 +64,9 @@ async def test_charts_filter_and_errors(tmp_path: Path) -> None:
 
 
 async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None:
-    app, log = _app(tmp_path)
+    app, log = logs_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        pane = await _open_logs(pilot, N_LINES)
+        pane = await open_logs(pilot, N_LINES)
         view = pane.query_one(LogView)
         await pilot.press("f")
         assert not view.following
@@ -116,12 +87,12 @@ async def test_follow_pause_and_resume_on_a_growing_file(tmp_path: Path) -> None
 async def test_a_truncated_log_starts_new_charts(tmp_path: Path) -> None:
     """vLLM restarted and its log was truncated: the charts went on from the old server's 60
     figures; they start a new series from the new server's lines (the text stays)."""
-    app, log = _app(tmp_path)
+    app, log = logs_app(tmp_path)
     spec = [ln for ln in SERVER_LOG.read_text().splitlines() if "SpecDecoding metrics" in ln][0]
     new = spec.replace("Mean acceptance length: 2.80", "Mean acceptance length: 1.25")
     assert new != spec
     async with app.run_test(size=SIZE) as pilot:
-        pane = await _open_logs(pilot, N_LINES)
+        pane = await open_logs(pilot, N_LINES)
         m = pane.model
         assert len(m.spec) == 60 and len(m.engine) == 60
         log.write_text("(APIServer pid=4242) INFO vLLM starting again\n" + new + "\n")
@@ -171,10 +142,10 @@ def _assert_at_end(pane: LogsPane, last: str) -> None:
 async def test_a_long_metrics_line_is_read_whole_by_panning(tmp_path: Path) -> None:
     """At 120 columns a `SpecDecoding metrics` line (230 characters) was cut at `Mean
     acceptan`: right pans half a screen at a time until its last figure shows, left back."""
-    app, log = _app(tmp_path)
+    app, log = logs_app(tmp_path)
     last = [ln for ln in log.read_text().splitlines() if "SpecDecoding metrics" in ln][-1]
     async with app.run_test(size=SIZE) as pilot:
-        pane = await _open_logs(pilot, N_LINES)
+        pane = await open_logs(pilot, N_LINES)
         await pilot.press("slash", *"SpecDecoding", "enter")
         pane.redraw(force=True)
         await pilot.pause()
@@ -203,7 +174,7 @@ async def test_a_long_metrics_line_is_read_whole_by_panning(tmp_path: Path) -> N
 
 async def test_following_opens_on_the_newest_lines(tmp_path: Path) -> None:
     """`4` on a host with a long log: the view shows its end, not line 1."""
-    app, log = _app(tmp_path)
+    app, log = logs_app(tmp_path)
     last = log.read_text().splitlines()[-1].rstrip()
     async with app.run_test(size=SIZE) as pilot:
         pane = await _open_shown(pilot, N_LINES)
@@ -212,7 +183,7 @@ async def test_following_opens_on_the_newest_lines(tmp_path: Path) -> None:
 
 async def test_next_log_and_back_shows_the_newest_lines(tmp_path: Path) -> None:
     """`l` to another log and `l` back: each opens on its end."""
-    app, log = _app(tmp_path)
+    app, log = logs_app(tmp_path)
     other = tmp_path / "other.log"
     other.write_text("".join(f"INFO other line {i}\n" for i in range(300)))
     app.config.hosts["gpu1"].logs.append(str(other))
@@ -228,7 +199,7 @@ async def test_next_log_and_back_shows_the_newest_lines(tmp_path: Path) -> None:
 
 async def test_clearing_a_filter_shows_the_newest_lines(tmp_path: Path) -> None:
     """A filter with a few matches, then esc: back on the end of the whole log."""
-    app, log = _app(tmp_path)
+    app, log = logs_app(tmp_path)
     last = log.read_text().splitlines()[-1].rstrip()
     async with app.run_test(size=SIZE) as pilot:
         pane = await _open_shown(pilot, N_LINES)
@@ -248,7 +219,7 @@ async def test_control_characters_never_reach_the_screen(tmp_path: Path) -> None
     """vLLM's recorded CPU log has tqdm bars (`\\rLoading safetensors ... 100%`): a carriage
     return sent to the terminal moved the cursor and drew the line over the sidebar. Each is
     drawn as a terminal shows it, and no drawn row holds a control character."""
-    app, log = _app(tmp_path, "")
+    app, log = logs_app(tmp_path, "")
     log.write_bytes((FIXTURES / "vllm" / "serve-0.32.0-cpu.log").read_bytes())
     n = log.read_bytes().count(b"\n")
     async with app.run_test(size=SIZE) as pilot:
@@ -335,10 +306,10 @@ async def test_fast_log_is_bounded_and_redrawn_in_batches(tmp_path: Path,
     the follower has read everything written, so the redraw counts below follow from the code
     whatever the machine's speed. The real timer's interval (REDRAW_S) is checked to be the one
     the ticks stand for."""
-    app, log = _app(tmp_path, "")
+    app, log = logs_app(tmp_path, "")
     ticked = _TickedPane(monkeypatch, log)
     async with app.run_test(size=SIZE) as pilot:
-        pane = ticked.pane = await _open_logs(pilot, 0)
+        pane = ticked.pane = await open_logs(pilot, 0)
         assert (REDRAW_S, pane.redraw) in ticked.timers  # the ticks stand for this timer
         view = pane.query_one(LogView)
         height = view.size.height
@@ -414,7 +385,7 @@ def test_a_line_is_its_loggers_level_whatever_it_quotes() -> None:
     from engine.demo.serve_log import recording
     demo = [severity(ln) for ln in recording().decode().split("\n")]
     assert "error" not in demo and demo.count("warning") >= 1
-    lines = (FIXTURES / "vllm" / "server.log").read_text().splitlines()
+    lines = SERVER_LOG.read_text().splitlines()
     errors = [ln for ln in map(strip_ansi, lines) if severity(ln) == "error"]
     assert len(errors) == 3 and "Traceback (most recent call last)" in errors[1]
     assert severity("(EngineCore pid=9) Traceback (most recent call last):") == "error"

@@ -25,7 +25,7 @@ from console.screens.run_detail import TAU_HELD_OUT, TAU_SERVED, TAU_TRAIN, RunD
 from console.widgets.line_plot import LinePlot
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import RunTable
-from tests.panes import FINISHED, RUNNING, show_runs, two_runs
+from tests.panes import FINISHED, RUNNING, open_finished, show_runs, two_runs
 from tests.paths import FIXTURES
 from tests.runs_registry import (
     event_time,
@@ -44,23 +44,6 @@ pytestmark = pytest.mark.usefixtures("utc")   # times on screen are local times
 
 def notes(app: Any) -> list[str]:
     return [n.message for n in app._notifications]
-
-
-async def open_finished(pilot: Pilot[Any]) -> RunDetailScreen:
-    """Run detail of the finished run, read to its end."""
-    await show_runs(pilot, len(upto_step(recorded_events(), 60)))
-    app = pilot.app
-    app.screen.query_one(RunTable).focus()
-    await pilot.press("down", "enter")
-    await wait_for(pilot, lambda: isinstance(app.screen, RunDetailScreen))
-    screen = app.screen
-    assert isinstance(screen, RunDetailScreen)
-    feed = screen.feed
-    await wait_for(pilot, lambda: feed.finished and
-                   feed.progress.events == len(recorded_events()))
-    screen.refresh_view(force=True)
-    await pilot.pause()
-    return screen
 
 
 async def test_q_quits_from_run_detail() -> None:

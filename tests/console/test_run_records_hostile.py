@@ -17,7 +17,8 @@ import pytest
 
 from console.hostside import runner as runner_module
 from console.scheduler.run_record import RunRecord
-from tests.console.test_safety_runs import cli, local_toml
+from tests.console_cli import cli
+from tests.detached_runs import local_toml
 from tests.runs_registry import write_run
 
 RUNNER = Path(runner_module.__file__)

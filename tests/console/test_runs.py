@@ -18,39 +18,18 @@ import pytest
 
 from console.cli import main as cli_main
 from console.errors import ConsoleError
-from console.hosts.host import Host, HostPool
+from console.hosts.host import HostPool
 from console.runs.service import launch, list_runs, stop_run
 from console.scheduler.launch import LaunchHooks, NotStarted, build_argv
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus, combined_status
-from console.settings.config import Config, HostConfig, Profile
+from console.settings.config import HostConfig, Profile
 from engine import events
+from tests.detached_runs import make_config, wait_status
 from tests.sshd import SSHD
 
 ARGS_SCRIPT = ("import json, sys, os\nprint(json.dumps(sys.argv[1:]))\n"
                "print(os.environ['GREETING'])\nsys.stderr.write('to stderr\\n')\nsys.exit(3)\n")
-
-
-def make_config(sshd: SSHD | None, tmp_path: Path, profiles: dict[str, Profile]) -> Config:
-    """One host "box": this machine (LocalTransport), or the test sshd when given."""
-    root = str(tmp_path / "host root")
-    if sshd is None:
-        box = HostConfig(name="box", ssh=None, python=sys.executable, root=root)
-    else:
-        box = HostConfig(name="box", ssh=sshd.target, known_hosts=str(sshd.known_hosts),
-                         identity=str(sshd.user_key), python=sys.executable, root=root)
-    return Config(hosts={"box": box}, profiles=profiles)
-
-
-async def wait_status(host: Host, run_id: str, want: set[str], timeout: float = 30) -> RunRecord:
-    deadline = time.monotonic() + timeout
-    while True:
-        recs = await list_runs(host, run_id)
-        if recs and recs[0].status in want:
-            return recs[0]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"run {run_id} stuck at {recs[0].status if recs else None}")
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture(params=["local", "ssh"])

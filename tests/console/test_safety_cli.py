@@ -24,31 +24,14 @@ from console.transport import ssh as ssh_transport
 from console.transport.local import LocalTransport
 from console.transport.ssh import SSHTransport
 from console.ui.themes import remember_theme
+from tests.console_cli import console, console_env
 from tests.drafters import write_drafter
-from tests.paths import REPO
 from tests.runs_registry import write_run
 from tests.sshd import SSHD
 from tests.waiting import wait_until as wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-
-
-def console_env(tmp_path: Path) -> dict[str, str]:
-    """The environment of a `python -m console` subprocess: this checkout, private XDG dirs."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    for var, sub in (("XDG_CONFIG_HOME", "xdg-config"), ("XDG_DATA_HOME", "xdg-data"),
-                     ("XDG_CACHE_HOME", "xdg-cache")):
-        env[var] = str(tmp_path / sub)
-    return env
-
-
-def console(tmp_path: Path, *args: str, cwd: Path | None = None, timeout: float = 60
-            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "console", *args], capture_output=True,
-                          text=True, env=console_env(tmp_path), cwd=cwd or tmp_path,
-                          timeout=timeout)
 
 
 def sshd_config(tmp_path: Path, sshd: SSHD, python: str = sys.executable) -> Path:

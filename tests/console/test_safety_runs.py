@@ -21,7 +21,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from console.cli import main as cli_main
 from console.errors import ConsoleError
 from console.hosts.engine_client import ensure_engine
 from console.hosts.host import HostPool
@@ -29,7 +28,8 @@ from console.runs.service import launch, list_runs, stop_run
 from console.scheduler.run_record import RunRecord
 from console.settings.config import Profile
 from console.widgets.run_tables import run_row
-from tests.console.test_runs import make_config, wait_status
+from tests.console_cli import cli
+from tests.detached_runs import local_toml, make_config, wait_status
 from tests.sshd import SSHD
 
 SECRETS = {"HF_TOKEN": "hf_SeCrEt-1", "WANDB_API_KEY": "wandb-SeCrEt-2",
@@ -47,13 +47,6 @@ def proc_start(pid: int) -> int:
     return int(data[data.rindex(")") + 2:].split()[19])
 
 
-def local_toml(tmp_path: Path, profiles: str, python: str = sys.executable) -> Path:
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[hosts.box]\npython = "{python}"\nroot = "{tmp_path / "host root"}"\n'
-                   + profiles)
-    return cfg
-
-
 def write_record(root: Path, run_id: str, **fields: object) -> Path:
     run_dir = root / "runs" / run_id
     run_dir.mkdir(parents=True)
@@ -63,12 +56,6 @@ def write_record(root: Path, run_id: str, **fields: object) -> Path:
     rec.update(fields)
     (run_dir / "run.json").write_text(json.dumps(rec))
     return run_dir
-
-
-def cli(capsys: pytest.CaptureFixture[str], cfg: Path, *args: str) -> tuple[int, str, str]:
-    code = cli_main(["--config", str(cfg), *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- 1. stop signals only a process whose start time matches the record -----------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
 import time
@@ -34,9 +33,10 @@ from console.checkpoints.serve import (
 from console.cli import main as cli_main
 from console.hosts.host import Host, HostPool
 from console.runs.service import list_runs, stop_run
-from console.settings.config import Config, HostConfig
+from console.settings.config import HostConfig
 from tests.conftest import REPO
 from tests.drafters import tiny_config, write_drafter
+from tests.serving import drop_fields, serve_cli, serve_config, stop_all, write_verifier
 from tests.sshd import free_port
 from tests.vllm_serve_standin import (
     FIXTURES,
@@ -46,36 +46,9 @@ from tests.vllm_serve_standin import (
     REC_TARGET,
     STANDIN,
 )
+from tests.waiting import wait_port
 
-
-@pytest.fixture
-def standin_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    exe = bindir / "vllm"
-    exe.write_text(STANDIN.replace("{python}", sys.executable).replace("{repo}", str(REPO)))
-    exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    return exe
-
-
-def local_config(tmp_path: Path) -> tuple[Config, Path]:
-    root = tmp_path / "host root"
-    cfg = Config(hosts={"box": HostConfig(name="box", ssh=None, python=sys.executable,
-                                          root=str(root))})
-    path = tmp_path / "config.toml"
-    path.write_text(f'[hosts.box]\npython = "{sys.executable}"\nroot = "{root}"\n')
-    return cfg, path
-
-
-def write_verifier(d: Path, **changes: object) -> Path:
-    c = tiny_config()
-    conf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "num_hidden_layers": 6}
-    conf.update(changes)
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(conf))
-    return d
+pytest_plugins = ("tests.serving",)
 
 
 async def wait_file(p: Path, timeout: float = 30) -> str:
@@ -87,23 +60,9 @@ async def wait_file(p: Path, timeout: float = 30) -> str:
     return p.read_text()
 
 
-async def wait_port(port: int, timeout: float = 30) -> None:
-    """Until something accepts connections on 127.0.0.1:port."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nothing listens on 127.0.0.1:{port}") from None
-            await asyncio.sleep(0.1)
-
-
 async def test_serve_starts_vllm_with_a_documented_speculative_config(
         tmp_path: Path, standin_vllm: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     port = free_port()
     ckpt = tmp_path / "drafters" / "ft" / "out" / "final"
     write_drafter(ckpt)
@@ -167,7 +126,7 @@ async def test_serve_starts_vllm_with_a_documented_speculative_config(
 async def test_serve_refuses_what_vllm_would_not_load(
         tmp_path: Path, standin_vllm: Path, capsys: pytest.CaptureFixture[str], case: str
 ) -> None:
-    _, cfg_path = local_config(tmp_path)
+    _, cfg_path = serve_config(tmp_path)
     ckpt = tmp_path / "drafter"
     write_drafter(ckpt)
     verifier = tmp_path / "target"
@@ -200,13 +159,9 @@ async def test_serve_from_the_checkpoints_pane(tmp_path: Path, standin_vllm: Pat
 
     from console.dialogs.serve_dialog import ServeDialog
     from console.widgets.inspect_view import InspectView
-    from tests.console.test_checkpoints_pane import (
-        SIZE,
-        app_for,
-        checkpoints_tree,
-        open_pane,
-        wait_for,
-    )
+    from tests.panes import CHECKPOINTS_SIZE as SIZE
+    from tests.panes import app_for, checkpoints_tree, open_pane
+    from tests.waiting import wait_for
 
     shelf = checkpoints_tree(tmp_path)
     verifier = write_verifier(tmp_path / "target")
@@ -330,38 +285,18 @@ def test_a_field_that_did_not_reach_vllm_is_a_warning() -> None:
     assert w == "num_speculative_tokens: asked 5, vLLM loaded 3 (log)"
 
 
-def drop_fields(standin: Path, *words: str) -> None:
-    Path(str(standin) + ".drop").write_text(" ".join(words))
-
-
-async def _serve(cfg_path: Path, ckpt: Path, verifier: Path, port: int, *extra: str) -> int:
-    return await asyncio.to_thread(cli_main, [
-        "--config", str(cfg_path), "serve", "box", str(ckpt), "--verifier", str(verifier),
-        "--port", str(port), *extra])
-
-
-async def _stop_all(cfg: Config) -> None:
-    pool = HostPool(cfg)
-    try:
-        for rec in await list_runs(pool["box"]):
-            if rec.status == "running":
-                await stop_run(cfg, rec.id, pool, grace=2.0)
-    finally:
-        await pool.close()
-
-
 @pytest.mark.slow
 async def test_serve_warns_about_fields_vllm_did_not_load(
         tmp_path: Path, standin_vllm: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The stand-in prints what a vLLM that dropped the aux ids and loaded k=2 would: `serve`
     names both fields, on stderr (text) and in `warnings` (--json)."""
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     ckpt = tmp_path / "drafter"
     write_drafter(ckpt, tiny_config(aux_layer_ids=[1, 3, 5]))
     verifier = write_verifier(tmp_path / "target")
     drop_fields(standin_vllm, "aux", "k=2")
     try:
-        assert await _serve(cfg_path, ckpt, verifier, free_port(), "--k", "4") == 0
+        assert await serve_cli(cfg_path, ckpt, verifier, free_port(), "--k", "4") == 0
         cap = capsys.readouterr()
         assert "  served: vLLM 0.32.0 loaded: method 'eagle3'" in cap.out
         assert f"{NOT_SHOWN}: norm_before_fc, draft_vocab_size" in cap.out
@@ -370,15 +305,15 @@ async def test_serve_warns_about_fields_vllm_did_not_load(
             "warning: num_speculative_tokens: asked 4, vLLM loaded 2 (log)",
             "warning: aux_layer_ids: asked [1, 3, 5], not in vLLM's log (no 'Using auxiliary "
             "layers from speculative config' line: vLLM captures the target's default layers)"]
-        await _stop_all(cfg)
+        await stop_all(cfg)
         drop_fields(standin_vllm)  # a vLLM that took them all
-        assert await _serve(cfg_path, ckpt, verifier, free_port(), "--json") == 0
+        assert await serve_cli(cfg_path, ckpt, verifier, free_port(), "--json") == 0
         out = json.loads(capsys.readouterr().out)
         assert out["warnings"] == []
         aux = next(f for f in out["served"]["fields"] if f["field"] == "aux_layer_ids")
         assert (aux["status"], aux["served"], aux["source"]) == ("ok", [1, 3, 5], "log")
     finally:
-        await _stop_all(cfg)
+        await stop_all(cfg)
 
 
 @pytest.mark.slow
@@ -388,7 +323,7 @@ async def test_serve_says_when_it_could_not_check(
 ) -> None:
     """A server that exits while starting, or never answers within --check-timeout: one
     warning says why; what its log already showed is still compared."""
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     ckpt = tmp_path / "drafter"
     write_drafter(ckpt)
     verifier = write_verifier(tmp_path / "target")
@@ -399,11 +334,11 @@ async def test_serve_says_when_it_could_not_check(
     # leaves a loaded machine room (4 s, with a stand-in importing torch first, did not)
     timeout = "60" if case == "exit" else "10"
     try:
-        assert await _serve(cfg_path, ckpt, verifier, free_port(), "--json",
+        assert await serve_cli(cfg_path, ckpt, verifier, free_port(), "--json",
                             "--check-timeout", timeout) == 0
         out = json.loads(capsys.readouterr().out)
     finally:
-        await _stop_all(cfg)
+        await stop_all(cfg)
     assert not out["served"]["ready"] and len(out["warnings"]) == 1, out["warnings"]
     want = "the run failed before vLLM answered" if case == "exit" else \
         f"vLLM did not answer /v1/models within {timeout} s"
@@ -493,7 +428,8 @@ async def test_a_refused_serve_stays_on_screen_until_dismissed(tmp_path: Path) -
 
     from console.dialogs.serve_dialog import ServeDialog
     from console.widgets.inspect_view import InspectView
-    from tests.console.test_checkpoints_pane import SIZE, checkpoints_tree, open_pane
+    from tests.panes import CHECKPOINTS_SIZE as SIZE
+    from tests.panes import checkpoints_tree, open_pane
     from tests.replay import FrozenClock
     from tests.runs_registry import local_app, local_config
     from tests.waiting import wait_for
@@ -524,22 +460,21 @@ async def test_a_refused_serve_stays_on_screen_until_dismissed(tmp_path: Path) -
         assert view.heading == first
 
 
-
 @pytest.mark.slow
 async def test_serve_shows_the_servers_last_log_line_while_it_waits(
         tmp_path: Path, standin_vllm: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A server that logs but does not answer yet (vLLM loading, compiling): each new last
     line of its log is shown while `serve` waits."""
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     ckpt = tmp_path / "drafter"
     write_drafter(ckpt)
     verifier = write_verifier(tmp_path / "target")
     drop_fields(standin_vllm, "mute")
     try:
-        assert await _serve(cfg_path, ckpt, verifier, free_port(), "--json",
+        assert await serve_cli(cfg_path, ckpt, verifier, free_port(), "--json",
                             "--check-timeout", "10") == 0
     finally:
-        await _stop_all(cfg)
+        await stop_all(cfg)
     waits = [ln for ln in capsys.readouterr().err.splitlines()
              if ln.startswith("  waiting for vLLM (")]
     assert waits and waits[-1].endswith(': INFO:     127.0.0.1:43406 - "GET /metrics '

@@ -19,18 +19,12 @@ import pytest
 from console.checkpoints.serve import ServeRequest, vllm_argv
 from console.cli import main as cli_main
 from console.errors import ConsoleError
-from tests.console.test_serve import (
-    _serve,
-    _stop_all,
-    local_config,
-    standin_vllm,  # noqa: F401 (a fixture)
-    wait_port,
-    write_verifier,
-)
 from tests.drafters import write_drafter
+from tests.serving import serve_cli, serve_config, stop_all, write_verifier
 from tests.sshd import free_port
+from tests.waiting import wait_port
 
-pytest_plugins = ("tests.vllm_real",)
+pytest_plugins = ("tests.vllm_real", "tests.serving")
 
 HOSTILE_EXTRAS = [
     ["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--ho", "0.0.0.0"], ["--hos=0.0.0.0"],
@@ -96,7 +90,7 @@ def test_vllms_parser_keeps_a_swappable_server_on_the_loopback(vllm_python: str,
 @pytest.mark.usefixtures("standin_vllm")
 async def test_a_port_another_process_holds_is_refused_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _, cfg_path = local_config(tmp_path)
+    _, cfg_path = serve_config(tmp_path)
     ckpt = tmp_path / "drafter"
     write_drafter(ckpt)
     verifier = write_verifier(tmp_path / "target")
@@ -104,7 +98,7 @@ async def test_a_port_another_process_holds_is_refused_naming_it(
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        rc = await _serve(cfg_path, ckpt, verifier, port)
+        rc = await serve_cli(cfg_path, ckpt, verifier, port)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1, err
     assert f"port {port} is taken by pid {os.getpid()}" in err[0], err
@@ -119,28 +113,28 @@ async def test_a_port_a_serving_run_holds_is_refused_naming_the_run(
     """Another drafter on the port of a running server: refused, naming the run and what it
     serves (while it starts, and once it listens); the same drafter again on another port:
     refused with `serve`'s own options."""
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     first, second = tmp_path / "first", tmp_path / "second"
     write_drafter(first)
     write_drafter(second, seed=1)
     verifier = write_verifier(tmp_path / "target")
     port = free_port()
     try:
-        assert await _serve(cfg_path, first, verifier, port, "--no-check", "--json") == 0
+        assert await serve_cli(cfg_path, first, verifier, port, "--no-check", "--json") == 0
         run_id = json.loads(capsys.readouterr().out)["id"]
         for _ in range(2):   # at once (still starting, perhaps), then listening
-            rc = await _serve(cfg_path, second, verifier, port, "--no-check")
+            rc = await serve_cli(cfg_path, second, verifier, port, "--no-check")
             err = capsys.readouterr().err.strip().splitlines()
             assert rc == 1 and len(err) == 1, err
             assert f"port {port} is " in err[0] and f"run {run_id} (serving {first})" in err[0]
             assert f"`eagle3-console stop {run_id}`" in err[0]
             await wait_port(port)
-        rc = await _serve(cfg_path, first, verifier, free_port(), "--no-check")
+        rc = await serve_cli(cfg_path, first, verifier, free_port(), "--no-check")
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 1 and f"already served by run {run_id} (port {port})" in err[0], err
         assert "--force" in err[0] and "launch" not in err[0]
     finally:
-        await _stop_all(cfg)
+        await stop_all(cfg)
 
 
 @pytest.mark.parametrize("case", ["dev-zero", "fifo", "folder"])
@@ -150,7 +144,7 @@ async def test_a_verifier_config_that_is_not_a_regular_file_is_refused(
 ) -> None:
     """A config.json that is /dev/zero (endless), a FIFO (blocks) or a folder: one line, at
     once, nothing started."""
-    _, cfg_path = local_config(tmp_path)
+    _, cfg_path = serve_config(tmp_path)
     ckpt = tmp_path / "drafter"
     write_drafter(ckpt)
     verifier = tmp_path / "target"

@@ -36,14 +36,14 @@ from console.widgets.host_list import HostList
 from console.widgets.line_plot import LinePlot, fmt_value
 from console.widgets.log_charts import CHART_ROWS, LogCharts
 from console.widgets.run_tables import RunTable
-from tests.console.test_compare import two_served_drafters
-from tests.console.test_logs_pane import N_LINES
-from tests.console.test_logs_pane import _app as logs_app
-from tests.console.test_logs_pane import _open_logs as open_logs
 from tests.panes import (
+    N_LINES,
     RUNNING,
     app_for,
     checkpoints_tree,
+    logs_app,
+    open_finished,
+    open_logs,
     open_pane,
     report_shown,
     show_runs,
@@ -51,6 +51,7 @@ from tests.panes import (
 )
 from tests.replay import FrozenClock, fleet_app
 from tests.runs_registry import fresh_snap_root, local_app, local_config, recorded_events, upto_step
+from tests.serving_journal import two_served_drafters
 from tests.waiting import wait_for as wait_until
 
 SMALL = (80, 24)
@@ -311,8 +312,6 @@ async def test_many_checkpoints_keep_their_modified_column_at_80x24(tmp_path: Pa
 def test_snapshot_run_detail_80x24(snap_compare: Any, utc: None) -> None:
     """The finished finetune's detail: the progress line, the plots with each series' latest
     value in their title row (held-out 3.930), the log tail and provenance."""
-    from tests.console.test_run_detail import open_finished
-
     root, clock = two_runs("small-run-detail")
 
     async def ready(pilot: Pilot[Any]) -> None:

@@ -15,7 +15,7 @@ from console.errors import Unreachable
 from console.hosts.host import HostPool
 from console.runs.service import launch, resume_run, stop_run
 from console.settings.config import Config, HostConfig, Profile
-from tests.console.test_safety_runs import cli
+from tests.console_cli import cli
 from tests.sshd import SSHD
 
 

@@ -18,7 +18,7 @@ from console.errors import ConsoleError
 from engine.capture.swap_backend import BACKEND, EXTENSION, read_drafter, shapes
 from engine.ckpt.safetensors_io import save_tensors
 from engine.errors import EngineError
-from tests.console.test_compare import parsed_rows
+from tests.serving_journal import parsed_rows
 
 
 def test_a_swappable_server_stays_on_the_loopback_with_our_backend() -> None:

@@ -18,18 +18,14 @@ from console.checkpoints.serve import ServeRequest, serve
 from console.cli import main as cli_main
 from console.hosts.host import HostPool
 from console.runs.service import stop_run
-from tests.console.test_compare_journal import open_compare
-from tests.console.test_serve import (  # noqa: F401 (standin_vllm: a fixture)
-    _stop_all,
-    drop_fields,
-    local_config,
-    standin_vllm,
-    write_verifier,
-)
 from tests.drafters import tiny_config, write_drafter
+from tests.panes import open_compare
 from tests.runs_registry import local_app
+from tests.serving import drop_fields, serve_config, stop_all, write_verifier
 from tests.sshd import free_port
 from tests.vllm_swap_standin import SwapServer
+
+pytest_plugins = ("tests.serving",)
 
 #: what a training run's --eval-server left the server on (another console's swap)
 EVAL_LEFT = "step_000002@0011223344556677"
@@ -58,7 +54,7 @@ async def test_serve_bench_swap_bench_against_the_server_that_runs(
     # has found the port free
     drop_fields(tmp_path / "bin" / "vllm", "mute")
     port = free_port()
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     conf = ["--config", str(cfg_path)]
     pool = HostPool(cfg)
     srv: SwapServer | None = None
@@ -104,7 +100,7 @@ async def test_serve_bench_swap_bench_against_the_server_that_runs(
         if srv is not None:
             srv.close()
         await pool.close()
-        await _stop_all(cfg)
+        await stop_all(cfg)
 
 
 @pytest.mark.slow
@@ -121,7 +117,7 @@ async def test_url_names_a_server_no_record_knows_and_records_fill_in_what_it_ca
     stranger = SwapServer(str(d96), str(verifier))     # started by hand: no record
     mute = SwapServer(str(d96), str(verifier))
     mute.server_info = False
-    cfg, cfg_path = local_config(tmp_path)
+    cfg, cfg_path = serve_config(tmp_path)
     conf = ["--config", str(cfg_path)]
     try:
         out, _ = await cli(capsys, *conf, "swap", "box", str(new), "--url", stranger.url)
@@ -149,4 +145,4 @@ async def test_url_names_a_server_no_record_knows_and_records_fill_in_what_it_ca
     finally:
         stranger.close()
         mute.close()
-        await _stop_all(cfg)
+        await stop_all(cfg)

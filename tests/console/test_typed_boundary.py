@@ -31,7 +31,7 @@ from console.panes.runs import RunsPane
 from console.screens.run_detail import RunDetailScreen
 from console.widgets.line_plot import LinePlot
 from engine import events
-from tests.console.test_safety_cli import console
+from tests.console_cli import console
 from tests.panes import RUNNING, feed_of
 from tests.paths import REPO
 from tests.runs_registry import (

@@ -22,16 +22,14 @@ from console.cli import main as cli_main
 from console.hosts.host import HostPool
 from console.runs.service import stop_run
 from console.settings.config import Config, HostConfig
-from engine.data.readers import open_data
 from tests.engine_helpers import run_engine
 from tests.sshd import free_port
-from tests.vllm_real import vllm_env
+from tests.vllm_real import NEW_TOKENS, held_out_prompts, vllm_env
 
 pytest_plugins = ("tests.demo_workspace", "tests.vllm_real")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 K = 3
-NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +47,6 @@ def drafters(demo_dir: Path, demo_info: dict[str, Any],
     run_engine("convert", str(d / "ft" / "final"), str(out["ft-vllm"]), "--to", "vllm")
     run_engine("convert", str(d / "ft" / "final"), str(out["ft-speculators"]), "--to",
                "speculators", "--verifier", str(demo_dir / "target"))
-    return out
-
-
-def held_out_prompts(demo_dir: Path) -> list[list[int]]:
-    """Each held-out sample up to its first assistant token: what `engine eval` continues."""
-    data = open_data(str(demo_dir / "eval"))
-    out = []
-    for i in range(len(data)):
-        s = data[i]
-        first = int(s.loss_mask.nonzero()[0])
-        out.append(s.input_ids[:first].tolist())
     return out
 
 

@@ -259,8 +259,7 @@ def test_eval_vllm_engine_agrees_with_the_server(
     length (the figures tests/console/test_vllm_serve.py compares plain `engine eval` with),
     and of what `bench` measures there by default: its replies stop at EOS, as eval's do
     (a fixed length past EOS measures text no conversation holds, and far lower)."""
-    from tests.console.test_vllm_serve import NEW_TOKENS, held_out_prompts
-    from tests.vllm_real import answer, engine_in_vllm
+    from tests.vllm_real import NEW_TOKENS, answer, engine_in_vllm, held_out_prompts
     cli(server["cfg"], "swap", "box", str(drafters["early"]), "--json")
     served = served_acceptance(server["port"], held_out_prompts(demo_dir), NEW_TOKENS)
     est = answer(engine_in_vllm(vllm_python, "eval", "--vllm-engine", "--draft",

@@ -13,8 +13,10 @@ import torch
 from engine.data.chat import tokenize_conversation
 from engine.data.readers import open_data
 from engine.errors import EngineError
-from tests.engine.test_prepare import tok, write_sharegpt  # noqa: F401 (fixture)
 from tests.engine_helpers import run_engine
+from tests.tiny_llama import write_sharegpt
+
+pytest_plugins = ("tests.tiny_llama",)
 
 pa = pytest.importorskip("pyarrow", reason="speculators directories are Arrow datasets")
 
@@ -23,7 +25,7 @@ MAX_LEN = 64
 
 
 @pytest.fixture(scope="module")
-def target8(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Path:  # noqa: F811
+def target8(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(1)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
@@ -39,7 +41,7 @@ def target8(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Path:  # noqa
     return d
 
 
-def write_speculators_dir(target: Path, convs: list[list[dict[str, str]]], tok: Any,  # noqa: F811
+def write_speculators_dir(target: Path, convs: list[list[dict[str, str]]], tok: Any,
                           dst: Path) -> None:
     """The layout speculators' prepare_data.py + data_generation_offline.py leave: a `datasets`
     save_to_disk directory (two Arrow stream files, state.json) and one hs_<row>.safetensors per
@@ -85,7 +87,7 @@ def write_speculators_dir(target: Path, convs: list[list[dict[str, str]]], tok: 
 
 
 @pytest.fixture(scope="module")
-def dirs(target8: Path, tok: Any, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+def dirs(target8: Path, tok: Any, tmp_path_factory: pytest.TempPathFactory
          ) -> tuple[Path, Path]:
     """(our prepared directory, a speculators directory) for the same conversations."""
     d = tmp_path_factory.mktemp("spec")

@@ -12,7 +12,7 @@ from torch import nn
 from engine.model.blocks import inv_freq, rope_cos_sin
 from engine.model.draft import Eagle3Config, Eagle3Draft, preset, ttt_mask
 from engine.model.mla_layer import MLAttention
-from tests.engine.test_ttt_attention import _loss_and_grads
+from tests.ttt_grads import loss_and_grads
 
 transformers_v3 = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
 
@@ -119,9 +119,9 @@ def test_mla_ttt_split_equals_dense(dtype: torch.dtype, q_lora: bool) -> None:
     att[1, 15:] = 0
     weights = [torch.randn(b, t, 40, dtype=dtype) for _ in range(k)]
     m.attn_impl = "split"
-    got, g_got = _loss_and_grads(m, aux, ids, att, k, weights)
+    got, g_got = loss_and_grads(m, aux, ids, att, k, weights)
     m.attn_impl = "dense"
-    want, g_want = _loss_and_grads(m, aux, ids, att, k, weights)
+    want, g_want = loss_and_grads(m, aux, ids, att, k, weights)
     from engine.model.draft import valid_positions
     for i in range(k):
         real = att.bool() & valid_positions(t, i)[None]
@@ -142,9 +142,10 @@ def test_mla_greedy_chains_match_on_both_paths() -> None:
     assert torch.equal(split_all[:, -1], split_one)
 
 
+@pytest.mark.slow
 def test_mla_ttt_step_compiles_and_matches_eager() -> None:
     """--compile with the MLA layer: dynamo captures its step (aot_eager: graph capture and
-    autograd without code generation, a few seconds); logits and gradients as eager."""
+    autograd without code generation: 20 s on 2 busy cores); logits and gradients as eager."""
     import torch._dynamo
     torch._dynamo.reset()
     m = _mla_draft(torch.float32)

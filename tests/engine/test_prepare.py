@@ -15,20 +15,9 @@ from engine.data.readers import open_data
 from engine.demo.target import build_tokenizer, chats
 from engine.errors import EngineError
 from tests.engine_helpers import run_engine
+from tests.tiny_llama import CONVS
 
-CONVS = [
-    [{"role": "system", "content": "you are terse."},
-     {"role": "user", "content": "count from 3 to 6"},
-     {"role": "assistant", "content": "3, 4, 5, 6."},
-     {"role": "user", "content": "spell the word river"},
-     {"role": "assistant", "content": "r-i-v-e-r."},
-     {"role": "user", "content": "my name is bob."},
-     {"role": "assistant", "content": "hello bob! nice to meet you.\nhow can i help?"}],
-    [{"role": "user", "content": "what color is the sky?"},
-     {"role": "assistant", "content": " the sky is blue. "},
-     {"role": "user", "content": "assistant"},
-     {"role": "assistant", "content": "a"}],
-]
+pytest_plugins = ("tests.tiny_llama",)
 
 LLAMA3_TEMPLATE = (
     "<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
@@ -41,11 +30,6 @@ THINK_TEMPLATE = (
     "<|im_start|>assistant\n{{ m['content'].split('</think>')[-1].strip() }}<|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return build_tokenizer(chats(300, 0))
 
 
 def masked_runs(tok: Any, ids: list[int], mask: list[int]) -> list[str]:
@@ -108,45 +92,6 @@ def test_truncation_keeps_mask_aligned(tok: Any) -> None:
     full = tokenize_conversation(tok, CONVS[0])
     assert t.input_ids == full.input_ids[:20] and t.loss_mask == full.loss_mask[:20]
 
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory: pytest.TempPathFactory, tok: Any) -> Path:
-    """A random-init 7-layer transformers Llama with the demo tokenizer (no quality needed): the
-    fewest layers whose default aux ids 2, N//2, N-3 are distinct."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=False,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    d = tmp_path_factory.mktemp("tiny") / "target"
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
-def write_sharegpt(path: Path) -> list[list[dict[str, str]]]:
-    """ShareGPT spelling (from/value), no ids; returns the turns in our spelling."""
-    role = {"user": "human", "assistant": "gpt", "system": "system"}
-    with open(path, "w", encoding="utf-8") as f:
-        for turns in CONVS + chats(6, 3):
-            f.write(json.dumps({"conversations": [{"from": role[t["role"]], "value": t["content"]}
-                                                  for t in turns]}) + "\n")
-        f.write(json.dumps({"conversations": [{"from": "human", "value": "no answer"}]}) + "\n")
-    return CONVS + chats(6, 3)
-
-
-@pytest.fixture(scope="module")
-def prepared(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
-             ) -> tuple[Path, list[list[dict[str, str]]], dict[str, Any]]:
-    """`prepare` run once by the CLI on ShareGPT input: (DATA_DIR, conversations, --json output)."""
-    d = tmp_path_factory.mktemp("prepared")
-    src = d / "conv.jsonl"
-    convs = write_sharegpt(src)
-    out = d / "data"
-    p = run_engine("prepare", "--target", str(tiny_target), "--data", str(src), "--out", str(out),
-                   "--max-len", "64", "--batch-tokens", "200", "--json")
-    return out, convs, json.loads(p.stdout)
 
 
 def test_prepare_writes_shards_with_the_targets_features(tiny_target: Path, prepared: Any,

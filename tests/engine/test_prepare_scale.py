@@ -16,8 +16,10 @@ import torch
 
 from engine.data.disk_estimate import estimate_bytes, human
 from engine.demo.target import chats
-from tests.engine.test_prepare import tiny_target, tok, write_sharegpt  # noqa: F401 (fixtures)
 from tests.engine_helpers import REPO, engine_env, run_engine
+from tests.tiny_llama import write_sharegpt
+
+pytest_plugins = ("tests.tiny_llama",)
 
 # small batches and tiny shards (~200 tokens of a 32-wide float32 target each): a plan of dozens
 ARGS = ["--max-len", "64", "--batch-tokens", "100", "--shard-mb", "0.0005"]
@@ -60,7 +62,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_target: Path, source: Path, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+def single(tiny_target: Path, source: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Path:
     out = tmp_path_factory.mktemp("one") / "data"
     prepare_cli(tiny_target, source, out)
@@ -80,7 +82,7 @@ def assert_same_dir(a: Path, b: Path) -> None:
 
 @pytest.mark.slow
 def test_two_torchrun_ranks_write_the_same_directory_as_one_process(
-        tiny_target: Path, source: Path, single: Path, tmp_path: Path) -> None:  # noqa: F811
+        tiny_target: Path, source: Path, single: Path, tmp_path: Path) -> None:
     manifest = json.loads((single / "manifest.json").read_text())
     assert len(manifest["shards"]) >= 3  # both ranks get shards to write
     out = tmp_path / "data"
@@ -94,7 +96,7 @@ def test_two_torchrun_ranks_write_the_same_directory_as_one_process(
 
 
 @pytest.mark.slow
-def test_killed_prepare_resumes_under_torchrun(tiny_target: Path, source: Path,  # noqa: F811
+def test_killed_prepare_resumes_under_torchrun(tiny_target: Path, source: Path,
                                                single: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
     partial = tmp_path / "data.partial"
@@ -120,7 +122,7 @@ def test_killed_prepare_resumes_under_torchrun(tiny_target: Path, source: Path, 
 
 
 def test_device_map_auto_on_cpu_maps_everything_to_the_cpu(
-        tiny_target: Path, source: Path, single: Path, tmp_path: Path) -> None:  # noqa: F811
+        tiny_target: Path, source: Path, single: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
     prepare_cli(tiny_target, source, out, "--device-map", "auto")
     assert_same_dir(single, out)
@@ -137,7 +139,7 @@ def test_estimate_matches_the_bytes_prepare_writes(single: Path) -> None:
     assert human(estimate_bytes(50_000 * 2_000, 4, 7168, 2)) == "5.7 TB"
 
 
-def test_prepare_refuses_when_the_disk_cannot_hold_it(tiny_target: Path, source: Path,  # noqa: F811
+def test_prepare_refuses_when_the_disk_cannot_hold_it(tiny_target: Path, source: Path,
                                                       single: Path, tmp_path: Path) -> None:
     tokens = json.loads((single / "manifest.json").read_text())["tokens"]
     out = tmp_path / "data"

@@ -1,9 +1,8 @@
 """What a data directory, a checkpoint or a full disk can make `train`, `vocab build` and
 `inspect` do: one worded line naming the file and a non-zero exit, never a NaN drafter published
-as a success. Real crafted files, `python -m engine` in a subprocess, on test_prepare's tiny
-target and prepared data."""
+as a success. Real crafted files, `python -m engine` in a subprocess, on tests/tiny_llama.py's
+tiny target and prepared data."""
 
-# ruff: noqa: F811  (test_prepare's module fixtures, imported, are these tests' arguments)
 from __future__ import annotations
 
 import json
@@ -17,8 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from engine.demo.target import chats
-from tests.engine.test_prepare import prepared, tiny_target, tok  # noqa: F401  (module fixtures)
 from tests.engine_helpers import run_engine
+
+pytest_plugins = ("tests.tiny_llama",)
 
 TRAIN = ["--batch-tokens", "256", "--draft-vocab-size", "64", "--holdout", "0",
          "--ttt-steps", "2", "--lr", "3e-3"]

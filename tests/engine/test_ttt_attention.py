@@ -10,6 +10,7 @@ import torch
 
 from engine.model import ttt_attention as ta
 from engine.model.draft import Eagle3Draft, preset, valid_positions
+from tests.ttt_grads import loss_and_grads
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -67,32 +68,6 @@ def _draft(dtype: torch.dtype, seed: int = 0) -> Eagle3Draft:
     return m
 
 
-def _loss_and_grads(m: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, att: torch.Tensor,
-                    k: int, weights: list[torch.Tensor], as_rows: bool = False
-                    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Logits and the gradients of a weighted sum over real positions; `as_rows`: the logits
-    of those positions alone (`ttt_forward(rows=)`, as the trainer asks), returned [B,T,V]
-    with zeros elsewhere."""
-    m.zero_grad(set_to_none=True)
-    t = ids.shape[1]
-    real = att.bool()
-    keeps = [real & valid_positions(t, i)[None] for i in range(k)]  # real positions only
-    rows = [kp.reshape(-1).nonzero().squeeze(1) for kp in keeps] if as_rows else None
-    logits = m.ttt_forward(aux, ids, k, attention_mask=att, rows=rows)
-    loss = aux.new_zeros(())
-    for i, lg in enumerate(logits):
-        if rows is not None:
-            loss = loss + (lg * weights[i].reshape(-1, lg.shape[-1])[rows[i]]).sum()
-            full = lg.new_zeros(weights[i].shape).reshape(-1, lg.shape[-1])
-            full[rows[i]] = lg
-            logits[i] = full.view(weights[i].shape)
-        else:
-            loss = loss + (lg * weights[i] * keeps[i][..., None]).sum()
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
-    return [lg.detach() for lg in logits], grads
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_ttt_forward_split_equals_dense_with_padding(dtype: torch.dtype) -> None:
     """The model's unroll, K = 7, GQA, right padding: logits at real positions and every weight's
@@ -107,9 +82,9 @@ def test_ttt_forward_split_equals_dense_with_padding(dtype: torch.dtype) -> None
     att[2, 9:] = 0
     weights = [torch.randn(b, t, 40, dtype=dtype) for _ in range(k)]
     m.attn_impl = "split"
-    got, g_got = _loss_and_grads(m, aux, ids, att, k, weights)
+    got, g_got = loss_and_grads(m, aux, ids, att, k, weights)
     m.attn_impl = "dense"
-    want, g_want = _loss_and_grads(m, aux, ids, att, k, weights)
+    want, g_want = loss_and_grads(m, aux, ids, att, k, weights)
     for i in range(k):
         real = att.bool() & valid_positions(t, i)[None]
         assert bool(torch.isfinite(got[i]).all())
@@ -157,11 +132,11 @@ def _compiled_matches_eager(backend: str, checkpoints: tuple[bool, ...], dynamic
     att = torch.ones(b, t, dtype=torch.long)
     att[1, 12:] = 0
     weights = [torch.randn(b, t, 40) for _ in range(k)]
-    want, g_want = _loss_and_grads(m, aux, ids, att, k, weights)
+    want, g_want = loss_and_grads(m, aux, ids, att, k, weights)
     m.compile_step(backend=backend, dynamic=dynamic)
     for ckpt, as_rows in [(c, r) for c in checkpoints for r in (False, True)]:
         m.checkpoint_activations = ckpt
-        got, g_got = _loss_and_grads(m, aux, ids, att, k, weights, as_rows)
+        got, g_got = loss_and_grads(m, aux, ids, att, k, weights, as_rows)
         for i in range(k):
             real = att.bool() & valid_positions(t, i)[None]
             torch.testing.assert_close(got[i][real], want[i][real], rtol=1e-5, atol=1e-5)

@@ -2,8 +2,10 @@
 textual/asyncssh; no import cycle in console/ or engine/; imports run from a layer down to the
 same or a lower one, never back up (a pane may import a service, never the reverse); a layer
 is a whole package, and modal screens live below the panes (dialogs), full screens above them
-(screens); panes, screens, dialogs and widgets never import a transport; and the console reads
-the engine only through its contract modules (the event stream and the inspect report).
+(screens); panes, screens, dialogs and widgets never import a transport; the console reads the
+engine only through its contract modules (the event stream, the inspect report, the reading of
+an HTTP error answer); and no module of tests/ imports a test module (what tests share lives in
+a helper module of tests/).
 
 The graph is read from the source with ast (nothing is imported): every `import` counts, at
 module level or inside a function (a function-local import that closes a cycle only hides it),
@@ -158,6 +160,12 @@ def upward(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[st
                   if layer_of(d, layers) > layer_of(m, layers))
 
 
+def imports_of_test_modules(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every module of the graph importing a test module (tests.<...>.test_*)."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                  if d != m and d.rsplit(".", 1)[-1].startswith("test_"))
+
+
 def _py(code: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, **(env_extra or {}))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
@@ -180,6 +188,16 @@ def test_the_layer_check_sees_an_import_back_up() -> None:
     assert upward(graph, CONSOLE_LAYERS) == ["console.hosts.host -> console.panes.runs"]
     graph = {"engine.ckpt.vocab": {"engine.model.draft"}, "engine.model.draft": set()}
     assert upward(graph, ENGINE_LAYERS) == []
+
+
+def test_the_test_module_check_sees_a_function_local_import(tmp_path: Path) -> None:
+    probe = tmp_path / "test_b.py"
+    probe.write_text("def test_x():\n    from tests.console.test_a import helper\n",
+                     encoding="utf-8")
+    known = {m: probe for m in ("tests.console.test_a", "tests.engine.test_b", "tests.panes")}
+    graph = {"tests.engine.test_b": imports("tests.engine.test_b", probe, known),
+             "tests.panes": set()}
+    assert imports_of_test_modules(graph) == ["tests.engine.test_b -> tests.console.test_a"]
 
 
 # -- the contracts ----------------------------------------------------------------------------
@@ -316,3 +334,7 @@ def test_engine_imports_no_textual_or_asyncssh() -> None:
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "BAD []" in r.stdout
+
+
+def test_no_test_module_imports_another() -> None:
+    assert imports_of_test_modules(import_graph("tests")) == []
