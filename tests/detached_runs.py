@@ -10,7 +10,7 @@ from pathlib import Path
 
 from console.hosts.host import Host
 from console.runs.service import list_runs
-from console.scheduler.records import RunRecord
+from console.scheduler.run_record import RunRecord
 from console.settings.config import Config, HostConfig, Profile
 from tests.sshd import SSHD
 

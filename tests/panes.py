@@ -16,11 +16,11 @@ from typing import Any
 from textual.pilot import Pilot
 
 from console.app import Eagle3App
+from console.dialogs.compare import CompareScreen
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.logs import LogsPane
 from console.panes.runs import RunsPane
 from console.runs.watch import RunFeed
-from console.screens.compare import CompareScreen
 from console.screens.main import MainScreen
 from console.screens.run_detail import RunDetailScreen
 from console.widgets.inspect_view import InspectView
