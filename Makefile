@@ -102,7 +102,7 @@ test-unit: setup-test
 screenshots: setup
 	$(BIN)/python docs/screenshots.py
 
-# The README's demo acceptance table: a scratch demo workspace, its scratch and finetune runs at
+# The demo acceptance table of docs/benchmarks.md: a scratch demo workspace, its scratch and finetune runs at
 # equal steps, `engine eval` on each (and vLLM's engine when .venv-vllm is there)
 figures: setup
 	$(BIN)/python docs/demo_figures.py $(ARGS)
@@ -110,7 +110,7 @@ figures: setup
 # Lint, types and the import contracts (about 10 s of CPU: they read the source, and start Python
 # twice to see what it imports); fails on any finding (.ci/run runs it before the suite).
 # Formatting: only the pycodestyle subset (E, W) inside ruff check; the code keeps its
-# hand-aligned layout (README).
+# hand-aligned layout (docs/development.md).
 check: setup-test
 	$(BIN)/python -m ruff check console engine tests benchmarks docs
 	$(BIN)/python -m mypy console engine

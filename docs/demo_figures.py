@@ -1,14 +1,14 @@
-"""Regenerate the README's demo acceptance table: `make figures`.
+"""Regenerate the demo acceptance table of docs/benchmarks.md: `make figures`.
 
 In a scratch directory (`--work`, default /tmp/eagle3-figures) the demo workspace is built with
 `python -m engine demo init` (timed), then for each seed the demo's own scratch and finetune
 commands (demo.json, the console's profiles) run for the same number of steps (timed: the
-finetune's seconds are the README's figure), and `python -m engine eval` (k=3, the 40 held-out
+finetune's seconds are the README's tour figure), and `python -m engine eval` (k=3, the 40 held-out
 samples, greedy) measures an untrained drafter, the public drafter and every run's out/final.
 With a vLLM beside it (.venv-vllm, `make setup-vllm`; `--no-vllm` to skip), the public drafter and
 each finetune are measured again through vLLM's own engine and counters (`engine eval
 --vllm-engine`, which agrees with a `vllm serve` server within 10%). Prints a Markdown table to
-paste into the README and the timings below it. Nothing outside --work is written."""
+paste into docs/benchmarks.md and the timings below it. Nothing outside --work is written."""
 
 from __future__ import annotations
 
