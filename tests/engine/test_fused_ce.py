@@ -172,7 +172,7 @@ def test_peak_memory_does_not_grow_with_tokens_times_vocab() -> None:
     T=8192) is its chunk tensors and the [Vd,H] gradients, at 4x the tokens of a plain loss that,
     measured the same way, holds several [T,V] float32 tensors."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from loss_memory import HIDDEN, measure
+    from loss_memory import measure
     vd, elems = KIMI_VOCAB, 1 << 20  # chunk tensors of 4 MiB (the trainer's: 128 MiB)
     plain = measure("plain", 128, vd)
     fused = measure("fused", 512, vd, elems=elems)
@@ -181,6 +181,8 @@ def test_peak_memory_does_not_grow_with_tokens_times_vocab() -> None:
           f"{fused['peak_mib']:.0f} MiB at T=512; one [T,V] float32 tensor: "
           f"{4 * 128 * vd / mib:.0f} / {4 * 512 * vd / mib:.0f} MiB")
     assert plain["peak_mib"] > 2 * 4 * 128 * vd / mib  # the measure sees [T,V] tensors
-    # three chunk tensors, dW, the weight's gradient and the backward's product, a little more
-    bound = (3 * 4 * elems + 3 * 4 * vd * HIDDEN) / mib + 8
-    assert fused["peak_mib"] < bound < 4 * 128 * vd / mib
+    # What it holds is three chunk tensors, dW, the weight's gradient and the backward's
+    # product (about 30 MiB here; 10 MiB measured on a quiet machine). The bound is one
+    # [128,V] tensor, a quarter of one [512,V]: an RSS high-water mark also counts what the
+    # kernel rounds up (52 MiB once in CI), and any [T,V] tensor at T=512 is far above it.
+    assert fused["peak_mib"] < 4 * 128 * vd / mib
