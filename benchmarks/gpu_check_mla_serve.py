@@ -77,7 +77,7 @@ def _cause(text: str) -> str:
 def check_mla_serve(cpu: bool, env: dict[str, str],
                     build_target: Any) -> dict[str, Any]:
     """`build_target(path, n_chats, config=...)` writes the target and returns its chats
-    (gpu_check.build_mla_target)."""
+    (gpu_check_mla_target.build_mla_target)."""
     from engine.data.conversations import write_conversations
     vpy = vllm_python()
     if vpy is None:
