@@ -166,6 +166,7 @@ def test_the_drafters_fused_step_equals_its_logits_step(norm_output: bool) -> No
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.component   # measured in fresh processes (benchmarks/loss_memory.py)
 def test_peak_memory_does_not_grow_with_tokens_times_vocab() -> None:
     """At V=163,840: the fused loss's peak (forward + backward, the RSS high-water mark over the
     RSS before it, in a fresh process: benchmarks/loss_memory.py, which prints the figure at
