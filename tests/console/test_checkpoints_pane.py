@@ -58,6 +58,18 @@ def test_snapshot_checkpoints_pane(snap_compare: Any) -> None:
     assert snap_compare(app_for(root, shelf), terminal_size=SIZE, run_before=run_before)
 
 
+def convert_dialog_back(app: Any, first: Any) -> bool:
+    """A new convert dialog (not `first`) is on screen with every field mounted and its reason
+    shown (the screen's type comes first, its widgets one by one after it)."""
+    s = app.screen
+    if not isinstance(s, ConvertDialog) or s is first:
+        return False
+    fields = [s.query(f"#{wid}") for wid in ("convert-dst", "convert-force", "convert-dtype",
+                                             "convert-dst-error")]
+    return all(f and f.first().is_mounted for f in fields) and \
+        bool(str(s.query_one("#convert-dst-error", Static).render()).strip())
+
+
 @pytest.mark.slow
 async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
     shelf = checkpoints_tree(tmp_path)
@@ -104,18 +116,8 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         assert not app.screen.query_one("#convert-force", Checkbox).value
         first = app.screen
         await pilot.press("ctrl+s")
-        def reopened() -> bool:
-            """The dialog is back once every field of it is mounted (the screen's type comes
-            first, its widgets one by one after it)."""
-            s = app.screen
-            if not isinstance(s, ConvertDialog) or s is first:
-                return False
-            fields = [s.query(f"#{wid}") for wid in ("convert-dst", "convert-force",
-                                                     "convert-dtype", "convert-dst-error")]
-            return all(f and f.first().is_mounted for f in fields) and \
-                bool(str(s.query_one("#convert-dst-error", Static).render()).strip())
-
-        await wait_for(pilot, reopened, what="the convert dialog back with its reason")
+        await wait_for(pilot, lambda: convert_dialog_back(app, first),
+                       what="the convert dialog back with its reason")
         await pilot.pause()
         again = app.screen
         assert again.query_one("#convert-dst", Input).value == dst
@@ -154,18 +156,8 @@ async def test_replace_refused_by_the_engine_reopens_the_dialog(tmp_path: Path) 
         first.query_one("#convert-dst", Input).value = str(notes)
         first.query_one("#convert-force", Checkbox).value = True
         await pilot.press("ctrl+s")
-        def reopened() -> bool:
-            """The dialog is back once every field of it is mounted (the screen's type comes
-            first, its widgets one by one after it)."""
-            s = app.screen
-            if not isinstance(s, ConvertDialog) or s is first:
-                return False
-            fields = [s.query(f"#{wid}") for wid in ("convert-dst", "convert-force",
-                                                     "convert-dtype", "convert-dst-error")]
-            return all(f and f.first().is_mounted for f in fields) and \
-                bool(str(s.query_one("#convert-dst-error", Static).render()).strip())
-
-        await wait_for(pilot, reopened, what="the convert dialog back with its reason")
+        await wait_for(pilot, lambda: convert_dialog_back(app, first),
+                       what="the convert dialog back with its reason")
         await pilot.pause()
         again = app.screen
         assert again.query_one("#convert-dst", Input).value == str(notes)
