@@ -80,10 +80,13 @@ def open_regular(path: Path | str, buffering: int = -1) -> io.BufferedReader | i
         if not stat.S_ISREG(mode):
             raise EngineError(f"{path}: not a regular file ({file_kind(mode)})")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=buffering)  # type: ignore[return-value]
     except BaseException:
         os.close(fd)
         raise
+    # outside the try: once fdopen's file object exists it owns fd, and a signal that unwinds us
+    # now closes it through that object. Closing fd here as well turned Ctrl-C into EBADF (and,
+    # with threads, could close a file someone else had just been given the number for).
+    return os.fdopen(fd, "rb", buffering=buffering)  # type: ignore[return-value]
 
 
 def read_regular_text(path: Path | str) -> str:

@@ -78,12 +78,12 @@ def read_bounded(path: str, limit: int = RECORD_MAX) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")
         os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = f.read(limit + 1)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    # the file object owns fd from here: a signal anywhere below closes it once, through it
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError("larger than %d bytes" % limit)
     return data

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from console.hostside import records
 from console.hostside import runner as runner_module
 from console.scheduler.run_record import RunRecord
 from tests.console_cli import cli
 from tests.detached_runs import local_toml
+from tests.interrupts import interrupt_everywhere
 from tests.runs_registry import write_run
 
 RUNNER = Path(runner_module.__file__)
@@ -141,3 +143,13 @@ def test_held_out_edge_values_are_shown(tmp_path: Path) -> None:
         {"held_out_tau": 1, "step": 0}))
     recs = by_id(runner_list(tmp_path / "runs"))
     assert RunRecord.from_dict(recs[BAD], "box").best_cell() == "1.00@0"
+
+
+def test_ctrl_c_anywhere_in_reading_a_record_is_the_interrupt_never_ebadf(tmp_path: Path) -> None:
+    """The runner reads records under signals: the descriptor is closed once, by whoever owns it
+    when the interrupt lands (closing it twice could close another thread's file)."""
+    f = tmp_path / "record.json"
+    f.write_text("{}")
+    points = interrupt_everywhere(lambda: records.read_bounded(str(f)),
+                                  [records.read_bounded, os.fdopen])
+    assert points > 10

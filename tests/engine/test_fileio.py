@@ -12,12 +12,14 @@ from engine.errors import EngineError
 from engine.fileio import (
     atomic_dir,
     atomic_file,
+    open_regular,
     read_json,
     replace_dir,
     sha256_file,
     write_json,
     write_text,
 )
+from tests.interrupts import interrupt_everywhere
 
 
 class Boom(Exception):
@@ -131,3 +133,18 @@ def test_sha256_equals_hashlib_over_several_windows(tmp_path: Path, size: int) -
     p.write_bytes(os.urandom(size))
     assert sha256_file(p, window=65536) == hashlib.sha256(p.read_bytes()).hexdigest()
     assert sha256_file(p) == hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_ctrl_c_anywhere_in_open_regular_is_the_interrupt_never_ebadf(tmp_path: Path) -> None:
+    """A stop signal landed just after os.fdopen had taken the descriptor: the file object closed
+    it on the way out and the cleanup closed it again, so convert said `OSError: [Errno 9] Bad
+    file descriptor` instead of `interrupted` (once, in CI)."""
+    f = tmp_path / "a.bin"
+    f.write_bytes(b"x" * 10)
+
+    def read() -> None:
+        with open_regular(f, buffering=0) as r:
+            assert r.read() == b"x" * 10
+
+    points = interrupt_everywhere(read, [open_regular, os.fdopen])
+    assert points > 10  # the trace really stepped through both functions
