@@ -63,14 +63,22 @@ def _batch(samples: list[dict[str, torch.Tensor]], packed: bool) -> dict[str, to
     return b
 
 
-@pytest.mark.parametrize("norm_output", [False, True])
-def test_packed_rows_equal_one_sample_per_row(norm_output: bool) -> None:
+@pytest.mark.parametrize("attn_impl", ["split", "dense"])
+@pytest.mark.parametrize("norm_output, layer", [(False, "llama"), (True, "llama"),
+                                                (False, "mla")])
+def test_packed_rows_equal_one_sample_per_row(norm_output: bool, layer: str,
+                                              attn_impl: str) -> None:
+    """Packed rows through the split attention (one causal kernel call per sample) or the dense
+    block-diagonal mask; the rows one sample each always through the split one. The Llama layer
+    and the MLA one (yarn)."""
     from engine.model.draft import Eagle3Draft, preset
     torch.manual_seed(7)
     k = 3
-    cfg = preset("tiny").with_(hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=8, target_hidden_size=HT,
-                               vocab_size=V, draft_vocab_size=VD, norm_output=norm_output)
+    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 8} if layer == "llama" else {}
+    cfg = preset("tiny" if layer == "llama" else "tiny-mla").with_(
+        **sizes, target_hidden_size=HT, vocab_size=V, draft_vocab_size=VD,
+        norm_output=norm_output)
     draft = Eagle3Draft(cfg)
     g = torch.Generator().manual_seed(1)
     draft_ids = torch.randperm(V, generator=g)[:VD].sort().values
@@ -84,6 +92,7 @@ def test_packed_rows_equal_one_sample_per_row(norm_output: bool) -> None:
     denom = float(sum(int(s["loss_mask"][2:].sum()) for s in samples))
 
     def run(packed: bool) -> list[torch.Tensor]:
+        draft.attn_impl = attn_impl if packed else "split"
         b = _batch(samples, packed)
         seg = b.get("segments")
         top = target_argmax(b["hidden"], lm_head)
