@@ -6,8 +6,9 @@ and run to its end (about 15 s), then the app is driven with Pilot: the Runs pan
 finished run (docs/screenshot-runs.svg), its run detail (docs/screenshot.svg), and the
 comparison of two serving sessions (docs/screenshot-compare.svg). The demo has no vLLM, so the
 comparison's two sessions, the demo's public drafter and the finetune's out/final, carry
-recorded example figures (those of tests/console/test_compare.py's snapshot). Nothing of the
-user's is read or written: the config, data and run directories are all under --work."""
+recorded example figures (those of tests/console/checkpoints/test_compare.py's snapshot).
+Nothing of the user's is read or written: the config, data and run directories are all under
+--work."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""`swap` asks the running server what it serves; `compare` names each row by the weight version
-the server said. A real `serve` (the stand-in `vllm` of tests/console/test_serve.py, as a
+"""`swap` asks the running server what it serves; `compare` names each row by the weight version the
+server said. A real `serve` (the stand-in `vllm` of tests/console/checkpoints/test_serve.py, as a
 detached run) with a stand-in swappable vLLM answering on its port (tests/vllm_swap_standin.py:
-/weight_info, /server_info, the weight-update routes, chat completions, /metrics), then the
-README's flow: bench, serve-and-stop another drafter of another vocabulary, swap, bench, and
-the comparison in the console (`m`)."""
+/weight_info, /server_info, the weight-update routes, chat completions, /metrics), then the README's
+flow: bench, serve-and-stop another drafter of another vocabulary, swap, bench, and the comparison
+in the console (`m`)."""
 
 from __future__ import annotations
 

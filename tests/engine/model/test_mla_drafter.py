@@ -1,7 +1,7 @@
 """The MLA draft layer (engine/model/mla_layer.py) against its references: transformers'
 DeepSeek-V3 attention block at step 0 (same weights, yarn with mscale, interleaved RoPE), and the
-TTT extension without a mask against the dense-mask path, as tests/engine/test_ttt_attention.py
-checks the Llama layer."""
+TTT extension without a mask against the dense-mask path, as
+tests/engine/model/test_ttt_attention.py checks the Llama layer."""
 
 from __future__ import annotations
 

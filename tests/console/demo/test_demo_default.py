@@ -153,7 +153,7 @@ async def test_a_failed_build_says_why(tmp_path: Path) -> None:
 def test_the_log_is_where_the_engine_writes_it() -> None:
     """The console names the workspace's log itself (no torch import): the engine's path. The
     engine ships a real vLLM's log of the demo's finetune: every acceptance figure it holds is
-    about what tests/console/test_vllm_serve.py measures for that drafter (3.64)."""
+    about what tests/console/checkpoints/test_vllm_serve.py measures for that drafter (3.64)."""
     from engine.demo.serve_log import SERVE_LOG as ENGINE_SERVE_LOG
     assert SERVE_LOG == ENGINE_SERVE_LOG
     text = recording().decode()

@@ -2,7 +2,7 @@
 at the right layer ids pass it, an off-by-one layer or a garbled forward stops it, naming the
 layer id and the position; in both modes: the whole model (`full`) and one decoder layer at a
 time (`layers`, engine/capture/layerwise_reference.py, for targets bigger than the host's
-memory). The real-vLLM cases are in tests/engine/test_vllm_capture_engine.py."""
+memory). The real-vLLM cases are in tests/engine/capture/test_vllm_capture_engine.py."""
 
 from __future__ import annotations
 

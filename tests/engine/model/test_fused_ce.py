@@ -6,7 +6,6 @@ memory, measured in a fresh process (benchmarks/loss_memory.py)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +20,8 @@ from engine.model.ttt_loss import (
     ttt_loss,
     ttt_loss_fused,
 )
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 KIMI_VOCAB = 163_840
 KIMI_DRAFT_VOCAB = 32_000
 

@@ -220,8 +220,8 @@ def test_a_swap_failing_half_way_leaves_the_old_drafter(
 
 
 def served_acceptance(port: int, prompts: list[list[int]], new_tokens: int) -> float:
-    """The held-out prompts sent as tests/console/test_vllm_serve.py sends them (token ids, greedy,
-    to EOS or `new_tokens`), measured by the server's counters around them."""
+    """The held-out prompts sent as tests/console/checkpoints/test_vllm_serve.py sends them
+    (token ids, greedy, to EOS or `new_tokens`), measured by the server's counters around them."""
     def counters() -> tuple[float, float]:
         page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
         got = {"vllm:spec_decode_num_drafts_total": 0.0,
@@ -256,9 +256,10 @@ def test_eval_vllm_engine_agrees_with_the_server(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`engine eval --vllm-engine` (the target in vLLM's engine, the drafter as its speculative
     config) within 10% of what the server measures on the same held-out prompts, k and
-    length (the figures tests/console/test_vllm_serve.py compares plain `engine eval` with),
-    and of what `bench` measures there by default: its replies stop at EOS, as eval's do
-    (a fixed length past EOS measures text no conversation holds, and far lower)."""
+    length (the figures tests/console/checkpoints/test_vllm_serve.py compares plain
+    `engine eval` with), and of what `bench` measures there by default: its replies stop at
+    EOS, as eval's do (a fixed length past EOS measures text no conversation holds, and far
+    lower)."""
     from tests.vllm_real import NEW_TOKENS, answer, engine_in_vllm, held_out_prompts
     cli(server["cfg"], "swap", "box", str(drafters["early"]), "--json")
     served = served_acceptance(server["port"], held_out_prompts(demo_dir), NEW_TOKENS)

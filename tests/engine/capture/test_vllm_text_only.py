@@ -2,7 +2,7 @@
 --vllm-engine), a multimodal wrapper's text stack is built alone: `language_model_only` is passed
 unless the user named it, and the log says so (engine/ckpt/target_layout.py `vllm_text_only`).
 Checked here on the engine arguments each path would hand vLLM, without vLLM; the real-vLLM case
-is tests/engine/test_vllm_capture_engine.py's Kimi wrapper capture."""
+is tests/engine/capture/test_vllm_capture_engine.py's Kimi wrapper capture."""
 
 from __future__ import annotations
 
