@@ -200,3 +200,39 @@ def test_compiled_step_with_inductor_matches_eager() -> None:
     import torch._dynamo
     torch._dynamo.reset()
     _compiled_matches_eager("inductor", (False,), dynamic=True)
+
+
+def _saved_bytes(draft: Eagle3Draft, t: int, k: int, packed: bool) -> int:
+    """What autograd keeps for the backward of the unroll over t tokens, weights left out (on the
+    meta device when the drafter is there: the real code at no memory cost)."""
+    weights = {x.untyped_storage()._cdata for x in [*draft.parameters(), *draft.buffers()]}
+    kept: dict[int, int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        if x.untyped_storage()._cdata not in weights:
+            kept[x.untyped_storage()._cdata] = x.untyped_storage().nbytes()
+        return x
+
+    dev = draft.fc.weight.device
+    ht = draft.config.target_hidden_size or draft.config.hidden_size
+    aux = torch.zeros(1, t, 3 * ht, device=dev)
+    ids = torch.zeros(1, t, dtype=torch.long, device=dev)
+    seg = (torch.arange(t, device=dev) // 64)[None] if packed else None  # 64-token samples
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        draft.ttt_forward(aux, ids, k, segments=seg)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-mla"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_unroll_keeps_memory_linear_in_tokens(name: str, packed: bool) -> None:
+    """Split attention, one row or packed samples of 64 tokens: four times the tokens, four times
+    what the backward keeps (no [T, T] tensor). The dense mask path, measured the same way, grows
+    faster. Packed rows need their segment ids' values (real tensors), one row the shapes only."""
+    with torch.device("cpu" if packed else "meta"):
+        draft = Eagle3Draft(preset(name))
+    a, b = (_saved_bytes(draft, t, 3, packed) for t in (256, 1024))
+    assert b == 4 * a, (a, b)
+    draft.attn_impl = "dense"
+    a, b = (_saved_bytes(draft, t, 3, packed) for t in (256, 1024))
+    assert b > 5 * a, (a, b)
