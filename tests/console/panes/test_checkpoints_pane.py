@@ -84,7 +84,7 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         assert table.rows_shown[2][0] == "runs/finetune-20261130-140141-0f0f/out/final"
         await wait_for(pilot, lambda: report_shown(pane, str(shelf / "aq-medai-eagle3")))
         view = pane.query_one(InspectView)
-        assert view.report and view.report["ok"] and view.report["format"] == "eagle"
+        assert view.report and view.report.ok and view.report.format == "eagle"
         assert "✔ all checks pass" in view.plain and "FAIL" not in view.plain
         # c: the dialog proposes ROOT/converted/<name>-<style>; choose sglang and bf16
         await pilot.press("c")
@@ -98,9 +98,9 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: pane.converting is None and view.heading.startswith(
             "converted to sglang") and view.report is not None)
-        assert view.report["ok"] and view.report["path"] == dst
-        assert {t["dtype"] for n, t in view.report["tensors"].items()
-                if n not in ("d2t", "t2d")} == {"BF16"}
+        assert view.report.ok and view.report.path == dst
+        assert {t.dtype for t in view.report.tensors
+                if t.name not in ("d2t", "t2d")} == {"BF16"}
         assert json.loads((Path(dst) / "provenance.json").read_text())["source"]
         await wait_for(pilot, lambda: dst in table.paths)
         assert table.selected == dst
@@ -137,7 +137,7 @@ async def test_list_inspect_and_convert_with_keys(tmp_path: Path) -> None:
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: pane.converting is None and view.report is not None
                        and view.heading.startswith("converted to sglang"))
-        assert view.report["path"] == dst + "-2"
+        assert view.report.path == dst + "-2"
 
 
 async def test_replace_refused_by_the_engine_reopens_the_dialog(tmp_path: Path) -> None:
@@ -215,7 +215,7 @@ async def test_the_inspect_view_shows_the_provenance(tmp_path: Path) -> None:
         assert "step        150 · held-out tau 3.441" in lines
         assert f"finetune    {shelf / 'aq-medai-eagle3'} (eagle, sha256 3f1c9a0b7d2e)" in lines
         assert "hashes      data sha256 552e8375cd4b · vocab sha256 ce005e6fa3fa" in lines
-        assert view.report and view.report["provenance"]["step"] == 150
+        assert view.report and view.report.step == 150
 
 
 async def test_serve_proposes_the_verifier_the_convert_dialog_knows(tmp_path: Path) -> None:
