@@ -1,6 +1,6 @@
 """Memory per GPU of one training step of a preset drafter under FSDP, computed (no GPU needed).
 
-    python benchmarks/drafter_memory.py                              # kimi-k2-mla, kimi-k2, llama3-8b
+    python benchmarks/drafter_memory.py                 # kimi-k2-mla, kimi-k2, llama3-8b
     python benchmarks/drafter_memory.py --preset kimi-k2-mla --gpus 8 --tokens 8192 --k 7
 
 What is counted, per GPU, for `torchrun --nproc-per-node N -m engine train --fsdp` as the trainer

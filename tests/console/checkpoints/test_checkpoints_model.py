@@ -19,6 +19,7 @@ from console.runs.service import list_runs
 from console.runs.watch import RunFeed
 from console.scheduler.run_record import FinetuneSource, TrainRun, VocabRemap
 from console.settings.config import LOCAL, Config, HostConfig, Profile
+from tests.paths import FIXTURES
 from tests.runs_registry import local_config, write_run
 
 GPU = "gpu1"
@@ -176,7 +177,7 @@ def test_a_provenance_that_is_not_an_object_reads_as_none_recorded(prov: object)
 
 
 def test_a_training_run_json_is_parsed_once_and_hostile_fields_read_as_unknown() -> None:
-    fixture = Path(__file__).parents[1] / "fixtures" / "runs" / "finetune.run.json"
+    fixture = FIXTURES / "runs" / "finetune.run.json"
     run = TrainRun.parse(json.loads(fixture.read_text(encoding="utf-8")))
     assert run is not None and run.engine == "0.1.0" and run.rebuild_vocab and not run.vocab
     assert run.finetune == FinetuneSource(
