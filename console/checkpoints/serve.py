@@ -27,7 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from console.checkpoints.journal import append, sessions_path
+from console.checkpoints.answers import ModelEntry
+from console.checkpoints.journal import Provenance, Session, record
 from console.checkpoints.serve_guard import (
     argv_port,
     check_extra,
@@ -192,25 +193,11 @@ async def check_servable(host: Host, req: ServeRequest) -> InspectReport:
     return report
 
 
-def session_provenance(report: InspectReport) -> dict[str, Any]:
+def session_provenance(report: InspectReport) -> Provenance:
     """What the comparison tells drafters apart by, from the provenance `engine inspect`
-    reported (the summary the inspect view shows: a converted drafter's run and step come
-    from the training record its conversion carried over, `origin`): run, step, held-out tau,
-    the finetune source's path, and what a conversion was made from."""
-    prov = report.data.get("provenance")
-    if not isinstance(prov, dict):
-        return {}
-    keep = {k: prov[k] for k in ("written_by", "run", "step", "held_out_tau", "format")
-            if prov.get(k) is not None}
-    for k in ("finetune", "derived_from"):   # their paths, not their per-file digests
-        if isinstance(prov.get(k), dict) and prov[k].get("path"):
-            keep[k] = {"path": prov[k]["path"]}
-    return keep
-
-
-def record_session(entry: dict[str, Any]) -> None:
-    """Append one serving session (a line; appends of one line are atomic enough here)."""
-    append(sessions_path(), entry)
+    reported (a converted drafter's run and step come from the training record its conversion
+    carried over, `origin`)."""
+    return Provenance.of_inspect(report.data)
 
 
 async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPool, *,
@@ -233,14 +220,12 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
                       env=vllm_env(req))
     run = await launch(replace(config, profiles={**config.profiles, name: profile}), name, pool,
                        force=force)
-    prov = session_provenance(report)
-    record_session({"run_id": run.id, "host": host_name, "drafter": req.ckpt,
-                    "verifier": req.verifier, "k": req.k, "tp": req.tp, "port": req.port,
-                    "metrics": f"http://127.0.0.1:{req.port}/metrics", "provenance": prov,
-                    "format": report.format or None,
-                    "draft_vocab_size": report.draft_vocab_size,
-                    "started": time.time(), "request": asdict(req),
-                    "swappable": req.swappable})
+    record(Session(run_id=run.id, host=host_name, drafter=req.ckpt, verifier=req.verifier,
+                   k=req.k, tp=req.tp, port=req.port,
+                   metrics=f"http://127.0.0.1:{req.port}/metrics",
+                   provenance=session_provenance(report), format=report.format or None,
+                   draft_vocab_size=report.draft_vocab_size, started=time.time(),
+                   swappable=req.swappable, extra=tuple(req.extra)))
     return run
 
 
@@ -360,7 +345,7 @@ class ServedCheck:
     version: str | None
     fields: list[FieldCheck]
     problems: list[str]            # why some fields could not be checked
-    models: list[dict[str, Any]]   # /v1/models' entries: id, root, max_model_len
+    models: list[ModelEntry]       # /v1/models' entries: id, root, max_model_len
 
     @property
     def warnings(self) -> list[str]:
@@ -380,7 +365,8 @@ class ServedCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "ready": self.ready, "version": self.version,
                 "fields": [asdict(f) for f in self.fields], "warnings": self.warnings,
-                "not_shown_by_vllm": self.not_shown, "models": self.models}
+                "not_shown_by_vllm": self.not_shown,
+                "models": [m.to_json() for m in self.models]}
 
 
 def drafter_fields(draft_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -423,7 +409,7 @@ def _same_path(a: Any, b: Any) -> bool:
 
 
 def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog | None,
-                   models: list[dict[str, Any]] | None) -> list[FieldCheck]:
+                   models: list[ModelEntry] | None) -> list[FieldCheck]:
     """Each asked field against the log and /v1/models (pure). req carries resolved paths.
     A source that is None was not read: its fields are `not checked`; so is a field absent
     from a log that does not show the server started (it may not have come to that line)."""
@@ -448,7 +434,7 @@ def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog
         got = spec.get(key) if spec else None
         same = _same_path(asked, got) if name == "model" else got == asked
         put(name, asked, got if shown else why, "log", same, shown and key in (spec or {}))
-    roots = [m.get("root") or m.get("id") for m in models or []]
+    roots = [m.served for m in models or []]
     put("verifier", req.verifier, roots[0] if roots else "no model listed", "/v1/models",
         any(_same_path(req.verifier, r) or r == req.verifier for r in roots), bool(roots))
     want = drafter_fields(draft_cfg)

@@ -33,7 +33,7 @@ import posixpath
 import time
 from typing import Any
 
-from console.checkpoints.journal import append, swaps_path
+from console.checkpoints.journal import SwapRecord, record
 from console.checkpoints.live import (
     DEFAULT,
     Served,
@@ -60,10 +60,6 @@ SWAP_S = 1800.0
 CLOSE_S = 300.0
 #: the weight version an update is closed with when whether it loaded is not known
 UNKNOWN = "unknown: "
-
-
-def record_swap(entry: dict[str, Any]) -> None:
-    append(swaps_path(), entry)
 
 
 def layer_kind(raw: dict[str, Any]) -> str:
@@ -282,10 +278,10 @@ async def swap(host: Host, ckpt: str, url: str | None = None) -> dict[str, Any]:
     if got != p["version"]:
         raise ConsoleError(f"{host.name}: /weight_info says {got!r} after the swap, not "
                            f"{p['version']!r}")
-    entry = {"run_id": session.run_id if session else None, "host": host.name, "url": base,
-             "drafter": ckpt, "weight_version": got, "previous": served.folder,
-             "previous_version": was, "seconds": round(seconds, 4), "t": round(time.time(), 3),
-             "provenance": session_provenance(p["report"])}
-    record_swap(entry)
-    return {**entry, "checked_against": served.started_with,
+    rec = SwapRecord(run_id=session.run_id if session else None, host=host.name, url=base,
+                     drafter=ckpt, weight_version=got, previous=served.folder,
+                     previous_version=was, seconds=round(seconds, 4), t=round(time.time(), 3),
+                     provenance=session_provenance(p["report"]))
+    record(rec)
+    return {**rec.to_json(), "checked_against": served.started_with,
             "server": describe(served), "note": note}

@@ -14,15 +14,14 @@ from typing import Any
 
 import pytest
 
-from console.checkpoints.compare import Measurer, record_scrape, table
+from console.checkpoints.compare import Measurer, table
 from console.checkpoints.journal import Session, results_path, sessions_path, swaps_path
-from console.checkpoints.serve import record_session
-from console.checkpoints.swap import record_swap
 from console.cli import main as cli_main
 from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
 from tests.panes import open_compare
 from tests.runs_registry import local_app, local_config
+from tests.serving_journal import record_scrape, record_session, record_swap
 from tests.vllm_swap_standin import SwapServer
 from tests.waiting import wait_for
 
