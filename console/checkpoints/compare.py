@@ -156,10 +156,10 @@ def _named(s: Session, version: str, group: Sequence[Measurement],
     """(drafter, provenance, note) for a row of weight version `version` (module docstring)."""
     said = next((sc.drafter for sc in reversed(group) if sc.drafter), None)
     if version in ("", DEFAULT):
-        drafter, prov = (said or s.drafter) if not version else s.drafter, s.provenance_cell
+        drafter, prov = (said or s.drafter) if not version else s.drafter, s.provenance.cell
         if drafter != s.drafter:
             rec = next((r for r in reversed(records) if r.drafter == drafter), None)
-            prov = rec.provenance_cell if rec else path_provenance(drafter)
+            prov = rec.provenance.cell if rec else path_provenance(drafter)
         note = None if not said or said == drafter else \
             f"recorded as {said}; the server's weight version {version} is {drafter}"
         return drafter, prov or path_provenance(drafter), note
@@ -172,7 +172,7 @@ def _named(s: Session, version: str, group: Sequence[Measurement],
             "or a training run's --eval-server)" + (f"; recorded as {said}" if said else "")
     note = None if not said or said == rec.drafter else \
         f"recorded as {said}; the server's weight version {version} is {rec.drafter}"
-    return rec.drafter, rec.provenance_cell or path_provenance(rec.drafter), note
+    return rec.drafter, rec.provenance.cell or path_provenance(rec.drafter), note
 
 
 def rows(session_list: Sequence[Session], scrape_list: Sequence[Measurement],

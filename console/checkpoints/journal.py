@@ -250,10 +250,6 @@ class Session:
         return self.metrics.removesuffix("/metrics") if self.metrics else \
             f"http://127.0.0.1:{self.port}"
 
-    @property
-    def provenance_cell(self) -> str:
-        return self.provenance.cell
-
     @classmethod
     def parse(cls, d: Mapping[str, Any]) -> Session | None:
         run_id, host = text(d.get("run_id")), text(d.get("host"))
@@ -320,10 +316,6 @@ class SwapRecord:
     previous: str | None = None           # the folder it served before, when known
     previous_version: str | None = None
     seconds: float | None = None          # how long the routes took
-
-    @property
-    def provenance_cell(self) -> str:
-        return self.provenance.cell
 
     @classmethod
     def parse(cls, d: Mapping[str, Any]) -> SwapRecord | None:
@@ -566,9 +558,15 @@ def measurement(d: Mapping[str, Any]) -> Measurement | None:
     return BenchRun.parse(d) if d.get("bench") is True else Scrape.parse(d)
 
 
+def measurements(path: Path) -> tuple[list[Measurement], int]:
+    """The scrapes and replays of a JSON-lines file, and how many lines were skipped."""
+    got: tuple[list[Measurement], int] = parsed(path, measurement)
+    return got
+
+
 def scrapes(paths: Iterable[Path]) -> list[Measurement]:
     """The scrapes and replays of JSON-lines files (missing files and damaged lines skipped)."""
-    return [m for p in paths for m in parsed(Path(p), measurement)[0]]
+    return [m for p in paths for m in measurements(Path(p))[0]]
 
 
 # -- everything at once, with what was skipped ----------------------------------------------------
@@ -582,10 +580,11 @@ class Journal:
     measurements: list[Measurement]
     skipped: dict[str, int] = field(default_factory=dict)   # file as named: lines skipped
 
-    def notices(self) -> list[str]:
-        """One line per file that had lines the readers could not use."""
-        return [f"{name}: {n} damaged line{'s' if n != 1 else ''} skipped"
+    def notice(self) -> str | None:
+        """One line naming each file that had lines the readers could not use (None: none)."""
+        said = [f"{name}: {n} damaged line{'s' if n != 1 else ''} skipped"
                 for name, n in self.skipped.items() if n]
+        return "; ".join(said) or None
 
 
 def load(extra: Iterable[Path] = ()) -> Journal:
@@ -593,9 +592,9 @@ def load(extra: Iterable[Path] = ()) -> Journal:
     skipped: dict[str, int] = {}
     found, skipped[SESSIONS] = parsed(sessions_path(), Session.parse)
     swap_list, skipped[SWAPS] = parsed(swaps_path(), SwapRecord.parse)
-    measured, skipped[RESULTS] = parsed(results_path(), measurement)
+    measured, skipped[RESULTS] = measurements(results_path())
     for p in extra:
-        more, n = parsed(Path(p), measurement)
+        more, n = measurements(Path(p))
         measured += more
         skipped[str(p)] = skipped.get(str(p), 0) + n
     return Journal(_sessions(found), swap_list, measured, skipped)

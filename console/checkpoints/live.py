@@ -132,8 +132,8 @@ async def ask(host: Host, base: str, session: Session | None) -> Served:
             raise
         version, why = None, NO_ROUTES
     try:
-        said = await started_config(host, base)
-        started, verifier, k = said.drafter, said.verifier, said.k
+        cfg = await started_config(host, base)
+        started, verifier, k = cfg.drafter, cfg.verifier, cfg.k
     except HttpError as e:
         started, verifier, k, why = None, None, None, why or e.why
     asked = started is not None
@@ -141,12 +141,12 @@ async def ask(host: Host, base: str, session: Session | None) -> Served:
         started, verifier, k = session.drafter, session.verifier or None, session.k
         why = why or "no speculative model in /server_info"
     records = swaps()
-    folder, prov = (started, session.provenance_cell if session is not None
+    folder, prov = (started, session.provenance.cell if session is not None
                     and session.drafter == started else "") \
         if version in (DEFAULT, None) else (None, "")
     if version not in (DEFAULT, None) and \
             (rec := swapped_in(version, host.name, records)) is not None:
-        folder, prov = rec.drafter, rec.provenance_cell
+        folder, prov = rec.drafter, rec.provenance.cell
     disagrees = None
     if session is not None and version is not None:
         said_folder, said = recorded_version(session, records)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from console.checkpoints.answers import ModelEntry
+from console.checkpoints.drafter_facts import drafter_fields, flags_vllm_drops, verifier_mismatch
 from console.checkpoints.journal import Provenance, Session, record
 from console.checkpoints.serve_guard import (
     argv_port,
@@ -141,24 +142,6 @@ def refusal(report: InspectReport) -> str | None:
     if report.config_style == "speculators" and not report.verifier:
         return "a speculators-style config needs its verifier (convert --to speculators " \
                "--verifier TARGET)"
-    return None
-
-
-def verifier_mismatch(draft_cfg: dict[str, Any], target_cfg: dict[str, Any]) -> str | None:
-    """Which field of the verifier's config.json does not fit the drafter, or None."""
-    t = {**target_cfg, **(target_cfg.get("text_config") or {})}
-    if "kv_lora_rank" in t and "vocab_size" not in t:
-        return None
-    pairs = (("vocab_size", draft_cfg.get("vocab_size"), t.get("vocab_size")),
-             ("hidden_size", draft_cfg.get("target_hidden_size") or draft_cfg.get("hidden_size"),
-              t.get("hidden_size")))
-    for name, want, got in pairs:
-        if want is not None and got is not None and want != got:
-            return f"{name}: the drafter expects {want}, the verifier has {got}"
-    n = t.get("num_hidden_layers")
-    ids = draft_cfg.get("aux_layer_ids") or []
-    if isinstance(n, int) and any(not 0 <= int(i) <= n for i in ids):
-        return f"aux layer ids {ids} do not fit the verifier's {n} layers"
     return None
 
 
@@ -369,40 +352,6 @@ class ServedCheck:
                 "models": [m.to_json() for m in self.models]}
 
 
-def drafter_fields(draft_cfg: dict[str, Any]) -> dict[str, Any]:
-    """What the drafter's config.json asks vLLM for, read the way vLLM reads it: aux ids from
-    the top level, else eagle_config's (None: the target's defaults); norm_before_fc from
-    eagle_config, else the top level; norm_output only when the config has it."""
-    nested = draft_cfg.get("eagle_config")
-    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    aux = draft_cfg.get("eagle_aux_hidden_state_layer_ids") or \
-        eagle.get("eagle_aux_hidden_state_layer_ids")
-    out: dict[str, Any] = {
-        "aux_layer_ids": [int(i) for i in aux] if isinstance(aux, list) and aux else None,
-        "norm_before_fc": bool(eagle.get("norm_before_fc", draft_cfg.get("norm_before_fc",
-                                                                         False))),
-        "draft_vocab_size": draft_cfg.get("draft_vocab_size") or draft_cfg.get("vocab_size")}
-    for name in ("fc_norm", "norm_output"):  # vLLM reads these at the top level only
-        if name in draft_cfg:
-            out[name] = bool(draft_cfg[name])
-    return out
-
-
-def flags_vllm_drops(draft_cfg: dict[str, Any]) -> list[tuple[str, bool, bool]]:
-    """EAGLE 3.1 flags the config states where vLLM 0.32 does not read them:
-    (name, asked, what vLLM takes). vLLM's llama/deepseek_eagle3 take `norm_before_fc` from
-    eagle_config, else the top level, but `fc_norm` and `norm_output` from the top level only
-    (default false); a speculators-style config is read at the top level by its adapter."""
-    nested = draft_cfg.get("eagle_config")
-    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    taken = drafter_fields(draft_cfg)
-    out: list[tuple[str, bool, bool]] = []
-    for name in ("fc_norm", "norm_output"):
-        if name in eagle and bool(eagle[name]) != bool(taken.get(name, False)):
-            out.append((name, bool(eagle[name]), bool(taken.get(name, False))))
-    return out
-
-
 def _same_path(a: Any, b: Any) -> bool:
     return isinstance(a, str) and isinstance(b, str) and \
         posixpath.normpath(a) == posixpath.normpath(b)
@@ -431,7 +380,7 @@ def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog
         "no SpeculativeConfig(...) in its config line"
     for name, key, asked in (("method", "method", "eagle3"), ("model", "model", req.ckpt),
                              ("num_speculative_tokens", "num_spec_tokens", req.k)):
-        got = spec.get(key) if spec else None
+        got = spec[key] if spec and key in spec else None
         same = _same_path(asked, got) if name == "model" else got == asked
         put(name, asked, got if shown else why, "log", same, shown and key in (spec or {}))
     roots = [m.served for m in models or []]

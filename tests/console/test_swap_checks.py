@@ -13,10 +13,11 @@ import torch
 
 from console.checkpoints.answers import per_request
 from console.checkpoints.bench import requests_total
+from console.checkpoints.drafter_facts import facts, stated_k
 from console.checkpoints.journal import SpecCounts
 from console.checkpoints.prompts import parse_prompts
 from console.checkpoints.serve import ServeRequest, vllm_argv, vllm_env
-from console.checkpoints.swap import facts, refusals, stated_k
+from console.checkpoints.swap import refusals
 from console.errors import ConsoleError
 from engine.capture.swap_backend import BACKEND, EXTENSION, read_drafter, shapes
 from engine.ckpt.safetensors_io import save_tensors
