@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from console.checkpoints.serve import drafter_fields
+from console.checkpoints.drafter_facts import drafter_fields
 from tests.paths import REPO
 
 STANDIN = """#!/bin/sh

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from console.checkpoints.serve import record_session
 from console.cli import main as cli_main
+from tests.serving_journal import record_session
 from tests.vllm_metrics_standin import State, page
 
 GOOD_REPLY = {"choices": [{"index": 0, "finish_reason": "stop", "token_ids": [5, 6],

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from console.checkpoints.compare import read_scrapes, record_scrape, table
-from console.checkpoints.serve import ServeRequest, record_session, serve
+from console.checkpoints.compare import read_scrapes, table
+from console.checkpoints.serve import ServeRequest, serve
 from console.cli import main as cli_main
 from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
@@ -25,7 +25,13 @@ from tests.drafters import write_drafter
 from tests.paths import REPO
 from tests.runs_registry import fresh_snap_root, local_app, local_config
 from tests.serving import drop_fields, write_verifier
-from tests.serving_journal import parsed_rows, scrape, two_served_drafters
+from tests.serving_journal import (
+    parsed_rows,
+    record_scrape,
+    record_session,
+    scrape,
+    two_served_drafters,
+)
 from tests.sshd import free_port
 from tests.vllm_metrics_standin import State, VllmMetricsStandin
 

@@ -13,16 +13,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.widgets import Static
 
-from console.checkpoints.compare import Measurer, record_scrape, table
-from console.checkpoints.journal import Session, results_path, sessions_path, swaps_path
-from console.checkpoints.serve import record_session
-from console.checkpoints.swap import record_swap
+from console.checkpoints.compare import Measurer, table
+from console.checkpoints.journal import (
+    BenchRun,
+    Figures,
+    Provenance,
+    Scrape,
+    Session,
+    SpecCounts,
+    SwapRecord,
+    load,
+    record,
+    results_path,
+    sessions_path,
+    swaps_path,
+)
 from console.cli import main as cli_main
 from console.dialogs.compare import CompareScreen
 from console.hosts.host import HostPool
+from tests.console_cli import console
 from tests.panes import open_compare
 from tests.runs_registry import local_app, local_config
+from tests.serving_journal import record_scrape, record_session, record_swap
 from tests.vllm_swap_standin import SwapServer
 from tests.waiting import wait_for
 
@@ -103,6 +117,8 @@ async def test_the_table_opens_over_a_swapped_servers_rows_and_a_damaged_journal
         assert sorted((r.weight_version, r.acceptance_length, r.provenance) for r in bench) == [
             ("default", 2.2, ""), ("s30@ab", 3.0, "ft@30")]
         assert screen.query_one("DataTable").row_count == len(screen.rows)
+        status = str(screen.query_one("#compare-status", Static).render())
+        assert ("serving.jsonl: 7 damaged lines skipped" in status) is damage, status
         await pilot.press("down", "down", "down")
         await pilot.pause()
         assert app.is_running
@@ -219,3 +235,63 @@ def test_forget_drops_a_serving_runs_records_and_keeps_every_other_line(
             [ln for ln in before[p] if not of_pub(ln)], p.name
     left = {r.run_id for r in table()}
     assert "serve-pub-1" not in left and "serve-keep-5" in left
+
+
+def test_compare_says_once_how_many_damaged_lines_it_skipped(tmp_path: Path) -> None:
+    """A journal with damaged lines, through the real CLI: the rows it can read, and one line
+    on stderr naming each file and how many lines were skipped."""
+    data = tmp_path / "xdg-data" / "eagle3-console"
+    data.mkdir(parents=True)
+    session = {"run_id": "serve-pub-1", "host": "local", "drafter": "/m/public", "k": 3,
+               "metrics": URL, "started": T0}
+    (data / "serving.jsonl").write_text(json.dumps(session) + '\n{"run_id": \n{"run_id": 5}\n')
+    (data / "serving-metrics.jsonl").write_bytes(
+        json.dumps({"run_id": "serve-pub-1", "host": "local", "url": URL, "t": T0 + 60,
+                    "total": total(100, 150)}).encode() + b"\n\xff\xfe cut\n\n")
+    said = ["warning: serving.jsonl: 2 damaged lines skipped; serving-metrics.jsonl: 1 "
+            "damaged line skipped"]
+    r = console(tmp_path, "compare")
+    assert r.returncode == 0 and r.stderr.splitlines() == said, r.stderr
+    assert "/m/public" in r.stdout and " 2.50 " in r.stdout, r.stdout
+    r = console(tmp_path, "compare", "--json")
+    assert r.returncode == 0 and r.stderr.splitlines() == said, r.stderr
+    assert [json.loads(ln)["acceptance_length"] for ln in r.stdout.splitlines()] == [2.5]
+
+
+def test_every_record_written_reads_back_equal() -> None:
+    """Each record type, every field set, through record() and the readers: the same record,
+    in its own file, and nothing skipped."""
+    prov = Provenance(written_by="training", run="/r/ft/out", step=30, held_out_tau=2.5,
+                      format="eagle", finetune="/m/public", derived_from="/m/src")
+    fig = Figures(drafts=100, draft_tokens=300, accepted=150, acceptance_length=2.5,
+                  acceptance_rate=0.5, per_position=(0.9, 0.5, 0.1), generation_tokens=400,
+                  generation_tokens_per_s=80.0, seconds=30.0, prompt_tokens_per_s=12.5)
+    session = Session(run_id="serve-x-1", host="local", drafter="/m/public", verifier="/m/t",
+                      k=3, port=8001, metrics="http://127.0.0.1:8001/metrics", started=T0,
+                      swappable=True, provenance=prov, tp=2, format="eagle",
+                      draft_vocab_size=96, extra=("--max-model-len", "512"))
+    swap = SwapRecord(run_id="serve-x-1", host="local", url="http://127.0.0.1:8001",
+                      drafter="/r/ft/out/final", weight_version="final@ab", t=T0 + 5,
+                      provenance=prov, previous="/m/public", previous_version="default",
+                      seconds=0.25)
+    scrape = Scrape(run_id="serve-x-1", host="local", url=session.metrics, t=T0 + 9, series=2,
+                    weight_version="final@ab", drafter="/r/ft/out/final", steady=True,
+                    total=fig, interval=Figures(drafts=1, accepted=0, per_position=(0.0,)),
+                    reset=True, running=1, waiting=2, kv_cache_usage_pct=12.5)
+    failed = Scrape(run_id="serve-x-1", host="local", url=session.metrics, t=T0 + 10,
+                    error="connection refused")
+    bench = BenchRun(run_id="serve-x-1", host="local", url=session.metrics, t=T0 + 20,
+                     drafter="/r/ft/out/final", weight_version="final@ab",
+                     records_disagree="records say otherwise", prompts=4, max_tokens=64,
+                     stop="eos", concurrency=2, completion_tokens=200, seconds=2.5,
+                     generation_tokens_per_s=80.0, latency_median=0.5, latency_max=0.75,
+                     total=fig, other_traffic=True,
+                     requests_total=SpecCounts(2.5, drafts=10, accepted=15, draft_tokens=30))
+    for rec in (session, swap, scrape, failed, bench):
+        record(rec)
+    got = load()
+    assert got.sessions == [session] and got.swaps == [swap]
+    assert got.measurements == [scrape, failed, bench]
+    assert got.notice() is None
+    assert [len(p.read_text().splitlines()) for p in (sessions_path(), swaps_path(),
+                                                       results_path())] == [1, 1, 3]

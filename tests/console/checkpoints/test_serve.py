@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from console.checkpoints.answers import model_entries
 from console.checkpoints.journal import sessions
 from console.checkpoints.serve import (
     NOT_SHOWN,
@@ -220,7 +221,8 @@ def real_check(log_text: str | None = None, models: list[dict[str, object]] | No
                "vocab_size": 512, "norm_before_fc": True,
                "eagle_aux_hidden_state_layer_ids": [1, 3, 5],
                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}}
-    got = json.loads(REAL_MODELS.read_text())["data"] if models is None else models
+    got = model_entries(json.loads(REAL_MODELS.read_text())) if models is None else \
+        model_entries({"data": models})
     fields = compare_served(asked, drafter, parse_startup_log(text.splitlines()), got)
     return {f.field: (f.status, f.served) for f in fields}
 
@@ -408,7 +410,7 @@ def test_eagle31_flag_vllm_does_not_read_is_a_warning() -> None:
     it runs the drafter without them and says nothing; the read-back warns."""
     asked = ServeRequest(ckpt=REC_DRAFTER, verifier=REC_TARGET, k=3)
     log = parse_startup_log(REAL_LOG.read_text().splitlines())
-    models = json.loads(REAL_MODELS.read_text())["data"]
+    models = model_entries(json.loads(REAL_MODELS.read_text()))
     drafter = {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 128,
                "vocab_size": 512, "eagle_config": {"norm_output": True, "norm_before_fc": True}}
     fields = {f.field: f for f in compare_served(asked, drafter, log, models)}

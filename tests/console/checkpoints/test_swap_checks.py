@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from console.checkpoints.bench import parse_prompts, per_request, requests_total
+from console.checkpoints.answers import per_request
+from console.checkpoints.bench import requests_total
+from console.checkpoints.drafter_facts import facts, stated_k
+from console.checkpoints.journal import SpecCounts
+from console.checkpoints.prompts import parse_prompts
 from console.checkpoints.serve import ServeRequest, vllm_argv, vllm_env
-from console.checkpoints.swap import facts, refusals, stated_k
+from console.checkpoints.swap import refusals
 from console.errors import ConsoleError
 from engine.capture.swap_backend import BACKEND, EXTENSION, read_drafter, shapes
 from engine.ckpt.safetensors_io import save_tensors
@@ -131,11 +135,10 @@ def test_per_request_acceptance_is_read_and_summed() -> None:
             "acceptance_histogram": [2, 1, 0, 3], "num_spec_steps": 6,
             "num_accepted_draft_tokens": 10, "num_draft_tokens": 18, "num_spec_tokens": 3}
     one = per_request(spec)
-    assert one == {"acceptance_length": 1 + 10 / 6, "drafts": 6, "accepted": 10,
-                   "draft_tokens": 18, "histogram": [2, 1, 0, 3]}
+    assert one == SpecCounts(1 + 10 / 6, drafts=6, accepted=10, draft_tokens=18,
+                             histogram=(2, 1, 0, 3))
     assert per_request(None) is None and per_request({"num_spec_steps": 1}) is None
     total = requests_total([one, per_request({**spec, "num_spec_steps": 4,
                                               "num_accepted_draft_tokens": 2})])
-    assert total == {"acceptance_length": 1 + 12 / 10, "drafts": 10, "accepted": 12,
-                     "draft_tokens": 36}
+    assert total == SpecCounts(1 + 12 / 10, drafts=10, accepted=12, draft_tokens=36)
     assert requests_total([one, None]) is None

@@ -13,11 +13,11 @@ import pytest
 
 from console.checkpoints import swap as swap_mod
 from console.checkpoints.live import server_url, serving_now
-from console.checkpoints.serve import record_session
 from console.checkpoints.swap import post_routes, swap
 from console.errors import ConsoleError
 from console.hosts.host import Host, HostPool
 from tests.runs_registry import local_config
+from tests.serving_journal import record_session
 from tests.vllm_swap_standin import SwapServer
 
 OLD, NEW, CKPT = "old@00", "new@11", "/drafters/new"
