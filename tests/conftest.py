@@ -35,6 +35,10 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHD]:
     server.stop()
 
 
+#: the timeout of a test marked `vllm` that names none
+VLLM_TIMEOUT_S = 1200
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with a real vLLM first (the longest: a server start each), then files with a slow
     test (order within a file kept). `make test` hands whole files to two workers in
@@ -44,6 +48,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     file is the first slow one that needs no demo workspace: the second worker runs it while
     the first builds the workspace, instead of waiting on the build's lock."""
     vllm = {item.path for item in items if item.get_closest_marker("vllm")}
+    for item in items:
+        # the default timeout (pyproject) counts module fixtures too: a real vLLM module's first
+        # test starts its servers (a minute each on 2 busy cores) and may train a drafter first
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(VLLM_TIMEOUT_S))
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     demo = {item.path for item in items if "demo_dir" in getattr(item, "fixturenames", ())}
     items.sort(key=lambda item: (item.path not in vllm, item.path not in slow))
