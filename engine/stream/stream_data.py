@@ -53,7 +53,7 @@ class StreamData(FeatureData):
         self._next: deque[tuple[int, tuple[int, ...]]] = deque()
         self._held: set[int] = set()
         self._taken: list[str] = []
-        self.wait_s, self.waits, self.read_s = 0.0, 0, 0.0
+        self.wait_s, self.waits, self.read_s, self.ack_s = 0.0, 0, 0.0, 0.0
         ev.log(f"streaming {len(self.lengths)} samples of run {run} from the store at {address}")
 
     def _wait_bytes(self, key: str, what: str) -> bytes:
@@ -157,10 +157,12 @@ class StreamData(FeatureData):
     # -- acknowledging ------------------------------------------------------------------------
     def ack(self, step: int) -> None:
         """The optimizer step `step` is done: remove the samples it read (this rank's)."""
+        t0 = time.monotonic()
         self.client.remove(self._taken)
         self._taken = []
-        self.ev.metric({"wait_s": self.wait_s, "waits": self.waits, "read_s": self.read_s},
-                       step=step, name=TRAINER)
+        self.ack_s += time.monotonic() - t0
+        self.ev.metric({"wait_s": self.wait_s, "waits": self.waits, "read_s": self.read_s,
+                        "ack_s": self.ack_s}, step=step, name=TRAINER)
 
     def finish(self) -> None:
         """The run is done (rank 0): the held-out samples and the plan go."""
