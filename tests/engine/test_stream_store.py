@@ -6,6 +6,8 @@ watermarks."""
 from __future__ import annotations
 
 import io
+import json
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +26,9 @@ from engine.stream.address import StreamAddress
 from engine.stream.master import Master, start_master
 from engine.stream.pool import InFlight, Watermarks
 from engine.stream.store import StoreClient
+from tests.engine_helpers import REPO, engine_env
 from tests.stream_store import store_count
+from tests.waiting import wait_until
 
 pytest_plugins = ("tests.stream_store",)
 
@@ -62,6 +66,33 @@ def test_the_master_listens_on_loopback_and_stops(tmp_path) -> None:  # type: ig
         m.stop()
     assert m.proc is not None and m.proc.poll() is not None
     assert not _accepts(m.address.rpc_port)
+
+
+def test_the_stream_master_command_serves_until_stopped(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`engine stream-master` says its address in a file; a client works against it; SIGTERM
+    stops the master it started and ends the command cleanly."""
+    where = tmp_path / "address"
+    p = subprocess.Popen([sys.executable, "-m", "engine", "stream-master", "--address-file",
+                          str(where), "--log", str(tmp_path / "master.log"), "--json"],
+                         cwd=REPO, env=engine_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(where.is_file, 30, "the address file")
+        addr = StreamAddress.parse(where.read_text())
+        assert addr.host == "127.0.0.1"
+        c = StoreClient(addr, segment_bytes=16 << 20)
+        c.put_bytes("cmd/x", b"hello")
+        assert c.get_bytes("cmd/x") == b"hello"
+        c.close()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err[-2000:]
+    assert json.loads(out)["address"] == str(addr)
+    assert not where.exists() and not _accepts(addr.rpc_port)
 
 
 def test_stop_signals_only_the_process_it_started(stream_master: Master) -> None:
