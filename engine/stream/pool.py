@@ -67,8 +67,12 @@ class InFlight:
     """The producer's view of the pool: its keys not yet removed and their sizes."""
 
     def __init__(self, marks: Watermarks, exists: Callable[[list[str]], list[bool]],
-                 ev: Emitter, poll_s: float = 0.02) -> None:
+                 ev: Emitter, poll_s: float = 0.02,
+                 between: Callable[[], None] | None = None) -> None:
+        """`between` runs at every poll while waiting (the producer's look for a new plan; it
+        may raise to abandon the wait)."""
         self.marks, self.exists, self.ev, self.poll_s = marks, exists, ev, poll_s
+        self.between = between
         self.keys: dict[str, int] = {}
         self.steps: dict[str, int] = {}  # the plan step of each key (held-out keys have none)
         self.bytes = 0
@@ -98,6 +102,17 @@ class InFlight:
     def _low(self) -> bool:
         return len(self.keys) <= self.marks.low_samples and self.bytes <= self.marks.low_bytes
 
+    def keep_only(self, steps: dict[str, int | None], remove: Callable[[list[str]], None]
+                  ) -> None:
+        """A new plan: its keys already in flight stay (with their new step numbers), the
+        others are removed from the store."""
+        self.refresh()
+        stale = [k for k in self.keys if k not in steps]
+        remove(stale)
+        for k in stale:
+            self.bytes -= self.keys.pop(k)
+        self.steps = {k: s for k in self.keys if (s := steps[k]) is not None}
+
     def _starved(self, step: int | None) -> bool:
         return step is not None and (not self.steps or step <= min(self.steps.values()))
 
@@ -117,6 +132,8 @@ class InFlight:
                     f"{self.bytes / 2**20:.1f} MiB (high watermark); waiting for the trainer")
         while not (self._fits(nbytes) and (self._low() or self._starved(step))):
             time.sleep(self.poll_s)
+            if self.between is not None:
+                self.between()
             self.refresh()
         dt = time.monotonic() - t0
         self.paused_s += dt
@@ -128,4 +145,6 @@ class InFlight:
         until then)."""
         while self.keys:
             time.sleep(self.poll_s)
+            if self.between is not None:
+                self.between()
             self.refresh()

@@ -35,10 +35,21 @@ class Produced:
     peak: int
 
 
+class Replan(Exception):
+    """The trainer put a new plan (it was restarted): production starts over from it."""
+
+    def __init__(self, plan: po.PlanOrder) -> None:
+        super().__init__(plan.nonce)
+        self.plan = plan
+
+
 class Producer:
-    def __init__(self, client: StoreClient, run: str, marks: Watermarks, ev: Emitter) -> None:
+    def __init__(self, client: StoreClient, run: str, marks: Watermarks, ev: Emitter,
+                 look_s: float = 0.25) -> None:
         self.client, self.run, self.ev = client, keys.check_run(run), ev
-        self.pool = InFlight(marks, client.exists, ev)
+        self.pool = InFlight(marks, client.exists, ev, between=self._look)
+        self.plan: po.PlanOrder | None = None
+        self.look_s, self._looked = look_s, 0.0
         self.put_s = 0.0
         self.total_bytes = 0
 
@@ -62,6 +73,20 @@ class Producer:
                                   f"{timeout_s:.0f} s")
             time.sleep(poll_s)
 
+    def _look(self) -> None:
+        """Raise Replan when the trainer's plan is not the one being produced (looked at every
+        `look_s` at most, while waiting)."""
+        now = time.monotonic()
+        if self.plan is None or now - self._looked < self.look_s:
+            return
+        self._looked = now
+        key = keys.plan_key(self.run)
+        raw = self.client.get_bytes(key)
+        if raw is not None:
+            plan = po.decode(raw, key, len(self.manifest.lengths))
+            if plan.nonce != self.plan.nonce:
+                raise Replan(plan)
+
     def put(self, key: str, sample: Sample, spec: codec.SampleSpec, step: int | None) -> None:
         """Put one sample of plan step `step` (None: held out), within the pool's marks."""
         n = codec.encoded_size(spec)
@@ -80,14 +105,27 @@ class Producer:
 
     def produce(self, sample_of: Callable[[int], Sample], plan: po.PlanOrder,
                 report_every: int = 64) -> Produced:
-        """Put the held-out samples, then every (epoch, index) of the plan, then wait until the
-        trainer has taken them all."""
+        """Put the held-out samples, then every sample of the plan's steps, then wait until the
+        trainer has taken them all; a restarted trainer's new plan starts it over."""
+        while True:
+            try:
+                return self._produce(sample_of, plan, report_every)
+            except Replan as r:
+                plan = r.plan
+                self.ev.log(f"stream producer: the trainer asks again from its step "
+                            f"{plan.start}; producing its new plan")
+
+    def _produce(self, sample_of: Callable[[int], Sample], plan: po.PlanOrder,
+                 report_every: int) -> Produced:
+        self.plan = plan
         todo: list[tuple[str, int, int | None]] = [
             (keys.held_key(self.run, i), i, None) for i in plan.held]
         todo += [(keys.sample_key(self.run, e, i), i, s)
                  for s, (e, idx) in enumerate(plan.steps) for i in idx]
+        self.pool.keep_only({k: s for k, _, s in todo}, self.client.remove)
         for n, (key, i, step) in enumerate(todo, 1):
-            self.put(key, sample_of(i), self.manifest.spec(i), step)
+            if key not in self.pool.keys:  # else put before and not taken yet
+                self.put(key, sample_of(i), self.manifest.spec(i), step)
             self.ev.progress(n, len(todo), unit="sample", desc="stream put")
             if n % report_every == 0:
                 self.report(n)

@@ -14,6 +14,7 @@ estimate and are removed by `finish()` when the run is done.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Any
@@ -76,8 +77,8 @@ class StreamData(FeatureData):
         if rank != 0:
             return
         self._check_pool(steps, held)
-        plan = po.PlanOrder(start, tuple(held), tuple((s.epoch, tuple(s.samples()))
-                                                      for s in steps))
+        plan = po.PlanOrder(start, f"{os.getpid()}-{time.time_ns()}", tuple(held),
+                            tuple((s.epoch, tuple(s.samples())) for s in steps))
         self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
 
     def _check_pool(self, steps: list[Any], held: list[int]) -> None:

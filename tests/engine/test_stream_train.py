@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.stream.master import Master
-from tests.engine_helpers import REPO, engine_env, events, train_args
+from tests.engine_helpers import REPO, engine_env, events, run_engine, train_args
 from tests.stream_store import CountWatch, store_count
+from tests.waiting import wait_until
 
 pytest_plugins = ("tests.demo_workspace", "tests.stream_store")
 
@@ -96,6 +97,7 @@ def test_streamed_training_equals_the_offline_run(demo_dir: Path, stream_master:
     assert watch.seen > 10 and watch.peak <= base + HIGH + 2, watch.peak
     assert store_count(stream_master, "master_evicted_key_count") == 0
     assert store_count(stream_master) == base
+    assert store_count(stream_master) == base
     evs = [json.loads(x) for x in out.splitlines()]
     result = [e["data"] for e in evs if e["kind"] == "result"][0]
     assert result["peak_in_flight"] <= HIGH and result["pauses"] >= 1
@@ -121,3 +123,40 @@ def test_a_pool_too_small_for_one_step_is_refused(demo_dir: Path, stream_master:
     last = p.stderr.strip().splitlines()[-1]
     assert "cannot hold the held-out samples and one step" in last and "Traceback" not in p.stderr
     assert rc != 0 and "no trainer asked for samples within 3 s" in (logs / "err").read_text()
+
+
+@pytest.mark.slow
+def test_a_trainer_killed_and_resumed_trains_as_if_uninterrupted(
+        demo_dir: Path, stream_master: Master, tmp_path: Path) -> None:
+    """SIGKILL of the trainer after step 4 (its last checkpoint: step 3), then the same command
+    with --resume: its new plan makes the producer put again what the killed trainer had
+    already taken, and the run ends on the offline run's numbers and weights."""
+    offline = tmp_path / "offline"
+    run_engine(*train_args(demo_dir, offline, *COMMON))
+    base = store_count(stream_master)
+    logs = tmp_path / "producer"
+    prod = producer(demo_dir, stream_master, "resume", logs, "--high-samples", str(HIGH),
+                    "--low-samples", str(LOW), "--high-gb", "0.25", "--plan-timeout", "120")
+    streamed = tmp_path / "streamed"
+    argv = [sys.executable, "-m", "engine", *stream_args(demo_dir, stream_master, "resume",
+                                                         streamed)]
+    trainer = subprocess.Popen(argv, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: 4 in numbers(streamed) if (streamed / "events.jsonl").is_file()
+                   else False, 300, "step 4 of the streamed run")
+        trainer.kill()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    p = subprocess.run([*argv, "--resume"], cwd=REPO, env=engine_env(), capture_output=True,
+                       text=True, timeout=300)
+    rc = finish(prod, 120 if p.returncode == 0 else 1)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert rc == 0, (logs / "err").read_text()[-3000:]
+    assert "producing its new plan" in (logs / "out").read_text()
+    assert numbers(streamed) == numbers(offline)  # each step's last record: the resumed one
+    a, b = (load_file(str(r / "final" / "model.safetensors")) for r in (offline, streamed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert store_count(stream_master, "master_evicted_key_count") == 0
+    assert store_count(stream_master) == base
