@@ -85,6 +85,14 @@ class Buffer:
 
 class StoreClient:
     def __init__(self, address: StreamAddress, segment_bytes: int = 0) -> None:
+        for port, what in ((address.rpc_port, "master"),
+                           (address.metadata_port, "metadata server")):
+            try:  # Mooncake's own connect retries for minutes: say it at once
+                socket.create_connection((address.host, port), timeout=5).close()
+            except OSError as e:
+                raise EngineError(f"mooncake store {address}: its {what} does not answer on "
+                                  f"{address.host}:{port} ({e.strerror or e}); is "
+                                  "`engine stream-master` running there?") from None
         here = local_address(address.host)
         cls = _mooncake(here)
         self.address = address

@@ -143,6 +143,11 @@ class TrainConfig:
         if self.from_stream and self.online:
             raise EngineError("--from-stream: reads features a producer streams; --online "
                               "computes them here (drop one of the two)")
+        if self.from_stream:
+            from engine.stream.address import StreamAddress
+            from engine.stream.keys import check_run
+            StreamAddress.parse(self.from_stream)
+            check_run(self.data, "--data")
         if not self.online and not self.from_stream and not os.path.isdir(self.data):
             raise EngineError(f"--data {self.data}: not a directory (prepare it first, or pass "
                               "--online with a conversations JSONL file)")

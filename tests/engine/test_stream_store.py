@@ -95,6 +95,17 @@ def test_the_stream_master_command_serves_until_stopped(tmp_path) -> None:  # ty
     assert not where.exists() and not _accepts(addr.rpc_port)
 
 
+def test_a_store_that_does_not_answer_is_one_line_at_once() -> None:
+    """No master on the address: a one-line error at once, where Mooncake alone retries for
+    minutes (the client is what stream-put and the trainer's reader both open)."""
+    from engine.stream.master import free_port
+    dead = StreamAddress("127.0.0.1", free_port("127.0.0.1"), free_port("127.0.0.1"))
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"its master does not answer on 127\.0\.0\.1:") as e:
+        StoreClient(dead)
+    assert time.monotonic() - t0 < 10 and "\n" not in str(e.value)
+
+
 def test_stop_signals_only_the_process_it_started(stream_master: Master) -> None:
     """A record whose PID now names another process (another start time) signals nothing."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
