@@ -70,6 +70,7 @@ class Master:
     log: Path
     metrics_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
+    temp_dir: Path | None = None  # ours to remove once the master is gone (a default log's)
 
     @property
     def metrics_url(self) -> str | None:
@@ -82,12 +83,15 @@ class Master:
         return self.start is not None and process_start(self.pid) == self.start
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """TERM, then KILL after `grace_s`; only while the PID is still ours."""
+        """TERM, then KILL after `grace_s`; only while the PID is still ours. A default log
+        goes with a master we stopped; one that exited by itself keeps it (it says why)."""
+        stopped = False
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            if not self.ours():
+            if not self.ours() or not self._alive():
                 break
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
+                stopped = True
             end = time.monotonic() + wait
             while time.monotonic() < end and self._alive():
                 time.sleep(0.02)
@@ -96,6 +100,8 @@ class Master:
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=1)
+        if stopped and self.temp_dir is not None and not self._alive():
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _alive(self) -> bool:
         if self.proc is not None:
@@ -115,9 +121,11 @@ def start_master(host: str = "127.0.0.1", log: Path | None = None,
     """Start a master on free ports of `host` (module docstring); a port taken between our
     probe and the master's bind is retried with new ports."""
     binary = master_binary()
+    temp_dir = None
     if log is None:
         import tempfile
-        log = Path(tempfile.mkdtemp(prefix="eagle3-mooncake-")) / "master.log"
+        temp_dir = Path(tempfile.mkdtemp(prefix="eagle3-mooncake-"))
+        log = temp_dir / "master.log"
     last = ""
     for _ in range(tries):
         rpc, meta, metrics = free_port(host), free_port(host), free_port(host)
@@ -129,7 +137,7 @@ def start_master(host: str = "127.0.0.1", log: Path | None = None,
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         m = Master(StreamAddress(host, rpc, meta), proc.pid, process_start(proc.pid), log,
-                   metrics, proc)
+                   metrics, proc, temp_dir)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and proc.poll() is None:
             if _accepts(host, rpc) and _accepts(host, meta):

@@ -56,16 +56,18 @@ def _sample(t: int, h: int, dtype: torch.dtype, argmax: bool) -> Sample:
                   torch.randint(0, 1000, (t,), generator=g) if argmax else None)
 
 
-def test_the_master_listens_on_loopback_and_stops(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    m = start_master("127.0.0.1", log=tmp_path / "master.log")
+def test_the_master_listens_on_loopback_and_stops() -> None:
+    """Its own log (no --log given) goes with it."""
+    m = start_master("127.0.0.1")
     try:
+        assert m.log.is_file()
         assert m.address.host == "127.0.0.1" and m.ours()
         assert _accepts(m.address.rpc_port) and _accepts(m.address.metadata_port)
         assert StreamAddress.parse(str(m.address)) == m.address
     finally:
         m.stop()
     assert m.proc is not None and m.proc.poll() is not None
-    assert not _accepts(m.address.rpc_port)
+    assert not _accepts(m.address.rpc_port) and not m.log.parent.exists()
 
 
 def test_the_stream_master_command_serves_until_stopped(tmp_path) -> None:  # type: ignore[no-untyped-def]
