@@ -17,7 +17,8 @@ Without --demo, a demo workspace is built in a temporary directory first (about 
 
 (c) the training step alone, old (dense [T, (i+1)T] attention mask, full-vocab target logits,
     shifted copies of p, log_softmax + product sum) against new
-    (engine/model/ttt_attention.py, draft-vocab target rows, the stored argmax, SoftCrossEntropy),
+    (the trainer's own forward, engine/training/unroll.py: the split TTT attention, the stored
+    argmax, the fused lm_head + soft cross-entropy over chunks of the supervised rows),
     at float32, 2 threads, T=1024, batch 1, 8 heads / 4 kv heads, target vocab 32000, draft vocab
     8000; each measurement a fresh process, old and new interleaved, medians over repeats:
     tokens/s, new/old ratio, peak RSS above the after-import baseline.
@@ -182,8 +183,10 @@ def make_step(spec: dict[str, Any], draft: Any, inputs: dict[str, Any]) -> Calla
     import torch.nn.functional as F
 
     from engine.model.draft import shift_left
-    from engine.model.ttt_loss import STEP_WEIGHT, step_rows, target_distribution, ttt_loss
+    from engine.model.ttt_loss import STEP_WEIGHT, TargetSide, step_rows
+    from engine.training.unroll import Unroll
     old, k = spec["impl"] == "old", spec["k"]
+    unroll = Unroll(draft, k)  # the trainer's own forward: the TTT unroll and its fused loss
     lm_head, draft_ids, head_d = inputs["lm_head"], inputs["draft_ids"], inputs["head_d"]
     aux, hidden, ids, att = inputs["aux"], inputs["hidden"], inputs["ids"], inputs["att"]
     loss_mask, stored_top = inputs["loss_mask"], inputs["stored_top"]
@@ -199,20 +202,20 @@ def make_step(spec: dict[str, Any], draft: Any, inputs: dict[str, Any]) -> Calla
                 top = logits.argmax(-1)
                 p = torch.softmax(logits[..., draft_ids].float(), dim=-1)
                 in_vocab = draft.t2d[top]
-            else:
+            else:  # as the trainer's _micro: p is made chunk by chunk inside the loss
                 top = stored_top
-                p, in_vocab = target_distribution(hidden, head_d, top, draft.t2d)
+                in_vocab = draft.t2d[top]
                 rows = step_rows(loss_mask, in_vocab, k)  # the positions the loss reads
-        out = draft.ttt_forward(aux, ids, k, attention_mask=att, rows=None if old else rows)
         if old:
+            out = draft.ttt_forward(aux, ids, k, attention_mask=att)
             loss = p.new_zeros(())
             for i, lg in enumerate(out):
                 mask = shift_left(loss_mask, 2 + i).bool() & shift_left(in_vocab, 1 + i)
                 ce = -(shift_left(p, 1 + i) * F.log_softmax(lg.float(), dim=-1)).sum(-1)
                 loss = loss + STEP_WEIGHT ** i * (ce * mask).sum() / denom
         else:
-            loss, _ = ttt_loss(out, p, top, in_vocab, loss_mask, draft.d2t, denom, rows)
-            del out  # as the trainer does: the backward does not read the logits
+            loss, _ = unroll(aux, ids, att, rows, TargetSide(hidden, head_d, top, in_vocab),
+                             loss_mask, denom)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

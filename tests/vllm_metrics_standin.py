@@ -206,8 +206,9 @@ def serving(step: int) -> State:
 
 if __name__ == "__main__":
     # `python -m tests.vllm_metrics_standin PORT`: serve /metrics on 127.0.0.1:PORT until killed,
-    # one drafting round more per scrape (the stand-in `vllm serve` of tests/console/test_serve.py)
-    # (a test that serves its own figures on that port already: then only wait to be stopped)
+    # one drafting round more per scrape (the stand-in `vllm serve` of
+    # tests/console/checkpoints/test_serve.py) (a test that serves its own figures on that port
+    # already: then only wait to be stopped)
     import sys
     import time
     try:

@@ -1,8 +1,8 @@
-"""The stand-in `vllm serve` of tests/console/test_serve.py: a script on PATH that records its
-argv, prints the startup log a real vLLM 0.32 printed (with this run's paths, k and aux ids)
-and answers /v1/models and /metrics on its --port. Its own module, light to import (no torch,
-no pytest): the served-config check waits only seconds for that log, and a stand-in that first
-imported the test file (torch, through tests/drafters.py) missed it on a loaded machine."""
+"""The stand-in `vllm serve` of tests/console/checkpoints/test_serve.py: a script on PATH that
+records its argv, prints the startup log a real vLLM 0.32 printed (with this run's paths, k and
+aux ids) and answers /v1/models and /metrics on its --port. Its own module, light to import (no
+torch, no pytest): the served-config check waits only seconds for that log, and a stand-in that
+first imported the test file (torch, through tests/drafters.py) missed it on a loaded machine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from console.checkpoints.serve import drafter_fields
+from console.checkpoints.drafter_facts import drafter_fields
 from tests.paths import REPO
 
 STANDIN = """#!/bin/sh

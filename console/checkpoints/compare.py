@@ -27,26 +27,28 @@ from __future__ import annotations
 
 import re
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from console.checkpoints.journal import (
     Figures,
+    Journal,
+    Measurement,
     Scrape,
     Session,
     SwapRecord,
-    append,
-    results_path,
+    load,
+    record,
     scrapes,
-    sessions,
     swapped_in,
-    swaps,
 )
 from console.checkpoints.live import DEFAULT, weight_info
 from console.hosts.host import Host
 from console.logs.metrics_service import MetricsError, MetricsWatch
+from console.logs.vllm_metrics import Report
 from console.transport.http_client import HttpError
 
 _STEP = re.compile(r"^step_0*(\d+)$")
@@ -78,13 +80,8 @@ class Row:
         return d
 
 
-def record_scrape(run_id: str, scrape: dict[str, Any]) -> None:
-    """Keep one scrape (a `metrics --json` object) under its serving run."""
-    append(results_path(), {"run_id": run_id, **scrape})
-
-
-def read_scrapes(paths: Iterable[Path]) -> list[Scrape]:
-    """Scrapes from JSON-lines files (missing files and damaged lines skipped)."""
+def read_scrapes(paths: Iterable[Path]) -> list[Measurement]:
+    """Scrapes and replays from JSON-lines files (missing files and damaged lines skipped)."""
     return scrapes(paths)
 
 
@@ -100,7 +97,7 @@ def path_provenance(folder: str) -> str:
     return f"{run}@{int(m.group(1))}"
 
 
-def _owner(sc: Scrape, by_host_url: Sequence[Session]) -> str | None:
+def _owner(sc: Measurement, by_host_url: Sequence[Session]) -> str | None:
     """The run id a scrape belongs to: its own, else the newest session on its host and URL
     that had started by its time."""
     if sc.run_id:
@@ -113,7 +110,7 @@ def _owner(sc: Scrape, by_host_url: Sequence[Session]) -> str | None:
     return best.run_id if best else None
 
 
-def summed(intervals: Sequence[Scrape], swapped_at: Sequence[float] = ()) -> Figures | None:
+def summed(intervals: Sequence[Measurement], swapped_at: Sequence[float] = ()) -> Figures | None:
     """The figures of the intervals that do not overlap (two consoles scraping at once count
     each span once) and in which no recorded swap fell (a swap there and back leaves the same
     version on both sides), added up."""
@@ -145,24 +142,24 @@ def summed(intervals: Sequence[Scrape], swapped_at: Sequence[float] = ()) -> Fig
                    seconds=seconds)
 
 
-def _newest_total(group: Sequence[Scrape]) -> Figures | None:
+def _newest_total(group: Sequence[Measurement]) -> Figures | None:
     """The last scrape's totals in the newest series (a restart starts a new one)."""
-    best: Scrape | None = None
+    best: Measurement | None = None
     for sc in group:
         if sc.error is None and (best is None or sc.series >= best.series):
             best = sc
     return best.total if best else None
 
 
-def _named(s: Session, version: str, group: Sequence[Scrape],
+def _named(s: Session, version: str, group: Sequence[Measurement],
            records: Sequence[SwapRecord]) -> tuple[str, str, str | None]:
     """(drafter, provenance, note) for a row of weight version `version` (module docstring)."""
     said = next((sc.drafter for sc in reversed(group) if sc.drafter), None)
     if version in ("", DEFAULT):
-        drafter, prov = (said or s.drafter) if not version else s.drafter, s.provenance
+        drafter, prov = (said or s.drafter) if not version else s.drafter, s.provenance.cell
         if drafter != s.drafter:
             rec = next((r for r in reversed(records) if r.drafter == drafter), None)
-            prov = rec.provenance if rec else path_provenance(drafter)
+            prov = rec.provenance.cell if rec else path_provenance(drafter)
         note = None if not said or said == drafter else \
             f"recorded as {said}; the server's weight version {version} is {drafter}"
         return drafter, prov or path_provenance(drafter), note
@@ -175,30 +172,30 @@ def _named(s: Session, version: str, group: Sequence[Scrape],
             "or a training run's --eval-server)" + (f"; recorded as {said}" if said else "")
     note = None if not said or said == rec.drafter else \
         f"recorded as {said}; the server's weight version {version} is {rec.drafter}"
-    return rec.drafter, rec.provenance or path_provenance(rec.drafter), note
+    return rec.drafter, rec.provenance.cell or path_provenance(rec.drafter), note
 
 
-def rows(session_list: Sequence[Session], scrape_list: Sequence[Scrape],
+def rows(session_list: Sequence[Session], scrape_list: Sequence[Measurement],
          records: Sequence[SwapRecord] = ()) -> list[Row]:
     """One row per serving session and weight version (and per replay), newest first."""
     by_run = {s.run_id: s for s in session_list}
-    groups: dict[tuple[str, str, float], list[Scrape]] = {}
-    versions: dict[str, set[str]] = {}   # what each server's measured scrapes saw
+    groups: dict[tuple[str, str, float], list[Measurement]] = defaultdict(list)
+    versions: dict[str, set[str]] = defaultdict(set)   # what each server's measured scrapes saw
     for sc in sorted(scrape_list, key=lambda d: d.t):
         owner = _owner(sc, session_list)
         if owner is None or owner not in by_run:
             continue
         version = sc.weight_version or ""
-        groups.setdefault((owner, version, sc.t if sc.bench else 0.0), []).append(sc)
+        groups[owner, version, sc.t if sc.bench else 0.0].append(sc)
         if not sc.bench and version:
-            versions.setdefault(owner, set()).add(version)
+            versions[owner].add(version)
     out = []
     for s in session_list:
         keys = sorted(k for k in groups if k[0] == s.run_id) or [(s.run_id, "", 0.0)]
         for key in keys:
-            group = groups.get(key, [])
+            group = groups[key]
             version, replay = key[1], key[2]
-            swapped = versions.get(s.run_id, set()) - {version}
+            swapped = versions[s.run_id] - {version}
             if replay or not version or version == DEFAULT and not swapped:
                 fig = _newest_total(group)
             else:
@@ -237,31 +234,44 @@ class Measurer:
         except HttpError:
             return None
 
-    async def measure(self, session: Session, host: Host) -> dict[str, Any]:
+    async def measure(self, session: Session, host: Host) -> Scrape:
         rid = session.run_id
-        watch = self.watches.get(rid)
-        if watch is None:
-            watch = self.watches[rid] = MetricsWatch(session.metrics)
-        head = {"host": session.host, "url": session.metrics}
+        if rid not in self.watches:
+            self.watches[rid] = MetricsWatch(session.metrics)
+        watch = self.watches[rid]
         before = await self._version(host, session)
         try:
-            scrape = (await watch.poll(host.transport)).to_dict(**head)
+            rep = await watch.poll(host.transport)
         except MetricsError as e:
-            scrape = {**head, "t": round(time.time(), 3), "error": e.why}
+            sc = Scrape(run_id=rid, host=session.host, url=session.metrics,
+                        t=round(time.time(), 3), error=e.why)
             self.versions[rid] = None
         else:
+            sc = scrape_of(rid, session, rep)
             after = await self._version(host, session) if before is not None else None
             if after is not None:
-                steady = before == after and self.versions.get(rid) == after
+                steady = before == after and rid in self.versions \
+                    and self.versions[rid] == after
                 self.versions[rid] = after if before == after else None
                 rec = None if after == DEFAULT else swapped_in(after, session.host)
-                scrape.update(weight_version=after, steady=steady,
-                              drafter=session.drafter if after == DEFAULT
-                              else rec.drafter if rec else None)
-        record_scrape(rid, scrape)
-        return scrape
+                sc = replace(sc, weight_version=after, steady=steady,
+                             drafter=session.drafter if after == DEFAULT
+                             else rec.drafter if rec else None)
+        record(sc)
+        return sc
+
+
+def scrape_of(run_id: str, session: Session, rep: Report) -> Scrape:
+    """The journal's record of one scrape in its series (as `metrics --json` prints it)."""
+    sc = Scrape.parse({"run_id": run_id, **rep.to_dict(host=session.host, url=session.metrics)})
+    assert sc is not None   # a scrape always has its time
+    return sc
+
+
+def table_of(j: Journal) -> list[Row]:
+    return rows(j.sessions, j.measurements, j.swaps)
 
 
 def table(extra: Sequence[Path] = ()) -> list[Row]:
     """The comparison from what is recorded (and the given `metrics --json` files)."""
-    return rows(sessions(), scrapes([results_path(), *extra]), swaps())
+    return table_of(load(extra))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from console.checkpoints.results import _is_int, _is_number
+from console.checkpoints.answers import EvalResult
 from console.errors import ConsoleError
 from console.hosts.engine_client import run_engine
 from console.hosts.host import Host
@@ -48,47 +48,6 @@ class EvalRequest:
                 f"--data={self.data}", "--steps", str(self.k),
                 "--max-samples", str(self.max_samples),
                 *(["--vllm-engine"] if self.vllm_engine else [])]
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """engine eval's answer (engine/training/evaluate.py, vllm_eval.py), as the console shows it."""
-
-    acceptance_length: float
-    per_position: tuple[float, ...]
-    drafts: int
-    samples: int | None
-    k: int
-    path: str      # "transformers" or "vLLM engine"
-
-    @classmethod
-    def parse(cls, d: object, k: int, path: str) -> EvalResult:
-        if not isinstance(d, dict):
-            raise ConsoleError(f"engine eval answered {type(d).__name__}, not a result")
-        tau, pos, drafts = d.get("acceptance_length"), d.get("per_position"), d.get("drafts")
-        if not _is_number(tau) or not isinstance(tau, (int, float)):
-            raise ConsoleError(f"engine eval: acceptance_length {tau!r} is not a number "
-                               "(no draft was made: are the held-out samples empty?)")
-        if not isinstance(pos, list) or not all(_is_number(p) for p in pos):
-            raise ConsoleError(f"engine eval: per_position {str(pos)[:80]} is not a list of "
-                               "numbers")
-        if not _is_int(drafts) or not isinstance(drafts, int):
-            raise ConsoleError(f"engine eval: drafts {drafts!r} is not a whole number")
-        samples = d.get("samples")
-        return cls(float(tau), tuple(float(p) for p in pos), drafts,
-                   samples if _is_int(samples) else None, k, path)
-
-    def line(self) -> str:
-        """One line, as `engine eval` prints it."""
-        pos = ", ".join(f"{p:.3f}" for p in self.per_position)
-        samples = f", {self.samples} samples" if self.samples is not None else ""
-        return (f"acceptance length {self.acceptance_length:.2f} (k={self.k}); per position "
-                f"{pos} ({self.drafts} drafts{samples}; {self.path})")
-
-    def to_json(self) -> dict[str, object]:
-        return {"acceptance_length": self.acceptance_length,
-                "per_position": list(self.per_position), "drafts": self.drafts,
-                "samples": self.samples, "k": self.k, "path": self.path}
 
 
 async def evaluate_checkpoint(host: Host, req: EvalRequest,

@@ -21,15 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from console.checkpoints.journal import (
-    Session,
-    SwapRecord,
-    count,
-    sessions,
-    swapped_in,
-    swaps,
-    text,
-)
+from console.checkpoints.answers import StartedConfig, weight_version
+from console.checkpoints.journal import Session, SwapRecord, sessions, swapped_in, swaps
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.runs.service import list_runs
@@ -107,24 +100,17 @@ class Served:
 
 async def weight_info(host: Host, base: str) -> str:
     """The server's weight version (HttpError when it does not answer one)."""
-    doc = await call(host.transport, base + "/weight_info", timeout=INFO_TIMEOUT)
-    v = text(doc.get("weight_version")) if isinstance(doc, dict) else None
+    v = weight_version(await call(host.transport, base + "/weight_info", timeout=INFO_TIMEOUT))
     if not v:
         raise HttpError(host.name, f"GET {base}/weight_info", "no weight_version in its "
                         "answer", 200, GARBLED)
     return v
 
 
-async def started_config(host: Host, base: str) -> tuple[str | None, str | None, int | None]:
-    """(drafter folder, verifier, k) the server started with, from /server_info."""
-    doc = await call(host.transport, base + "/server_info?config_format=json",
-                     timeout=SERVER_INFO_TIMEOUT)
-    cfg = doc.get("vllm_config") if isinstance(doc, dict) else None
-    spec = cfg.get("speculative_config") if isinstance(cfg, dict) else None
-    model = cfg.get("model_config") if isinstance(cfg, dict) else None
-    k = count(spec.get("num_speculative_tokens"), 1) if isinstance(spec, dict) else None
-    return (text(spec.get("model")) if isinstance(spec, dict) else None,
-            text(model.get("model")) if isinstance(model, dict) else None, k)
+async def started_config(host: Host, base: str) -> StartedConfig:
+    """The drafter folder, verifier and k the server started with, from /server_info."""
+    return StartedConfig.parse(await call(host.transport, base + "/server_info?config_format=json",
+                                          timeout=SERVER_INFO_TIMEOUT))
 
 
 def recorded_version(session: Session, records: list[SwapRecord]) -> tuple[str, str]:
@@ -146,7 +132,8 @@ async def ask(host: Host, base: str, session: Session | None) -> Served:
             raise
         version, why = None, NO_ROUTES
     try:
-        started, verifier, k = await started_config(host, base)
+        cfg = await started_config(host, base)
+        started, verifier, k = cfg.drafter, cfg.verifier, cfg.k
     except HttpError as e:
         started, verifier, k, why = None, None, None, why or e.why
     asked = started is not None
@@ -154,12 +141,12 @@ async def ask(host: Host, base: str, session: Session | None) -> Served:
         started, verifier, k = session.drafter, session.verifier or None, session.k
         why = why or "no speculative model in /server_info"
     records = swaps()
-    folder, prov = (started, session.provenance if session is not None
+    folder, prov = (started, session.provenance.cell if session is not None
                     and session.drafter == started else "") \
         if version in (DEFAULT, None) else (None, "")
     if version not in (DEFAULT, None) and \
             (rec := swapped_in(version, host.name, records)) is not None:
-        folder, prov = rec.drafter, rec.provenance
+        folder, prov = rec.drafter, rec.provenance.cell
     disagrees = None
     if session is not None and version is not None:
         said_folder, said = recorded_version(session, records)

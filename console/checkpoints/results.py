@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from console.errors import ConsoleError
+from engine.inspect_report import provenance_rows, style_head
 
 
 @dataclass(frozen=True)
@@ -26,15 +27,68 @@ class Check:
 
 
 @dataclass(frozen=True)
+class Tensor:
+    """One tensor of the checkpoint's weights: name, shape, dtype and size in bytes."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    """The sizes inspect reports from the drafter's config (None: not reported as a number)."""
+
+    hidden_size: int | None = None
+    target_hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    draft_vocab_size: int | None = None
+    aux_layers: str = "None"        # as reported: the ids, or the words for the defaults
+    rope_type: str = "default"
+    rope_theta: float | None = None
+    torch_dtype: str = "None"
+
+    @classmethod
+    def parse(cls, c: Mapping[str, Any]) -> ConfigSummary:
+        rope = c.get("rope_scaling")
+        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        theta = c.get("rope_theta")
+        return cls(**{k: _int(c.get(k)) for k in SIZES}, aux_layers=str(c.get("aux_layer_ids")),
+                   rope_type=str(rope_type), torch_dtype=str(c.get("torch_dtype")),
+                   rope_theta=theta if _is_number(theta) else None)
+
+
+#: the integer fields of ConfigSummary, named as inspect's config summary names them
+SIZES = ("hidden_size", "target_hidden_size", "intermediate_size", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size")
+
+
+@dataclass(frozen=True)
 class InspectReport:
-    """engine inspect's report (engine/commands/inspect.py `collect`), as the console uses it."""
+    """engine inspect's report (engine/commands/inspect.py `collect`), as the console uses it:
+    every field the inspect view draws, typed; `data` keeps the whole report for `--json`,
+    the text render and the swap checks."""
 
     ok: bool
     checks: tuple[Check, ...] = ()
+    path: str = ""
     format: str = ""
+    style: str = ""                  # the export style its writer recorded ("": the format)
     key_style: str = ""
     config_style: str = ""
+    weights: str = ""
+    files: tuple[str, ...] = ()
+    tensors: tuple[Tensor, ...] = ()  # by name
+    total_bytes: int | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    summary: ConfigSummary = ConfigSummary()
+    # the provenance as the engine words it: (label, value) rows, provenance_rows's
+    provenance: tuple[tuple[str, str], ...] = ()
     step: int | None = None          # the training step its provenance names
     data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -43,15 +97,25 @@ class InspectReport:
         if not isinstance(d, dict):
             raise ConsoleError(f"engine inspect answered {type(d).__name__}, not a report")
         checks = [Check(_text(c.get("name")), c.get("ok") is True, _text(c.get("detail")))
-                  for c in d.get("checks") or [] if isinstance(c, dict)]
-        cfg, prov = d.get("config"), d.get("provenance")
-        step = prov.get("step") if isinstance(prov, dict) else None
-        return cls(ok=d.get("ok") is True, checks=tuple(checks), format=_text(d.get("format")),
+                  for c in _list(d.get("checks")) if isinstance(c, dict)]
+        cfg, prov, files = d.get("config"), d.get("provenance"), d.get("files")
+        config: dict[str, Any] = cfg if isinstance(cfg, dict) else {}
+        provenance: dict[str, Any] | None = prov if isinstance(prov, dict) else None
+        return cls(ok=d.get("ok") is True, checks=tuple(checks), path=_text(d.get("path")),
+                   format=_text(d.get("format")), style=_text(d.get("style")),
                    key_style=_text(d.get("key_style")),
-                   config_style=_text(d.get("config_style")),
-                   config=cfg if isinstance(cfg, dict) else {},
-                   step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                   config_style=_text(d.get("config_style")), weights=_text(d.get("weights")),
+                   files=tuple(_text(f) for f in _list(files)),
+                   tensors=_tensors(d.get("tensors")), total_bytes=_int(d.get("total_bytes")),
+                   config=config, summary=ConfigSummary.parse(config),
+                   provenance=tuple(provenance_rows(provenance)),
+                   step=_int(provenance.get("step")) if provenance is not None else None,
                    data=d)
+
+    @property
+    def style_head(self) -> str:
+        """`eagle format`, or `vllm export of eagle format` (engine/inspect_report.py)."""
+        return style_head(self.format, self.style)
 
     @property
     def verifier(self) -> str:
@@ -60,8 +124,7 @@ class InspectReport:
 
     @property
     def draft_vocab_size(self) -> int | None:
-        n = self.config.get("draft_vocab_size")
-        return n if isinstance(n, int) and not isinstance(n, bool) else None
+        return self.summary.draft_vocab_size
 
     def first_failed(self) -> Check | None:
         return next((c for c in self.checks if not c.ok), None)
@@ -72,6 +135,14 @@ class InspectReport:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.data)
+
+
+def _tensors(t: object) -> tuple[Tensor, ...]:
+    if not isinstance(t, dict):
+        return ()
+    return tuple(Tensor(str(name), tuple(x for x in _list(v.get("shape")) if _is_int(x)),
+                        str(v.get("dtype")), _int(v.get("bytes")))
+                 for name, v in sorted(t.items()) if isinstance(v, dict))
 
 
 @dataclass(frozen=True)
@@ -146,6 +217,14 @@ def parse_scan(data: object, host: str) -> tuple[list[Checkpoint], list[tuple[st
 
 def _text(v: object) -> str:
     return v if isinstance(v, str) else "" if v is None else str(v)
+
+
+def _int(x: object) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _list(x: object) -> list[Any]:
+    return x if isinstance(x, list) else []
 
 
 def _is_int(x: object) -> bool:

@@ -27,7 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from console.checkpoints.journal import append, sessions_path
+from console.checkpoints.answers import ModelEntry
+from console.checkpoints.drafter_facts import drafter_fields, flags_vllm_drops, verifier_mismatch
+from console.checkpoints.journal import Provenance, Session, record
 from console.checkpoints.serve_guard import (
     argv_port,
     check_extra,
@@ -143,24 +145,6 @@ def refusal(report: InspectReport) -> str | None:
     return None
 
 
-def verifier_mismatch(draft_cfg: dict[str, Any], target_cfg: dict[str, Any]) -> str | None:
-    """Which field of the verifier's config.json does not fit the drafter, or None."""
-    t = {**target_cfg, **(target_cfg.get("text_config") or {})}
-    if "kv_lora_rank" in t and "vocab_size" not in t:
-        return None
-    pairs = (("vocab_size", draft_cfg.get("vocab_size"), t.get("vocab_size")),
-             ("hidden_size", draft_cfg.get("target_hidden_size") or draft_cfg.get("hidden_size"),
-              t.get("hidden_size")))
-    for name, want, got in pairs:
-        if want is not None and got is not None and want != got:
-            return f"{name}: the drafter expects {want}, the verifier has {got}"
-    n = t.get("num_hidden_layers")
-    ids = draft_cfg.get("aux_layer_ids") or []
-    if isinstance(n, int) and any(not 0 <= int(i) <= n for i in ids):
-        return f"aux layer ids {ids} do not fit the verifier's {n} layers"
-    return None
-
-
 async def check_servable(host: Host, req: ServeRequest) -> InspectReport:
     """The inspect report, after refusing (ConsoleError) what vLLM would not load."""
     req.check()
@@ -192,25 +176,11 @@ async def check_servable(host: Host, req: ServeRequest) -> InspectReport:
     return report
 
 
-def session_provenance(report: InspectReport) -> dict[str, Any]:
+def session_provenance(report: InspectReport) -> Provenance:
     """What the comparison tells drafters apart by, from the provenance `engine inspect`
-    reported (the summary the inspect view shows: a converted drafter's run and step come
-    from the training record its conversion carried over, `origin`): run, step, held-out tau,
-    the finetune source's path, and what a conversion was made from."""
-    prov = report.data.get("provenance")
-    if not isinstance(prov, dict):
-        return {}
-    keep = {k: prov[k] for k in ("written_by", "run", "step", "held_out_tau", "format")
-            if prov.get(k) is not None}
-    for k in ("finetune", "derived_from"):   # their paths, not their per-file digests
-        if isinstance(prov.get(k), dict) and prov[k].get("path"):
-            keep[k] = {"path": prov[k]["path"]}
-    return keep
-
-
-def record_session(entry: dict[str, Any]) -> None:
-    """Append one serving session (a line; appends of one line are atomic enough here)."""
-    append(sessions_path(), entry)
+    reported (a converted drafter's run and step come from the training record its conversion
+    carried over, `origin`)."""
+    return Provenance.of_inspect(report.data)
 
 
 async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPool, *,
@@ -233,14 +203,12 @@ async def serve(config: Config, host_name: str, req: ServeRequest, pool: HostPoo
                       env=vllm_env(req))
     run = await launch(replace(config, profiles={**config.profiles, name: profile}), name, pool,
                        force=force)
-    prov = session_provenance(report)
-    record_session({"run_id": run.id, "host": host_name, "drafter": req.ckpt,
-                    "verifier": req.verifier, "k": req.k, "tp": req.tp, "port": req.port,
-                    "metrics": f"http://127.0.0.1:{req.port}/metrics", "provenance": prov,
-                    "format": report.format or None,
-                    "draft_vocab_size": report.draft_vocab_size,
-                    "started": time.time(), "request": asdict(req),
-                    "swappable": req.swappable})
+    record(Session(run_id=run.id, host=host_name, drafter=req.ckpt, verifier=req.verifier,
+                   k=req.k, tp=req.tp, port=req.port,
+                   metrics=f"http://127.0.0.1:{req.port}/metrics",
+                   provenance=session_provenance(report), format=report.format or None,
+                   draft_vocab_size=report.draft_vocab_size, started=time.time(),
+                   swappable=req.swappable, extra=tuple(req.extra)))
     return run
 
 
@@ -360,7 +328,7 @@ class ServedCheck:
     version: str | None
     fields: list[FieldCheck]
     problems: list[str]            # why some fields could not be checked
-    models: list[dict[str, Any]]   # /v1/models' entries: id, root, max_model_len
+    models: list[ModelEntry]       # /v1/models' entries: id, root, max_model_len
 
     @property
     def warnings(self) -> list[str]:
@@ -380,41 +348,8 @@ class ServedCheck:
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "ready": self.ready, "version": self.version,
                 "fields": [asdict(f) for f in self.fields], "warnings": self.warnings,
-                "not_shown_by_vllm": self.not_shown, "models": self.models}
-
-
-def drafter_fields(draft_cfg: dict[str, Any]) -> dict[str, Any]:
-    """What the drafter's config.json asks vLLM for, read the way vLLM reads it: aux ids from
-    the top level, else eagle_config's (None: the target's defaults); norm_before_fc from
-    eagle_config, else the top level; norm_output only when the config has it."""
-    nested = draft_cfg.get("eagle_config")
-    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    aux = draft_cfg.get("eagle_aux_hidden_state_layer_ids") or \
-        eagle.get("eagle_aux_hidden_state_layer_ids")
-    out: dict[str, Any] = {
-        "aux_layer_ids": [int(i) for i in aux] if isinstance(aux, list) and aux else None,
-        "norm_before_fc": bool(eagle.get("norm_before_fc", draft_cfg.get("norm_before_fc",
-                                                                         False))),
-        "draft_vocab_size": draft_cfg.get("draft_vocab_size") or draft_cfg.get("vocab_size")}
-    for name in ("fc_norm", "norm_output"):  # vLLM reads these at the top level only
-        if name in draft_cfg:
-            out[name] = bool(draft_cfg[name])
-    return out
-
-
-def flags_vllm_drops(draft_cfg: dict[str, Any]) -> list[tuple[str, bool, bool]]:
-    """EAGLE 3.1 flags the config states where vLLM 0.32 does not read them:
-    (name, asked, what vLLM takes). vLLM's llama/deepseek_eagle3 take `norm_before_fc` from
-    eagle_config, else the top level, but `fc_norm` and `norm_output` from the top level only
-    (default false); a speculators-style config is read at the top level by its adapter."""
-    nested = draft_cfg.get("eagle_config")
-    eagle: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    taken = drafter_fields(draft_cfg)
-    out: list[tuple[str, bool, bool]] = []
-    for name in ("fc_norm", "norm_output"):
-        if name in eagle and bool(eagle[name]) != bool(taken.get(name, False)):
-            out.append((name, bool(eagle[name]), bool(taken.get(name, False))))
-    return out
+                "not_shown_by_vllm": self.not_shown,
+                "models": [m.to_json() for m in self.models]}
 
 
 def _same_path(a: Any, b: Any) -> bool:
@@ -423,7 +358,7 @@ def _same_path(a: Any, b: Any) -> bool:
 
 
 def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog | None,
-                   models: list[dict[str, Any]] | None) -> list[FieldCheck]:
+                   models: list[ModelEntry] | None) -> list[FieldCheck]:
     """Each asked field against the log and /v1/models (pure). req carries resolved paths.
     A source that is None was not read: its fields are `not checked`; so is a field absent
     from a log that does not show the server started (it may not have come to that line)."""
@@ -445,10 +380,10 @@ def compare_served(req: ServeRequest, draft_cfg: dict[str, Any], log: StartupLog
         "no SpeculativeConfig(...) in its config line"
     for name, key, asked in (("method", "method", "eagle3"), ("model", "model", req.ckpt),
                              ("num_speculative_tokens", "num_spec_tokens", req.k)):
-        got = spec.get(key) if spec else None
+        got = spec[key] if spec and key in spec else None
         same = _same_path(asked, got) if name == "model" else got == asked
         put(name, asked, got if shown else why, "log", same, shown and key in (spec or {}))
-    roots = [m.get("root") or m.get("id") for m in models or []]
+    roots = [m.served for m in models or []]
     put("verifier", req.verifier, roots[0] if roots else "no model listed", "/v1/models",
         any(_same_path(req.verifier, r) or r == req.verifier for r in roots), bool(roots))
     want = drafter_fields(draft_cfg)

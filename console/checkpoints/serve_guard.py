@@ -16,10 +16,9 @@ it, is named with the command that frees it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from console.checkpoints.answers import PortState, served_drafter
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.scheduler.run_record import RunRecord
@@ -114,19 +113,6 @@ def argv_port(argv: Sequence[str]) -> int:
     return port
 
 
-def served_drafter(argv: Sequence[str]) -> str | None:
-    """The drafter a `vllm serve` command line names in its --speculative-config."""
-    for i, w in enumerate(argv[:-1]):
-        if w == "--speculative-config":
-            try:
-                spec = json.loads(argv[i + 1])
-            except ValueError:
-                return None
-            model = spec.get("model") if isinstance(spec, dict) else None
-            return model if isinstance(model, str) else None
-    return None
-
-
 def serving_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
     """The host's running `serve` runs (their profiles are serve-<drafter>)."""
     return [r for r in records if r.status == RunStatus.RUNNING and r.profile.startswith("serve-")
@@ -136,31 +122,6 @@ def serving_runs(records: Sequence[RunRecord]) -> list[RunRecord]:
 def describe_run(rec: RunRecord) -> str:
     drafter = served_drafter(rec.argv)
     return f"run {rec.id}" + (f" (serving {drafter})" if drafter else "")
-
-
-@dataclass(frozen=True)
-class PortHolder:
-    pid: int
-    pgid: int
-    cmd: str
-
-
-@dataclass(frozen=True)
-class PortState:
-    """What the host says of a port: bindable, and the processes (of this user) listening."""
-
-    free: bool
-    why: str
-    holders: tuple[PortHolder, ...]
-
-    @classmethod
-    def parse(cls, text: str) -> PortState:
-        doc = json.loads(text)
-        if not isinstance(doc, dict) or not isinstance(doc.get("holders"), list):
-            raise ValueError("not the port check's answer")
-        return cls(free=doc.get("free") is True, why=str(doc.get("why") or ""),
-                   holders=tuple(PortHolder(int(h["pid"]), int(h["pgid"]), str(h["cmd"])[:200])
-                                 for h in doc["holders"] if isinstance(h, dict)))
 
 
 async def port_state(host: Host, port: int) -> PortState:
@@ -189,7 +150,7 @@ async def refuse_taken_port(host: Host, port: int, records: Sequence[RunRecord])
         return
     by_group = {r.pid: r for r in runs if r.pid}
     for h in state.holders:
-        rec = by_group.get(h.pgid) or by_group.get(h.pid)
+        rec = next((by_group[p] for p in (h.pgid, h.pid) if p in by_group), None)
         if rec is not None:
             raise ConsoleError(f"{where} is taken by {describe_run(rec)}" + fix.format(id=rec.id))
     if starting:

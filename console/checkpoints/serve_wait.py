@@ -11,8 +11,8 @@ import asyncio
 import posixpath
 import time
 from collections.abc import Callable
-from typing import Any
 
+from console.checkpoints.answers import ModelEntry, model_entries
 from console.errors import TransportError
 from console.hosts.host import Host
 from console.logs.vllm_log import strip_ansi
@@ -36,16 +36,11 @@ LINE_WIDTH = 200
 OnWait = Callable[[float, str], None]
 
 
-async def _models(host: Host, port: int) -> list[dict[str, Any]]:
+async def _models(host: Host, port: int) -> list[ModelEntry]:
     """/v1/models' entries, fetched through the host's own connection (HttpError when the
     server does not answer JSON; ValueError when the JSON is not /v1/models')."""
-    doc = await call(host.transport, f"http://127.0.0.1:{port}/v1/models",
-                     timeout=ANSWER_TIMEOUT)
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(data, list):
-        raise ValueError("no `data` list in /v1/models' answer")
-    return [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in data
-            if isinstance(m, dict)]
+    return model_entries(await call(host.transport, f"http://127.0.0.1:{port}/v1/models",
+                                    timeout=ANSWER_TIMEOUT))
 
 
 async def last_log_line(host: Host, run: Run) -> str:
@@ -72,7 +67,7 @@ async def last_log_line(host: Host, run: Run) -> str:
 
 async def wait_until_served(host: Host, run: Run, port: int, timeout: float = CHECK_TIMEOUT,
                             poll: float = CHECK_POLL, on_wait: OnWait | None = None
-                            ) -> tuple[list[dict[str, Any]] | None, str]:
+                            ) -> tuple[list[ModelEntry] | None, str]:
     """/v1/models' entries once the server answers, or None and why it never did (the run
     ended, or `timeout` seconds went by); on_wait hears the server's last log line each poll."""
     t0 = time.monotonic()

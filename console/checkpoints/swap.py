@@ -33,7 +33,8 @@ import posixpath
 import time
 from typing import Any
 
-from console.checkpoints.journal import append, swaps_path
+from console.checkpoints.drafter_facts import facts, stated_k, target_vocab, weight_files
+from console.checkpoints.journal import SwapRecord, record
 from console.checkpoints.live import (
     DEFAULT,
     Served,
@@ -41,64 +42,18 @@ from console.checkpoints.live import (
     serving_now,
     weight_info,
 )
-from console.checkpoints.serve import (
-    drafter_fields,
-    refusal,
-    session_provenance,
-)
+from console.checkpoints.serve import refusal, session_provenance
 from console.checkpoints.service import inspect_checkpoint
 from console.errors import ConsoleError
 from console.hosts.host import Host
 from console.transport.http_client import REFUSED, HttpError, call
 
-SIZE_FIELDS = ("hidden_size", "target_hidden_size", "intermediate_size", "num_attention_heads",
-               "num_key_value_heads", "head_dim", "draft_vocab_size")
-FLAG_FIELDS = ("norm_before_fc", "norm_output", "norm_before_residual", "fc_norm")
 #: a swap reads the whole drafter on the server: minutes for a large one
 SWAP_S = 1800.0
 #: closing an update after a failure (it may wait for a load still running)
 CLOSE_S = 300.0
 #: the weight version an update is closed with when whether it loaded is not known
 UNKNOWN = "unknown: "
-
-
-def record_swap(entry: dict[str, Any]) -> None:
-    append(swaps_path(), entry)
-
-
-def layer_kind(raw: dict[str, Any]) -> str:
-    """The drafter's decoder layer: MLA when its config has MLA's low-rank fields."""
-    cfg = {**raw, **(raw.get("transformer_layer_config") or {})}
-    return "mla" if "kv_lora_rank" in cfg else "llama"
-
-
-def stated_k(raw: dict[str, Any]) -> int | None:
-    """The k a drafter's config.json states, if it states one (speculators' proposal methods,
-    or a top-level num_speculative_tokens)."""
-    if isinstance(raw.get("num_speculative_tokens"), int):
-        return int(raw["num_speculative_tokens"])
-    spec = raw.get("speculators_config")
-    methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
-    for m in methods if isinstance(methods, list) else []:
-        if isinstance(m, dict) and isinstance(m.get("speculative_tokens"), int):
-            return int(m["speculative_tokens"])
-    return None
-
-
-def facts(report: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
-    """What a running server fixes about its drafter, from the inspect report and config.json."""
-    cfg = report.get("config") or {}
-    out: dict[str, Any] = {"layer kind": layer_kind(raw)}
-    for name in SIZE_FIELDS:
-        out[name] = cfg.get(name)
-    out["target vocab"] = cfg.get("vocab_size")
-    fields = drafter_fields(raw)
-    out["aux_layer_ids"] = fields["aux_layer_ids"]
-    for name in FLAG_FIELDS:
-        out[name] = bool(fields.get(name, raw.get(name, cfg.get(name, False))))
-    out["tensors"] = {n: tuple(t.get("shape") or ()) for n, t in
-                      (report.get("tensors") or {}).items()}
-    return out
 
 
 def refusals(new: dict[str, Any], served: dict[str, Any], k: int | None,
@@ -108,17 +63,17 @@ def refusals(new: dict[str, Any], served: dict[str, Any], k: int | None,
     for name, want in served.items():
         if name == "tensors":
             continue
-        if new.get(name) != want:
-            out.append(f"{name}: the drafter has {new.get(name)!r}, the server runs {want!r}")
-    if target_vocab is not None and new.get("target vocab") not in (None, target_vocab):
-        out.append(f"target vocab: the drafter has {new.get('target vocab')}, the verifier "
+        if new[name] != want:
+            out.append(f"{name}: the drafter has {new[name]!r}, the server runs {want!r}")
+    if target_vocab is not None and new["target vocab"] not in (None, target_vocab):
+        out.append(f"target vocab: the drafter has {new['target vocab']}, the verifier "
                    f"{target_vocab}")
     if k is not None and new_k is not None and new_k != k:
         out.append(f"k: the drafter's config says {new_k}, the server runs k={k}")
     if not any(o.startswith(("head_dim", "hidden_size", "draft_vocab_size")) for o in out):
-        a, b = new.get("tensors") or {}, served.get("tensors") or {}
+        a, b = new["tensors"], served["tensors"]
         for name in sorted(set(a) | set(b)):
-            if a.get(name) != b.get(name):
+            if name not in a or name not in b or a[name] != b[name]:
                 out.append(f"tensor {name}: the drafter has "
                            f"{list(a[name]) if name in a else 'none'}, the server runs "
                            f"{list(b[name]) if name in b else 'none'}")
@@ -138,7 +93,7 @@ async def _json_file(host: Host, path: str) -> dict[str, Any]:
 async def weight_version(host: Host, ckpt: str, report: dict[str, Any]) -> str:
     """NAME@SHA: the drafter's folder name and the sha256 of its weight files (one file: that
     file's digest; several: the digest of their sorted `name digest` lines)."""
-    files = sorted(report.get("files") or [])
+    files = weight_files(report)
     if not files:
         raise ConsoleError(f"{host.name}:{ckpt}: no weight files to hash")
     res = await host.transport.run(["sha256sum", "--", *[posixpath.join(ckpt, f)
@@ -173,9 +128,8 @@ async def plan(host: Host, served: Served, ckpt: str) -> dict[str, Any]:
     verifier = served.verifier or ""
     target_raw = await _json_file(host, posixpath.join(verifier, "config.json")) \
         if verifier.startswith("/") else {}
-    tv = {**target_raw, **(target_raw.get("text_config") or {})}.get("vocab_size")
     out = refusals(facts(report.to_json(), raw), facts(served_report.to_json(), served_raw),
-                   served.k, stated_k(raw), tv if isinstance(tv, int) else None)
+                   served.k, stated_k(raw), target_vocab(target_raw))
     if out:
         raise ConsoleError(f"{host.name}:{ckpt}: the running server cannot take it: "
                            + "; ".join(out))
@@ -282,10 +236,10 @@ async def swap(host: Host, ckpt: str, url: str | None = None) -> dict[str, Any]:
     if got != p["version"]:
         raise ConsoleError(f"{host.name}: /weight_info says {got!r} after the swap, not "
                            f"{p['version']!r}")
-    entry = {"run_id": session.run_id if session else None, "host": host.name, "url": base,
-             "drafter": ckpt, "weight_version": got, "previous": served.folder,
-             "previous_version": was, "seconds": round(seconds, 4), "t": round(time.time(), 3),
-             "provenance": session_provenance(p["report"])}
-    record_swap(entry)
-    return {**entry, "checked_against": served.started_with,
+    rec = SwapRecord(run_id=session.run_id if session else None, host=host.name, url=base,
+                     drafter=ckpt, weight_version=got, previous=served.folder,
+                     previous_version=was, seconds=round(seconds, 4), t=round(time.time(), 3),
+                     provenance=session_provenance(p["report"]))
+    record(rec)
+    return {**rec.to_json(), "checked_against": served.started_with,
             "server": describe(served), "note": note}

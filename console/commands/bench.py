@@ -14,7 +14,8 @@ import argparse
 import json
 import sys
 
-from console.checkpoints.bench import read_prompts_dir, read_prompts_file, replay
+from console.checkpoints.bench import replay
+from console.checkpoints.prompts import read_prompts_dir, read_prompts_file
 from console.errors import ConsoleError
 from console.hosts.host import HostPool
 from console.settings.config import Config

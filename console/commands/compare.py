@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from console.checkpoints.compare import Measurer, Row, table
-from console.checkpoints.journal import forget, sessions
+from console.checkpoints.compare import Measurer, Row, table_of
+from console.checkpoints.journal import forget, load, sessions
 from console.hosts.host import HostPool
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
@@ -84,7 +84,7 @@ def render(rows: list[Row]) -> str:
 
 async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     if args.forget:
-        known = {r.run_id for r in table([])}
+        known = {s.run_id for s in sessions()}
         unknown = [r for r in args.forget if r not in known]
         if unknown:
             print(f"error: no serving session recorded for {', '.join(unknown)} (`compare "
@@ -96,7 +96,10 @@ async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
         return 0
     if args.measure is not None:
         await measure(config, pool, max(0.0, args.measure))
-    rows = table([Path(f) for f in args.files])
+    journal = load([Path(f) for f in args.files])
+    if (said := journal.notice()) is not None:
+        print(f"warning: {said}", file=sys.stderr)
+    rows = table_of(journal)
     if args.json:
         for r in rows:
             print(json.dumps(r.to_dict()))

@@ -21,8 +21,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from console.checkpoints.compare import Measurer, Row, table
-from console.checkpoints.journal import sessions
+from console.checkpoints.compare import Measurer, Row, table_of
+from console.checkpoints.journal import load, sessions
 from console.errors import ConsoleError
 from console.runs.service import list_runs
 from console.scheduler.run_status import RunStatus
@@ -114,7 +114,8 @@ class CompareScreen(ModalScreen[None]):
             self.redraw()
 
     def redraw(self) -> None:
-        self.rows = table()
+        journal = load()
+        self.rows = table_of(journal)
         t = self.query_one(DataTable)
         narrow = self.size.width < NARROW
         t.clear(columns=narrow != self.narrow)
@@ -129,6 +130,8 @@ class CompareScreen(ModalScreen[None]):
                   "acceptance length = 1 + accepted / drafts; ! marks a row with a note")
         if not self.rows:
             status = "no serving sessions yet: `v` on a checkpoint serves it in vLLM"
+        if (said := journal.notice()) is not None:
+            status += f"\n{said}"
         self.query_one("#compare-status", Static).update(
             plain(status + ("\n" + "; ".join(errors[:2]) if errors else "")))
 

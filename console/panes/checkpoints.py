@@ -15,16 +15,14 @@
     m          compare the served drafters by vLLM's measured acceptance (dialogs/compare.py)
     r          scan the host again (configured folders, run outputs, ROOT/converted)
 
-No I/O here: workers call console/checkpoints/service.py. Reports are kept per (path, mtime), so
-going back to a checkpoint shows its report at once. Engine errors are shown whole in the report
-area.
+No I/O here and no decisions: a CheckpointsModel (console/checkpoints/model.py) holds the scans,
+the reports (per path and mtime, so going back to a checkpoint shows its report at once), the
+convert lock and what the dialogs propose; workers call console/checkpoints/service.py and the
+pane draws what the model holds. Engine errors are shown whole in the report area.
 """
 
 from __future__ import annotations
 
-import posixpath
-import shlex
-import time
 from typing import Any, ClassVar
 
 from textual import work
@@ -34,6 +32,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from console.checkpoints.evaluate import EvalRequest, evaluate_checkpoint
+from console.checkpoints.model import CheckpointsModel
 from console.checkpoints.results import convert_line
 from console.checkpoints.serve import ServeRequest, check_served, serve
 from console.checkpoints.service import (
@@ -46,7 +45,6 @@ from console.checkpoints.service import (
     scan_checkpoints,
 )
 from console.checkpoints.swap import swap
-from console.demo.config import HELD_OUT_DATA
 from console.dialogs.compare import CompareScreen
 from console.dialogs.convert_dialog import (
     ConvertDialog,
@@ -56,103 +54,24 @@ from console.dialogs.convert_dialog import (
 )
 from console.dialogs.eval_dialog import EvalDialog
 from console.dialogs.serve_dialog import ServeDialog
-from console.errors import ConsoleError, describe_error, on_host
+from console.errors import ConsoleError, describe_error
 from console.panes.timers import ShownTimers
-from console.settings.config import LOCAL
+from console.settings.config import Config
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.services import services
+from console.widgets.checkpoint_table import CheckpointTable
 from console.widgets.inspect_view import InspectView
-from console.widgets.meters import count, fmt_bytes
+from console.widgets.meters import count
 from console.widgets.progress import ProgressBar
-from console.widgets.text_table import TextTable
 from engine import events
+
+__all__ = ["CheckpointTable", "CheckpointsPane"]
 
 SCAN_EVERY_S = 10.0
 #: how a refusal that stays on screen is put away
 DISMISS = "  (i, enter or another row: back to the inspect report)"
 INSPECT_DELAY_S = 0.3   # the cursor rests this long before a report is asked for
-COLUMNS = ("CHECKPOINT", "SIZE", "MODIFIED")
-
-
-def flag_value(command: str, flag: str) -> str | None:
-    """The value of `flag` in a shell command line (`--target X` or `--target=X`)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    for i, w in enumerate(words):
-        if w == flag and i + 1 < len(words):
-            return words[i + 1]
-        if w.startswith(flag + "="):
-            return w.split("=", 1)[1]
-    return None
-
-
-def display_path(ck: Checkpoint, root: str) -> str:
-    """Run outputs and conversions relative to the host root (runs/..., converted/...);
-    configured folders in full."""
-    if ck.path.startswith(root.rstrip("/") + "/"):
-        return ck.path[len(root.rstrip("/")) + 1:]
-    return ck.path
-
-
-def fit_path(path: str, room: int) -> str:
-    """`path` in `room` columns: its end (the drafter's own name) kept, the start cut to `…`."""
-    if room <= 0 or len(path) <= room:
-        return path
-    return "…" + path[len(path) - room + 1:]
-
-
-def ckpt_row(ck: Checkpoint, root: str, room: int = 0) -> tuple[str, str, str]:
-    """CHECKPOINT (fitted to `room` columns, 0: whole), SIZE, MODIFIED."""
-    return (fit_path(display_path(ck, root), room), fmt_bytes(ck.bytes),
-            time.strftime("%m-%d %H:%M", time.localtime(ck.mtime)))
-
-
-def path_room(width: int, rows: list[tuple[str, str, str]]) -> int:
-    """Columns left for CHECKPOINT in a table `width` wide (0: unknown, show whole paths):
-    SIZE and MODIFIED as wide as their widest cell or header, each column padded 1 a side."""
-    if width <= 0:
-        return 0
-    size_w = max([len(COLUMNS[1])] + [len(r[1]) for r in rows])
-    mod_w = max([len(COLUMNS[2])] + [len(r[2]) for r in rows])
-    return max(12, width - size_w - mod_w - 3 * 2)
-
-
-class CheckpointTable(TextTable):
-    """Checkpoints of the selected host; enter inspects the one under the cursor."""
-
-    BINDINGS: ClassVar[list[BindingType]] = list(bindings("checkpoints", on="CheckpointTable"))
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
-        self.paths: list[str] = []
-        self.rows_shown: list[tuple[str, ...]] = []
-
-    def on_mount(self) -> None:
-        self.add_columns(*COLUMNS)
-
-    def show(self, paths: list[str], rows: list[tuple[str, ...]]) -> None:
-        if paths == self.paths and rows == self.rows_shown:
-            return
-        selected = self.selected
-        self.paths, self.rows_shown = paths, rows
-        self.clear()
-        for p, r in zip(paths, rows, strict=False):
-            self.add_row(*r, key=p)
-        if selected in paths:
-            self.move_cursor(row=paths.index(selected))
-
-    def select(self, path: str) -> None:
-        if path in self.paths:
-            self.move_cursor(row=self.paths.index(path))
-
-    @property
-    def selected(self) -> str | None:
-        if not self.paths or self.cursor_row < 0:
-            return None
-        return self.paths[min(self.cursor_row, len(self.paths) - 1)]
 
 
 class CheckpointsPane(ShownTimers, Vertical):
@@ -163,20 +82,23 @@ class CheckpointsPane(ShownTimers, Vertical):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.host: str | None = None
-        self.found: dict[str, list[Checkpoint]] = {}
-        self.roots: dict[str, str] = {}
-        self.missing: dict[str, list[tuple[str, str]]] = {}  # host -> configured folders unread
-        self.reports: dict[tuple[str, float], InspectReport] = {}
-        self.scan_error: str | None = None
-        self.scans = 0
-        self.converting: str | None = None
-        self.last_verifier: dict[str, str] = {}  # host -> the verifier last served there
-        self.last_eval_data: dict[str, str] = {}  # host -> the data folder last evaluated on
-        self._scanning = False
-        self._shown_path: str | None = None
-        # an outcome (serve refused or started, swap) stays on screen while the cursor rests on
-        # this checkpoint: a rescan does not replace it; moving, `i` or enter go back to reports
-        self._pinned: str | None = None
+        self.model = CheckpointsModel()
+
+    @property
+    def converting(self) -> str | None:
+        return self.model.converting
+
+    @property
+    def scan_error(self) -> str | None:
+        return self.model.scan_error
+
+    @property
+    def scans(self) -> int:
+        return self.model.scans
+
+    @property
+    def config(self) -> Config:
+        return services(self).config
 
     def compose(self) -> ComposeResult:
         yield Static("", id="ckpt-status")
@@ -195,7 +117,7 @@ class CheckpointsPane(ShownTimers, Vertical):
     # -- host and scanning -----------------------------------------------------------------
     def show_host(self, host: str) -> None:
         self.host = host
-        self._shown_path = None
+        self.model.shown_path = None
         self._draw()
         if self.is_on_screen:
             self.scan(host)
@@ -205,8 +127,7 @@ class CheckpointsPane(ShownTimers, Vertical):
             self.scan(self.host)
 
     def _poll(self) -> None:
-        if self.host is not None and self.is_on_screen and self.converting is None \
-                and not self._scanning:
+        if self.host is not None and self.is_on_screen and self.model.may_poll():
             self.scan(self.host)
 
     def action_refresh(self) -> None:
@@ -215,20 +136,18 @@ class CheckpointsPane(ShownTimers, Vertical):
 
     @work(exclusive=True, group="ckpt-scan", exit_on_error=False)
     async def scan(self, host: str) -> None:
-        self._scanning = True
+        self.model.scanning = True
         try:
             h = await services(self).pool.ensure(host)
             scanned = await scan_checkpoints(h)
-            self.roots[host] = await h.root()
+            root = await h.root()
         except ConsoleError as e:
-            self.scan_error = on_host(host, describe_error(e))
+            self.model.scan_failed(host, e)
             self._draw()
             return
         finally:
-            self._scanning = False
-        self.scan_error = None
-        self.found[host], self.missing[host] = scanned.checkpoints, scanned.missing
-        self.scans += 1
+            self.model.scanning = False
+        self.model.scanned(host, scanned.checkpoints, scanned.missing, root)
         self._draw()
         self._inspect_selected()
 
@@ -236,46 +155,31 @@ class CheckpointsPane(ShownTimers, Vertical):
         host = self.host
         if host is None:
             return
-        found = self.found.get(host, [])
-        root = self.roots.get(host, "")
-        self.query_one(InspectView).root = root
-        table = self.query_one(CheckpointTable)
-        whole = [ckpt_row(c, root) for c in found]
-        width = table.scrollable_content_region.width
-        most = table.styles.max_height   # more rows than it shows: a scrollbar takes columns
-        if width and most is not None and len(found) + 1 > most.value \
-                and not table.show_vertical_scrollbar:   # (a shown one is not in `width`)
-            width -= table.styles.scrollbar_size_vertical
-        room = path_room(width, whole)
-        table.show([c.path for c in found], [ckpt_row(c, root, room) for c in found])
-        config = services(self).config
-        folders = ", ".join(config.hosts[host].checkpoints) or "none configured"
+        mine = self.model.of(host)
+        self.query_one(InspectView).root = mine.root
+        self.query_one(CheckpointTable).show_checkpoints(mine.found, mine.root)
+        folders = ", ".join(self.config.hosts[host].checkpoints) or "none configured"
         text = markup("[b]$host[/b] · $n · folders: $folders", host=host,
-                      n=count(len(found), 'checkpoint'), folders=folders)
-        if root:
-            text += plain(f" · runs and conversions under {root}")
-        missing = self.missing.get(host, [])
-        if missing:   # a typo in `checkpoints = [...]` would otherwise look like an empty folder
+                      n=count(len(mine.found), 'checkpoint'), folders=folders)
+        if mine.root:
+            text += plain(f" · runs and conversions under {mine.root}")
+        if mine.missing:   # a typo in `checkpoints = [...]` would look like an empty folder
             text += markup("\n[$warning]$why[/]", why="; ".join(
-                f"configured folder {f}: {why}" for f, why in missing))
-        if self.scan_error:
-            text += markup("\n[$error]$why[/]", why=self.scan_error)
+                f"configured folder {f}: {why}" for f, why in mine.missing))
+        if self.model.scan_error:
+            text += markup("\n[$error]$why[/]", why=self.model.scan_error)
         self.query_one("#ckpt-status", Static).update(text)
-        if not found and self.scans:
-            unread = "; ".join(f"the configured folder {f}: {why} on {host}"
-                               for f, why in missing)
-            hint = (f"{unread}; fix the host's `checkpoints = [...]`" if missing
-                    else "list folders in the host's `checkpoints = [...]`")
-            self.query_one(InspectView).show_text(
-                f"No checkpoints yet: {hint}, or finish a training run.")
-
-    def _pin(self) -> str:
-        """The checkpoint an outcome shown now stays over (the row under the cursor)."""
-        return self.query_one(CheckpointTable).selected or ""
+        hint = self.model.empty_hint(host)
+        if hint is not None:
+            self.query_one(InspectView).show_text(hint)
 
     def selected(self) -> Checkpoint | None:
-        path = self.query_one(CheckpointTable).selected
-        return next((c for c in self.found.get(self.host or "", []) if c.path == path), None)
+        return self.model.find(self.host or "", self.query_one(CheckpointTable).selected)
+
+    def _show_outcome(self) -> str | None:
+        """An outcome is shown now, pinned over the row under the cursor; returns the pin."""
+        self.model.show_outcome(self.query_one(CheckpointTable).selected)
+        return self.model.pinned
 
     # -- inspecting --------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -289,17 +193,11 @@ class CheckpointsPane(ShownTimers, Vertical):
 
     def _inspect_selected(self, again: bool = False) -> None:
         ck = self.selected()
-        if ck is None or self.host is None or self.converting is not None:
+        if ck is None or self.host is None or not self.model.to_inspect(ck, again):
             return
-        if ck.path == self._shown_path and not again:
-            return
-        if ck.path == self._pinned and not again:
-            return
-        self._pinned = None
-        self._shown_path = ck.path
-        cached = None if again else self.reports.get((ck.path, ck.mtime))
+        cached = None if again else self.model.report_of(ck)
         if cached is not None:
-            self.query_one(InspectView).show_report(cached.to_json(), ck.path)
+            self.query_one(InspectView).show_report(cached, ck.path)
             return
         self.query_one(InspectView).show_text(f"inspecting {ck.path} …")
         self.inspect(self.host, ck)
@@ -317,23 +215,21 @@ class CheckpointsPane(ShownTimers, Vertical):
             h = await services(self).pool.ensure(host)
             report = await inspect_checkpoint(h, ck.path)
         except ConsoleError as e:
-            if self._shown_path == ck.path:
+            if self.model.shown_path == ck.path:
                 view.show_error(f"inspect failed: {describe_error(e)}", ck.path)
             return
-        self.reports[(ck.path, ck.mtime)] = report
-        if self._shown_path == ck.path:
-            view.show_report(report.to_json(), ck.path)
+        self.model.keep_report(ck, report)
+        if self.model.shown_path == ck.path:
+            view.show_report(report, ck.path)
 
     # -- converting --------------------------------------------------------------------------
     def _free_selection(self) -> Checkpoint | None:
         """The checkpoint under the cursor when a convert or an evaluation may start on it (not
         while a conversion runs); says why not otherwise."""
         ck = self.selected()
-        if ck is None or self.host is None:
-            self.notify("No checkpoint selected", severity="warning")
-            return None
-        if self.converting is not None:
-            self.notify(f"Busy converting {self.converting}", severity="warning")
+        why = self.model.refusal(ck) if self.host is not None else "No checkpoint selected"
+        if why is not None:
+            self.notify(why, severity="warning")
             return None
         return ck
 
@@ -347,7 +243,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         """The dialog, then the conversion; a destination that is refused (it exists, or the
         engine will not replace it) reopens the dialog as it was, the reason under the field."""
         h = await services(self).pool.ensure(host)
-        known = self.reports.get((ck.path, ck.mtime))
+        known = self.model.report_of(ck)
         step = known.step if known is not None else None
         req: ConvertRequest | None = None
         error: str | None = None
@@ -357,8 +253,7 @@ class CheckpointsPane(ShownTimers, Vertical):
                 step=step, request=req, error=error))
             if req is None:
                 return
-            if req.verifier:
-                self.last_verifier[host] = req.verifier   # the serve dialog proposes it too
+            self.model.gave_verifier(host, req.verifier)   # the serve dialog proposes it too
             error = None if req.force or await h.stat(req.dst) is None else exists_message()
             if error is None:
                 error = await self.run_convert(host, req)
@@ -366,21 +261,7 @@ class CheckpointsPane(ShownTimers, Vertical):
                 return
 
     def known_verifier(self, host: str, ck: Checkpoint) -> str:
-        """The verifier to propose: the checkpoint's config names it, else the one last given
-        on the host (served, or recorded by a conversion), else the target the host's profiles
-        train against."""
-        known = self.reports.get((ck.path, ck.mtime))
-        if known is not None and known.verifier:
-            return known.verifier
-        if self.last_verifier.get(host):
-            return self.last_verifier[host]
-        config = services(self).config
-        for profile in config.profiles.values():
-            if host in profile.hosts:
-                target = flag_value(profile.run, "--target")
-                if target:
-                    return target
-        return ""
+        return self.model.known_verifier(host, ck, self.config)
 
     async def run_convert(self, host: str, req: ConvertRequest) -> str | None:
         """Convert and show the result's report; returns the engine's refusal of the
@@ -388,8 +269,7 @@ class CheckpointsPane(ShownTimers, Vertical):
         view = self.query_one(InspectView)
         bar = self.query_one("#ckpt-bar", ProgressBar)
         heading = f"convert {req.src} → {req.dst} (--to {req.to}, --dtype {req.dtype})"
-        self.converting = req.src
-        self._shown_path = None
+        self.model.begin_convert(req.src)
         view.show_text(heading + "\nstarting…")
         bar.display = True
         bar.update(total=None, progress=0)
@@ -413,17 +293,17 @@ class CheckpointsPane(ShownTimers, Vertical):
             report = await inspect_checkpoint(h, summary.dst)
         except ConsoleError as e:
             if refused:   # nothing was written: back to the report, and to the dialog
-                self.converting = None
+                self.model.end_convert()
                 self._inspect_selected(again=True)
                 return dialog_words(refused[0], req.dst)
             view.show_error(f"convert failed: {describe_error(e)}", heading)
             return None
         finally:
-            self.converting = None
+            self.model.end_convert()
             bar.display = False
         dst = summary.dst
-        view.show_report(report.to_json(), convert_line(summary, req.to))
-        self._shown_path = dst
+        view.show_report(report, convert_line(summary, req.to))
+        self.model.shown_path = dst
         await self._rescan_and_select(host, dst, report)
         return None
 
@@ -444,13 +324,13 @@ class CheckpointsPane(ShownTimers, Vertical):
     async def run_serve(self, host: str, req: ServeRequest) -> None:
         view = self.query_one(InspectView)
         heading = f"serve {req.ckpt} with {req.verifier} (k={req.k}, TP {req.tp}, port {req.port})"
-        self._shown_path, self._pinned = None, self._pin()
+        pinned = self._show_outcome()
         view.show_text(heading + "\nchecking the checkpoint and the verifier…")
-        self.last_verifier[host] = req.verifier
+        self.model.gave_verifier(host, req.verifier)
         pool = services(self).pool
         try:
             await pool.ensure(host)
-            run = await serve(services(self).config, host, req, pool)
+            run = await serve(self.config, host, req, pool)
         except ConsoleError as e:
             view.show_error(f"serve refused: {describe_error(e)}", heading + DISMISS)
             return
@@ -460,11 +340,10 @@ class CheckpointsPane(ShownTimers, Vertical):
         self.notify(f"Serving {req.ckpt} as run {run.id}")
 
         def waiting(seconds: float, line: str) -> None:
-            if self._pinned == pinned:   # still the serve shown (not another checkpoint)
+            if self.model.pinned == pinned:   # still the serve shown (not another checkpoint)
                 view.show_text(f"{started}\nwaiting for vLLM ({seconds:.0f} s): "
                                f"{line or 'nothing logged yet'}")
 
-        pinned = self._pinned
         try:
             checked = await check_served(pool[host], req, run, on_wait=waiting)
         except ConsoleError as e:
@@ -487,7 +366,7 @@ class CheckpointsPane(ShownTimers, Vertical):
     async def run_swap(self, host: str, path: str) -> None:
         view = self.query_one(InspectView)
         heading = f"swap {path} into the vLLM server on {host}"
-        self._shown_path, self._pinned = None, self._pin()
+        self._show_outcome()
         view.show_text(heading + "\nchecking it against the served drafter…")
         try:
             done = await swap(await services(self).pool.ensure(host), path)
@@ -510,26 +389,17 @@ class CheckpointsPane(ShownTimers, Vertical):
     @work(group="ckpt-eval", exit_on_error=False)
     async def ask_evaluate(self, host: str, ck: Checkpoint) -> None:
         req = await self.app.push_screen_wait(EvalDialog(
-            ck.path, self.known_verifier(host, ck), self.known_data(host)))
+            ck.path, self.known_verifier(host, ck), self.model.known_data(host, self.config)))
         if req is not None:
             await self.run_evaluate(host, req)
-
-    def known_data(self, host: str) -> str:
-        """The held-out data to propose: the folder last evaluated on there, else the demo
-        workspace's held-out set on the local host; never the data a profile trains on, whose
-        samples the drafter has seen (its figure reads high)."""
-        if self.last_eval_data.get(host):
-            return self.last_eval_data[host]
-        demo = services(self).config.demo
-        return posixpath.join(demo, HELD_OUT_DATA) if host == LOCAL and demo else ""
 
     async def run_evaluate(self, host: str, req: EvalRequest) -> None:
         view = self.query_one(InspectView)
         bar = self.query_one("#ckpt-bar", ProgressBar)
         how = "vLLM's engine" if req.vllm_engine else "transformers"
         heading = f"evaluate {req.draft} on {req.data} (k={req.k}, target {req.target}, {how})"
-        self.last_verifier[host], self.last_eval_data[host] = req.target, req.data
-        self._shown_path = None
+        self.model.evaluated(host, req.target, req.data)
+        self.model.shown_path = None
         view.show_text(heading + "\nloading the target and the drafter…")
         bar.display = True
         bar.update(total=None, progress=0)
@@ -556,12 +426,9 @@ class CheckpointsPane(ShownTimers, Vertical):
     async def _rescan_and_select(self, host: str, path: str, report: InspectReport) -> None:
         try:
             h = await services(self).pool.ensure(host)
-            self.found[host] = await find_checkpoints(h)
+            found = await find_checkpoints(h)
         except ConsoleError:
             return
-        for ck in self.found[host]:
-            if posixpath.normpath(ck.path) == posixpath.normpath(path):
-                self.reports[(ck.path, ck.mtime)] = report
-        self._shown_path = path
+        self.model.rescanned(host, found, path, report)
         self._draw()
         self.query_one(CheckpointTable).select(path)

@@ -23,14 +23,13 @@ import json
 import posixpath
 import time
 from collections.abc import Callable
-from typing import Any
 
 from console.errors import TransportError
 from console.hosts.host import Host
 from console.logs.follow import LogFollower
 from console.runs.progress import RunProgress
 from console.runs.service import list_runs
-from console.scheduler.run_record import RunRecord
+from console.scheduler.run_record import RunRecord, TrainRun, VocabRemap
 from console.scheduler.run_status import RunStatus
 
 EVENTS, OUTPUT = "events.jsonl", "output.log"
@@ -50,7 +49,7 @@ class RunFeed:
         self.progress.set_attempts(record.attempt_starts())
         self.poll = poll
         self.status_every = status_every
-        self.train_run: dict[str, Any] | None = None   # the engine's RUN_DIR/run.json
+        self.train_run: TrainRun | None = None    # the engine's RUN_DIR/run.json
         self.notice = ""                           # "reconnecting: ..." while the link is down
         self.following = False
         self.finished = False                            # read to the end of a run that ended
@@ -163,8 +162,9 @@ class RunFeed:
             obj = json.loads(data.decode("utf-8", "replace")) if data else None
         except (TransportError, ValueError):
             return
-        if isinstance(obj, dict):
-            self.train_run = obj
+        run = TrainRun.parse(obj)
+        if run is not None:
+            self.train_run = run
             self.progress.version += 1
 
     def provenance(self) -> list[tuple[str, str]]:
@@ -175,8 +175,8 @@ class RunFeed:
         push = self.record.push
         tr = self.train_run
         code = [f"manifest {push.manifest[:12]}"] if push.manifest else []
-        if tr and tr.get("engine"):
-            code.append(f"engine {tr['engine']}")
+        if tr and tr.engine:
+            code.append(f"engine {tr.engine}")
         if code:
             rows.append(("code", " · ".join(code)))
         by_commit: dict[str, list[str]] = {}
@@ -187,38 +187,33 @@ class RunFeed:
             rows.append(("git", f"{commit.removesuffix('-dirty')[:12]}{dirty} "
                                 f"({', '.join(trees)})"))
         if tr:
-            settings = tr.get("settings") or {}
-            ft = tr.get("finetune")
-            if isinstance(ft, dict):
-                shas = ft.get("sha256") or {}
-                sha = next(iter(shas.values()), "") if isinstance(shas, dict) else str(shas)
-                rows.append(("finetune", f"{ft.get('path', '?')} ({ft.get('format', '?')}"
-                             + (f", sha256 {sha[:12]}" if sha else "") + ")"))
-                remap = ft.get("vocab_remap")
-                if isinstance(remap, dict):
-                    rows.append(("remap", _remap_text(remap)))
+            ft = tr.finetune
+            if ft is not None:
+                sha = f", sha256 {ft.sha256[:12]}" if ft.sha256 else ""
+                rows.append(("finetune", f"{ft.path} ({ft.format}{sha})"))
+                if ft.remap is not None:
+                    rows.append(("remap", _remap_text(ft.remap)))
             else:
                 rows.append(("finetune", "— (from scratch)"))
-            if settings.get("target"):
-                rows.append(("target", str(settings["target"])))
-            if settings.get("data"):
-                rows.append(("data", f"{settings['data']} (sha256 "
-                             f"{str(tr.get('data_sha256') or '?')[:12]})"))
-            vocab = settings.get("vocab") or ("rebuilt from data" if settings.get("rebuild_vocab")
-                                              else "the checkpoint's / built from data")
-            rows.append(("vocab", f"{vocab} (sha256 {str(tr.get('vocab_sha256') or '?')[:12]})"))
+            if tr.target:
+                rows.append(("target", tr.target))
+            if tr.data:
+                rows.append(("data", f"{tr.data} (sha256 {(tr.data_sha256 or '?')[:12]})"))
+            vocab = tr.vocab or ("rebuilt from data" if tr.rebuild_vocab
+                                 else "the checkpoint's / built from data")
+            rows.append(("vocab", f"{vocab} (sha256 {(tr.vocab_sha256 or '?')[:12]})"))
         if self.record.argv:  # last: the longest, and what wraps
             rows.append(("command", " ".join(self.record.argv)))
         return rows
 
 
-def _remap_text(remap: dict[str, Any]) -> str:
+def _remap_text(remap: VocabRemap) -> str:
     """`kept 160, new 32, dropped 0 (160 -> 192 ids)`, or every number it has."""
-    if all(isinstance(remap.get(k), int) for k in ("kept", "new", "dropped", "old_size",
-                                                    "new_size")):
-        return (f"kept {remap['kept']}, new {remap['new']}, dropped {remap['dropped']} "
-                f"({remap['old_size']} -> {remap['new_size']} ids)")
-    return ", ".join(f"{k} {v}" for k, v in remap.items() if isinstance(v, (int, float)))
+    if remap.kept is not None and remap.new is not None and remap.dropped is not None \
+            and remap.old_size is not None and remap.new_size is not None:
+        return (f"kept {remap.kept}, new {remap.new}, dropped {remap.dropped} "
+                f"({remap.old_size} -> {remap.new_size} ids)")
+    return ", ".join(f"{k} {v}" for k, v in remap.numbers)
 
 
 class RunFeeds:

@@ -5,6 +5,9 @@ console checks again here, because what a host sends is not trusted. A record wi
 the wrong type comes back `corrupt` with the reason, and carries nothing else. Nothing on the
 console side reads run.json's dict: panes, commands and schedulers use these fields, and
 `to_json()` gives the record back whole for `--json` output.
+
+`engine train` writes a run.json of its own in its --out directory (the settings, the finetune
+source and the data and vocab hashes): a TrainRun, the provenance a run detail shows.
 """
 
 from __future__ import annotations
@@ -189,8 +192,90 @@ class RunRecord:
         return out
 
 
+@dataclass(frozen=True)
+class VocabRemap:
+    """How a finetune's draft vocab was rebuilt: ids kept, new and dropped, the sizes before
+    and after (None: not recorded as a whole number), and every number it recorded."""
+
+    kept: int | None = None
+    new: int | None = None
+    dropped: int | None = None
+    old_size: int | None = None
+    new_size: int | None = None
+    numbers: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def parse(cls, d: object) -> VocabRemap | None:
+        if not isinstance(d, dict):
+            return None
+        numbers = tuple((str(k), v) for k, v in d.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool))
+        return cls(**{k: _int(d.get(k)) for k in ("kept", "new", "dropped", "old_size",
+                                                   "new_size")}, numbers=numbers)
+
+
+@dataclass(frozen=True)
+class FinetuneSource:
+    """The drafter a training run started from: its path, format, the sha256 of its (first)
+    weight file ("" when none recorded) and the vocab remap, if its vocab was rebuilt."""
+
+    path: str = "?"
+    format: str = "?"
+    sha256: str = ""
+    remap: VocabRemap | None = None
+
+    @classmethod
+    def parse(cls, d: object) -> FinetuneSource | None:
+        """None for a run trained from scratch (no finetune object)."""
+        if not isinstance(d, dict):
+            return None
+        shas = d.get("sha256") or {}
+        sha = next(iter(shas.values()), "") if isinstance(shas, dict) else shas
+        return cls(path=str(d.get("path", "?")), format=str(d.get("format", "?")),
+                   sha256=_text(sha), remap=VocabRemap.parse(d.get("vocab_remap")))
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """engine train's own run.json (RUN_DIR/run.json), as far as the console shows it: the
+    engine version, what it trained against and on, and where its weights and vocab came
+    from ("" where it records nothing)."""
+
+    engine: str = ""
+    target: str = ""
+    data: str = ""
+    vocab: str = ""                 # the vocab file given (--vocab)
+    rebuild_vocab: bool = False
+    finetune: FinetuneSource | None = None   # None: trained from scratch
+    data_sha256: str = ""
+    vocab_sha256: str = ""
+
+    @classmethod
+    def parse(cls, d: object) -> TrainRun | None:
+        """None when it is not a (non-empty) object: not written yet, or not a run.json."""
+        if not isinstance(d, dict) or not d:
+            return None
+        settings = d.get("settings")
+        s = settings if isinstance(settings, dict) else {}
+        return cls(engine=_truthy(d.get("engine")), target=_truthy(s.get("target")),
+                   data=_truthy(s.get("data")), vocab=_truthy(s.get("vocab")),
+                   rebuild_vocab=bool(s.get("rebuild_vocab")),
+                   finetune=FinetuneSource.parse(d.get("finetune")),
+                   data_sha256=_truthy(d.get("data_sha256")),
+                   vocab_sha256=_truthy(d.get("vocab_sha256")))
+
+
 def _text(v: object) -> str:
     return v if isinstance(v, str) else "" if v is None else str(v)
+
+
+def _truthy(v: object) -> str:
+    """A value as text; "" for one that says nothing (absent, null, empty, 0, false)."""
+    return str(v) if v else ""
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _attempts(d: object) -> tuple[tuple[float, float], ...]:

@@ -15,6 +15,8 @@ from textual.widget import Widget
 from console.runs.progress import LogLine
 from console.text import terminal_text
 
+#: the component class a log line of each level is drawn in (other levels: plain)
+LEVEL_STYLE = {"warning": "tail--warning", "error": "tail--error", "debug": "tail--dim"}
 
 class LogTail(Widget):
     """Render-only: `show(lines)` replaces what is drawn."""
@@ -41,8 +43,7 @@ class LogTail(Widget):
             if ln.t is not None:
                 stamp = time.strftime("%H:%M:%S ", time.localtime(ln.t))
                 out.append(stamp, self.get_component_rich_style("tail--dim", partial=True))
-            style = {"warning": "tail--warning", "error": "tail--error",
-                     "debug": "tail--dim"}.get(ln.level)
+            style = LEVEL_STYLE.get(ln.level)
             out.append(terminal_text(ln.text), self.get_component_rich_style(style, partial=True)
                        if style else "")
         rows = out.wrap(self.app.console, width, overflow="fold")

@@ -71,7 +71,7 @@ from torch import Tensor, nn
 from engine.model.blocks import KV, RMSNorm, apply_rope, inv_freq, rope_cos_sin
 from engine.model.config import Eagle3Config, default_aux_layer_ids
 from engine.model.mla_layer import MLAttention
-from engine.model.packing import block_diagonal, segment_positions
+from engine.model.packing import Spans, block_diagonal, segment_positions, segment_spans
 from engine.model.presets import PRESETS, preset
 from engine.model.ttt_attention import split_attention
 
@@ -107,15 +107,16 @@ class Attention(nn.Module):
                           for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
 
     def forward(self, ep: Tensor, hn: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                mask: Tensor | None, causal: bool = True) -> tuple[Tensor, KV]:
+                mask: Tensor | Spans | None, causal: bool = True) -> tuple[Tensor, KV]:
         """ep [B,T,(nh+2nkv)hd] (`embed_part`), hn [B,T,H] the normalised hidden; past: earlier
         steps' (k, v), read only. Returns (out [B,T,H], this step's (k, v)); the caller appends
         it to `past` for the next step.
 
         mask None: the TTT structure without a mask (engine/model/ttt_attention.py): past[0] (or
         this step's keys at step 0) are the step-0 keys, causal (all of them when not `causal`), the
-        later steps' keys are seen at the query's own position. Otherwise `mask` [B|1,1,T,S] is a
-        bool mask over the concatenated keys (past in order, then this step's): the dense path."""
+        later steps' keys are seen at the query's own position; `Spans` (packed rows): the same,
+        the step-0 keys of the query's own sample only. Otherwise `mask` [B|1,1,T,S] is a bool
+        mask over the concatenated keys (past in order, then this step's): the dense path."""
         b, t, h = hn.shape
         eq, ek, ev = ep.split((self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd), -1)
         # the hidden columns are views of the weights: nothing copied, nothing extra kept
@@ -124,10 +125,10 @@ class Attention(nn.Module):
         v = (ev + F.linear(hn, self.v_proj.weight[:, h:])).view(b, t, self.nkv, self.hd)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B,n,T,hd]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if mask is None:
+        if not isinstance(mask, Tensor):
             k0, v0 = past[0] if past else (k, v)
             diag = [*past[1:], (k, v)] if past else []
-            out = split_attention(q, k0, v0, diag, causal)  # [B,nh,T,hd]
+            out = split_attention(q, k0, v0, diag, causal, spans=mask)  # [B,nh,T,hd]
         else:
             keys = torch.cat([kv[0] for kv in past] + [k], dim=2)  # [B,nkv,S,hd]
             vals = torch.cat([kv[1] for kv in past] + [v], dim=2)  # [B,nkv,S,hd]
@@ -177,7 +178,7 @@ class DecoderLayer(nn.Module):
         return self.self_attn.embed_part(self.input_layernorm(emb))
 
     def forward(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                mask: Tensor | None, causal: bool = True) -> tuple[Tensor, KV]:
+                mask: Tensor | Spans | None, causal: bool = True) -> tuple[Tensor, KV]:
         """ep (`embed_proj` of the input tokens), h [B,T,H] -> (out [B,T,H] (pre-final-norm;
         the next step's h), this step's (k, v)); `past` is read only (Attention.forward)."""
         hn = self.hidden_norm(h)
@@ -279,7 +280,7 @@ class Eagle3Draft(nn.Module):
         [n_i,Vd] for the flat positions rows[i] when `rows` is given. head=False: the lm_head's
         input instead ([.., H], the final-norm states), for a loss that applies the lm_head
         itself (engine/model/fused_ce.py). `segments` [B,T]: packed rows (engine/model/
-        packing.py), attention block-diagonal per sample (the dense path), positions restarting."""
+        packing.py), attention block-diagonal per sample, positions restarting."""
         if steps < 1:
             raise ValueError("steps must be >= 1")
         b, t, _ = aux_hidden.shape
@@ -288,7 +289,9 @@ class Eagle3Draft(nn.Module):
             position_ids = torch.arange(t, device=dev).expand(b, t) if segments is None \
                 else segment_positions(segments)  # [B,T]
         h = self.fuse(aux_hidden)  # [B,T,H]
-        split = segments is None and self._split(attention_mask)
+        split = self._split(attention_mask)
+        # packed rows: the step-0 keys per sample (split), or a block-diagonal dense mask
+        spans = segment_spans(segments) if split and segments is not None else None
         # Every step reads the same tokens, shifted: token t+1's part of q/k/v is computed once
         # (one matmul, one weight gradient) and shifted left by i for step i, instead of K times.
         emb = self.embed_tokens(shift_left(input_ids, 1)).to(h.dtype)  # [B,T,H], 0 at the end
@@ -298,8 +301,8 @@ class Eagle3Draft(nn.Module):
         for i in range(steps):
             ep = _shift_repeat_last(ep_all, i)  # token t+1+i (token 0's part past the end)
             cos, sin = self._cos_sin(position_ids + i, h.dtype)
-            mask = None if split else ttt_mask(t, i, attention_mask, dev,  # [B|1,1,T,(i+1)T]
-                                               segments)
+            mask = spans if split else ttt_mask(t, i, attention_mask, dev,  # [B|1,1,T,(i+1)T]
+                                                segments)
             step = self._step_fn or self._ttt_step
             h, lg, kv = step(ep, h, cos, sin, past, mask,  # h [B,T,H], fed to step i+1
                              None if rows is None else rows[i], head)
@@ -308,7 +311,7 @@ class Eagle3Draft(nn.Module):
         return out_logits
 
     def _ttt_step(self, ep: Tensor, h: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                  mask: Tensor | None, rows: Tensor | None = None, head: bool = True
+                  mask: Tensor | Spans | None, rows: Tensor | None = None, head: bool = True
                   ) -> tuple[Tensor, Tensor, KV]:
         """One TTT step (ep: the step's tokens' `embed_proj`): (the next step's h [B,T,H] (pre-
         final-norm, or after it with `norm_output`), logits [B,T,Vd] or [n,Vd] of the flat

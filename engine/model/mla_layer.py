@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from engine.model.blocks import KV, RMSNorm, apply_rope
 from engine.model.config import Eagle3Config
+from engine.model.packing import Spans
 from engine.model.ttt_attention import split_attention
 
 __all__ = ["MLAttention", "mla_softmax_scale"]
@@ -112,9 +113,10 @@ class MLAttention(nn.Module):
         return torch.cat([F.linear(e, p.weight[:, :h]) for p in self._down()], dim=-1)
 
     def forward(self, ep: Tensor, hn: Tensor, cos: Tensor, sin: Tensor, past: list[KV],
-                mask: Tensor | None, causal: bool = True) -> tuple[Tensor, KV]:
-        """As draft.Attention.forward: mask None is the TTT split attention over past[0]
-        (causal) plus the later steps' keys at the query's own position; else `mask`
+                mask: Tensor | Spans | None, causal: bool = True) -> tuple[Tensor, KV]:
+        """As draft.Attention.forward: mask None (or packed rows' Spans) is the TTT split
+        attention over past[0] (causal) plus the later steps' keys at the query's own position;
+        else `mask`
         [B|1,1,T,S] over the concatenated keys (the dense path)."""
         b, t, h = hn.shape
         qd, kvd = self._down()
@@ -133,10 +135,11 @@ class MLAttention(nn.Module):
         q = _pad(torch.cat([q_nope, q_rot], -1), self.width)
         k = _pad(torch.cat([k_nope, k_rot.expand(b, self.nh, t, self.rope)], -1), self.width)
         v = _pad(v, self.width)  # [B,nh,T,W]
-        if mask is None:
+        if not isinstance(mask, Tensor):
             k0, v0 = past[0] if past else (k, v)
             diag = [*past[1:], (k, v)] if past else []
-            out = split_attention(q, k0, v0, diag, causal, scale=self.scale)  # [B,nh,T,W]
+            out = split_attention(q, k0, v0, diag, causal, scale=self.scale,  # [B,nh,T,W]
+                                  spans=mask)
         else:
             keys = torch.cat([kv_[0] for kv_ in past] + [k], dim=2)  # [B,nh,S,W]
             vals = torch.cat([kv_[1] for kv_ in past] + [v], dim=2)

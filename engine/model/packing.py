@@ -11,6 +11,8 @@ own later positions could see them, which the causal mask hides.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -37,3 +39,25 @@ def same_segment(segments: Tensor, n: int) -> Tensor:
 def block_diagonal(segments: Tensor) -> Tensor:
     """Bool [B,1,T,T]: query t may see key s when both are in one segment."""
     return (segments[:, :, None] == segments[:, None, :])[:, None]
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Where each sample of packed rows lies: (row, start, end) per segment, in order, covering
+    every position. The TTT attention runs its causal step-0 block once per span (no [T,T]
+    mask, so a row of 16k tokens costs what its samples cost apart); the later steps' keys are
+    at the query's own position and need nothing."""
+
+    items: tuple[tuple[int, int, int], ...]
+
+
+def segment_spans(segments: Tensor) -> Spans:
+    """The Spans of segment ids [B,T] (a new span wherever the id changes along a row)."""
+    b, t = segments.shape
+    change = torch.ones_like(segments, dtype=torch.bool)
+    change[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    out: list[tuple[int, int, int]] = []
+    for r, starts in enumerate(change.cpu().tolist()):
+        cuts = [i for i, c in enumerate(starts) if c] + [t]
+        out.extend((r, a, z) for a, z in zip(cuts, cuts[1:], strict=False))
+    return Spans(tuple(out))

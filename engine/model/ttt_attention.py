@@ -17,6 +17,10 @@ is done here elementwise. Grouped-query attention: keys/values have nkv heads, q
 The softmax scale is 1/sqrt(hd) unless given (MLA: 1/sqrt(qk head width) times yarn's mscale^2,
 with q/k/v zero-padded to one width by the caller, engine/model/mla_layer.py).
 
+Packed rows (several samples in one row, engine/model/packing.py) give `spans`: the step-0 block
+is then one causal kernel call per sample, written into its slice of out and lse, and the merge
+above is unchanged (a later step's key is at the query's own position, always its own sample).
+
 `split_attention(q, k0, v0, diag, causal)` is the entry point; `dense_reference` is the masked
 SDPA over concatenated keys that it replaces (kept for tests and as the fallback).
 """
@@ -28,6 +32,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from engine.model.packing import Spans
 
 __all__ = ["causal_attention", "dense_reference", "split_attention"]
 
@@ -136,22 +142,59 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
     return out, lse
 
 
+def blocks_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, spans: Spans | None
+               ) -> tuple[Tensor, Tensor, tuple[object, ...]]:
+    """`causal_fwd`, or with `spans` one call per sample's slice (no key outside its sample)."""
+    if spans is None:
+        return causal_fwd(q, k, v, causal, scale)
+    out = torch.zeros_like(q)
+    lse: Tensor | None = None
+    extras = []
+    for r, a, z in spans.items:
+        qs, ks, vs = (t[r:r + 1, :, a:z].contiguous() for t in (q, k, v))
+        o, m, x = causal_fwd(qs, ks, vs, causal, scale)
+        if lse is None:
+            lse = torch.zeros(q.shape[:3], dtype=m.dtype, device=q.device)
+        out[r:r + 1, :, a:z] = o
+        lse[r:r + 1, :, a:z] = m
+        extras.append(x)
+    assert lse is not None, "spans cover no position"
+    return out, lse, tuple(extras)
+
+
+def blocks_bwd(g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               extra: tuple[object, ...], causal: bool, scale: float, spans: Spans | None
+               ) -> tuple[Tensor, Tensor, Tensor]:
+    """`causal_bwd` of what `blocks_fwd` computed (given the merged out and lse)."""
+    if spans is None:
+        return causal_bwd(g, q, k, v, out, lse, extra, causal, scale)  # type: ignore[arg-type]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for (r, a, z), x in zip(spans.items, extra, strict=True):
+        gs, qs, ks, vs, os_, ls = (t[r:r + 1, :, a:z].contiguous()
+                                   for t in (g, q, k, v, out, lse))
+        gq, gk, gv = causal_bwd(gs, qs, ks, vs, os_, ls, x, causal, scale)  # type: ignore[arg-type]
+        dq[r:r + 1, :, a:z] = gq
+        dk[r:r + 1, :, a:z] = gk
+        dv[r:r + 1, :, a:z] = gv
+    return dq, dk, dv
+
+
 # -- the merge -------------------------------------------------------------------------------------
 
 class _SplitAttention(torch.autograd.Function):
-    """forward(causal, scale, q, k0, v0, k1, v1, .., ki, vi) -> out [B,nh,T,hd] (module
-    docstring; scale None: 1/sqrt(hd))."""
+    """forward(causal, scale, spans, q, k0, v0, k1, v1, .., ki, vi) -> out [B,nh,T,hd] (module
+    docstring; scale None: 1/sqrt(hd); spans None: one sample per row)."""
 
     @staticmethod
-    def forward(ctx, causal: bool, scale: float | None, q: Tensor, k0: Tensor, v0: Tensor,
-                *diag: Tensor) -> Tensor:
+    def forward(ctx, causal: bool, scale: float | None, spans: Spans | None, q: Tensor,
+                k0: Tensor, v0: Tensor, *diag: Tensor) -> Tensor:
         b, nh, t, hd = q.shape
         nkv = k0.shape[1]
         rep = nh // nkv
         scale = 1.0 / math.sqrt(hd) if scale is None else scale
         q = q.contiguous()
         k0e, v0e = _expand(k0, rep).contiguous(), _expand(v0, rep).contiguous()
-        out0, lse0, extra = causal_fwd(q, k0e, v0e, causal, scale)
+        out0, lse0, extra = blocks_fwd(q, k0e, v0e, causal, scale, spans)
         work = lse0.dtype
         ks, vs = diag[0::2], diag[1::2]
         if ks:
@@ -169,7 +212,7 @@ class _SplitAttention(torch.autograd.Function):
         else:
             out, lse, s = out0, lse0, None
         ctx.causal, ctx.rep, ctx.scale, ctx.n = causal, rep, scale, len(ks)
-        ctx.extra = extra
+        ctx.extra, ctx.spans = extra, spans
         ctx.save_for_backward(q, k0e, v0e, out, lse, *diag,
                               *(() if s is None else (s,)))
         return out
@@ -180,7 +223,8 @@ class _SplitAttention(torch.autograd.Function):
         n, rep, scale = ctx.n, ctx.rep, ctx.scale
         diag = rest[:2 * n]
         g = g.contiguous()
-        dq, dk0, dv0 = causal_bwd(g, q, k0e, v0e, out, lse, ctx.extra, ctx.causal, scale)
+        dq, dk0, dv0 = blocks_bwd(g, q, k0e, v0e, out, lse, ctx.extra, ctx.causal, scale,
+                                  ctx.spans)
         dk0, dv0 = _reduce(dk0, rep), _reduce(dv0, rep)
         grads: list[Tensor] = []
         if n:
@@ -202,17 +246,27 @@ class _SplitAttention(torch.autograd.Function):
                 grads.append((ds[..., None] * qg).sum(2).to(diag[2 * j].dtype))
                 grads.append((pj[..., None] * gg).sum(2).to(diag[2 * j + 1].dtype))
             dq = dqw.to(q.dtype).view(b, nh, t, hd)
-        return (None, None, dq, dk0, dv0, *grads)
+        return (None, None, None, dq, dk0, dv0, *grads)
 
 
 def split_attention(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, Tensor]],
-                    causal: bool = True, scale: float | None = None) -> Tensor:
+                    causal: bool = True, scale: float | None = None,
+                    spans: Spans | None = None) -> Tensor:
     """q [B,nh,T,hd]; k0, v0 [B,nkv,T0,hd] the step-0 keys (causal when `causal`, else all of
     them for every query); diag: (k, v) [B,nkv,T,hd] of steps 1..i at the query's own position.
     Returns [B,nh,T,hd], the one-softmax attention over all of them (softmax scale `scale`,
-    None: 1/sqrt(hd))."""
+    None: 1/sqrt(hd)). `spans`: packed rows, the step-0 keys of a query's own sample only."""
     flat = [x for kv in diag for x in kv]
-    return _SplitAttention.apply(causal, scale, q, k0, v0, *flat)
+    if spans is not None:
+        return _packed(causal, scale, spans, q, k0, v0, *flat)
+    return _SplitAttention.apply(causal, scale, None, q, k0, v0, *flat)
+
+
+@torch.compiler.disable
+def _packed(causal: bool, scale: float | None, spans: Spans, *tensors: Tensor) -> Tensor:
+    """Outside any compiled graph: traced, the per-sample loop would be one graph per batch's
+    sample lengths (a recompile every step); eager, it is a few kernel calls per sample."""
+    return _SplitAttention.apply(causal, scale, spans, *tensors)
 
 
 def dense_reference(q: Tensor, k0: Tensor, v0: Tensor, diag: list[tuple[Tensor, Tensor]],

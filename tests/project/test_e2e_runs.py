@@ -132,5 +132,5 @@ async def test_push_launch_drop_watch_and_inspect(sshd: SSHD, demo_dir: Path,
         view = ck.query_one(InspectView)
         await wait_for(pilot, lambda: view.report is not None and view.heading == final, 120,
                        "its inspect report")
-        assert view.report is not None and view.report["ok"], view.plain
-        assert view.report["format"] == "eagle"
+        assert view.report is not None and view.report.ok, view.plain
+        assert view.report.format == "eagle"

@@ -1,0 +1,1 @@
+"""Tests of console/checkpoints/: serve, swap, bench, compare and offline eval of drafters."""

@@ -1,0 +1,1 @@
+"""Tests of console/demo/: the embedded default a first start runs on."""

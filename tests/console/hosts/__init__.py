@@ -1,0 +1,1 @@
+"""Tests of console/hosts/: push, doctor and the host pool."""

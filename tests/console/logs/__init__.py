@@ -1,0 +1,1 @@
+"""Tests of console/logs/: following logs, vLLM's log lines and its /metrics."""

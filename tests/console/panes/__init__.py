@@ -1,0 +1,1 @@
+"""Tests of console/panes/: each pane driven with Pilot, and its snapshots."""

@@ -1,0 +1,1 @@
+"""Tests of console/runs/: stopping, resuming and pruning runs."""

@@ -1,0 +1,1 @@
+"""Tests of console/scheduler/: detached runs over ssh, Slurm and several nodes."""

@@ -1,0 +1,1 @@
+"""Tests of console/screens/: run detail."""

@@ -1,0 +1,1 @@
+"""Tests of console/settings/: the config file."""

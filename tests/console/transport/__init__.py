@@ -1,0 +1,1 @@
+"""Tests of console/transport/: the local and SSH transports, host keys, ProxyJump, HTTP."""

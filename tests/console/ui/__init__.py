@@ -1,0 +1,1 @@
+"""Tests of console/ui/: the key map and the themes."""

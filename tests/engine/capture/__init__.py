@@ -1,0 +1,1 @@
+"""Tests of engine/capture/: features from vLLM and the capture's reference check."""

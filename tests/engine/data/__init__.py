@@ -1,0 +1,1 @@
+"""Tests of engine/data/: prepare, regen and the data readers."""

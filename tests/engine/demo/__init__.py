@@ -1,0 +1,1 @@
+"""Tests of engine/demo/: the demo workspace."""

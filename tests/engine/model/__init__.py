@@ -1,0 +1,1 @@
+"""Tests of engine/model/: the draft model, TTT attention and loss, packing."""

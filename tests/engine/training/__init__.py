@@ -1,0 +1,1 @@
+"""Tests of engine/training/: train, resume, torchrun and evaluation."""
