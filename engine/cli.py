@@ -39,6 +39,8 @@ COMMANDS: dict[str, str] = {
     "prepare": "engine.commands.prepare",
     "capture-server": "engine.commands.capture_server",
     "train": "engine.commands.train",
+    "stream-master": "engine.commands.stream_master",
+    "stream-put": "engine.commands.stream_put",
     "eval": "engine.commands.eval",
     "demo": "engine.commands.demo",
     "monitor": "engine.commands.monitor",

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ("tests.unit_loop",)
 # fixture modules (pytest_plugins) whose helpers test modules import too: rewritten for pytest on
 # that first import, else pytest warns that it could not rewrite them
-pytest.register_assert_rewrite("tests.serving", "tests.tiny_llama", "tests.vllm_real")
+pytest.register_assert_rewrite("tests.serving", "tests.tiny_llama", "tests.vllm_real",
+                              "tests.stream_store")
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ import pytest
 
 #: fixtures that start a component: a test that uses one is no unit test (snap_compare runs
 #: the app inside pytest-textual-snapshot, where the rule does not read)
-COMPONENT_FIXTURES = frozenset({"sshd", "snap_compare", "demo_dir", "vllm_python",
+COMPONENT_FIXTURES = frozenset({"sshd", "snap_compare", "demo_dir", "vllm_python", "stream_master",
                                 "slurm_cluster"})
 #: markers that say so by hand
 COMPONENT_MARKERS = ("slow", "vllm", "sshd", "component")

@@ -120,6 +120,9 @@ class TrainConfig:
     server_storage: str = DEFAULT_STORAGE
     """The `from_vllm` server's storage directory (capture-server --storage): its files are
     read and deleted only there; any other path it names is refused."""
+    from_stream: str | None = field(default=None, metadata={"cli": {"metavar": "ADDR"}})
+    """Read the features from a stream run's store (HOST:RPC_PORT/METADATA_PORT, as the store's
+    master prints it; engine/stream/stream_data.py): `data` is then the stream run's name."""
     fsdp: bool = False
     """Shard the drafter with FSDP instead of replicating it with DDP (multi-process only)."""
     freeze_lm_head: bool = False
@@ -137,7 +140,15 @@ class TrainConfig:
     """Torch device; default cuda:LOCAL_RANK when present, else cpu."""
 
     def __post_init__(self) -> None:
-        if not self.online and not os.path.isdir(self.data):
+        if self.from_stream and self.online:
+            raise EngineError("--from-stream: reads features a producer streams; --online "
+                              "computes them here (drop one of the two)")
+        if self.from_stream:
+            from engine.stream.address import StreamAddress
+            from engine.stream.keys import check_run
+            StreamAddress.parse(self.from_stream)
+            check_run(self.data, "--data")
+        if not self.online and not self.from_stream and not os.path.isdir(self.data):
             raise EngineError(f"--data {self.data}: not a directory (prepare it first, or pass "
                               "--online with a conversations JSONL file)")
         if self.online and not os.path.isfile(self.data):

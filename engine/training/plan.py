@@ -14,6 +14,7 @@ batches, which is what makes the torchrun comparison possible.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,17 @@ def epoch_steps(indices: list[int], lengths: list[int], batch_tokens: int, group
     micro = micro_batches([indices[p] for p in perm], lengths, batch_tokens, packed)
     n = len(micro) // group
     return [Step(epoch, s, tuple(micro[s * group:(s + 1) * group])) for s in range(n)]
+
+
+def steps_ahead(epoch: Callable[[int], list[Step]], pos: tuple[int, int], left: int,
+                epochs: int) -> list[Step]:
+    """The next `left` steps from position (epoch, step in epoch), across epochs."""
+    steps: list[Step] = []
+    e, start = pos
+    while len(steps) < left and e < epochs:
+        steps += epoch(e)[start:start + left - len(steps)]
+        e, start = e + 1, 0
+    return steps
 
 
 def split_holdout(n: int, holdout: int, seed: int = 12345) -> tuple[list[int], list[int]]:

@@ -55,6 +55,9 @@ def sha256_bytes(*tensors: Tensor) -> str:
 
 
 def data_hash(data: FeatureData) -> str:
+    digest = getattr(data, "digest", None)  # a stream's: its producer's data, by content
+    if isinstance(digest, str):
+        return digest
     mpath = os.path.join(data.path, "manifest.json")
     if os.path.isfile(mpath):
         return sha256_file(mpath)
@@ -173,7 +176,11 @@ def build(cfg: TrainConfig, ev: Emitter, device: torch.device) -> Setup:
         emb = target.embed_weight().detach().float().cpu()
         head = TargetHead(cfg.target, target.lm_head_weight().detach().float().cpu())
     else:
-        data = open_data(cfg.data, target_dir=cfg.target, vocab_size=v)
+        if cfg.from_stream:
+            from engine.stream.stream_data import open_stream_data
+            data = open_stream_data(cfg, ev)
+        else:
+            data = open_data(cfg.data, target_dir=cfg.target, vocab_size=v)
         emb, head = load_embedding(cfg.target)
         want = data.meta.get("target", {}).get("config_sha256")
         if want and want != config_hash(cfg.target):

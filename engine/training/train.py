@@ -47,7 +47,7 @@ from engine.training.checkpointing import (
     set_rng_state,
 )
 from engine.training.config import TrainConfig
-from engine.training.plan import Step, epoch_steps, split_holdout
+from engine.training.plan import Step, epoch_steps, split_holdout, steps_ahead
 from engine.training.served_eval import ServedEval
 from engine.training.setup import Setup, build
 from engine.training.unroll import Unroll
@@ -300,6 +300,9 @@ class Trainer:
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
+        ack = getattr(self.setup_.data, "ack", None)
+        if ack is not None:  # a streamed source may drop what this step read
+            ack(self.step + 1)
         dt = time.perf_counter() - t0
         tokens = sum(lengths[i] for i in step.samples())
         m.update(lr=self.lr_at(self.step), grad_norm=float(gnorm), tokens_per_s=tokens / dt,
@@ -512,6 +515,7 @@ class Trainer:
                         f"({len(self.hold_idx)} held out), world size {self.dist.world}, "
                         f"{self.dev.type}")
             saved_at = self.step if self.cfg.resume else -1
+            self._plan_stream()
             epoch, start = self.pos
             while self.step < self.total and epoch < self.cfg.epochs:
                 steps = self.epoch(epoch)
@@ -540,6 +544,9 @@ class Trainer:
                 self.export("final", model, {"step": self.step, "held_out_tau": held_out})
             self.restore_served(failing=False)
             self.dist.barrier()
+            finish = getattr(self.setup_.data, "finish", None)
+            if finish is not None and self.dist.main:
+                finish()
             final = {**last, "best_step": self.best_step, "best_estimated_tau": self.best_tau}
             self.write_run_json("done", started, final)
             return {"run": str(self.out), "steps": self.step, "final": str(self.out / "final"),
@@ -557,6 +564,14 @@ class Trainer:
             close = getattr(getattr(self, "setup_", None) and self.setup_.data, "close", None)
             if close is not None:
                 close()
+
+    def _plan_stream(self) -> None:
+        """Tell a store-fed source (engine/stream/stream_data.py) every step still to come."""
+        plan = getattr(self.setup_.data, "plan_steps", None)
+        if plan is None:
+            return
+        plan(steps_ahead(self.epoch, self.pos, self.total - self.step, self.cfg.epochs),
+             self.hold_idx, self.step, self.dist.rank, self.dist.world)
 
     def _schedule(self, steps: list[Step]) -> None:
         """Tell a streamed data source (engine/capture/online_data.py) which batches come next."""

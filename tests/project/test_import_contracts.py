@@ -53,6 +53,7 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
     ("engine.model",),
     ("engine.ckpt",),
     ("engine.data",),
+    ("engine.stream",),
     ("engine.capture",),
     ("engine.training",),
     ("engine.demo",),

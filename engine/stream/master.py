@@ -1,0 +1,159 @@
+"""A Mooncake master (with its HTTP metadata server) that this process starts and owns.
+
+`start_master()` picks free ports on the host's address, starts `mooncake_master` in its own
+session, waits until both its RPC port and its metadata port accept connections, and returns a
+`Master`: its `StreamAddress`, its PID and the process's start time (`BOOT_ID:TICKS`, as
+engine/ckpt/output_dir.py records owners). `stop()` signals only that process: a PID whose start
+time differs is another program that got the number after ours exited, and is left alone.
+
+Objects get a long lease (`lease_s`): a read of a multi-GB sample over TCP may take longer than
+Mooncake's default 10 s, and an object whose lease expires mid-read can be evicted. Removal is
+ours to decide (the trainer's ack removes with force), so the long lease costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.ckpt.output_dir import process_start
+from engine.errors import EngineError
+from engine.stream.address import StreamAddress
+
+DEFAULT_LEASE_S = 3600.0
+
+
+def master_binary() -> str:
+    """`mooncake_master` beside this Python (a venv's bin), else on PATH, else in the wheel."""
+    here = Path(sys.executable).parent / "mooncake_master"
+    if here.is_file():
+        return str(here)
+    found = shutil.which("mooncake_master")
+    if found:
+        return found
+    with contextlib.suppress(ImportError):
+        import mooncake
+        inside = Path(mooncake.__file__).parent / "mooncake_master"
+        if inside.is_file():
+            return str(inside)
+    raise EngineError("mooncake_master: not found (install the stream extra: "
+                      "pip install 'eagle3-console[stream]')")
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Master:
+    address: StreamAddress
+    pid: int
+    start: str | None
+    log: Path
+    metrics_port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    temp_dir: Path | None = None  # ours to remove once the master is gone (a default log's)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Its Prometheus page (`master_key_count`: the objects in the store)."""
+        return (f"http://{self.address.host}:{self.metrics_port}/metrics"
+                if self.metrics_port else None)
+
+    def ours(self) -> bool:
+        """Whether `pid` is still the process we started (same start time)."""
+        return self.start is not None and process_start(self.pid) == self.start
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """TERM, then KILL after `grace_s`; only while the PID is still ours. A default log
+        goes with a master we stopped; one that exited by itself keeps it (it says why)."""
+        stopped = False
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            if not self.ours() or not self._alive():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+                stopped = True
+            end = time.monotonic() + wait
+            while time.monotonic() < end and self._alive():
+                time.sleep(0.02)
+            if not self._alive():
+                break
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=1)
+        if stopped and self.temp_dir is not None and not self._alive():
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return self.ours()
+
+    def __enter__(self) -> Master:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_master(host: str = "127.0.0.1", log: Path | None = None,
+                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float = 30.0,
+                 tries: int = 3) -> Master:
+    """Start a master on free ports of `host` (module docstring); a port taken between our
+    probe and the master's bind is retried with new ports."""
+    binary = master_binary()
+    temp_dir = None
+    if log is None:
+        import tempfile
+        temp_dir = Path(tempfile.mkdtemp(prefix="eagle3-mooncake-"))
+        log = temp_dir / "master.log"
+    last = ""
+    for _ in range(tries):
+        rpc, meta, metrics = free_port(host), free_port(host), free_port(host)
+        argv = [binary, f"--rpc_address={host}", f"--rpc_port={rpc}",
+                "--enable_http_metadata_server=true", f"--http_metadata_server_host={host}",
+                f"--http_metadata_server_port={meta}", f"--metrics_port={metrics}",
+                f"--default_kv_lease_ttl={int(lease_s * 1000)}"]
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        m = Master(StreamAddress(host, rpc, meta), proc.pid, process_start(proc.pid), log,
+                   metrics, proc, temp_dir)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and proc.poll() is None:
+            if _accepts(host, rpc) and _accepts(host, meta):
+                return m
+            time.sleep(0.05)
+        if proc.poll() is None:
+            m.stop()
+            raise EngineError(f"mooncake_master: not listening on {m.address} after "
+                              f"{timeout_s:.0f} s (log: {log})")
+        last = _tail(log)
+    raise EngineError(f"mooncake_master: exited at start ({last or 'no output'}; log: {log})")
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""

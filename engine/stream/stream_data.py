@@ -1,0 +1,178 @@
+"""The trainer's side of a stream run: a FeatureData whose samples come out of the store.
+
+    python -m engine train --target T --from-stream HOST:RPC/META --data RUN --out OUT
+
+Opening waits for the producer's manifest (lengths, loss counts, tokens: the batch plan, the
+vocab and the losses come out as an offline run's on the same data). Before the first step,
+rank 0 puts the plan's sample order (engine/stream/plan_order.py), refusing a pool too small
+for the held-out samples plus one step. Each rank then reads its micro-batches in plan order,
+waiting for a sample the producer has not put yet (each wait longer than `say_s` is said, and
+the totals are in the `stream trainer` metric), and after the optimizer step that used them
+`ack()` removes them: that is what lets the producer go on. Held-out samples stay for every
+estimate and are removed by `finish()` when the run is done.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine.data.features import FeatureData, Sample, collate, collate_packed
+from engine.errors import EngineError
+from engine.events import Emitter
+from engine.stream import codec, keys
+from engine.stream import manifest as mf
+from engine.stream import plan_order as po
+from engine.stream.address import StreamAddress
+from engine.stream.store import StoreClient
+
+#: the metric event's name for the trainer's waiting figures
+TRAINER = "stream trainer"
+
+
+class StreamData(FeatureData):
+    def __init__(self, address: StreamAddress, run: str, ev: Emitter,
+                 poll_s: float = 0.01, say_s: float = 1.0) -> None:
+        self.run, self.ev = keys.check_run(run, "--data"), ev
+        self.poll_s, self.say_s = poll_s, say_s
+        self.client = StoreClient(address, 0)
+        key = keys.manifest_key(run)
+        raw = self._wait_bytes(key, "the producer's manifest")
+        m = self.manifest = mf.decode(raw, key)
+        self.path = f"stream://{address}/{run}"
+        self.lengths, self.loss_counts = list(m.lengths), list(m.loss_counts)
+        self.hidden_size = m.hidden_size
+        self.aux_layer_ids = list(m.aux_layer_ids) if m.aux_layer_ids else None
+        self.meta = dict(m.meta)
+        self.has_target_argmax = m.argmax
+        self.digest = m.digest
+        self._next: deque[tuple[int, tuple[int, ...]]] = deque()
+        self._held: set[int] = set()
+        self._taken: list[str] = []
+        self.wait_s, self.waits, self.read_s, self.ack_s = 0.0, 0, 0.0, 0.0
+        ev.log(f"streaming {len(self.lengths)} samples of run {run} from the store at {address}")
+
+    def _wait_bytes(self, key: str, what: str) -> bytes:
+        t0, said = time.monotonic(), False
+        while True:
+            raw = self.client.get_bytes(key)
+            if raw is not None:
+                return raw
+            if not said and time.monotonic() - t0 > self.say_s:
+                self.ev.log(f"stream trainer: waiting for {what} ({key})")
+                said = True
+            time.sleep(self.poll_s * 5)
+
+    # -- the plan ----------------------------------------------------------------------------
+    def plan_steps(self, steps: list[Any], held: list[int], start: int, rank: int,
+                   world: int) -> None:
+        """Remember this rank's micro-batches in order; rank 0 puts the whole order."""
+        self._held = set(held)
+        self._next = deque((s.epoch, tuple(idx)) for s in steps for idx in s.for_rank(rank, world))
+        if rank != 0:
+            return
+        self._check_pool(steps, held)
+        plan = po.PlanOrder(start, f"{os.getpid()}-{time.time_ns()}", tuple(held),
+                            tuple((s.epoch, tuple(s.samples())) for s in steps))
+        self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
+
+    def _check_pool(self, steps: list[Any], held: list[int]) -> None:
+        pool = self.meta.get("pool")
+        if not isinstance(pool, dict) or not steps:
+            return
+        size = [codec.encoded_size(self.manifest.spec(i)) for i in range(len(self.lengths))]
+        step = max(steps, key=lambda s: sum(size[i] for i in s.samples()))
+        n = len(held) + max(len(s.samples()) for s in steps)
+        nbytes = sum(size[i] for i in held) + sum(size[i] for i in step.samples())
+        hs, hb = int(pool.get("high_samples", 0)), int(pool.get("high_bytes", 0))
+        if n > hs or nbytes > hb:
+            raise EngineError(
+                f"--from-stream: the producer's pool (high watermark {hs} samples, "
+                f"{hb / 2**20:.1f} MiB) cannot hold the held-out samples and one step "
+                f"({n} samples, {nbytes / 2**20:.1f} MiB): raise stream-put's --high-samples/"
+                "--high-gb, or lower --holdout, --batch-tokens or --grad-accum")
+
+    # -- reading ------------------------------------------------------------------------------
+    def _fetch(self, key: str, i: int) -> Sample:
+        t0, said = time.monotonic(), False
+        while self.client.size(key) is None:
+            if not said and time.monotonic() - t0 > self.say_s:
+                self.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
+                said = True
+            time.sleep(self.poll_s)
+        waited = time.monotonic() - t0
+        if waited > self.poll_s:
+            self.wait_s += waited
+            self.waits += 1
+        if said:
+            self.ev.log(f"stream trainer: waited {waited:.2f} s for {key}")
+        t1 = time.monotonic()
+        s = codec.decode(self.client.get_into(key), self.manifest.spec(i), key)
+        self.read_s += time.monotonic() - t1
+        return s
+
+    def _samples(self, indices: tuple[int, ...] | list[int]) -> list[Sample]:
+        idx = tuple(indices)
+        if idx and idx[0] in self._held:
+            return [self._fetch(keys.held_key(self.run, i), i) for i in idx]
+        if not self._next or self._next[0][1] != idx:
+            want = self._next[0][1] if self._next else "nothing"
+            raise EngineError(f"stream run {self.run}: the trainer asked for samples {idx} out "
+                              f"of its plan (next: {want})")
+        epoch, _ = self._next.popleft()
+        out = []
+        for i in idx:
+            key = keys.sample_key(self.run, epoch, i)
+            out.append(self._fetch(key, i))
+            self._taken.append(key)
+        return out
+
+    def batch(self, indices: tuple[int, ...] | list[int]) -> dict[str, Tensor]:
+        return collate(self._samples(indices))
+
+    def packed(self, indices: tuple[int, ...] | list[int]) -> dict[str, Tensor]:
+        return collate_packed(self._samples(indices))
+
+    def __getitem__(self, i: int) -> Sample:
+        return self._samples((i,))[0]
+
+    def tokens(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.manifest.tokens(i)
+
+    def describe(self, i: int) -> str:
+        return f"stream run {self.run} sample {i}"
+
+    def token_counts(self, vocab_size: int) -> Tensor:
+        m = self.manifest
+        ids = m.ids[m.masks.bool()].long()
+        if ids.numel() and int(ids.max()) >= vocab_size or ids.numel() and int(ids.min()) < 0:
+            raise EngineError(f"stream run {self.run}: token id {int(ids.max())} is outside the "
+                              f"target's vocab of {vocab_size}")
+        return torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+
+    # -- acknowledging ------------------------------------------------------------------------
+    def ack(self, step: int) -> None:
+        """The optimizer step `step` is done: remove the samples it read (this rank's)."""
+        t0 = time.monotonic()
+        self.client.remove(self._taken)
+        self._taken = []
+        self.ack_s += time.monotonic() - t0
+        self.ev.metric({"wait_s": self.wait_s, "waits": self.waits, "read_s": self.read_s,
+                        "ack_s": self.ack_s}, step=step, name=TRAINER)
+
+    def finish(self) -> None:
+        """The run is done (rank 0): the held-out samples and the plan go."""
+        self.client.remove([keys.held_key(self.run, i) for i in sorted(self._held)]
+                           + [keys.plan_key(self.run)])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def open_stream_data(cfg: Any, ev: Emitter) -> StreamData:
+    return StreamData(StreamAddress.parse(cfg.from_stream), cfg.data, ev)

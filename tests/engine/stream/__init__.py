@@ -1,0 +1,1 @@
+"""Tests of engine/stream/: the Mooncake store, its master, the pool and streamed training."""

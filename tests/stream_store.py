@@ -1,0 +1,63 @@
+"""A real Mooncake master on 127.0.0.1 for the stream tests, one per test module, and a reader
+of its object count.
+
+Use with `pytest_plugins = ("tests.stream_store",)`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.stream.master import Master, start_master
+
+
+@pytest.fixture(scope="module")
+def stream_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
+    m = start_master("127.0.0.1", log=tmp_path_factory.mktemp("mooncake") / "master.log")
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def store_count(m: Master, name: str = "master_key_count") -> int:
+    """A counter of the master's metrics page (objects in the store, evictions ...)."""
+    assert m.metrics_url is not None and m.metrics_url.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(m.metrics_url, timeout=5) as r:  # noqa: S310 (loopback)
+        text = r.read().decode()
+    found = re.search(rf"^{name} (\d+)", text, re.M)
+    assert found, f"{name} not on {m.metrics_url}"
+    return int(found.group(1))
+
+
+class CountWatch:
+    """Samples the store's object count every `every_s` in a thread; `peak` is the highest."""
+
+    def __init__(self, m: Master, every_s: float = 0.02) -> None:
+        self.m, self.every_s, self.peak, self.seen = m, every_s, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, store_count(self.m))
+            self.seen += 1
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> CountWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def log_tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-2000:] if path.is_file() else ""
