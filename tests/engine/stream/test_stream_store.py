@@ -31,6 +31,7 @@ from tests.stream_store import store_count
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.stream_store",)
+pytestmark = pytest.mark.usefixtures("mooncake")
 
 
 def _accepts(port: int) -> bool:

@@ -24,6 +24,7 @@ from tests.stream_store import CountWatch, store_count
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.demo_workspace", "tests.stream_store")
+pytestmark = pytest.mark.usefixtures("mooncake")
 
 STEPS = 6
 COMMON = ["--max-steps", str(STEPS), "--holdout", "4", "--save-every", "3", "--batch-tokens",
