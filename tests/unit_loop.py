@@ -27,9 +27,10 @@ from typing import Any
 import pytest
 
 #: fixtures that start a component: a test that uses one is no unit test (snap_compare runs
-#: the app inside pytest-textual-snapshot, where the rule does not read)
+#: the app inside pytest-textual-snapshot, where the rule does not read; `mooncake` marks the
+#: tests of Mooncake's store, which start its master or its transfer engine)
 COMPONENT_FIXTURES = frozenset({"sshd", "snap_compare", "demo_dir", "vllm_python", "stream_master",
-                                "slurm_cluster"})
+                                "mooncake", "slurm_cluster"})
 #: markers that say so by hand
 COMPONENT_MARKERS = ("slow", "vllm", "sshd", "component")
 #: calling into any of these (or their submodules) starts a process
