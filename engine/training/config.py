@@ -70,10 +70,12 @@ class TrainConfig:
     """Stop after this many optimizer steps (the schedule is sized to it)."""
     batch_tokens: int = 8192
     """Padded tokens per micro-batch per rank (longest sample x samples)."""
-    pack_tokens: int | None = None
-    """Pack samples side by side into one row of up to this many tokens per micro-batch per
-    rank (instead of --batch-tokens' padded rows): attention block-diagonal per sample,
-    positions restarting, every sample's loss and gradient as unpacked."""
+    pack_tokens: str | None = field(default=None, metadata={"cli": {"metavar": "N|auto|off"}})
+    """Pack samples side by side into one row of up to N tokens per micro-batch per rank
+    (instead of --batch-tokens' padded rows): attention block-diagonal per sample, positions
+    restarting, every sample's loss and gradient as unpacked. `auto`: the largest row the
+    device's free memory holds (engine/training/memory_plan.py); `off`: padded rows. Default:
+    auto on a GPU, off on a CPU and with --online; --resume keeps the run's size."""
     grad_accum: int = 1
     """Micro-batches per rank per optimizer step."""
     warmup_ratio: float = 0.015
@@ -158,9 +160,13 @@ class TrainConfig:
         if self.from_vllm and not self.online:
             raise EngineError("--from-vllm: streams features for --online training (pass "
                               "--online), or capture first: engine prepare --from-vllm")
-        if self.pack_tokens is not None and self.online:
+        if self.pack_tokens is not None and self.pack_tokens != "off" and self.online:
             raise EngineError("--pack-tokens: packs prepared features; --online streams them "
                               "per padded batch (drop one of the two)")
+        if self.pack_tokens not in (None, "auto", "off") and not (
+                str(self.pack_tokens).isdigit() and int(str(self.pack_tokens)) >= 1):
+            raise EngineError(f"--pack-tokens {self.pack_tokens}: a number of tokens >= 1, auto "
+                              "or off")
         if self.resume_despite_changed_data and not self.resume:
             raise EngineError("--resume-despite-changed-data: only with --resume")
         if self.vocab and self.rebuild_vocab:
@@ -173,10 +179,8 @@ class TrainConfig:
                      "concurrency", "prefetch"):
             if getattr(self, name) < 1:
                 raise EngineError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
-        for name in ("max_steps", "pack_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise EngineError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be "
-                                  ">= 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise EngineError(f"--max-steps {self.max_steps}: must be >= 1")
         if self.save_every < 0:
             raise EngineError(f"--save-every {self.save_every}: must be >= 0")
         if not 0 < self.lr < 1:

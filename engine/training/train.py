@@ -47,6 +47,7 @@ from engine.training.checkpointing import (
     set_rng_state,
 )
 from engine.training.config import TrainConfig
+from engine.training.memory_plan import resolve_pack
 from engine.training.plan import Step, epoch_steps, split_holdout, steps_ahead
 from engine.training.served_eval import ServedEval
 from engine.training.setup import Setup, build
@@ -101,6 +102,9 @@ class Trainer:
         if cfg.eval_server and self.dist.main:
             self.served = self._open_served(cfg.eval_server)
         self.group = self.dist.world * cfg.grad_accum
+        ck = load_checkpoint(resume_from) if cfg.resume and resume_from is not None else None
+        self.pack = resolve_pack(cfg, self.setup_.draft.config, self.dev, self.dist.world,
+                                 max(data.lengths, default=1), ck, self.ev)
         self.plans: dict[int, list[Step]] = {}
         per_epoch = [len(self.epoch(e)) for e in range(cfg.epochs)]
         if per_epoch[0] == 0:
@@ -121,7 +125,6 @@ class Trainer:
         self.best_tau, self.best_step = -1.0, 0
         self.tau_ema: float | None = None
         self.held_out: tuple[int, float | None] = (-1, None)  # (step, tau) of the last estimate
-        ck = load_checkpoint(resume_from) if cfg.resume and resume_from is not None else None
         if ck is not None:  # weights go in before any wrapping: every rank reads the files
             self._restore_model(resume_from, ck)  # type: ignore[arg-type]
         if cfg.freeze_lm_head:
@@ -148,18 +151,16 @@ class Trainer:
 
     def epoch(self, e: int) -> list[Step]:
         if e not in self.plans:
-            packed = self.cfg.pack_tokens is not None
             self.plans[e] = epoch_steps(self.train_idx, self.setup_.data.lengths,
-                                        self.cfg.pack_tokens or self.cfg.batch_tokens,
-                                        self.group, self.cfg.seed, e, packed)
+                                        self.pack or self.cfg.batch_tokens, self.group,
+                                        self.cfg.seed, e, self.pack is not None)
         return self.plans[e]
 
     def _settings(self) -> dict[str, Any]:
-        plain = self.cfg.to_plain()
-        out = {k: plain[k] for k in TrainConfig.RESUME_KEYS}
+        out = {k: getattr(self.cfg, k) for k in TrainConfig.RESUME_KEYS}
         for k in ("target", "data", "finetune_from", "vocab"):
             out[k] = os.path.abspath(out[k]) if out[k] else out[k]
-        out["world_size"] = self.dist.world
+        out["world_size"], out["pack_tokens"] = self.dist.world, self.pack
         return out
 
     def _restore_model(self, path: Path, ck: dict[str, Any]) -> None:
@@ -288,7 +289,7 @@ class Trainer:
                 sync = self.module.no_sync()  # type: ignore[operator]
             with sync:
                 stats += self._micro(idx, denom, grad=True,
-                                     packed=self.cfg.pack_tokens is not None)
+                                     packed=self.pack is not None)
         self.dist.all_reduce_sum(stats)
         with self._timed("optimizer"):
             gnorm = torch.nn.utils.clip_grad_norm_(

@@ -177,8 +177,44 @@ def test_pack_tokens_trains(demo_dir: Path, tmp_path: Path) -> None:
     assert tr._settings()["pack_tokens"] == 700
 
 
+def test_pack_tokens_auto_on_the_cpu_sizes_a_row_and_resume_keeps_the_recorded_one(
+        demo_dir: Path, tmp_path: Path) -> None:
+    """Unset on a CPU: padded rows. `auto`: a row sized from the free memory, in whole 1024-token
+    steps, recorded in the settings; a resumed run's recorded size wins over a new measure."""
+    from engine.training.memory_plan import PACK_STEP, resolve_pack
+    assert _trainer(demo_dir, tmp_path / "plain").pack is None
+    tr = _trainer(demo_dir, tmp_path / "auto", pack_tokens="auto")
+    assert tr.pack is not None and tr.pack % PACK_STEP == 0
+    assert tr._settings()["pack_tokens"] == tr.pack
+    assert any(len(m) > 1 for s in tr.epoch(0) for m in s.micro)
+    ck = {"trainer": {"settings": tr._settings() | {"pack_tokens": 3072}}}
+    assert resolve_pack(tr.cfg, tr.draft.config, tr.dev, 1, 99, ck, tr.ev) == 3072
+
+
+@pytest.mark.parametrize(("name", "ranks", "fsdp"), [("llama3-8b", 1, False),
+                                                     ("kimi-k2-mla", 8, True)])
+def test_auto_pack_tokens_fills_the_memory_it_is_given(name: str, ranks: int, fsdp: bool
+                                                      ) -> None:
+    """At a real drafter's shape: the chosen row's step (counted on the meta device) fits the
+    planned share of the memory and one more 1024-token step would not; more memory never gives
+    a shorter row; a device too small for the longest sample is one line naming both figures."""
+    from engine.errors import EngineError
+    from engine.model.presets import preset
+    from engine.training.memory_plan import FILL, GIB, MAX_PACK, PACK_STEP, auto_pack_tokens
+    from engine.training.memory_plan import step_memory as mem
+    cfg = preset(name)
+    rows = [auto_pack_tokens(cfg, 7, gib * GIB, ranks, fsdp, 2048) for gib in (40, 80, 141)]
+    assert rows == sorted(rows) and rows[0] < rows[-1], rows
+    n = rows[1]
+    assert mem(cfg, ranks, n, 7, fsdp)["total_fp32"] <= FILL * 80
+    assert n == MAX_PACK or mem(cfg, ranks, n + PACK_STEP, 7, fsdp)["total_fp32"] > FILL * 80
+    with pytest.raises(EngineError, match=r"needs about [\d.]+ GiB, the device has 4.0 GiB free"):
+        auto_pack_tokens(cfg, 7, 4 * GIB, ranks, fsdp, 8192)
+
+
 @pytest.mark.parametrize(("args", "want"), [
-    (["--pack-tokens", "0"], "--pack-tokens 0: must be >= 1"),
+    (["--pack-tokens", "0"], "--pack-tokens 0: a number of tokens >= 1, auto or off"),
+    (["--pack-tokens", "lots"], "--pack-tokens lots: a number of tokens >= 1, auto or off"),
     (["--pack-tokens", "512", "--online"], "--pack-tokens: packs prepared features"),
 ])
 def test_pack_tokens_refusals(demo_dir: Path, tmp_path: Path, args: list[str], want: str

@@ -10,6 +10,7 @@ import torch
 
 from engine.model import ttt_attention as ta
 from engine.model.draft import Eagle3Draft, preset, valid_positions
+from engine.training.memory_plan import activation_bytes
 from tests.ttt_grads import loss_and_grads
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -203,24 +204,10 @@ def test_compiled_step_with_inductor_matches_eager() -> None:
 
 
 def _saved_bytes(draft: Eagle3Draft, t: int, k: int, packed: bool) -> int:
-    """What autograd keeps for the backward of the unroll over t tokens, weights left out (on the
-    meta device when the drafter is there: the real code at no memory cost)."""
-    weights = {x.untyped_storage()._cdata for x in [*draft.parameters(), *draft.buffers()]}
-    kept: dict[int, int] = {}
-
-    def pack(x: torch.Tensor) -> torch.Tensor:
-        if x.untyped_storage()._cdata not in weights:
-            kept[x.untyped_storage()._cdata] = x.untyped_storage().nbytes()
-        return x
-
-    dev = draft.fc.weight.device
-    ht = draft.config.target_hidden_size or draft.config.hidden_size
-    aux = torch.zeros(1, t, 3 * ht, device=dev)
-    ids = torch.zeros(1, t, dtype=torch.long, device=dev)
-    seg = (torch.arange(t, device=dev) // 64)[None] if packed else None  # 64-token samples
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        draft.ttt_forward(aux, ids, k, segments=seg)
-    return sum(kept.values())
+    """What autograd keeps for the unroll over t tokens (engine/training/memory_plan.py), one
+    row or packed samples of 64 tokens."""
+    seg = (torch.arange(t) // 64)[None] if packed else None
+    return activation_bytes(draft, t, k, segments=seg, loss_rows=False)
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-mla"])
