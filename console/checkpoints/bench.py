@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from console.checkpoints.answers import Answer, parse_answer, parse_model_id
@@ -86,7 +86,7 @@ async def _settled(host: Host, metrics: str, before: Snapshot, tokens: int) -> S
 
 async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | None = None,
                  max_tokens: int = 64, concurrency: int = 1,
-                 fixed_length: bool = False) -> dict[str, Any]:
+                 fixed_length: bool = False) -> Replay:
     """Replay the prompts on the host's server; the figures of exactly that replay. Replies
     stop at EOS (or max_tokens); fixed_length: max_tokens each, past EOS."""
     if not prompts or max_tokens < 1 or concurrency < 1:
@@ -129,10 +129,23 @@ async def replay(host: Host, prompts: list[list[dict[str, str]]], *, url: str | 
                    other_traffic=grown != tokens, requests_total=requests_total(specs))
     if session is not None:   # compare lists it under the serving session it measured
         record(run)
-    # --json only: the replies, and each answer's own acceptance
-    return {**run.to_json(),
-            "per_request": [s.to_json() if s else None for s in specs] if any(specs) else None,
-            "replies": [list(a.token_ids) if a.token_ids is not None else a.text
-                        for a in answers],
-            "prompt_token_ids": [None if a.prompt_token_ids is None else list(a.prompt_token_ids)
-                                 for a in answers]}
+    return Replay(run, specs if any(specs) else None, answers)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A replay's figures (the record `compare` lists), and for --json each answer's own
+    acceptance (None without vLLM's per-request metrics), its reply and its prompt's ids."""
+
+    run: BenchRun
+    per_request: list[SpecCounts | None] | None
+    answers: list[Answer]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.run.to_json(),
+                "per_request": None if self.per_request is None else
+                [s.to_json() if s else None for s in self.per_request],
+                "replies": [list(a.token_ids) if a.token_ids is not None else a.text
+                            for a in self.answers],
+                "prompt_token_ids": [None if a.prompt_token_ids is None
+                                     else list(a.prompt_token_ids) for a in self.answers]}

@@ -54,27 +54,28 @@ async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
     res = await replay(host, prompts, url=args.url, max_tokens=args.max_tokens,
                        concurrency=args.concurrency, fixed_length=args.fixed_length)
     if args.json:
-        print(json.dumps(res, indent=2))
+        print(json.dumps(res.to_json(), indent=2))
         return 0
-    t = res["total"]
-    al = t.get("acceptance_length")
-    length = f"x {res['max_tokens']} tokens (fixed length, past EOS)" if res["stop"] == "fixed" \
-        else f"to EOS (at most {res['max_tokens']} tokens; {res['completion_tokens']} generated)"
-    version = f" ({res['weight_version']})" \
-        if res["weight_version"] and res["weight_version"] != res["drafter"] else ""
-    print(f"{args.host}: {res['prompts']} prompts {length}, concurrency {res['concurrency']}, "
-          f"{res['drafter']}{version}")
+    r = res.run
+    t = r.total
+    al = t.acceptance_length if t else None
+    length = f"x {r.max_tokens} tokens (fixed length, past EOS)" if r.stop == "fixed" \
+        else f"to EOS (at most {r.max_tokens} tokens; {r.completion_tokens} generated)"
+    version = f" ({r.weight_version})" \
+        if r.weight_version and r.weight_version != r.drafter else ""
+    print(f"{args.host}: {r.prompts} prompts {length}, concurrency {r.concurrency}, "
+          f"{r.drafter}{version}")
     print(f"  acceptance length {al:.3f}" if al is not None else "  no drafts measured")
-    print(f"  per position {[round(x, 3) for x in t.get('per_position') or []]}")
-    print(f"  {res['generation_tokens_per_s']:.1f} tok/s, latency median "
-          f"{res['latency_s']['median']:.2f} s, max {res['latency_s']['max']:.2f} s")
-    rt = res.get("requests_total")
-    if rt and rt.get("acceptance_length") is not None:
+    print(f"  per position {[round(x, 3) for x in t.per_position] if t else []}")
+    print(f"  {r.generation_tokens_per_s or 0:.1f} tok/s, latency median "
+          f"{r.latency_median or 0:.2f} s, max {r.latency_max or 0:.2f} s")
+    rt = r.requests_total
+    if rt and rt.acceptance_length is not None and res.per_request is not None:
         print(f"  per request (vLLM's --per-request-spec-decode-metrics): acceptance length "
-              f"{rt['acceptance_length']:.3f} over {len(res['per_request'])} requests")
-    if res["records_disagree"]:
-        print(f"warning: {res['records_disagree']}", file=sys.stderr)
-    if res["other_traffic"]:
+              f"{rt.acceptance_length:.3f} over {len(res.per_request)} requests")
+    if r.records_disagree:
+        print(f"warning: {r.records_disagree}", file=sys.stderr)
+    if r.other_traffic:
         print("warning: the server served other requests during the replay: its counters "
               "include them", file=sys.stderr)
     return 0
