@@ -160,6 +160,7 @@ def test_the_server_names_the_drafter_not_the_workstations_records(
             "(/drafters/first); the server says other@0123456789abcdef" in res["records_disagree"]
         rc, out, err = bench(box, capsys, "--prompts", str(prompts))
         assert rc == 0 and out.splitlines()[0].endswith(", other@0123456789abcdef"), out
+        assert out.splitlines()[1] == "  acceptance length 2.000", out  # one accepted per draft
         assert "warning: this console's records say" in err and "/drafters/first" in err
         # `default`: the drafter the server started with, from its own speculative config
         fake.answers.clear()
