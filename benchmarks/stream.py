@@ -53,7 +53,7 @@ def step_figures(run: Path) -> dict[str, Any]:
     evs = [e for e in events(run / "events.jsonl") if e["kind"] == "metric"]
     steps = [e["values"] for e in evs if "name" not in e]
     if not steps:
-        sys.exit(f"{run}: no training step in events.jsonl")
+        raise RuntimeError(f"{run}: no training step in events.jsonl")
     timed = steps[min(WARMUP, len(steps) // 4):]
     secs = sum(float(m["step_time_s"]) for m in timed)
     tokens = sum(int(m["tokens"]) for m in timed)
@@ -76,31 +76,37 @@ def train(demo: Path, out: Path, steps: int, source: list[str]) -> dict[str, Any
     p = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env(),
                        capture_output=True, text=True)
     if p.returncode:
-        sys.exit(f"engine train exited {p.returncode}:\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"engine train exited {p.returncode}: {p.stderr[-3000:]}")
     return {**step_figures(out), "wall_s": round(time.perf_counter() - t0, 2)}
 
 
-def streamed(demo: Path, out: Path, steps: int, address: str, run: str) -> dict[str, Any]:
-    """The producer (`stream-put`, its own process) and the trainer reading from the store."""
+def streamed(demo: Path, out: Path, steps: int, address: str, run: str,
+             producer: list[str] | None = None, python: str = sys.executable
+             ) -> dict[str, Any]:
+    """A producer in its own process (`python -m engine PRODUCER`: by default `stream-put` over
+    the demo's data directory; `--to` and `--run` are added) and the trainer reading from the
+    store."""
     logs = out.parent / f"{out.name}.producer"
+    argv = producer or ["stream-put", "--data", str(demo / "data"), "--plan-timeout", "300"]
     with open(f"{logs}.out", "wb") as so, open(f"{logs}.err", "wb") as se:
-        prod = subprocess.Popen([sys.executable, "-m", "engine", "stream-put", "--events",
-                                 "--data", str(demo / "data"), "--to", address, "--run", run,
-                                 "--plan-timeout", "300"], cwd=REPO, env=env(), stdout=so,
+        prod = subprocess.Popen([python, "-m", "engine", *argv, "--events", "--to",
+                                 address, "--run", run], cwd=REPO, env=env(), stdout=so,
                                 stderr=se)
     try:
         res = train(demo, out, steps, ["--from-stream", address, "--data", run])
-        rc = prod.wait(timeout=120)
+        rc = prod.wait(timeout=300)
     finally:
         if prod.poll() is None:
             prod.kill()
             prod.wait()
     if rc:
-        sys.exit(f"engine stream-put exited {rc}:\n{Path(f'{logs}.err').read_text()[-3000:]}")
+        raise RuntimeError(f"engine {argv[0]} exited {rc}: "
+                           f"{Path(f'{logs}.err').read_text()[-3000:]}")
     from tests.engine_helpers import events
     done = [e["data"] for e in events(Path(f"{logs}.out")) if e["kind"] == "result"]
     if done:
-        res["producer"] = {k: done[0][k] for k in ("samples", "bytes", "put_s", "paused_s")}
+        res["producer"] = {k: done[0][k] for k in ("samples", "bytes", "put_s", "paused_s")
+                           if k in done[0]}
     return res
 
 
@@ -149,7 +155,10 @@ def main() -> int:
             from engine.demo.workspace import init_demo
             demo = work / "demo"
             init_demo(str(demo), quiet())
-        res = measure(demo, work, args.steps, args.rounds)
+        try:
+            res = measure(demo, work, args.steps, args.rounds)
+        except RuntimeError as e:
+            sys.exit(str(e))
         if args.capture:
             res["capture"] = capture_half(args, work)
     if args.json:
