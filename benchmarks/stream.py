@@ -46,7 +46,7 @@ def env() -> dict[str, str]:
     return engine_env()
 
 
-def step_figures(run: Path) -> dict[str, Any]:
+def step_figures(run: Path, launched: float) -> dict[str, Any]:
     """tokens/s over the run's training steps (the first WARMUP, or a quarter, skipped), and the
     streamed side's waiting figures when it has them."""
     from tests.engine_helpers import events
@@ -57,8 +57,15 @@ def step_figures(run: Path) -> dict[str, Any]:
     timed = steps[min(WARMUP, len(steps) // 4):]
     secs = sum(float(m["step_time_s"]) for m in timed)
     tokens = sum(int(m["tokens"]) for m in timed)
+    firsts = [e["t"] for e in evs if "name" not in e]
+    every = events(run / "events.jsonl")
     out: dict[str, Any] = {"steps": len(steps), "timed_steps": len(timed), "tokens": tokens,
-                           "seconds": round(secs, 3), "tok_s": round(tokens / secs, 1)}
+                           "seconds": round(secs, 3), "tok_s": round(tokens / secs, 1),
+                           # the process's launch (time.time()) to its first step, and its
+                           # last step to its last event (streamed: the manifest's wait, the
+                           # plan; the clean-up)
+                           "before_steps_s": round(firsts[0] - launched, 2),
+                           "after_steps_s": round(every[-1]["t"] - firsts[-1], 2)}
     waits = [e["values"] for e in evs if e.get("name") == "stream trainer"]
     if waits:  # running totals: the last one holds the run's
         out.update({k: round(float(waits[-1][k]), 3) for k in ("wait_s", "read_s", "ack_s")})
@@ -72,12 +79,12 @@ def train(demo: Path, out: Path, steps: int, source: list[str]) -> dict[str, Any
     args = train_args(demo, out, "--max-steps", str(steps))
     i = args.index("--data")
     args = [*args[:i], *source, *args[i + 2:]]
-    t0 = time.perf_counter()
+    t0, launched = time.perf_counter(), time.time()
     p = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env(),
                        capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"engine train exited {p.returncode}: {p.stderr[-3000:]}")
-    return {**step_figures(out), "wall_s": round(time.perf_counter() - t0, 2)}
+    return {**step_figures(out, launched), "wall_s": round(time.perf_counter() - t0, 2)}
 
 
 def streamed(demo: Path, out: Path, steps: int, address: str, run: str,
@@ -165,10 +172,12 @@ def main() -> int:
         print(json.dumps(res, indent=2))
         return 0
     print(f"training on the demo, {res['steps']} steps, 1 trainer process; load {res['load']}")
-    print(f"{'side':<8}{'tok/s':>10}{'timed steps':>13}{'wall s':>9}  rounds (tok/s)")
+    print(f"{'side':<8}{'tok/s':>10}{'timed steps':>13}{'wall s':>9}{'start s':>9}{'end s':>7}"
+          "  rounds (tok/s)")
     for side in ("disk", "stream"):
         r = res[side]
-        print(f"{side:<8}{r['tok_s']:>10.0f}{r['timed_steps']:>13}{r['wall_s']:>9.1f}  "
+        print(f"{side:<8}{r['tok_s']:>10.0f}{r['timed_steps']:>13}{r['wall_s']:>9.1f}"
+              f"{r['before_steps_s']:>9.1f}{r['after_steps_s']:>7.1f}  "
               f"{', '.join(f'{x:.0f}' for x in res['rounds_tok_s'][side])}")
     s = res["stream"]
     print(f"stream / disk: {res['ratio']:.2f}x (goal >= 0.9); trainer waited "
