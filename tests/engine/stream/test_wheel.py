@@ -94,14 +94,14 @@ def test_doctor_names_the_apt_packages_of_libraries_that_do_not_load(tmp_path: P
     empty.write_bytes(b"")
     binds = " && ".join(f"mount --bind {empty} {os.path.realpath(have[so])}"
                         for so in hidden.values())
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"{binds} && true"],
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"{binds} && true"],
                            capture_output=True, text=True)
     if probe.returncode:
         pytest.skip(f"no private mount namespace here ({probe.stderr.strip()[:120]})")
     wrapper = tmp_path / "hide.sh"  # runs its arguments with the libraries hidden
     wrapper.write_text(f'#!/bin/sh\n{binds} && exec "$@"\n')
     wrapper.chmod(0o755)
-    s, text = _doctor("unshare", "-m", str(wrapper))
+    s, text = _doctor("unshare", "-rm", str(wrapper))
     assert s["missing_apt"] == list(hidden)
     assert not s["usable"]
     assert ("Mooncake loads these libraries even over TCP: `apt-get install libnuma1 "
