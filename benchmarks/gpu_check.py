@@ -1,4 +1,4 @@
-"""Device check for a lent GPU machine: six independent checks, one `CHECK` line each.
+"""Device check for a lent GPU machine: seven independent checks, one `CHECK` line each.
 
     bash benchmarks/gpu_check.sh                    # on the GPU machine, from anywhere
     bash benchmarks/gpu_check.sh --only bf16-train-step
@@ -41,6 +41,11 @@ nvml-agent
 mla-serve-eagle3, mla-drafter-serve
     vLLM serving an MLA target with an EAGLE-3 drafter of ours (gpu_check_mla_serve.py), and the
     mla-capture target with an MLA drafter of ours (gpu_check_mla_drafter.py); skip without vLLM.
+stream-train
+    One node: a Mooncake master on 127.0.0.1, a producer and the trainer sharing the GPU
+    (gpu_check_stream.py): tokens/s streamed (`stream-put` from a data directory; the executor
+    capture `stream-capture` beside vLLM where both exist) against training from the directory,
+    and the ratios; skip where Mooncake's store does not load.
 
 Output: `CHECK name: ok|FAIL|skip ...` per check on stdout, a summary on stderr, with $OUT (or
 --json PATH) $OUT/gpu_check.json and each check's log $OUT/gpu_check.NAME.log; exit 1 on a FAIL.
@@ -70,12 +75,14 @@ from typing import Any
 from gpu_check_mla_drafter import check_mla_drafter_serve
 from gpu_check_mla_serve import check_mla_serve
 from gpu_check_mla_target import build_mla_target
+from gpu_check_stream import check_stream_train
 from gpu_check_ttt import check_ttt_attention
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 TIMEOUT_S = {"ttt-attention": 120, "bf16-train-step": 200, "mla-capture-transformers": 200,
-             "nvml-agent": 60, "mla-serve-eagle3": 560, "mla-drafter-serve": 300}
+             "nvml-agent": 60, "mla-serve-eagle3": 560, "mla-drafter-serve": 300,
+             "stream-train": 420}
 CHECKS = tuple(TIMEOUT_S)
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' datasheets, FLOP/s, matched as
@@ -464,7 +471,7 @@ class _GpuLoad:
 WORKERS = {"ttt-attention": check_ttt_attention, "bf16-train-step": check_bf16_train_step,
            "mla-capture-transformers": check_mla_capture, "nvml-agent": check_nvml_agent,
            "mla-serve-eagle3": lambda cpu: check_mla_serve(cpu, _env(cpu), build_mla_target),
-           "mla-drafter-serve": check_mla_drafter_serve}
+           "mla-drafter-serve": check_mla_drafter_serve, "stream-train": check_stream_train}
 SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everything)
     "ttt-attention": ("device", "cases", "worst_rel"),
     "bf16-train-step": ("device", "precision", "tokens_per_s", "step_ms", "peak_mem_gb",
@@ -476,6 +483,8 @@ SHOWN = {  # CHECK line fields per check, in order (the JSON summary has everyth
     "mla-serve-eagle3": ("device", "acceptance_length", "drafts", "samples", "vllm_wall_s"),
     "mla-drafter-serve": ("startup_s", "completion_tokens", "drafts", "accepted",
                           "acceptance_length"),
+    "stream-train": ("device", "steps", "disk_tok_s", "stream_tok_s", "stream_ratio",
+                     "stream_wait_s", "capture_tok_s", "capture_ratio", "capture"),
 }
 
 

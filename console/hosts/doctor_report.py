@@ -36,6 +36,10 @@ def report_rows(r: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
         rows.append(("vllm", f"{v.get('version') or 'not installed'}"
                              + (f" ({v['command']})" if v.get("command")
                                 else " (no vllm command found)")))
+    s = r.get("stream")
+    if isinstance(s, dict):  # engines before it did not report the stream extra
+        rows.append(("stream", str(s.get("summary"))))
+        rows += [("", str(a)) for a in s.get("advice") or []]
     d = r.get("disk") or {}
     rows.append(("disk", f"{d['free'] / 2**30:.1f} GiB free of {d['total'] / 2**30:.1f} GiB at "
                          f"{d['path']}" if "free" in d else f"{d.get('path')}: {d.get('error')}"))

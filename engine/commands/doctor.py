@@ -1,5 +1,7 @@
 """`python -m engine doctor`: what this host can run (Python, packages, torch/CUDA, GPUs, vLLM,
-disk), and `problems`: what stops the engine running here, each with the command that fixes it.
+the stream extra's Mooncake wheel and libraries, disk), and `problems`: what stops the engine
+running here, each with the command that fixes it (the stream extra is optional: its advice
+is a line under its row, never a problem).
 The report is its answer, so the command exits 0 whenever it could write one (the console's
 `doctor` turns problems into its exit status)."""
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from engine import __version__
 from engine.events import Emitter
+from engine.stream.wheel import check as stream_check
 
 HELP = "report Python, engine dependencies, torch/CUDA, GPUs (NVML) and free disk on this host"
 
@@ -47,6 +50,9 @@ def collect(path: str) -> dict[str, Any]:
     report["torch"] = _torch_info()
     report["gpus"], report["nvml"] = _nvml_gpus()
     report["vllm"] = _vllm_info()
+    t = report["torch"]  # the Mooncake wheel follows the CUDA that torch runs here
+    report["stream"] = stream_check(t.get("cuda") if t.get("cuda_available") else None
+                                    ).as_dict(sys.executable)
     try:
         du = shutil.disk_usage(os.path.expanduser(path))
         report["disk"] = {"path": os.path.abspath(os.path.expanduser(path)), "free": du.free,
@@ -144,6 +150,8 @@ def render(r: dict[str, Any]) -> str:
     v = r["vllm"]
     lines.append(f"vllm       {v['version'] or 'not installed'}"
                  + (f" ({v['command']})" if v["command"] else " (no vllm command found)"))
+    lines += [f"stream     {r['stream']['summary']}"]
+    lines += [f"           {a}" for a in r["stream"]["advice"]]
     d = r["disk"]
     if "free" in d:
         lines.append(f"disk       {d['free'] / 2**30:.1f} GiB free of {d['total'] / 2**30:.1f} GiB"

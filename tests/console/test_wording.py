@@ -22,6 +22,7 @@ def test_doctor_report_lists_torch_once_in_one_column() -> None:
     lines = render(report).splitlines()[1:]
     labels = [ln.split()[0] for ln in lines if not ln.startswith(" ")]
     assert labels.count("torch") == 1 and "safetensors" in labels and "disk" in labels
+    assert labels.count("stream") == 1  # the stream extra's Mooncake wheel, whatever it is here
     # every value starts in the same column, after the longest label and two spaces
     width = max(len(label) for label in labels) + 2
     for ln in lines:
