@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+#: a data directory's manifest names this format (engine/data/prepare.py writes it)
+FORMAT = "eagle3-console-data"
 SHARD_KEYS = ("input_ids", "loss_mask", "offsets", "aux_hidden_states", "hidden_states")
 
 @dataclass

@@ -67,6 +67,7 @@ from engine.ckpt.target_config import config_hash
 from engine.data.chat import Tokenized, tokenize_conversation
 from engine.data.conversations import Conversation, read_conversations
 from engine.data.disk_estimate import TOKEN_EXTRA_BYTES, check_free_space, estimate_bytes
+from engine.data.features import FORMAT
 from engine.data.fp8_store import FP8_NAME, SCALE_SUFFIX, quantize, value_bytes
 from engine.data.target import Target
 from engine.dist import Dist, maybe_init_dist, shutdown
@@ -75,7 +76,6 @@ from engine.events import Emitter
 from engine.fileio import atomic_file, read_json, replace_dir, sha256_file, write_json
 from engine.model.ttt_loss import target_argmax
 
-FORMAT = "eagle3-console-data"
 VERSION = 1
 
 

@@ -22,9 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.data.features import SHARD_KEYS, FeatureData, Sample
+from engine.data.features import FORMAT, SHARD_KEYS, FeatureData, Sample
 from engine.data.fp8_store import read_states
-from engine.data.prepare import FORMAT
 from engine.data.shard_checks import (
     INT_KEYS,
     check_count,
