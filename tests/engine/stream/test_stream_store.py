@@ -270,8 +270,14 @@ def test_a_starved_step_gets_room_from_later_steps_put_before(client: StoreClien
     without that both sides would wait on each other for ever."""
     out = io.StringIO()
     ev = Emitter("stream", json_mode=True, out=out, err=io.StringIO())
+    stop = threading.Event()
+
+    def between() -> None:  # a failed test must not leave the thread polling a closed client
+        if stop.is_set():
+            raise RuntimeError("stopped")
+
     pool = InFlight(Watermarks(4, 1, 1 << 20, 1 << 19), client.exists, ev, poll_s=0.005,
-                    remove=client.remove)
+                    between=between, remove=client.remove)
     names = {"room/1.a": 1, "room/1.b": 1, "room/2.a": 2, "room/2.b": 2}
     for k, step in names.items():
         client.put_bytes(k, b"x" * 100)
@@ -280,7 +286,11 @@ def test_a_starved_step_gets_room_from_later_steps_put_before(client: StoreClien
     t = threading.Thread(target=lambda: (pool.wait_room(100, "room/0.a", 0), done.set()),
                          daemon=True)
     t.start()
-    assert done.wait(5), "the producer waited while the trainer starved on step 0"
+    try:
+        assert done.wait(5), "the producer waited while the trainer starved on step 0"
+    finally:
+        stop.set()
+        t.join(5)
     kept = [k for k, there in zip(names, client.exists(list(names)), strict=True) if there]
     assert kept[:2] == ["room/1.a", "room/1.b"] and len(kept) == 3 and set(pool.keys) == set(kept)
     assert pool.made_room == 1

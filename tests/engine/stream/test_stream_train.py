@@ -301,3 +301,17 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
     assert watch.seen > 10 and watch.peak <= base + HIGH + SMALL_KEYS, watch.peak
     assert store_count(stream_master, "master_evicted_key_count") == 0
     assert store_count(stream_master) == base
+
+
+@pytest.mark.slow
+def test_a_trainer_gives_up_on_a_silent_producer_when_told(
+        demo_dir: Path, stream_master: Master, tmp_path: Path) -> None:
+    """No producer ever comes: with --producer-timeout the trainer stops with one line naming
+    the flag (by default it would wait on, saying so)."""
+    p = subprocess.run([sys.executable, "-m", "engine", *stream_args(
+        demo_dir, stream_master, "nobody", tmp_path / "run", "--producer-timeout", "2")],
+        cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "the producer has been silent for" in last and "(--producer-timeout 2)" in last
+    assert "nobody/manifest" in last
