@@ -21,6 +21,9 @@ import pytest
 
 from engine.stream.master import Master, start_master
 
+#: the memory the test store's holder lends (reserved, used as objects arrive)
+SEGMENT_BYTES = 512 << 20
+
 
 @pytest.fixture(scope="session")
 def mooncake() -> None:
@@ -37,7 +40,8 @@ def mooncake() -> None:
 
 @pytest.fixture(scope="module")
 def stream_master(mooncake: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
-    m = start_master("127.0.0.1", log=tmp_path_factory.mktemp("mooncake") / "master.log")
+    m = start_master("127.0.0.1", log=tmp_path_factory.mktemp("mooncake") / "master.log",
+                     segment_bytes=SEGMENT_BYTES)
     try:
         yield m
     finally:

@@ -4,7 +4,9 @@
 
 The producer of engine/stream/producer.py over a data directory: it puts the run's manifest,
 waits for the trainer's plan (`train --from-stream ADDR --data NAME`), puts the samples in that
-order within the pool's watermarks, and exits once the trainer has taken them all.
+order within the pool's watermarks, and exits once the trainer has taken them all. Killed and
+started again with the same command, it goes on where it was: what it put is still in the store
+(the memory is stream-master's), and it skips what the trainer has already trained on.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def run(args: argparse.Namespace, ev: Emitter) -> int:
     dtype = str(data[0].hidden.dtype).removeprefix("torch.")
     data.meta = {**data.meta, "pool": {"high_samples": marks.high_samples,
                                        "high_bytes": marks.high_bytes}}
-    # this client holds the objects it puts: room for the pool, the manifest and the plan
-    client = StoreClient(address, segment_bytes=marks.high_bytes * 5 // 4 + (64 << 20))
+    # lends no memory: the objects live in the store's holder (stream-master), so they
+    # outlive this process and a producer started again finds them
+    client = StoreClient(address)
     try:
         got = produce_data(data, client, args.run, marks, ev, dtype, digest,
                            args.plan_timeout)

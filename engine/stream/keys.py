@@ -4,6 +4,10 @@
     RUN/plan             the sample order the trainer asks for (engine/stream/plan_order.py)
     RUN/s/EPOCH.INDEX    sample INDEX as trained in epoch EPOCH (one object, engine/stream/codec.py)
     RUN/h/INDEX          a held-out sample (read by every estimate, removed at the end)
+    RUN/ack              the trainer's progress: the last step done under its plan's nonce
+                         (engine/stream/progress.py), so a restarted producer skips what was
+                         trained
+    RUN/beat             the producer's heartbeat, a counter it raises every second or so
 """
 
 from __future__ import annotations
@@ -36,3 +40,11 @@ def sample_key(run: str, epoch: int, index: int) -> str:
 
 def held_key(run: str, index: int) -> str:
     return f"{run}/h/{index}"
+
+
+def ack_key(run: str) -> str:
+    return f"{run}/ack"
+
+
+def beat_key(run: str) -> str:
+    return f"{run}/beat"

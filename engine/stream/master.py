@@ -9,17 +9,15 @@ time differs is another program that got the number after ours exited, and is le
 Objects get a long lease (`lease_s`): a read of a multi-GB sample over TCP may take longer than
 Mooncake's default 10 s, and an object whose lease expires mid-read can be evicted. Removal is
 ours to decide (the trainer's ack removes with force), so the long lease costs nothing.
+
+The store's memory is lent by a holder process started beside the master (`segment_bytes`,
+engine/stream/holder.py), not by the producer: what a producer put outlives the producer.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,39 +25,18 @@ from pathlib import Path
 from engine.ckpt.output_dir import process_start
 from engine.errors import EngineError
 from engine.stream.address import StreamAddress
+from engine.stream.holder import Holder, start_holder
+from engine.stream.owned import accepts, free_port, mooncake_binary, stop_owned
 
 DEFAULT_LEASE_S = 3600.0
+#: after this long, an unfinished put (its producer killed mid-put) gives way to a new put of
+#: the same key; until then Mooncake answers such a put with success and keeps nothing
+DEFAULT_PUT_DISCARD_S = 5
 
 
 def master_binary() -> str:
-    """`mooncake_master` beside this Python (a venv's bin), else on PATH, else in the wheel."""
-    here = Path(sys.executable).parent / "mooncake_master"
-    if here.is_file():
-        return str(here)
-    found = shutil.which("mooncake_master")
-    if found:
-        return found
-    with contextlib.suppress(ImportError):
-        import mooncake
-        inside = Path(mooncake.__file__).parent / "mooncake_master"
-        if inside.is_file():
-            return str(inside)
-    raise EngineError("mooncake_master: not found (install the stream extra: "
-                      "pip install 'eagle3-console[stream]')")
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _accepts(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
+    """`mooncake_master` (engine/stream/owned.py says where it is looked for)."""
+    return mooncake_binary("mooncake_master")
 
 
 @dataclass
@@ -71,6 +48,7 @@ class Master:
     metrics_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     temp_dir: Path | None = None  # ours to remove once the master is gone (a default log's)
+    holder: Holder | None = None  # the process lending the store its memory (holder.py)
 
     @property
     def metrics_url(self) -> str | None:
@@ -83,30 +61,14 @@ class Master:
         return self.start is not None and process_start(self.pid) == self.start
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """TERM, then KILL after `grace_s`; only while the PID is still ours. A default log
-        goes with a master we stopped; one that exited by itself keeps it (it says why)."""
-        stopped = False
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            if not self.ours() or not self._alive():
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-                stopped = True
-            end = time.monotonic() + wait
-            while time.monotonic() < end and self._alive():
-                time.sleep(0.02)
-            if not self._alive():
-                break
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=1)
-        if stopped and self.temp_dir is not None and not self._alive():
+        """TERM, then KILL after `grace_s`; only while the PID is still ours. The memory holder
+        goes first (its objects with it), then the master. A default log goes with a master we
+        stopped; one that exited by itself keeps it (it says why)."""
+        if self.holder is not None:
+            self.holder.stop(grace_s)
+        stopped = stop_owned(self.pid, self.start, self.proc, grace_s)
+        if stopped and self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-    def _alive(self) -> bool:
-        if self.proc is not None:
-            return self.proc.poll() is None
-        return self.ours()
 
     def __enter__(self) -> Master:
         return self
@@ -117,9 +79,24 @@ class Master:
 
 def start_master(host: str = "127.0.0.1", log: Path | None = None,
                  lease_s: float = DEFAULT_LEASE_S, timeout_s: float = 30.0,
-                 tries: int = 3) -> Master:
+                 tries: int = 3, segment_bytes: int = 0,
+                 put_discard_s: int = DEFAULT_PUT_DISCARD_S) -> Master:
     """Start a master on free ports of `host` (module docstring); a port taken between our
-    probe and the master's bind is retried with new ports."""
+    probe and the master's bind is retried with new ports. With `segment_bytes`, a memory
+    holder (engine/stream/holder.py) lends the store that much memory, started beside it."""
+    m = _start_master(host, log, lease_s, timeout_s, tries, put_discard_s)
+    if segment_bytes:
+        try:
+            m.holder = start_holder(m.address, segment_bytes, m.log.with_name("holder.log"),
+                                    timeout_s)
+        except BaseException:
+            m.stop()
+            raise
+    return m
+
+
+def _start_master(host: str, log: Path | None, lease_s: float, timeout_s: float, tries: int,
+                  put_discard_s: int) -> Master:
     binary = master_binary()
     temp_dir = None
     if log is None:
@@ -132,7 +109,8 @@ def start_master(host: str = "127.0.0.1", log: Path | None = None,
         argv = [binary, f"--rpc_address={host}", f"--rpc_port={rpc}",
                 "--enable_http_metadata_server=true", f"--http_metadata_server_host={host}",
                 f"--http_metadata_server_port={meta}", f"--metrics_port={metrics}",
-                f"--default_kv_lease_ttl={int(lease_s * 1000)}"]
+                f"--default_kv_lease_ttl={int(lease_s * 1000)}",
+                f"--put_start_discard_timeout_sec={put_discard_s}"]
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -140,7 +118,7 @@ def start_master(host: str = "127.0.0.1", log: Path | None = None,
                    metrics, proc, temp_dir)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and proc.poll() is None:
-            if _accepts(host, rpc) and _accepts(host, meta):
+            if accepts(host, rpc) and accepts(host, meta):
                 return m
             time.sleep(0.05)
         if proc.poll() is None:

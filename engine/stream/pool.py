@@ -6,7 +6,10 @@ until the trainer has brought it down to both low marks (hysteresis: the produce
 stutter one sample at a time), or until the trainer starves: when the sample to put belongs to
 the earliest step the pool holds (or the pool holds no step at all), the trainer is waiting for
 it, and waiting for low would deadlock both sides. The trainer checks that the held-out samples
-plus its largest step fit under the high marks, so a starved put always fits. Each pause is
+plus its largest step fit under the high marks, so a starved put always fits once the pool holds
+nothing of a later step: a restarted producer may find later steps in the store (put before its
+kill) while an earlier one is missing, and then removes later steps' samples, the latest first,
+to make room (they are put again in their turn). Each pause is
 said twice, when it begins and when it ends with its length; the totals come back in
 `paused_s` and `pauses`.
 """
@@ -68,17 +71,21 @@ class InFlight:
 
     def __init__(self, marks: Watermarks, exists: Callable[[list[str]], list[bool]],
                  ev: Emitter, poll_s: float = 0.02,
-                 between: Callable[[], None] | None = None) -> None:
+                 between: Callable[[], None] | None = None,
+                 remove: Callable[[list[str]], None] | None = None) -> None:
         """`between` runs at every poll while waiting (the producer's look for a new plan; it
-        may raise to abandon the wait)."""
+        may raise to abandon the wait); `remove` removes keys from the store (making room for
+        a starved step, dropping what the trainer is done with)."""
         self.marks, self.exists, self.ev, self.poll_s = marks, exists, ev, poll_s
-        self.between = between
+        self.between, self.remove = between, remove
         self.keys: dict[str, int] = {}
         self.steps: dict[str, int] = {}  # the plan step of each key (held-out keys have none)
         self.bytes = 0
         self.paused_s = 0.0
         self.pauses = 0
         self.peak = 0
+        self.made_room = 0  # samples removed to make room for a starved step
+        self._room_step: int | None = None
 
     def add(self, key: str, nbytes: int, step: int | None = None) -> None:
         self.keys[key] = nbytes
@@ -113,6 +120,34 @@ class InFlight:
             self.bytes -= self.keys.pop(k)
         self.steps = {k: s for k in self.keys if (s := steps[k]) is not None}
 
+    def drop(self, keys: list[str]) -> None:
+        """Remove `keys` from the store and the pool."""
+        keys = [k for k in keys if k in self.keys]
+        if self.remove is not None:
+            self.remove(keys)
+        for k in keys:
+            self.bytes -= self.keys.pop(k)
+            self.steps.pop(k, None)
+
+    def drop_before(self, step: int) -> None:
+        """The trainer is done with every step before `step`: what the pool still holds of them
+        (put again by a producer restarted as the trainer acknowledged them) goes."""
+        self.drop([k for k, s in self.steps.items() if s < step])
+
+    def _make_room(self, nbytes: int, step: int) -> None:
+        """Room for a put of starved step `step`: later steps' samples go, the latest first."""
+        later = sorted((k for k, s in self.steps.items() if s > step),
+                       key=lambda k: -self.steps[k])
+        n = 0
+        while later and not self._fits(nbytes):
+            self.drop([later.pop(0)])
+            n += 1
+        self.made_room += n
+        if n and step != self._room_step:  # said once a step: each of its puts may make room
+            self._room_step = step
+            self.ev.log(f"stream producer: removing samples of later steps to make room for "
+                        f"step {step}, which the trainer waits for (they are put again later)")
+
     def _starved(self, step: int | None) -> bool:
         return step is not None and (not self.steps or step <= min(self.steps.values()))
 
@@ -124,6 +159,8 @@ class InFlight:
         if self._fits(nbytes):
             return
         self.refresh()  # at high by what we knew: from here on, only low (or starving) will do
+        if self.remove is not None and step is not None and self._starved(step):
+            self._make_room(nbytes, step)
         if self._fits(nbytes) and (self._low() or self._starved(step)):
             return
         t0 = time.monotonic()
@@ -135,6 +172,8 @@ class InFlight:
             if self.between is not None:
                 self.between()
             self.refresh()
+            if self.remove is not None and step is not None and self._starved(step):
+                self._make_room(nbytes, step)
         dt = time.monotonic() - t0
         self.paused_s += dt
         self.ev.log(f"stream producer resumed after {dt:.2f} s: pool at {len(self.keys)} "

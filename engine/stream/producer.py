@@ -2,12 +2,18 @@
 put each sample in the plan's order, paced by the in-flight pool (engine/stream/pool.py).
 
 `produce(data, ...)` does it for any FeatureData (a prepared data directory today; a capture
-hands its samples over the same way). The producer's client holds the store's memory for the
-objects it puts, so it stays until the trainer has removed every one of them (`drain`).
+hands its samples over the same way). The store's memory is lent by a holder beside the master
+(engine/stream/holder.py), so what the producer put outlives it. Killed and started again with
+the same command, a producer reads the plan and the trainer's progress (engine/stream/
+progress.py), keeps what is already in the store, skips the steps already trained on and puts
+the rest. It raises a heartbeat (RUN/beat) about every `beat_s` while it runs, so a waiting
+trainer can tell a slow producer from a dead one. It stays until the trainer has taken every
+sample (`drain`), then removes the run's manifest, heartbeat and progress.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,11 +24,16 @@ from engine.events import Emitter
 from engine.stream import codec, keys
 from engine.stream import manifest as mf
 from engine.stream import plan_order as po
+from engine.stream import progress as pg
 from engine.stream.pool import InFlight, Watermarks
 from engine.stream.store import StoreClient
 
 #: the metric event's name for the producer's pool figures
 PRODUCER = "stream producer"
+#: a put that keeps nothing (a killed producer's unfinished put of the key is still there) is
+#: tried again until the master discards that put (engine/stream/master.py), this long at most
+SWALLOWED_PUT_S = 600.0
+_EXISTS_BATCH = 4096
 
 
 @dataclass
@@ -45,13 +56,39 @@ class Replan(Exception):
 
 class Producer:
     def __init__(self, client: StoreClient, run: str, marks: Watermarks, ev: Emitter,
-                 look_s: float = 0.25) -> None:
+                 look_s: float = 0.25, beat_s: float = 1.0) -> None:
         self.client, self.run, self.ev = client, keys.check_run(run), ev
-        self.pool = InFlight(marks, client.exists, ev, between=self._look)
+        self.pool = InFlight(marks, self._exists, ev, between=self._between,
+                             remove=client.remove)
         self.plan: po.PlanOrder | None = None
         self.look_s, self._looked = look_s, 0.0
+        self.beat_s, self._beat_at, self._beats = beat_s, 0.0, 0
         self.put_s = 0.0
         self.total_bytes = 0
+
+    def _exists(self, names: list[str]) -> list[bool]:
+        out: list[bool] = []
+        for i in range(0, len(names), _EXISTS_BATCH):
+            out += self.client.exists(names[i:i + _EXISTS_BATCH])
+        return out
+
+    def beat(self) -> None:
+        """Raise the heartbeat (at most every `beat_s`)."""
+        now = time.monotonic()
+        if now - self._beat_at >= self.beat_s:
+            self._beat_at = now
+            self._beats += 1
+            self.client.put_bytes(keys.beat_key(self.run), f"{os.getpid()} {self._beats}".encode())
+
+    def _between(self) -> None:
+        self.beat()
+        self._look()
+
+    def progress(self) -> pg.Progress | None:
+        """The trainer's progress as it last wrote it (None before its first step)."""
+        key = keys.ack_key(self.run)
+        raw = self.client.get_bytes(key)
+        return pg.decode(raw, key) if raw is not None else None
 
     def publish(self, manifest: mf.StreamManifest) -> None:
         self.manifest = manifest
@@ -62,9 +99,14 @@ class Producer:
         t0 = time.monotonic()
         said = False
         while True:
+            self.beat()
             raw = self.client.get_bytes(key)
             if raw is not None:
                 return po.decode(raw, key, len(self.manifest.lengths))
+            done = self.progress()
+            if done is not None and done.done:  # a producer restarted after the run ended
+                self.ev.log(f"stream producer: the trainer of run {self.run} has finished")
+                return po.PlanOrder(done.step, done.nonce, (), ())
             if not said:
                 self.ev.log(f"stream producer: waiting for the trainer's plan ({key})")
                 said = True
@@ -86,6 +128,7 @@ class Producer:
             plan = po.decode(raw, key, len(self.manifest.lengths))
             if plan.nonce != self.plan.nonce:
                 raise Replan(plan)
+        self.pool.drop_before(pg.steps_done(self.progress(), self.plan))
 
     def put(self, key: str, sample: Sample, spec: codec.SampleSpec, step: int | None) -> None:
         """Put one sample of plan step `step` (None: held out), within the pool's marks."""
@@ -93,10 +136,32 @@ class Producer:
         self.pool.wait_room(n, key, step)
         t0 = time.perf_counter()
         size = codec.encode(sample, spec, self.client.buffer.ensure(n))
-        self.client.put_from(key, size)
+        self._put_kept(key, size)
         self.put_s += time.perf_counter() - t0
         self.pool.add(key, size, step)
         self.total_bytes += size
+
+    def _put_kept(self, key: str, size: int) -> None:
+        """Put the buffer's first `size` bytes under `key` and see it kept: Mooncake answers a
+        put of a key whose earlier put never finished (its producer killed mid-put) with
+        success and keeps nothing, until the master discards that earlier put."""
+        t0, said = time.monotonic(), False
+        while True:
+            self.client.put_from(key, size)
+            if self.client.size(key) is not None:
+                break
+            if time.monotonic() - t0 > SWALLOWED_PUT_S:
+                raise EngineError(f"stream run {self.run}: {key}: the store keeps an unfinished "
+                                  f"put of it for over {SWALLOWED_PUT_S:.0f} s (restart "
+                                  "`engine stream-master`)")
+            if not said:
+                self.ev.log(f"stream producer: {key} is held by an unfinished put (a killed "
+                            "producer's); putting it again once the store discards that")
+                said = True
+            time.sleep(0.2)
+            self._between()
+        if said:
+            self.ev.log(f"stream producer: {key} put after {time.monotonic() - t0:.1f} s")
 
     def report(self, done: int) -> None:
         self.ev.metric({"pool_samples": len(self.pool.keys), "pool_bytes": self.pool.bytes,
@@ -118,12 +183,19 @@ class Producer:
     def _produce(self, sample_of: Callable[[int], Sample], plan: po.PlanOrder,
                  report_every: int) -> Produced:
         self.plan = plan
+        done = pg.steps_done(self.progress(), plan)
         todo: list[tuple[str, int, int | None]] = [
             (keys.held_key(self.run, i), i, None) for i in plan.held]
-        todo += [(keys.sample_key(self.run, e, i), i, s)
+        steps = [(keys.sample_key(self.run, e, i), i, s)
                  for s, (e, idx) in enumerate(plan.steps) for i in idx]
+        todo += [t for t in steps if t[2] >= done]
         self.pool.keep_only({k: s for k, _, s in todo}, self.client.remove)
+        self._adopt(todo, [k for k, _, s in steps if s < done])
+        if done:
+            self.ev.log(f"stream producer: the trainer has done {done} steps of its plan; "
+                        f"producing from its step {plan.start + done}")
         for n, (key, i, step) in enumerate(todo, 1):
+            self.beat()
             if key not in self.pool.keys:  # else put before and not taken yet
                 self.put(key, sample_of(i), self.manifest.spec(i), step)
             self.ev.progress(n, len(todo), unit="sample", desc="stream put")
@@ -133,9 +205,25 @@ class Producer:
         self.ev.log(f"stream producer: all {len(todo)} samples put; waiting for the trainer to "
                     "take the rest")
         self.pool.drain()
-        self.client.remove([keys.manifest_key(self.run)])
+        self.client.remove([keys.manifest_key(self.run), keys.beat_key(self.run),
+                            keys.ack_key(self.run)])
         return Produced(len(todo), self.total_bytes, self.put_s, self.pool.paused_s,
                         self.pool.pauses, self.pool.peak)
+
+
+    def _adopt(self, todo: list[tuple[str, int, int | None]], trained: list[str]) -> None:
+        """Into the pool: what the store already holds of `todo` (put before a kill); out of
+        the store: what it still holds of the steps already trained on."""
+        new = [t for t in todo if t[0] not in self.pool.keys]
+        there = self._exists([k for k, _, _ in new] + trained)
+        found = [t for t, x in zip(new, there, strict=False) if x]
+        for key, i, step in found:
+            self.pool.add(key, codec.encoded_size(self.manifest.spec(i)), step)
+        stale = [k for k, x in zip(trained, there[len(new):], strict=True) if x]
+        self.client.remove(stale)
+        if found or stale:
+            self.ev.log(f"stream producer: {len(found)} samples of the plan already in the "
+                        f"store (kept); {len(stale)} the trainer is done with removed")
 
 
 def produce_data(data: FeatureData, client: StoreClient, run: str, marks: Watermarks,

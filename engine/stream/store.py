@@ -9,8 +9,9 @@ loopback master: loopback only); each is set only when the user has not set it. 
 one registered host buffer that grows (a new one registered, the old one unregistered) when a
 larger object comes.
 
-A client may contribute memory to the store (`segment_bytes`: the producer's side holds the
-objects it puts); a trainer contributes none. Every failure is one EngineError line naming the
+A client may contribute memory to the store (`segment_bytes`), but the producer and the
+trainer contribute none: the store's memory is lent by its holder (engine/stream/holder.py), so
+what a producer put outlives it. Every failure is one EngineError line naming the
 store, the operation and the key.
 """
 

@@ -8,8 +8,14 @@ rank 0 puts the plan's sample order (engine/stream/plan_order.py), refusing a po
 for the held-out samples plus one step. Each rank then reads its micro-batches in plan order,
 waiting for a sample the producer has not put yet (each wait longer than `say_s` is said, and
 the totals are in the `stream trainer` metric), and after the optimizer step that used them
-`ack()` removes them: that is what lets the producer go on. Held-out samples stay for every
-estimate and are removed by `finish()` when the run is done.
+`ack()` removes them: that is what lets the producer go on, and rank 0 then records the steps
+done under its plan's nonce (RUN/ack, engine/stream/progress.py) for a producer started again.
+Held-out samples stay for every estimate and are removed by `finish()` when the run is done.
+
+While it waits, the trainer watches the producer's heartbeat: after `silent_say_s` without a
+beat it says "producer silent for N s" (and again every `silent_say_s`), puts the longest
+silence in its `stream trainer` metric, and keeps waiting, so a producer started again is
+picked up; with `give_up_s` it stops instead, with one line, after that much silence.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from engine.events import Emitter
 from engine.stream import codec, keys
 from engine.stream import manifest as mf
 from engine.stream import plan_order as po
+from engine.stream import progress as pg
 from engine.stream.address import StreamAddress
 from engine.stream.store import StoreClient
 
@@ -37,10 +44,18 @@ TRAINER = "stream trainer"
 
 class StreamData(FeatureData):
     def __init__(self, address: StreamAddress, run: str, ev: Emitter,
-                 poll_s: float = 0.01, say_s: float = 1.0) -> None:
+                 poll_s: float = 0.01, say_s: float = 1.0, silent_say_s: float = 5.0,
+                 give_up_s: float | None = None) -> None:
         self.run, self.ev = keys.check_run(run, "--data"), ev
         self.poll_s, self.say_s = poll_s, say_s
+        self.silent_say_s, self.give_up_s = silent_say_s, give_up_s
         self.client = StoreClient(address, 0)
+        beat = keys.beat_key(run)
+        self.silence = pg.Silence(lambda: self.client.get_bytes(beat))
+        self.silent_s = 0.0  # the longest silence of the producer since the last metric
+        self.rank, self.nonce, self.done_steps = 0, "", 0
+        self._said_silent = 0  # how many `silent_say_s` of this silence were said
+        self._steps: deque[tuple[int, tuple[int, ...]]] = deque()  # rank 0: every rank's
         key = keys.manifest_key(run)
         raw = self._wait_bytes(key, "the producer's manifest")
         m = self.manifest = mf.decode(raw, key)
@@ -59,6 +74,7 @@ class StreamData(FeatureData):
 
     def _wait_bytes(self, key: str, what: str) -> bytes:
         t0, said = time.monotonic(), False
+        self.silence.begin()
         while True:
             raw = self.client.get_bytes(key)
             if raw is not None:
@@ -66,7 +82,25 @@ class StreamData(FeatureData):
             if not said and time.monotonic() - t0 > self.say_s:
                 self.ev.log(f"stream trainer: waiting for {what} ({key})")
                 said = True
+            self._heed_silence(key)
             time.sleep(self.poll_s * 5)
+
+    def _heed_silence(self, key: str) -> None:
+        """While waiting for `key`: say a silent producer, or give up (module docstring)."""
+        s = self.silence.seconds()
+        self.silent_s = max(self.silent_s, s)
+        if s < self.silent_say_s:
+            self._said_silent = 0
+            return
+        if self.give_up_s is not None and s >= self.give_up_s:
+            raise EngineError(f"stream run {self.run}: the producer has been silent for {s:.0f} "
+                              f"s while the trainer waits for {key} (--producer-timeout "
+                              f"{self.give_up_s:g}); start it again and resume with --resume")
+        n = int(s // self.silent_say_s)
+        if n > self._said_silent:
+            self._said_silent = n
+            self.ev.log(f"stream trainer: producer silent for {s:.0f} s (waiting for {key}); "
+                        "still waiting: a producer started again is picked up")
 
     # -- the plan ----------------------------------------------------------------------------
     def plan_steps(self, steps: list[Any], held: list[int], start: int, rank: int,
@@ -74,10 +108,13 @@ class StreamData(FeatureData):
         """Remember this rank's micro-batches in order; rank 0 puts the whole order."""
         self._held = set(held)
         self._next = deque((s.epoch, tuple(idx)) for s in steps for idx in s.for_rank(rank, world))
+        self.rank, self.done_steps = rank, start
         if rank != 0:
             return
+        self._steps = deque((s.epoch, tuple(s.samples())) for s in steps)
         self._check_pool(steps, held)
-        plan = po.PlanOrder(start, f"{os.getpid()}-{time.time_ns()}", tuple(held),
+        self.nonce = f"{os.getpid()}-{time.time_ns()}"
+        plan = po.PlanOrder(start, self.nonce, tuple(held),
                             tuple((s.epoch, tuple(s.samples())) for s in steps))
         self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
 
@@ -99,11 +136,15 @@ class StreamData(FeatureData):
 
     # -- reading ------------------------------------------------------------------------------
     def _fetch(self, key: str, i: int) -> Sample:
-        t0, said = time.monotonic(), False
+        t0, said, begun = time.monotonic(), False, False
         while self.client.size(key) is None:
+            if not begun:
+                self.silence.begin()
+                begun = True
             if not said and time.monotonic() - t0 > self.say_s:
                 self.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
                 said = True
+            self._heed_silence(key)
             time.sleep(self.poll_s)
         waited = time.monotonic() - t0
         if waited > self.poll_s:
@@ -157,16 +198,32 @@ class StreamData(FeatureData):
 
     # -- acknowledging ------------------------------------------------------------------------
     def ack(self, step: int) -> None:
-        """The optimizer step `step` is done: remove the samples it read (this rank's)."""
+        """The optimizer step `step` is done: remove the samples it read (this rank's); rank 0
+        records the progress."""
         t0 = time.monotonic()
         self.client.remove(self._taken)
         self._taken = []
+        self.done_steps = step
+        if self.rank == 0:
+            self._record()
+            if self._steps:  # the run's accounting: which samples each step trained on
+                epoch, idx = self._steps.popleft()
+                self.ev.log(f"stream trainer: step {step} trained on epoch {epoch} samples "
+                            f"{','.join(map(str, idx))}", level="debug")
         self.ack_s += time.monotonic() - t0
         self.ev.metric({"wait_s": self.wait_s, "waits": self.waits, "read_s": self.read_s,
-                        "ack_s": self.ack_s}, step=step, name=TRAINER)
+                        "ack_s": self.ack_s, "producer_silent_s": self.silent_s},
+                       step=step, name=TRAINER)
+        self.silent_s = 0.0
+
+    def _record(self, done: bool = False) -> None:
+        self.client.put_bytes(keys.ack_key(self.run),
+                              pg.encode(pg.Progress(self.nonce, self.done_steps, done)))
 
     def finish(self) -> None:
-        """The run is done (rank 0): the held-out samples and the plan go."""
+        """The run is done (rank 0): said in the progress, then the held-out samples and the
+        plan go."""
+        self._record(done=True)
         self.client.remove([keys.held_key(self.run, i) for i in sorted(self._held)]
                            + [keys.plan_key(self.run)])
 
@@ -175,4 +232,5 @@ class StreamData(FeatureData):
 
 
 def open_stream_data(cfg: Any, ev: Emitter) -> StreamData:
-    return StreamData(StreamAddress.parse(cfg.from_stream), cfg.data, ev)
+    return StreamData(StreamAddress.parse(cfg.from_stream), cfg.data, ev,
+                      give_up_s=cfg.producer_timeout)

@@ -125,6 +125,10 @@ class TrainConfig:
     from_stream: str | None = field(default=None, metadata={"cli": {"metavar": "ADDR"}})
     """Read the features from a stream run's store (HOST:RPC_PORT/METADATA_PORT, as the store's
     master prints it; engine/stream/stream_data.py): `data` is then the stream run's name."""
+    producer_timeout: float | None = field(default=None, metadata={"cli": {"metavar": "S"}})
+    """With `from_stream`: stop with one line after the producer has been silent (no heartbeat)
+    for S seconds while the trainer waits; by default it waits on (saying so every few
+    seconds), so a producer started again with the same command is picked up."""
     fsdp: bool = False
     """Shard the drafter with FSDP instead of replicating it with DDP (multi-process only)."""
     freeze_lm_head: bool = False
@@ -150,6 +154,8 @@ class TrainConfig:
             from engine.stream.keys import check_run
             StreamAddress.parse(self.from_stream)
             check_run(self.data, "--data")
+        if self.producer_timeout is not None and not self.producer_timeout > 0:
+            raise EngineError(f"--producer-timeout {self.producer_timeout:g}: must be > 0")
         if not self.online and not self.from_stream and not os.path.isdir(self.data):
             raise EngineError(f"--data {self.data}: not a directory (prepare it first, or pass "
                               "--online with a conversations JSONL file)")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,18 +73,20 @@ def test_the_master_listens_on_loopback_and_stops() -> None:
 
 
 def test_the_stream_master_command_serves_until_stopped(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """`engine stream-master` says its address in a file; a client works against it; SIGTERM
-    stops the master it started and ends the command cleanly."""
+    """`engine stream-master` says its address in a file; a client lending no memory puts into
+    the memory its holder lends; SIGTERM stops the holder and the master it started and ends
+    the command cleanly."""
     where = tmp_path / "address"
     p = subprocess.Popen([sys.executable, "-m", "engine", "stream-master", "--address-file",
-                          str(where), "--log", str(tmp_path / "master.log"), "--json"],
+                          str(where), "--log", str(tmp_path / "master.log"), "--json",
+                          "--segment-gb", "0.0625"],
                          cwd=REPO, env=engine_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
         wait_until(where.is_file, 30, "the address file")
         addr = StreamAddress.parse(where.read_text())
         assert addr.host == "127.0.0.1"
-        c = StoreClient(addr, segment_bytes=16 << 20)
+        c = StoreClient(addr)
         c.put_bytes("cmd/x", b"hello")
         assert c.get_bytes("cmd/x") == b"hello"
         c.close()
@@ -94,8 +97,10 @@ def test_the_stream_master_command_serves_until_stopped(tmp_path) -> None:  # ty
             p.kill()
             p.wait()
     assert p.returncode == 0, err[-2000:]
-    assert json.loads(out)["address"] == str(addr)
+    answer = json.loads(out)
+    assert answer["address"] == str(addr) and answer["segment_bytes"] == 64 << 20
     assert not where.exists() and not _accepts(addr.rpc_port)
+    assert not Path(f"/proc/{answer['holder_pid']}").exists()
 
 
 def test_a_store_that_does_not_answer_is_one_line_at_once() -> None:
@@ -257,3 +262,37 @@ def test_a_starved_trainer_gets_its_step_before_the_pool_is_down_to_low(
     later.join(5)
     assert not later.is_alive()
     client.remove([*names, "st/1.c", "st/2.a"])
+
+
+def test_a_starved_step_gets_room_from_later_steps_put_before(client: StoreClient) -> None:
+    """A producer started again finds steps 1 and 2 in the store (high: 4) while the trainer
+    waits for step 0: later steps' samples go, the latest first, until step 0's sample fits;
+    without that both sides would wait on each other for ever."""
+    out = io.StringIO()
+    ev = Emitter("stream", json_mode=True, out=out, err=io.StringIO())
+    stop = threading.Event()
+
+    def between() -> None:  # a failed test must not leave the thread polling a closed client
+        if stop.is_set():
+            raise RuntimeError("stopped")
+
+    pool = InFlight(Watermarks(4, 1, 1 << 20, 1 << 19), client.exists, ev, poll_s=0.005,
+                    between=between, remove=client.remove)
+    names = {"room/1.a": 1, "room/1.b": 1, "room/2.a": 2, "room/2.b": 2}
+    for k, step in names.items():
+        client.put_bytes(k, b"x" * 100)
+        pool.add(k, 100, step)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (pool.wait_room(100, "room/0.a", 0), done.set()),
+                         daemon=True)
+    t.start()
+    try:
+        assert done.wait(5), "the producer waited while the trainer starved on step 0"
+    finally:
+        stop.set()
+        t.join(5)
+    kept = [k for k, there in zip(names, client.exists(list(names)), strict=True) if there]
+    assert kept[:2] == ["room/1.a", "room/1.b"] and len(kept) == 3 and set(pool.keys) == set(kept)
+    assert pool.made_room == 1
+    assert "removing samples of later steps to make room for step 0" in out.getvalue()
+    client.remove(list(names))

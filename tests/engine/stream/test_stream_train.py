@@ -4,13 +4,18 @@ reads them (`train --from-stream`). The losses and the final weights are the off
 the same directory bit for bit: the same float32 tensors reach the same ops in the same order
 (same plan, same ranks, same reduction), so the tolerance is zero. The store never holds more
 than the producer's high watermark plus the run's manifest and plan, and nothing is left in it
-at the end."""
+at the end. Killed with SIGKILL, the trainer (then the producer, then the producer again) and
+started again with the same command, the run trains on every sample of its plan once per step and
+ends on the uninterrupted run's weights, the store bounded throughout."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +23,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.stream import keys
+from engine.stream import manifest as mf
+from engine.stream import plan_order as po
 from engine.stream.master import Master
-from tests.engine_helpers import REPO, engine_env, events, run_engine, train_args
+from engine.stream.store import StoreClient
+from tests.engine_helpers import REPO, engine_env, events, train_args
 from tests.stream_store import CountWatch, store_count
 from tests.waiting import wait_until
 
@@ -30,6 +39,15 @@ STEPS = 6
 COMMON = ["--max-steps", str(STEPS), "--holdout", "4", "--save-every", "3", "--batch-tokens",
           "512", "--ttt-steps", "2"]
 HIGH, LOW = 20, 10  # 4 held out + the largest step (11 samples) fit; the producer must pause
+SMALL_KEYS = 4  # the run's manifest, plan, progress and heartbeat
+
+
+@pytest.fixture(scope="module")
+def offline(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted offline run (2-process torchrun) every streamed run must equal."""
+    out = tmp_path_factory.mktemp("offline") / "run"
+    torchrun(*train_args(demo_dir, out, *COMMON))
+    return out
 
 
 def torchrun(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -76,9 +94,7 @@ def numbers(run: Path) -> dict[int, dict[str, Any]]:
 
 @pytest.mark.slow
 def test_streamed_training_equals_the_offline_run(demo_dir: Path, stream_master: Master,
-                                                  tmp_path: Path) -> None:
-    offline = tmp_path / "offline"
-    torchrun(*train_args(demo_dir, offline, *COMMON))
+                                                  offline: Path, tmp_path: Path) -> None:
     base = store_count(stream_master)
     logs = tmp_path / "producer"
     prod = producer(demo_dir, stream_master, "equal", logs, "--high-samples", str(HIGH),
@@ -94,8 +110,8 @@ def test_streamed_training_equals_the_offline_run(demo_dir: Path, stream_master:
     assert sorted(got) == list(range(1, STEPS + 1)) and got == want
     a, b = (load_file(str(r / "final" / "model.safetensors")) for r in (offline, streamed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    # the pool: the high watermark (+ manifest and plan) at most, nothing evicted, nothing left
-    assert watch.seen > 10 and watch.peak <= base + HIGH + 2, watch.peak
+    # the pool: the high watermark (+ the small keys) at most, nothing evicted, nothing left
+    assert watch.seen > 10 and watch.peak <= base + HIGH + SMALL_KEYS, watch.peak
     assert store_count(stream_master, "master_evicted_key_count") == 0
     assert store_count(stream_master) == base
     assert store_count(stream_master) == base
@@ -126,38 +142,176 @@ def test_a_pool_too_small_for_one_step_is_refused(demo_dir: Path, stream_master:
     assert rc != 0 and "no trainer asked for samples within 3 s" in (logs / "err").read_text()
 
 
-@pytest.mark.slow
-def test_a_trainer_killed_and_resumed_trains_as_if_uninterrupted(
-        demo_dir: Path, stream_master: Master, tmp_path: Path) -> None:
-    """SIGKILL of the trainer after step 4 (its last checkpoint: step 3), then the same command
-    with --resume: its new plan makes the producer put again what the killed trainer had
-    already taken, and the run ends on the offline run's numbers and weights."""
-    offline = tmp_path / "offline"
-    run_engine(*train_args(demo_dir, offline, *COMMON))
-    base = store_count(stream_master)
-    logs = tmp_path / "producer"
-    prod = producer(demo_dir, stream_master, "resume", logs, "--high-samples", str(HIGH),
-                    "--low-samples", str(LOW), "--high-gb", "0.25", "--plan-timeout", "120")
-    streamed = tmp_path / "streamed"
-    argv = [sys.executable, "-m", "engine", *stream_args(demo_dir, stream_master, "resume",
-                                                         streamed)]
-    trainer = subprocess.Popen(argv, cwd=REPO, env=engine_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+def start_trainer(argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
+    """A 2-process torchrun trainer, its output in files."""
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc-per-node", "2", "-m", "engine", *argv], cwd=REPO,
+                                env=engine_env(), stdout=out, stderr=err)
+
+
+def kill_tree(p: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process and its descendants (torchrun starts its workers in sessions of
+    their own: a process-group kill would miss them)."""
+    family, kids = [p.pid], {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        kids.setdefault(int(text[text.rindex(")") + 2:].split()[1]), []).append(
+            int(stat.parent.name))
+    for pid in family:
+        family += kids.get(pid, [])
+    for pid in family:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait()
+
+
+def records(run: Path, step: int) -> int:
+    """How many times the run's events hold training step `step` (a resumed step: twice)."""
+    if not (run / "events.jsonl").is_file():
+        return 0
+    return sum(1 for e in events(run / "events.jsonl")
+               if e["kind"] == "metric" and "name" not in e and e["step"] == step)
+
+
+def said(path: Path, words: str) -> list[str]:
+    """The log messages of an events file (a command's stdout, a run's events.jsonl) holding
+    `words`."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        e = json.loads(line) if line.startswith("{") else {}
+        if e.get("kind") == "log" and words in e.get("msg", ""):
+            out.append(e["msg"])
+    return out
+
+
+def paused_now(logs: Path) -> bool:
+    """The producer is waiting on its pool (its last pause not followed by a resume)."""
+    both = said(logs / "out", "stream producer ")
+    marks = [m for m in both if m.startswith(("stream producer paused",
+                                              "stream producer resumed"))]
+    return bool(marks) and marks[-1].startswith("stream producer paused")
+
+
+def trained_on(run: Path) -> dict[int, tuple[int, list[int]]]:
+    """step -> (epoch, samples) as the run's events record them, the last record of a step
+    (the resumed run's) winning."""
+    out = {}
+    for m in said(run / "events.jsonl", "trained on epoch"):
+        words = m.split()
+        out[int(words[3])] = (int(words[7]), [int(i) for i in words[9].split(",")])
+    return out
+
+
+def steps_recorded(run: Path) -> int:
+    """How many training-step records the run's events hold (a step done again: twice)."""
+    if not (run / "events.jsonl").is_file():
+        return 0
+    return sum(1 for e in events(run / "events.jsonl")
+               if e["kind"] == "metric" and "name" not in e)
+
+
+def the_plan(m: Master, run: str) -> list[tuple[int, list[int]]]:
+    """The trainer's plan as it is in the store now: (epoch, samples) of each step."""
+    c = StoreClient(m.address)
     try:
-        wait_until(lambda: 4 in numbers(streamed) if (streamed / "events.jsonl").is_file()
-                   else False, 300, "step 4 of the streamed run")
-        trainer.kill()
+        manifest = mf.decode(c.get_bytes(keys.manifest_key(run)) or b"", run)
+        raw = c.get_bytes(keys.plan_key(run))
+        assert raw is not None
+        plan = po.decode(raw, run, len(manifest.lengths))
     finally:
-        trainer.kill()
-        trainer.wait()
-    p = subprocess.run([*argv, "--resume"], cwd=REPO, env=engine_env(), capture_output=True,
-                       text=True, timeout=300)
-    rc = finish(prod, 120 if p.returncode == 0 else 1)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert rc == 0, (logs / "err").read_text()[-3000:]
-    assert "producing its new plan" in (logs / "out").read_text()
-    assert numbers(streamed) == numbers(offline)  # each step's last record: the resumed one
+        c.close()
+    return [(e, list(idx)) for e, idx in plan.steps]
+
+
+@pytest.mark.slow
+def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted(
+        demo_dir: Path, stream_master: Master, offline: Path, tmp_path: Path) -> None:
+    """SIGKILL of the 2-process trainer while it waits on the producer (frozen with SIGSTOP
+    after step 3, so the moment is sure; its last checkpoint: step 3), then of the producer;
+    each started again with the same command (the trainer with --resume): the producer keeps
+    what the store holds and skips the steps done, the trainer's new plan has it put again what
+    the killed trainer took. Then the producer is killed once more while the resumed trainer
+    waits on it, and started again once the trainer says it is silent. Every step trains on its
+    samples of the plan (each sample once), the run ends on the uninterrupted run's numbers and
+    weights, and the store never held more than the high watermark plus the run's small keys."""
+    base = store_count(stream_master)
+    marks = ["--high-samples", str(HIGH), "--low-samples", str(LOW), "--high-gb", "0.25",
+             "--plan-timeout", "120"]
+    streamed = tmp_path / "streamed"
+    argv = stream_args(demo_dir, stream_master, "kill", streamed)
+    prods: list[subprocess.Popen[bytes]] = []
+    trainers: list[subprocess.Popen[bytes]] = []
+    with CountWatch(stream_master) as watch:
+        try:
+            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p1", *marks))
+            trainers.append(start_trainer(argv, tmp_path / "t1"))
+            wait_until(lambda: steps_recorded(streamed) >= 3, 300, "step 3 of the trainer")
+            prods[0].send_signal(signal.SIGSTOP)
+            plan = the_plan(stream_master, "kill")
+            waits = len(said(streamed / "events.jsonl", "waiting for sample"))
+            wait_until(lambda: len(said(streamed / "events.jsonl", "waiting for sample")) > waits,
+                       60, "the trainer waiting on the frozen producer")
+            kill_tree(trainers[0])
+            done = steps_recorded(streamed)
+            prods[0].send_signal(signal.SIGCONT)
+            wait_until(lambda: paused_now(tmp_path / "p1"), 60, "the producer paused")
+            kill_tree(prods[0])
+            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p2", *marks))
+            wait_until(lambda: said(tmp_path / "p2" / "out", "steps of its plan"), 60,
+                       "the producer started again going on")
+            trainers.append(start_trainer([*argv, "--resume"], tmp_path / "t2"))
+            wait_until(lambda: steps_recorded(streamed) > done, 300, "a step of the resumed run")
+            prods[1].send_signal(signal.SIGSTOP)
+            wait_until(lambda: said(streamed / "events.jsonl", "producer silent for"), 120,
+                       "the trainer saying the producer is silent")
+            kill_tree(prods[1])
+            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p3", *marks))
+            rc = trainers[1].wait(300)
+            assert rc == 0, (tmp_path / "t2" / "err").read_text()[-3000:]
+            assert finish(prods[2], 120) == 0, (tmp_path / "p3" / "err").read_text()[-3000:]
+        finally:
+            for p in prods + trainers:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGCONT)
+                    kill_tree(p)
+    p2 = tmp_path / "p2" / "out"
+    assert said(p2, "already in the store (kept)")
+    assert said(p2, f"the trainer has done {done} steps of its plan")
+    assert said(p2, "producing its new plan")
+    # every step trained on its samples of the plan (the last record of a step done twice)
+    steps = trained_on(streamed)
+    assert [steps[s] for s in sorted(steps)] == [(e, idx) for e, idx in plan]
+    counts = Counter((e, i) for e, idx in steps.values() for i in idx)
+    assert set(counts.values()) == {1}, counts.most_common(3)
+    assert numbers(streamed) == numbers(offline)
     a, b = (load_file(str(r / "final" / "model.safetensors")) for r in (offline, streamed))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    silent = [e["values"]["producer_silent_s"] for e in events(streamed / "events.jsonl")
+              if e["kind"] == "metric" and e.get("name") == "stream trainer"]
+    assert max(silent) >= 5
+    assert watch.seen > 10 and watch.peak <= base + HIGH + SMALL_KEYS, watch.peak
     assert store_count(stream_master, "master_evicted_key_count") == 0
     assert store_count(stream_master) == base
+
+
+@pytest.mark.slow
+def test_a_trainer_gives_up_on_a_silent_producer_when_told(
+        demo_dir: Path, stream_master: Master, tmp_path: Path) -> None:
+    """No producer ever comes: with --producer-timeout the trainer stops with one line naming
+    the flag (by default it would wait on, saying so)."""
+    p = subprocess.run([sys.executable, "-m", "engine", *stream_args(
+        demo_dir, stream_master, "nobody", tmp_path / "run", "--producer-timeout", "2")],
+        cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "the producer has been silent for" in last and "(--producer-timeout 2)" in last
+    assert "nobody/manifest" in last
