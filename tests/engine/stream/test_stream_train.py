@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("mooncake")
 STEPS = 6
 COMMON = ["--max-steps", str(STEPS), "--holdout", "4", "--save-every", "3", "--batch-tokens",
           "512", "--ttt-steps", "2"]
-HIGH, LOW = 20, 10  # 4 held out + the largest step (11 samples) fit; the producer must pause
+HIGH, LOW = 15, 10  # just the 4 held out + the largest step (11 samples): the producer pauses
 SMALL_KEYS = 4  # the run's manifest, plan, progress and heartbeat
 
 
@@ -201,6 +201,18 @@ def paused_now(logs: Path) -> bool:
     return bool(marks) and marks[-1].startswith("stream producer paused")
 
 
+def freeze_while_paused(p: subprocess.Popen[bytes], logs: Path) -> None:
+    """SIGSTOP the producer at a moment its log says it waits on a full pool, so it still has a
+    sample of the plan to put and the trainer must come to wait on it. A stop that lands just
+    after it resumed (its log has moved on) is undone and tried at the next pause."""
+    while True:
+        wait_until(lambda: paused_now(logs), 120, "the producer paused on its pool")
+        p.send_signal(signal.SIGSTOP)
+        if paused_now(logs):
+            return
+        p.send_signal(signal.SIGCONT)
+
+
 def trained_on(run: Path) -> dict[int, tuple[int, list[int]]]:
     """step -> (epoch, samples) as the run's events record them, the last record of a step
     (the resumed run's) winning."""
@@ -236,7 +248,8 @@ def the_plan(m: Master, run: str) -> list[tuple[int, list[int]]]:
 def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted(
         demo_dir: Path, stream_master: Master, offline: Path, tmp_path: Path) -> None:
     """SIGKILL of the 2-process trainer while it waits on the producer (frozen with SIGSTOP
-    after step 3, so the moment is sure; its last checkpoint: step 3), then of the producer;
+    while it waits on its full pool, after the trainer's first step: the trainer must come to
+    wait on it), then of the producer;
     each started again with the same command (the trainer with --resume): the producer keeps
     what the store holds and skips the steps done, the trainer's new plan has it put again what
     the killed trainer took. Then the producer is killed once more while the resumed trainer
@@ -254,8 +267,8 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
         try:
             prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p1", *marks))
             trainers.append(start_trainer(argv, tmp_path / "t1"))
-            wait_until(lambda: steps_recorded(streamed) >= 3, 300, "step 3 of the trainer")
-            prods[0].send_signal(signal.SIGSTOP)
+            wait_until(lambda: steps_recorded(streamed) >= 1, 300, "step 1 of the trainer")
+            freeze_while_paused(prods[0], tmp_path / "p1")
             plan = the_plan(stream_master, "kill")
             waits = len(said(streamed / "events.jsonl", "waiting for sample"))
             wait_until(lambda: len(said(streamed / "events.jsonl", "waiting for sample")) > waits,
@@ -270,7 +283,7 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
                        "the producer started again going on")
             trainers.append(start_trainer([*argv, "--resume"], tmp_path / "t2"))
             wait_until(lambda: steps_recorded(streamed) > done, 300, "a step of the resumed run")
-            prods[1].send_signal(signal.SIGSTOP)
+            freeze_while_paused(prods[1], tmp_path / "p2")
             wait_until(lambda: said(streamed / "events.jsonl", "producer silent for"), 120,
                        "the trainer saying the producer is silent")
             kill_tree(prods[1])
