@@ -1,0 +1,127 @@
+"""A pipeline run as the console sees it: its parts' records under one id, its status, and
+stopping it (console/scheduler/pipeline.py starts it).
+
+Each part (store, producer, trainer) is a run of its own on its host (`ID.store`, ...), found
+and stopped like any run, by PID and start time. The pipeline is running while its producer or
+its trainer runs; once both have ended, that is its outcome, and its store, which would wait
+for ever, is stopped (`settle`: what `follow` and the Runs pane do when they see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from console.hosts.host import Host, HostPool
+from console.runs.service import RunNotFound, find_run, stop_run
+from console.scheduler.pipeline import part_id
+from console.scheduler.registry import Run
+from console.scheduler.run_record import RunRecord
+from console.scheduler.run_status import RunStatus, combined_status
+from console.settings.config import PARTS, Config, Profile
+
+#: a store's own end says nothing of the outcome, unless it failed
+_STORE_OUTCOMES = (RunStatus.FAILED, RunStatus.LOST, RunStatus.CORRUPT)
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One pipeline: every record of its parts known (a multi-node trainer has several)."""
+
+    id: str
+    records: tuple[RunRecord, ...]
+
+    def part(self, name: str) -> list[RunRecord]:
+        """The records of one part, node 0 first."""
+        return sorted((r for r in self.records if r.part == name), key=lambda r: r.node_rank)
+
+    def part_status(self, name: str) -> RunStatus | None:
+        """One part's status (its nodes combined); None for a part that never started."""
+        recs = self.part(name)
+        return combined_status([r.status for r in recs]) if recs else None
+
+    @property
+    def status(self) -> RunStatus:
+        work = [r.status for r in self.records if r.part != "store"]
+        store = [r.status for r in self.records if r.part == "store"]
+        if not work or any(s.active for s in work):
+            return combined_status(work + store)
+        return combined_status(work + [s for s in store if s in _STORE_OUTCOMES])
+
+    @property
+    def start(self) -> float | None:
+        return min((r.start for r in self.records if r.start), default=None)
+
+    @property
+    def end(self) -> float | None:
+        ends = [r.end for r in self.records if r.part != "store"]
+        return None if self.status.active or not all(ends) else max(e or 0.0 for e in ends)
+
+    @property
+    def lingering(self) -> list[RunRecord]:
+        """Store records still running after the producer and the trainer have ended."""
+        if self.status.active:
+            return []
+        return [r for r in self.part("store") if r.status == RunStatus.RUNNING]
+
+
+def pipelines(records: list[RunRecord]) -> dict[str, PipelineRun]:
+    """The pipelines the records belong to, by id."""
+    by: dict[str, list[RunRecord]] = {}
+    for r in records:
+        if r.pipeline:
+            by.setdefault(r.pipeline, []).append(r)
+    return {pid: PipelineRun(pid, tuple(recs)) for pid, recs in by.items()}
+
+
+def pipeline_profile(config: Config, run_id: str) -> Profile | None:
+    """The pipeline profile whose run id this is (`P-YYYYmmdd-HHMMSS-xxxx`, not a part's)."""
+    for p in config.profiles.values():
+        if p.pipeline is not None and run_id.startswith(p.name + "-") and \
+                not run_id.endswith(tuple(f".{part}" for part in PARTS)):
+            return p
+    return None
+
+
+def other_hosts(config: Config, host: str) -> list[str]:
+    """The hosts of the pipelines that have a part on `host`, but for `host` itself."""
+    return list(dict.fromkeys(h for p in config.profiles.values() if p.pipeline is not None
+                              and host in p.hosts for h in p.hosts if h != host))
+
+
+async def find_pipeline(config: Config, pid: str, pool: HostPool
+                        ) -> list[tuple[Host, RunRecord]]:
+    """Every record of every part of pipeline pid (RunNotFound when it has none)."""
+    async def part(name: str) -> list[tuple[Host, RunRecord]]:
+        try:
+            return await find_run(config, part_id(pid, name), pool)
+        except RunNotFound:   # a launch that failed before this part started
+            return []
+    found = [hr for hits in await asyncio.gather(*(part(p) for p in PARTS)) for hr in hits]
+    if not found:
+        raise RunNotFound(pid)
+    return found
+
+
+async def stop_any(config: Config, run_id: str, pool: HostPool, grace: float = 10.0) -> Run:
+    """Stop a run, or every part of a pipeline: the trainer, then the producer, then the store
+    (each by PID and start time, as any stop)."""
+    if pipeline_profile(config, run_id) is None:
+        return await stop_run(config, run_id, pool, grace)
+    found = await find_pipeline(config, run_id, pool)
+    done: list[RunRecord] = []
+    for name in reversed(PARTS):
+        ids = {r.id for _h, r in found if r.part == name}
+        for rid in sorted(ids):
+            done += (await stop_run(config, rid, pool, grace)).records
+    return Run(run_id, done)
+
+
+async def settle(config: Config, pipe: PipelineRun, pool: HostPool) -> PipelineRun:
+    """Stop the store of a pipeline whose producer and trainer have ended (else as it is)."""
+    lingering = pipe.lingering
+    if not lingering:
+        return pipe
+    stopped = {r.id: r for r in (await stop_run(config, lingering[0].id, pool, 5.0)).records}
+    return PipelineRun(pipe.id, tuple(stopped.get(r.id, r) if r.part == "store" else r
+                                      for r in pipe.records))
