@@ -10,10 +10,13 @@ for ever, is stopped (`settle`: what `follow` and the Runs pane do when they see
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from console.hosts.host import Host, HostPool
 from console.runs.service import RunNotFound, find_run, stop_run
+from console.runs.stream_figures import StreamFigures
+from console.runs.watch import RunFeed
 from console.scheduler.pipeline import part_id
 from console.scheduler.registry import Run
 from console.scheduler.run_record import RunRecord
@@ -63,6 +66,38 @@ class PipelineRun:
         if self.status.active:
             return []
         return [r for r in self.part("store") if r.status == RunStatus.RUNNING]
+
+
+@dataclass(frozen=True)
+class PipelineFeeds:
+    """An opened pipeline: the feed of each part's node 0 (console/runs/watch.py)."""
+
+    id: str
+    feeds: Mapping[str, RunFeed]
+
+    @property
+    def main(self) -> RunFeed:
+        """The feed the run detail is about: the trainer's (the producer's, the store's if
+        the launch failed before)."""
+        return next(self.feeds[p] for p in reversed(PARTS) if p in self.feeds)
+
+    def run(self) -> PipelineRun:
+        return PipelineRun(self.id, tuple(f.record for f in self.feeds.values()))
+
+    def figures(self, part: str) -> StreamFigures:
+        feed = self.feeds.get(part)
+        return feed.progress.stream if feed is not None else StreamFigures()
+
+    @property
+    def version(self) -> tuple[int, ...]:
+        """Moves whenever a part's feed did (what the screen redraws on)."""
+        return tuple(f.progress.version for f in self.feeds.values())
+
+
+def parts_text(pipe: PipelineRun, marks: Mapping[RunStatus, str]) -> str:
+    """`store▶ producer▶ trainer✔`: each part that started, with its status's mark."""
+    return " ".join(f"{name}{marks.get(st, '?')}" for name in PARTS
+                    if (st := pipe.part_status(name)) is not None)
 
 
 def pipelines(records: list[RunRecord]) -> dict[str, PipelineRun]:

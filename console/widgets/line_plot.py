@@ -96,9 +96,10 @@ class LinePlot(Widget):
         *(f"plot--s{i}" for i in range(N_COLOURS)), "plot--axis", "plot--title", "plot--empty"}
     DEFAULT_CSS = "LinePlot { height: 8; }"
 
-    def __init__(self, title: str, **kw: object) -> None:
+    def __init__(self, title: str, x_label: str = "step", **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.title = title
+        self.x_label = x_label      # what the x axis counts: steps, or seconds ("s")
         self.series: list[tuple[str, list[tuple[float, float]]]] = []
         self.x_range: tuple[float, float] | None = None
         self.y_fixed: tuple[float | None, float | None] = (None, None)
@@ -176,6 +177,6 @@ class LinePlot(Widget):
                     out.append(" ")
                 else:
                     out.append(chr(0x2800 + bits), self._style(f"plot--s{k % N_COLOURS}"))
-        left, right = f"step {x0:.0f}", f"{x1:.0f}"
+        left, right = f"{self.x_label} {x0:.0f}", f"{x1:.0f}"
         out.append("\n" + " " * Y_LABEL + left + right.rjust(max(1, cols - len(left))), axis)
         return out
