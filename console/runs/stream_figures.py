@@ -1,6 +1,6 @@
 """A streamed run's figures, from its events: the producer's pool and pauses, the trainer's
 waits and tokens per second, parsed once into frozen records and turned into the series the
-run detail draws (console/widgets/stream_charts.py).
+run detail draws (console/widgets/line_plot.py StreamCharts).
 
 The engine names the metric events (engine/stream/producer.py, engine/stream/stream_data.py):
 

@@ -5,7 +5,7 @@ labelled apart); the last log lines; provenance. A run that reports
 no metrics (a plain script) gets no plots: its log has the room.
 
 A streamed run (a pipeline opened from its row, or a `stream-put` / `train --from-stream` run
-alone) has the stream's charts instead of acc_i (console/widgets/stream_charts.py): producer
+alone) has the stream's charts instead of acc_i (line_plot.py StreamCharts): producer
 samples/s, trainer tokens/s, the pool in samples and MiB, and each side's waiting; a
 pipeline's title names each part's state, and `x` stops all of its parts.
 
@@ -40,10 +40,9 @@ from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.footer import Footer
 from console.widgets.host_strip import short_path
-from console.widgets.line_plot import LinePlot
+from console.widgets.line_plot import LinePlot, StreamCharts
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import STATUS_MARK, fmt_duration, stop_outcome
-from console.widgets.stream_charts import StreamCharts
 
 STOP_GRACE_S = 10.0
 #: the acceptance-length series: the trainer's estimate on each training batch (metric `tau`),

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from console.screens.main import MainScreen
 from console.screens.run_detail import RunDetailScreen
-from console.widgets.line_plot import LinePlot
+from console.widgets.line_plot import PAUSED, WAITED, LinePlot, StreamCharts
 from console.widgets.run_tables import RUN_COLUMNS, RunTable
-from console.widgets.stream_charts import PAUSED, WAITED, StreamCharts
 from engine import events
 from tests.panes import runs_pane
 from tests.replay import FrozenClock

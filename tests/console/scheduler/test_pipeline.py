@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from console.scheduler.pipeline import fill, store_profile, stream_run
+from console.settings.config import Pipeline, Profile
 from tests.paths import REPO
 from tests.sshd import SSHD, start_sshd
 
 pytest_plugins = ("tests.demo_workspace", "tests.stream_store")
-pytestmark = [pytest.mark.usefixtures("mooncake"), pytest.mark.sshd]
 
 STEPS = 3
 
@@ -66,6 +67,8 @@ def registry(config: Path, host: str) -> list[dict[str, object]]:
     return list(json.loads(r.stdout))
 
 
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
 def test_a_pipeline_across_two_hosts_is_launched_followed_and_stopped(
         sshd: SSHD, second_sshd: SSHD, demo_dir: Path, tmp_path: Path) -> None:
     config = pipeline_config(tmp_path, sshd, second_sshd, demo_dir)
@@ -109,3 +112,25 @@ def test_a_pipeline_across_two_hosts_is_launched_followed_and_stopped(
     runs = {str(x["id"]): x for x in registry(config, "gpu1") + registry(config, "gpu2")}
     assert {runs[f"{second}.{p}"]["status"] for p in ("store", "producer", "trainer")} == \
         {"stopped"}
+
+
+def test_a_parts_run_string_gets_the_stores_address_and_the_stream_runs_name() -> None:
+    part = Profile(name="p.trainer", hosts=["b"], run="engine train --from-stream {stream} "
+                   "--data {stream_run} --out {run_dir}/out --note '{other}'")
+    got = fill(part, "p", "10.0.0.1:5000/5001", "p-20261206-100000-abcd")
+    assert got.name == "p"   # recorded under the pipeline's name: one lock, one profile
+    assert got.run == ("engine train --from-stream 10.0.0.1:5000/5001 --data "
+                       "p-20261206-100000-abcd --out {run_dir}/out --note '{other}'")
+    store = store_profile(Profile(name="p", hosts=["a"], run="", sync=["s"]),
+                          Pipeline(store_host="a", producer=part, trainer=part,
+                                   store_env={"X": "1"}), "10.0.0.1")
+    assert (store.hosts, store.env, store.sync) == (["a"], {"X": "1"}, ["s"])
+    assert store.run == ("engine stream-master --host 10.0.0.1 --address-file "
+                         "{run_dir}/store.addr")
+
+
+def test_a_stream_runs_name_fits_the_engines_rule() -> None:
+    assert stream_run("p-20261206-100000-abcd") == "p-20261206-100000-abcd"
+    long = "x" * 70 + "-20261206-100000-abcd"
+    assert len(stream_run(long)) == 64 and stream_run(long).endswith("-abcd")
+    assert stream_run("_" * 60 + "-20261206-100000-abcd")[0].isalnum()
