@@ -140,10 +140,11 @@ class RunsModel:
         return [r.id for r in self.records.get(host, []) if r.status.ended]
 
     def counts(self, host: str) -> tuple[int, int]:
-        """(running, queued) runs on host; queued: Slurm jobs waiting for nodes."""
-        recs = self.records.get(host, [])
-        return (sum(r.status == RunStatus.RUNNING for r in recs),
-                sum(r.status == RunStatus.PENDING for r in recs))
+        """(running, queued) runs on host (a pipeline one run); queued: Slurm jobs waiting
+        for nodes."""
+        rows = self.rows(host)
+        return (sum(r.status == RunStatus.RUNNING for r in rows),
+                sum(r.status == RunStatus.PENDING for r in rows))
 
     def newest_of(self, host: str, profile: str | None) -> RunRecord | None:
         mine = [r for r in self.records.get(host, []) if r.profile == profile]

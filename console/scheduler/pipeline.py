@@ -35,7 +35,10 @@ ADDRESS_FILE = "store.addr"
 #: how long the store may take to announce its address (a Mooncake master starts in ~1 s)
 ADDRESS_WAIT_S = 60.0
 #: what engine/stream/address.py accepts: HOST:RPC_PORT/METADATA_PORT
+_HOST = re.compile(r"^[A-Za-z0-9.\-]+$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}/\d{1,5}$")
+#: what the engine puts after an unexpected error's line
+DEBUG_HINT = " (run with --debug for the traceback)"
 #: a stream run's name: engine/stream/keys.py's rule (1-64 letters, digits, _ . -)
 _RUN_MAX = 64
 
@@ -88,6 +91,10 @@ async def launch_pipeline(config: Config, profile: Profile, pool: HostPool, *,
     pid = new_run_id(name)
     store = hosts[pipe.store_host]
     address = pipe.store_address or await host_address(store)
+    if not _HOST.match(address):
+        raise ConsoleError(f"{store.name} is reached at {address!r}, which a stream's address "
+                           f"cannot hold (a host name or an IPv4 address): set address in "
+                           f"[profiles.{name}.store]")
     started: list[Run] = []
     try:
         started.append(await _part(store_profile(profile, pipe, address), "store", pid, hosts,
@@ -141,13 +148,13 @@ async def _announced(store: Host, run_id: str) -> str:
 
 
 async def _last_words(host: Host, run_dir: str) -> str:
-    """The last line of a run's stderr (the engine's `error: ...`), or ""."""
+    """The last line of a run's stderr (the engine's `error: ...`, its words alone), or ""."""
     try:
         data = await host.transport.read_range(posixpath.join(run_dir, "output.log"), 0, 1 << 16)
     except TransportError:
         return ""
     lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return lines[-1].removeprefix("error: ") if lines else ""
+    return lines[-1].removeprefix("error: ").removesuffix(DEBUG_HINT) if lines else ""
 
 
 async def _take_down(started: list[Run], hosts: dict[str, Host]) -> None:

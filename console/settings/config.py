@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -392,8 +393,12 @@ def _pipeline(r: _Reader, name: str, hosts: dict[str, HostConfig],
                 tables[part].fail("host", f"a plain SSH host or this machine (a pipeline's "
                                   f"parts are started by the console), not the Slurm host {h}")
     every = list(dict.fromkeys(h for on in placed.values() for h in on))
+    address = store.text("address")
+    if address is not None and not re.fullmatch(r"[A-Za-z0-9.\-]+", address):
+        store.fail("address", "a host name or an IPv4 address (what the others reach the "
+                   "store at)", address)
     pipeline = Pipeline(store_host=store_host, producer=parts["producer"],
-                        trainer=parts["trainer"], store_address=store.text("address"),
+                        trainer=parts["trainer"], store_address=address,
                         store_env={**env, **store.strdict("env")})
     return Profile(name=name, hosts=every, run="", env=env, sync=sync, pipeline=pipeline)
 

@@ -134,3 +134,33 @@ def test_a_stream_runs_name_fits_the_engines_rule() -> None:
     long = "x" * 70 + "-20261206-100000-abcd"
     assert len(stream_run(long)) == 64 and stream_run(long).endswith("-abcd")
     assert stream_run("_" * 60 + "-20261206-100000-abcd")[0].isalnum()
+
+
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
+def test_a_part_that_cannot_start_takes_the_parts_before_it_down(sshd: SSHD,
+                                                                 tmp_path: Path) -> None:
+    """A producer that is not there: the store it met is stopped, no trainer starts, and the
+    launch fails with one line naming why; a store that cannot listen where it is told: the
+    launch says so with the engine's words, before any other part starts."""
+    text = (host_toml("gpu1", sshd, tmp_path / "root")
+            + '[profiles.pipe]\nkind = "pipeline"\n[profiles.pipe.store]\nhost = "gpu1"\n'
+            + '[profiles.pipe.producer]\nhost = "gpu1"\nrun = "no-such-program-xyz {stream}"\n'
+            + '[profiles.pipe.trainer]\nhost = "gpu1"\nrun = "engine train --from-stream '
+              '{stream} --data {stream_run}"\n')
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    r = cli(config, "launch", "pipe")
+    assert r.returncode == 1 and "cannot run no-such-program-xyz" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    runs = {str(x["part"]): str(x["status"]) for x in registry(config, "gpu1")}
+    assert runs == {"store": "stopped", "producer": "failed"}   # and no trainer
+
+    config.write_text(text.replace('host = "gpu1"\n[profiles.pipe.producer]',
+                                   'host = "gpu1"\naddress = "no-such-host.invalid"\n'
+                                   '[profiles.pipe.producer]'))
+    r = cli(config, "launch", "pipe")
+    assert r.returncode == 1 and "the pipeline's store on gpu1 failed: " in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    parts = sorted((str(x["part"]), str(x["status"])) for x in registry(config, "gpu1"))
+    assert parts == [("producer", "failed"), ("store", "failed"), ("store", "stopped")]

@@ -173,6 +173,8 @@ def test_a_pipeline_profile_has_its_parts(tmp_path: Path) -> None:
      "[profiles.stream.producer.nproc_per_node] expected one of the keys"),
     (('address = "10.0.0.1"', 'address = 7'), "[profiles.stream.store.address] expected a "
                                              "non-empty string"),
+    (('address = "10.0.0.1"', 'address = "10.0.0.1 --x"'),
+     "[profiles.stream.store.address] expected a host name or an IPv4 address"),
     (('[profiles.stream.trainer]\nhosts = ["gpu2"]\nrun = "engine train --from-stream {stream} '
       '--data {stream_run} --out {run_dir}/out"\n', ''),
      "[profiles.stream.trainer] expected a [profiles.stream.trainer] table"),
