@@ -425,6 +425,11 @@ class RunsPane(ShownTimers, Vertical):
             await self._reload(self.host)
 
     def action_resume(self) -> None:
+        pipe = self._selected_pipeline()
+        if pipe is not None:   # its producer's and trainer's parts start together, afresh
+            self.activity(f"{pipe.id} is a pipeline: it is not resumed; launch its profile "
+                          "again (t)")
+            return
         rec = self._selected_run()
         if rec is None:
             self.notify("No run selected", severity="warning")
