@@ -96,8 +96,9 @@ def named_metric(ev: events.Metric) -> str:
     """A metric event that is not a training step's: served acceptance as its figures
     (`served acceptance at step 50: 2.503  pos 0.610 0.480  (16 prompts)`), another name as
     its first values."""
-    if ev.name != events.SERVED:
-        return f"{ev.name} at step {ev.step}: {compact(ev.values)}"
+    if ev.name != events.SERVED:   # a producer's figures belong to no step
+        at = "" if ev.step is None else f" at step {ev.step}"
+        return f"{ev.name}{at}: {compact(ev.values)}"
     v = ev.values
     # pos_0, pos_1, ... in position order; any other key (pos_x) is not a position: --json has it
     ranks = {k: int(m[1]) for k in v if (m := POSITION.fullmatch(k))}

@@ -84,7 +84,7 @@ def test_a_pipeline_across_two_hosts_is_launched_followed_and_stopped(
     out = follow.stdout
     assert f"step {STEPS}/{STEPS}" in out, out
     assert "[producer] stream producer: all" in out, out          # the producer's lines
-    assert "[producer] stream producer at step" in out, out        # and its pool figures
+    assert "[producer] stream producer: pool_samples " in out, out   # and its pool figures
     assert f"-- pipeline {pid} succeeded" in follow.stderr, follow.stderr
 
     runs = {str(x["id"]): x for x in registry(config, "gpu1") + registry(config, "gpu2")}
