@@ -101,8 +101,7 @@ async def launch_pipeline(config: Config, profile: Profile, pool: HostPool, *,
                                    pushes, force=force))
         announced = await _announced(store, part_id(pid, "store"))
         run = stream_run(pid)
-        for part in (pipe.producer, pipe.trainer):
-            which = part.name.rsplit(".", 1)[-1]
+        for which, part in (("producer", pipe.producer), ("trainer", pipe.trainer)):
             started.append(await _part(fill(part, name, announced, run), which, pid, hosts,
                                        pushes, force=True))
     except BaseException:

@@ -1,15 +1,21 @@
 """A pipeline in the Runs pane: its three parts' records (as the host-side runner writes them,
 each linked to the pipeline) are one row with each part's state, and opening it shows the
 trainer's plots with the stream's charts, drawn from the parts' events (the producer's pool
-and pauses, the trainer's waits and tokens per second)."""
+and pauses, the trainer's waits and tokens per second); `t` launches one and `x` stops all of
+its parts."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
+from console.dialogs.confirm import ConfirmScreen
+from console.scheduler.run_status import RunStatus
 from console.screens.main import MainScreen
 from console.screens.run_detail import RunDetailScreen
+from console.settings.config import Pipeline, Profile
 from console.widgets.line_plot import PAUSED, WAITED, LinePlot, StreamCharts
 from console.widgets.run_tables import RUN_COLUMNS, RunTable
 from engine import events
@@ -17,6 +23,8 @@ from tests.panes import runs_pane
 from tests.replay import FrozenClock
 from tests.runs_registry import local_app, local_config, write_run
 from tests.waiting import wait_for
+
+pytest_plugins = ("tests.stream_store",)
 
 PIPE = "pipe-20261206-100000-abcd"
 T0 = 1_780_000_000.0
@@ -100,3 +108,41 @@ async def test_a_pipeline_is_one_row_and_opens_with_the_streams_charts(tmp_path:
         assert f"pipeline {PIPE} · succeeded · store■ producer✔ trainer✔" in title
         await pilot.press("escape")
         assert isinstance(app.screen, MainScreen)
+
+
+SLEEP = "python -c 'import sys, time; time.sleep(120)' {stream}"
+
+
+@pytest.mark.usefixtures("mooncake")
+async def test_t_launches_a_pipeline_and_x_stops_every_part(tmp_path: Path) -> None:
+    """From the pane, on this machine: `t` starts the store (a real Mooncake master), then a
+    producer and a trainer that only wait (they are given the store's address); the row shows
+    the three running; `x` (confirmed) stops all three, each by PID and start time."""
+    config = local_config(tmp_path / "host")
+    waiter = Profile(name="pipe.part", hosts=["local"], run=SLEEP)
+    config.profiles = {"pipe": Profile(name="pipe", hosts=["local"], run="", pipeline=Pipeline(
+        store_host="local", producer=waiter, trainer=waiter))}
+    app = local_app(config)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("5")
+        pane = runs_pane(pilot)
+        await wait_for(pilot, lambda: pane.model.listed > 0)
+        table = app.screen.query_one(RunTable)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: pane.model.busy is None and len(table.ids) == 1
+                       and "store▶ producer▶ trainer▶" in table.rows_shown[0][1],
+                       what="the launched pipeline's row", timeout=60)
+        pid = table.ids[0]
+        assert pid.startswith("pipe-") and table.rows_shown[0][1].startswith("▶ running")
+        producer = next(r for r in pane.model.records["local"] if r.part == "producer")
+        assert producer.argv[-1].startswith("127.0.0.1:")     # the address the store gave
+        table.focus()
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: pane.model.busy is None and
+                       {r.status for r in pane.model.records["local"]} == {RunStatus.STOPPED},
+                       what="every part stopped")
+        assert sorted(r.part for r in pane.model.records["local"]) == \
+            ["producer", "store", "trainer"]
+        await wait_for(pilot, lambda: table.rows_shown[0][1].startswith("■ stopped"))
