@@ -492,8 +492,9 @@ class RunsPane(ShownTimers, Vertical):
             feeds = {}
             for part in PARTS:
                 lead = pipe.part(part)
-                if lead and lead[0].status != RunStatus.CORRUPT:
-                    feeds[part] = self.model.feed(self._host(lead[0].host), lead[0])
+                where = self.model.listed_by(lead[0]) if lead else None
+                if lead and where and lead[0].status != RunStatus.CORRUPT:
+                    feeds[part] = self.model.feed(self._host(where), lead[0])
             if feeds:
                 opened = PipelineFeeds(pipe.id, feeds)
                 self.post_message(OpenRun(opened.main, opened))

@@ -133,7 +133,13 @@ class RunsModel:
     def trainer_feed(self, pipe: PipelineRun) -> RunFeed | None:
         """The feed of the pipeline's trainer (node 0), once it is followed."""
         lead = pipe.part("trainer")
-        return self.feeds.find(lead[0].host, lead[0].id) if lead else None
+        where = self.listed_by(lead[0]) if lead else None
+        return self.feeds.find(where, lead[0].id) if where else None
+
+    def listed_by(self, rec: RunRecord) -> str | None:
+        """The configured host whose registry holds rec (what the record says of its host is
+        the host's word, not the console's)."""
+        return next((h for h, recs in self.records.items() if rec in recs), None)
 
     def ended(self, host: str) -> list[str]:
         """The ids `prune` would forget (the host decides again)."""
