@@ -28,9 +28,10 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from console.hosts.host import Host, HostPool
 from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
-from console.runs.pipeline import PipelineRun, find_pipeline, pipeline_profile, settle
+from console.runs.pipeline import find_pipeline, pipeline_profile, settle
 from console.runs.service import RunHostDown, find_run
 from console.runs.watch import RunFeed
+from console.scheduler.pipeline import PipelineRun
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import EXIT_CODES
 from console.settings.config import PARTS, Config

@@ -45,7 +45,6 @@ from console.panes.timers import ShownTimers
 from console.runs.model import RunsModel
 from console.runs.pipeline import (
     PipelineFeeds,
-    PipelineRun,
     other_hosts,
     parts_text,
     settle,
@@ -53,6 +52,7 @@ from console.runs.pipeline import (
 )
 from console.runs.service import launch, prune_runs, resume_run
 from console.scheduler.launch import LaunchHooks, NotStarted
+from console.scheduler.pipeline import PipelineRun
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import LOCAL, PARTS, Config

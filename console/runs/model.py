@@ -14,9 +14,9 @@ from typing import Any
 
 from console.errors import CommandFailed, ConsoleError, TransportError, describe_error
 from console.hosts.host import Host
-from console.runs.pipeline import PipelineRun, pipelines
 from console.runs.service import list_runs
 from console.runs.watch import RunFeed, RunFeeds
+from console.scheduler.pipeline import PipelineRun, pipelines
 from console.scheduler.registry import newest_first
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus

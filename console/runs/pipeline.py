@@ -1,5 +1,5 @@
-"""A pipeline run as the console sees it: its parts' records under one id, its status, and
-stopping it (console/scheduler/pipeline.py starts it).
+"""A pipeline run as the console follows and stops it (console/scheduler/pipeline.py starts
+it, and holds PipelineRun, its parts' records under one id with its status).
 
 Each part (store, producer, trainer) is a run of its own on its host (`ID.store`, ...), found
 and stopped like any run, by PID and start time. The pipeline is running while its producer or
@@ -17,55 +17,11 @@ from console.hosts.host import Host, HostPool
 from console.runs.service import RunNotFound, find_run, stop_run
 from console.runs.stream_figures import StreamFigures
 from console.runs.watch import RunFeed
-from console.scheduler.pipeline import part_id
+from console.scheduler.pipeline import PipelineRun, part_id
 from console.scheduler.registry import Run
 from console.scheduler.run_record import RunRecord
-from console.scheduler.run_status import RunStatus, combined_status
+from console.scheduler.run_status import RunStatus
 from console.settings.config import PARTS, Config, Profile
-
-#: a store's own end says nothing of the outcome, unless it failed
-_STORE_OUTCOMES = (RunStatus.FAILED, RunStatus.LOST, RunStatus.CORRUPT)
-
-
-@dataclass(frozen=True)
-class PipelineRun:
-    """One pipeline: every record of its parts known (a multi-node trainer has several)."""
-
-    id: str
-    records: tuple[RunRecord, ...]
-
-    def part(self, name: str) -> list[RunRecord]:
-        """The records of one part, node 0 first."""
-        return sorted((r for r in self.records if r.part == name), key=lambda r: r.node_rank)
-
-    def part_status(self, name: str) -> RunStatus | None:
-        """One part's status (its nodes combined); None for a part that never started."""
-        recs = self.part(name)
-        return combined_status([r.status for r in recs]) if recs else None
-
-    @property
-    def status(self) -> RunStatus:
-        work = [r.status for r in self.records if r.part != "store"]
-        store = [r.status for r in self.records if r.part == "store"]
-        if not work or any(s.active for s in work):
-            return combined_status(work + store)
-        return combined_status(work + [s for s in store if s in _STORE_OUTCOMES])
-
-    @property
-    def start(self) -> float | None:
-        return min((r.start for r in self.records if r.start), default=None)
-
-    @property
-    def end(self) -> float | None:
-        ends = [r.end for r in self.records if r.part != "store"]
-        return None if self.status.active or not all(ends) else max(e or 0.0 for e in ends)
-
-    @property
-    def lingering(self) -> list[RunRecord]:
-        """Store records still running after the producer and the trainer have ended."""
-        if self.status.active:
-            return []
-        return [r for r in self.part("store") if r.status == RunStatus.RUNNING]
 
 
 @dataclass(frozen=True)
@@ -98,15 +54,6 @@ def parts_text(pipe: PipelineRun, marks: Mapping[RunStatus, str]) -> str:
     """`store▶ producer▶ trainer✔`: each part that started, with its status's mark."""
     return " ".join(f"{name}{marks.get(st, '?')}" for name in PARTS
                     if (st := pipe.part_status(name)) is not None)
-
-
-def pipelines(records: list[RunRecord]) -> dict[str, PipelineRun]:
-    """The pipelines the records belong to, by id."""
-    by: dict[str, list[RunRecord]] = {}
-    for r in records:
-        if r.pipeline:
-            by.setdefault(r.pipeline, []).append(r)
-    return {pid: PipelineRun(pid, tuple(recs)) for pid, recs in by.items()}
 
 
 def pipeline_profile(config: Config, run_id: str) -> Profile | None:

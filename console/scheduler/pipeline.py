@@ -12,6 +12,10 @@ The store listens on ADDR, the address the other hosts reach its host at ([P.sto
 else chosen as torchrun's rendezvous address is); the launch reads the address the master
 announced back from its file before it starts the others. `{stream_run}` is the stream run's
 name (the pipeline's id). A part that cannot start takes down the parts started before it.
+
+`PipelineRun` is a pipeline as its parts' records say: running while its producer or its
+trainer runs, then their outcome; its store, which would wait for ever, is `lingering` once
+both have ended (the launch stops an earlier one's, console/runs/pipeline.py `settle` too).
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import dataclasses
 import posixpath
 import re
 import time
+from dataclasses import dataclass
 
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, HostPool
 from console.hosts.push import PushReport
 from console.scheduler.launch import LaunchHooks, new_run_id, push_for, start_anyway
 from console.scheduler.registry import Run, host_records, runs_dir
-from console.scheduler.run_status import RunStatus
+from console.scheduler.run_record import RunRecord
+from console.scheduler.run_status import RunStatus, combined_status
 from console.scheduler.ssh import host_address, start_nodes, stop_on
 from console.settings.config import Config, Pipeline, Profile
 
@@ -41,6 +47,60 @@ _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}/\d{1,5}$")
 DEBUG_HINT = " (run with --debug for the traceback)"
 #: a stream run's name: engine/stream/keys.py's rule (1-64 letters, digits, _ . -)
 _RUN_MAX = 64
+
+
+#: a store's own end says nothing of the outcome, unless it failed
+_STORE_OUTCOMES = (RunStatus.FAILED, RunStatus.LOST, RunStatus.CORRUPT)
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One pipeline: every record of its parts known (a multi-node trainer has several)."""
+
+    id: str
+    records: tuple[RunRecord, ...]
+
+    def part(self, name: str) -> list[RunRecord]:
+        """The records of one part, node 0 first."""
+        return sorted((r for r in self.records if r.part == name), key=lambda r: r.node_rank)
+
+    def part_status(self, name: str) -> RunStatus | None:
+        """One part's status (its nodes combined); None for a part that never started."""
+        recs = self.part(name)
+        return combined_status([r.status for r in recs]) if recs else None
+
+    @property
+    def status(self) -> RunStatus:
+        work = [r.status for r in self.records if r.part != "store"]
+        store = [r.status for r in self.records if r.part == "store"]
+        if not work or any(s.active for s in work):
+            return combined_status(work + store)
+        return combined_status(work + [s for s in store if s in _STORE_OUTCOMES])
+
+    @property
+    def start(self) -> float | None:
+        return min((r.start for r in self.records if r.start), default=None)
+
+    @property
+    def end(self) -> float | None:
+        ends = [r.end for r in self.records if r.part != "store"]
+        return None if self.status.active or not all(ends) else max(e or 0.0 for e in ends)
+
+    @property
+    def lingering(self) -> list[RunRecord]:
+        """Store records still running after the producer and the trainer have ended."""
+        if self.status.active:
+            return []
+        return [r for r in self.part("store") if r.status == RunStatus.RUNNING]
+
+
+def pipelines(records: list[RunRecord]) -> dict[str, PipelineRun]:
+    """The pipelines the records belong to, by id."""
+    by: dict[str, list[RunRecord]] = {}
+    for r in records:
+        if r.pipeline:
+            by.setdefault(r.pipeline, []).append(r)
+    return {pid: PipelineRun(pid, tuple(recs)) for pid, recs in by.items()}
 
 
 def part_id(pipeline_id: str, part: str) -> str:
@@ -75,10 +135,21 @@ async def launch_pipeline(config: Config, profile: Profile, pool: HostPool, *,
         raise ConsoleError(f"profile {profile.name!r} is not a pipeline")
     name = profile.name
     hosts = {h: await pool.ensure(h) for h in profile.hosts}
-    if not force:   # early and friendly; the store's start checks again under the lock
+    async def listed() -> list[tuple[Host, RunRecord]]:
         found = await asyncio.gather(*(host_records(h) for h in hosts.values()))
-        busy = [r for recs in found for r in recs
-                if r.profile == name and r.status == RunStatus.RUNNING]
+        return [(h, r) for h, recs in zip(hosts.values(), found, strict=True) for r in recs
+                if r.profile == name]
+
+    mine = await listed()
+    # an earlier pipeline's store whose producer and trainer have ended waits for nothing
+    # (nobody followed it to its end): stopped, as `follow` and the Runs pane would
+    ids = {r.id for p in pipelines([r for _h, r in mine]).values() for r in p.lingering}
+    if ids:
+        await asyncio.gather(*(stop_on(h, r.id, 5.0) for h, r in mine if r.id in ids
+                               and r.status == RunStatus.RUNNING), return_exceptions=True)
+        mine = await listed()
+    if not force:   # early and friendly; the store's start checks again under the lock
+        busy = [r for _h, r in mine if r.status == RunStatus.RUNNING]
         if busy:
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
             await start_anyway(name, busy, where, hooks)

@@ -13,9 +13,10 @@ from rich.text import Text
 from textual.binding import BindingType
 from textual.widgets import DataTable
 
-from console.runs.pipeline import PipelineRun, parts_text
+from console.runs.pipeline import parts_text
 from console.runs.progress import RunProgress
 from console.scheduler.launch import fit_id
+from console.scheduler.pipeline import PipelineRun
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Profile

@@ -1,12 +1,14 @@
-"""A pipeline's status from its parts' records: running while its producer or its trainer
-runs, then their outcome (its store's own stop is none, unless it failed), and a store left
-running after both ended is what `settle` stops; which ids name a pipeline."""
+"""A pipeline's status from its parts' records (PipelineRun, console/scheduler/pipeline.py):
+running while its producer or its trainer runs, then their outcome (its store's own stop is
+none, unless it failed), and a store left running after both ended is what `settle` stops;
+which ids name a pipeline (console/runs/pipeline.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from console.runs.pipeline import PipelineRun, pipeline_profile, pipelines
+from console.runs.pipeline import pipeline_profile
+from console.scheduler.pipeline import PipelineRun, pipelines
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Pipeline, Profile

@@ -19,6 +19,7 @@ from console.scheduler.pipeline import fill, store_profile, stream_run
 from console.settings.config import Pipeline, Profile
 from tests.paths import REPO
 from tests.sshd import SSHD, start_sshd
+from tests.waiting import wait_until
 
 pytest_plugins = ("tests.demo_workspace", "tests.stream_store")
 
@@ -164,3 +165,34 @@ def test_a_part_that_cannot_start_takes_the_parts_before_it_down(sshd: SSHD,
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     parts = sorted((str(x["part"]), str(x["status"])) for x in registry(config, "gpu1"))
     assert parts == [("producer", "failed"), ("store", "failed"), ("store", "stopped")]
+
+
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
+def test_a_store_left_waiting_is_stopped_by_the_next_launch(sshd: SSHD, tmp_path: Path) -> None:
+    """A pipeline nobody followed to its end: its producer and trainer are done, its store
+    still waits. The next launch of the profile stops that store (by PID and start time) and
+    starts, where it would otherwise be refused as already running."""
+    done = "python -c 'import sys' {stream}"
+    config = tmp_path / "config.toml"
+    config.write_text(host_toml("gpu1", sshd, tmp_path / "root")
+                      + '[profiles.pipe]\nkind = "pipeline"\n[profiles.pipe.store]\n'
+                        'host = "gpu1"\n'
+                      + f'[profiles.pipe.producer]\nhost = "gpu1"\nrun = "{done}"\n'
+                      + f'[profiles.pipe.trainer]\nhost = "gpu1"\nrun = "{done}"\n')
+    first = cli(config, "launch", "pipe")
+    assert first.returncode == 0, first.stderr
+    pid = first.stdout.split()[0]
+
+    def parts(of: str) -> dict[str, str]:
+        return {str(x["part"]): str(x["status"]) for x in registry(config, "gpu1")
+                if x["pipeline"] == of}
+    wait_until(lambda: parts(pid) == {"store": "running", "producer": "succeeded",
+                                      "trainer": "succeeded"}, timeout=60,
+               what="the producer and the trainer to end")
+    second = cli(config, "launch", "pipe")
+    assert second.returncode == 0, second.stderr
+    assert parts(pid)["store"] == "stopped"
+    again = second.stdout.split()[0]
+    assert cli(config, "stop", again, "--grace", "5").returncode == 0
+    assert set(parts(again).values()) <= {"stopped", "succeeded"}
