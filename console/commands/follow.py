@@ -10,7 +10,11 @@ every event whole instead, one JSON object a line (output lines as {"kind": "out
 "offset", "text"}). The engine's error is printed once (it is both an event and a line of its
 stderr); a run that could not start shows the runner's recorded reason. The exit status is the
 run's outcome: 0 succeeded, 1 failed, 3 stopped, 4 lost, 5 corrupt
-(console/scheduler/run_status.py EXIT_CODES)."""
+(console/scheduler/run_status.py EXIT_CODES).
+
+A pipeline's id (console/runs/pipeline.py) follows its trainer, with its producer's lines
+marked `[producer] `, until both have ended; its store is then stopped, each part's outcome is
+said, and the exit status is the pipeline's."""
 
 from __future__ import annotations
 
@@ -20,19 +24,23 @@ import json
 import posixpath
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from console.hosts.host import Host, HostPool
 from console.logs.follow import BACKOFF_FIRST, BACKOFF_MAX, Line, LogFollower
+from console.runs.pipeline import find_pipeline, pipeline_profile, settle
 from console.runs.service import RunHostDown, find_run
 from console.runs.watch import RunFeed
+from console.scheduler.pipeline import PipelineRun
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import EXIT_CODES
-from console.settings.config import Config
+from console.settings.config import PARTS, Config
 from engine import events
 from engine.events import MalformedEvent
 
 HELP = "print RUN's output and engine events as they come; ends when the run ends"
+#: how a run is looked up: find_run, or find_pipeline for a pipeline's parts
+Finder = Callable[[Config, str, HostPool], Awaitable[list[tuple[Host, RunRecord]]]]
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -89,8 +97,9 @@ def named_metric(ev: events.Metric) -> str:
     """A metric event that is not a training step's: served acceptance as its figures
     (`served acceptance at step 50: 2.503  pos 0.610 0.480  (16 prompts)`), another name as
     its first values."""
-    if ev.name != events.SERVED:
-        return f"{ev.name} at step {ev.step}: {compact(ev.values)}"
+    if ev.name != events.SERVED:   # a producer's figures belong to no step
+        at = "" if ev.step is None else f" at step {ev.step}"
+        return f"{ev.name}{at}: {compact(ev.values)}"
     v = ev.values
     # pos_0, pos_1, ... in position order; any other key (pos_x) is not a position: --json has it
     ranks = {k: int(m[1]) for k in v if (m := POSITION.fullmatch(k))}
@@ -229,16 +238,16 @@ class Skipped:
             print(f"-- skipped a malformed event at byte {line.offset}: {why}", file=sys.stderr)
 
 
-async def look_up(config: Config, run_id: str, pool: HostPool,
-                  notices: Notices) -> list[tuple[Host, RunRecord]]:
-    """find_run, looked for again with the followers' backoff and notices while a host that
-    could hold the run cannot be asked (`launch && follow` as the host blips), with no limit,
-    as the followers have none (ctrl+c ends it); a run that no host answering has fails at
-    once."""
+async def look_up(config: Config, run_id: str, pool: HostPool, notices: Notices,
+                  find: Finder = find_run) -> list[tuple[Host, RunRecord]]:
+    """find_run (or `find`), looked for again with the followers' backoff and notices while a
+    host that could hold the run cannot be asked (`launch && follow` as the host blips), with
+    no limit, as the followers have none (ctrl+c ends it); a run that no host answering has
+    fails at once."""
     delay, failing = BACKOFF_FIRST, False
     while True:
         try:
-            nodes = await find_run(config, run_id, pool)
+            nodes = await find(config, run_id, pool)
         except RunHostDown as e:
             if not failing:
                 notices.add("", "reconnecting", str(e.down[0]))
@@ -251,45 +260,93 @@ async def look_up(config: Config, run_id: str, pool: HostPool,
         return nodes
 
 
-async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
-    notices = Notices()
-    nodes = await look_up(config, args.run, pool, notices)
-    match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
-    host, rec = match[0]
-    run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", args.run)
-    feed = RunFeed(host, rec)
-    names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
-    start = "begin" if args.lines is None else "end"
-    followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
-                             tail_lines=args.lines, until=feed.ended,
-                             on_notice=notices.of(n))
-                 for n in names]
+class Printer:
+    """What the followers of one `follow` share: the output mode, the malformed lines skipped,
+    the errors already printed and the notices."""
 
-    skipped = Skipped()
-    errors = ErrorsOnce()
+    def __init__(self, as_json: bool, notices: Notices) -> None:
+        self.as_json, self.notices = as_json, notices
+        self.skipped, self.errors = Skipped(), ErrorsOnce()
 
-    async def pump(f: LogFollower, name: str) -> None:
+    async def follow(self, host: Host, rec: RunRecord, lines: int | None,
+                     prefix: str = "", progress: bool = True) -> RunFeed:
+        """Print one run's files until it has ended; prefix: put before each line (a
+        pipeline's producer), progress: whether its progress events are printed."""
+        run_dir = rec.run_dir or posixpath.join(await host.root(), "runs", rec.id)
+        feed = RunFeed(host, rec)
+        names = ["output.log"] + (["events.jsonl"] if rec.engine else [])
+        start = "begin" if lines is None else "end"
+        followers = [LogFollower(host.transport, posixpath.join(run_dir, n), start=start,
+                                 tail_lines=lines, until=feed.ended,
+                                 on_notice=self.notices.of(prefix + n))
+                     for n in names]
+        await asyncio.gather(*(self._pump(f, n, prefix, progress)
+                               for f, n in zip(followers, names, strict=True)))
+        return feed
+
+    async def _pump(self, f: LogFollower, name: str, prefix: str, progress: bool) -> None:
         is_events = name == "events.jsonl"
         steps = StepLines()
         async for batch in f.batches():
             for line in batch:
                 try:
-                    texts = json_lines(line, name) if args.json else \
+                    if not progress and is_events and \
+                            isinstance(events.decode(line.text), events.Progress):
+                        continue
+                    texts = json_lines(line, name) if self.as_json else \
                         steps.add(line) if is_events else [line.display()]
                 except MalformedEvent as e:
-                    skipped.add(line, str(e))
+                    self.skipped.add(line, str(e))
                     continue
-                sys.stdout.writelines(t + "\n" for t in texts
-                                      if args.json or errors.first(t))
-            sys.stdout.writelines(t + "\n" for t in steps.flush())
+                sys.stdout.writelines(prefix + t + "\n" for t in texts
+                                      if self.as_json or self.errors.first(t))
+            sys.stdout.writelines(prefix + t + "\n" for t in steps.flush())
             sys.stdout.flush()
 
-    await asyncio.gather(*(pump(f, n) for f, n in zip(followers, names, strict=True)))
-    if skipped.count:
-        print(f"-- warning: skipped {skipped.count} malformed event line"
-              f"{'s' if skipped.count > 1 else ''}", file=sys.stderr)
+    def close(self) -> None:
+        n = self.skipped.count
+        if n:
+            print(f"-- warning: skipped {n} malformed event line{'s' if n > 1 else ''}",
+                  file=sys.stderr)
+
+
+async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
+    notices = Notices()
+    printer = Printer(args.json, notices)
+    if pipeline_profile(config, args.run) is not None:
+        return await follow_pipeline(args, config, pool, printer)
+    nodes = await look_up(config, args.run, pool, notices)
+    match = [hr for hr in nodes if hr[1].node_rank == args.node] or nodes[:1]
+    host, rec = match[0]
+    feed = await printer.follow(host, rec, args.lines)
+    printer.close()
     end = feed.record
     code = "" if end.exit_code is None else f", exit {end.exit_code}"
     why = f": {end.failure}" if end.failure else ""
     print(f"-- run {args.run} {end.status}{code}{why}", file=sys.stderr)
     return EXIT_CODES.get(end.status, 0)
+
+
+async def follow_pipeline(args: argparse.Namespace, config: Config, pool: HostPool,
+                          printer: Printer) -> int:
+    """A pipeline: its trainer's output and steps (node --node), with its producer's lines
+    (`[producer] ...`, without its per-sample progress) among them, until both have ended;
+    then its store is stopped and the outcome said part by part."""
+    found = await look_up(config, args.run, pool, printer.notices, find_pipeline)
+    trainer = [hr for hr in found if hr[1].part == "trainer"]
+    trainer = [hr for hr in trainer if hr[1].node_rank == args.node] or trainer[:1]
+    producer = [hr for hr in found if hr[1].part == "producer"][:1]
+    await asyncio.gather(*(printer.follow(h, r, args.lines) for h, r in trainer),
+                         *(printer.follow(h, r, args.lines, "[producer] ", progress=False)
+                           for h, r in producer))
+    printer.close()
+    pipe = PipelineRun(args.run, tuple(r for _h, r in await find_pipeline(config, args.run,
+                                                                           pool)))
+    pipe = await settle(config, pipe, pool)
+    for part in PARTS:
+        for r in pipe.part(part):
+            code = "" if r.exit_code is None else f", exit {r.exit_code}"
+            why = f": {r.failure}" if r.failure else ""
+            print(f"-- {part} {r.id} on {r.host}: {r.status}{code}{why}", file=sys.stderr)
+    print(f"-- pipeline {args.run} {pipe.status}", file=sys.stderr)
+    return EXIT_CODES.get(pipe.status, 0)

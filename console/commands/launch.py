@@ -1,4 +1,6 @@
 """`eagle3-console launch PROFILE [--force]`: push what changed, start the run detached.
+A pipeline profile starts its store, producer and trainer under one id
+(console/scheduler/pipeline.py); launch prints each part's record.
 `eagle3-console launch [HOST] --resume RUN`: start a stopped, failed or lost `engine train` run
 again in its own run directory, with `--resume` (console/runs/service.py resume_run).
 
@@ -43,10 +45,13 @@ async def settle(run: Run, pool: HostPool) -> Run:
     deadline = time.monotonic() + SETTLE_S
     while run.status == RunStatus.RUNNING and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-        hosts = sorted({r.host for r in run.records})
-        found = await asyncio.gather(*(list_runs(pool[h], run.id) for h in hosts))
+        # by each record's own id (a pipeline's parts are runs of their own), in their order
+        keys = list(dict.fromkeys((r.host, r.id) for r in run.records))
+        order = {rid: i for i, rid in enumerate(dict.fromkeys(r.id for r in run.records))}
+        found = await asyncio.gather(*(list_runs(pool[h], rid) for h, rid in keys))
         run = Run(run.id, sorted((r for recs in found for r in recs),
-                                 key=lambda r: r.node_rank) or run.records, run.pushes)
+                                 key=lambda r: (order.get(r.id, 0), r.node_rank))
+                  or run.records, run.pushes)
     return run
 
 
@@ -71,7 +76,8 @@ async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
         return code
     print(started.id)
     for r in started.records:
-        node = f" node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else ""
+        node = (f" {r.part}" if r.part else "") + \
+            (f" node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
         if r.job_id:  # a Slurm job: queued (or already started) on the cluster
             why = f" ({r.reason})" if r.reason else ""
             print(f"  {r.host}: job {r.job_id} {r.status}{why}  {r.run_dir}")

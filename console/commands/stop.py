@@ -5,7 +5,8 @@ signalled; a run whose processes are gone is reported `lost` (exit status 1), un
 A command that holds SIGKILL off (a training run swapping its eval server's drafter back) is
 waited for past the grace; what it could not finish is a warning (exit status 1).
 A Slurm run (a host with scheduler = "slurm") is stopped with `scancel --signal=TERM`, then
-`scancel` after S s (a queued job: `scancel` at once); no login-node process is signalled."""
+`scancel` after S s (a queued job: `scancel` at once); no login-node process is signalled.
+A pipeline's id stops each of its parts: the trainer, the producer, then the store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 import sys
 
 from console.hosts.host import HostPool
-from console.runs.service import stop_run
+from console.runs.pipeline import stop_any
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config
 
@@ -23,13 +24,14 @@ HELP = ("stop RUN on every node: SIGTERM its process group, SIGKILL after --grac
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="a run id (as `launch` printed it / `runs HOST` lists it)")
+    p.add_argument("run", help="a run id (as `launch` printed it / `runs HOST` lists it), or a "
+                               "pipeline's")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL (default 10)")
 
 
 async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
-    stopped = await stop_run(config, args.run, pool, grace=args.grace)
+    stopped = await stop_any(config, args.run, pool, grace=args.grace)
     lost = 0
     for r in stopped.records:
         if r.status == RunStatus.LOST:  # its pids are gone or someone else's: nothing was signalled

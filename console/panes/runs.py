@@ -3,11 +3,12 @@
     p      push the engine and the host's sync sets (only what changed; files and bytes shown)
     t      launch the selected profile: push what changed, then start it detached; a profile
            that is already running asks before a second copy starts (launch --force)
-    x      stop the selected run (asks first): SIGTERM to its process group, SIGKILL later
+    x      stop the selected run (asks first): SIGTERM to its process group, SIGKILL later;
+           a pipeline's row: every part (console/runs/pipeline.py)
     P      forget the host's ended runs (asks first): their records and logs are deleted; files
            they wrote (out/), running and queued runs stay; nothing is signalled
     enter  open the run: progress, live plots, log lines, provenance (screens/run_detail.py);
-           on a profile, its newest run
+           on a profile, its newest run; a pipeline's row: its trainer with the stream's charts
     tab    the other table (profiles / runs): focus stays in the pane
     r      re-read the host's run registry (it is re-read every few seconds anyway)
 
@@ -42,11 +43,19 @@ from console.hosts.host import Host
 from console.hosts.push import PushReport, host_trees, push
 from console.panes.timers import ShownTimers
 from console.runs.model import RunsModel
-from console.runs.service import launch, prune_runs, resume_run, stop_run
+from console.runs.pipeline import (
+    PipelineFeeds,
+    other_hosts,
+    parts_text,
+    settle,
+    stop_any,
+)
+from console.runs.service import launch, prune_runs, resume_run
 from console.scheduler.launch import LaunchHooks, NotStarted
+from console.scheduler.pipeline import PipelineRun
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
-from console.settings.config import LOCAL, Config
+from console.settings.config import LOCAL, PARTS, Config
 from console.ui.host_text import markup, plain
 from console.ui.keymap import bindings
 from console.ui.messages import DemoChanged, OpenRun
@@ -54,8 +63,10 @@ from console.ui.services import services
 from console.widgets.meters import count, fmt_bytes
 from console.widgets.progress import ProgressBar
 from console.widgets.run_tables import (
+    STATUS_MARK,
     ProfileTable,
     RunTable,
+    pipeline_row,
     profile_row,
     run_row,
     stop_outcome,
@@ -175,8 +186,22 @@ class RunsPane(ShownTimers, Vertical):
     @work(exclusive=True, group="runs-list", exit_on_error=False)
     async def load_runs(self, host: str) -> None:
         self.model.listing = True   # at once: the poll must not start a second read
+        pool = services(self).pool
         try:
-            read = await self.model.load(await services(self).pool.ensure(host))
+            others = []
+            for name in other_hosts(self.config, host):   # a pipeline's parts elsewhere
+                try:
+                    others.append(await pool.ensure(name))
+                except ConsoleError:
+                    pass   # its parts show as last read
+            read = await self.model.load(await pool.ensure(host), others)
+            for pipe in self.model.lingering(host):
+                # its producer and trainer are done: its store would wait for ever
+                try:
+                    await settle(self.config, pipe, pool)
+                except ConsoleError:
+                    continue   # tried again at the next read
+                read = await self.model.load(await pool.ensure(host), others)
         except ConsoleError as e:
             self.model.failed(host, e)
             read = False
@@ -198,8 +223,11 @@ class RunsPane(ShownTimers, Vertical):
         now: float = services(self).clock()
         model = self.model
         recs = model.shown(host)
-        feeds = [model.feeds.find(host, r.id) for r in recs]
+        rows = model.rows(host)
+        feeds = [model.trainer_feed(r) if isinstance(r, PipelineRun) else
+                 model.feeds.find(host, r.id) for r in rows]
         key = (host, int(now), tuple((r.id, r.status, r.end, r.reason) for r in recs),
+               tuple(parts_text(r, STATUS_MARK) for r in rows if isinstance(r, PipelineRun)),
                tuple(f.progress.version if f else -1 for f in feeds),
                model.list_error.get(host), model.listed_on(host), self.demo_state,
                len(self.config.profiles))
@@ -210,15 +238,16 @@ class RunsPane(ShownTimers, Vertical):
         self.query_one(ProfileTable).show(
             [profile_row(self.config.profiles[n]) for n in profiles])
         self.query_one(RunTable).show(
-            [r.id for r in recs],
-            [run_row(r, f.progress if f else None, now) for r, f in zip(recs, feeds, strict=False)])
+            [r.id for r in rows],
+            [pipeline_row(r, f.progress if f else None, now) if isinstance(r, PipelineRun) else
+             run_row(r, f.progress if f else None, now) for r, f in zip(rows, feeds, strict=True)])
         running, queued = model.counts(host)
         where = self.config.hosts[host].ssh or "this machine"
         failure = model.list_failure.get(host)
         if not model.listed_on(host):   # no runs known yet: not "0 runs"
             runs = f"runs: {failure}" if failure else "listing runs…"
         else:
-            runs = count(len(recs), "run") + (f", {running} running" if running else "") + \
+            runs = count(len(rows), "run") + (f", {running} running" if running else "") + \
                 (f", {queued} queued" if queued else "") + \
                 (f" (as last read: {failure})" if failure else "")
         status = markup("[b]$host[/b] ($where) · $counts", host=host, where=where,
@@ -342,7 +371,19 @@ class RunsPane(ShownTimers, Vertical):
         await self.model.reload(h)
         self.refresh_view(force=True)
 
+    def _selected_pipeline(self) -> PipelineRun | None:
+        return self.model.find_pipeline(self.query_one(RunTable).selected)
+
     def action_stop(self) -> None:
+        pipe = self._selected_pipeline()
+        if pipe is not None:
+            if not pipe.status.active and not pipe.lingering:
+                said = f"{pipe.id} has already ended ({pipe.status}): nothing to stop"
+                self.activity(said)
+                self.notify(said, severity="warning")
+            elif self._start(f"stop {pipe.id}"):
+                self.do_stop(pipe.id)
+            return
         rec = self._selected_run()
         if rec is None:
             self.notify("No run selected", severity="warning")
@@ -371,7 +412,7 @@ class RunsPane(ShownTimers, Vertical):
                 return
             self.activity(f"stopping {run_id}…")
             # through the pool: the hosts list shows the host connecting, or failing
-            run = await stop_run(self.config, run_id, services(self).pool, grace=STOP_GRACE_S)
+            run = await stop_any(self.config, run_id, services(self).pool, grace=STOP_GRACE_S)
             refused = next((r.refused for r in run.records if r.refused), "")
             warning = next((r.stop_warning for r in run.records if r.stop_warning), "")
             self.activity(stop_outcome(run_id, run.status, refused, warning),
@@ -384,6 +425,11 @@ class RunsPane(ShownTimers, Vertical):
             await self._reload(self.host)
 
     def action_resume(self) -> None:
+        pipe = self._selected_pipeline()
+        if pipe is not None:   # its producer's and trainer's parts start together, afresh
+            self.activity(f"{pipe.id} is a pipeline: it is not resumed; launch its profile "
+                          "again (t)")
+            return
         rec = self._selected_run()
         if rec is None:
             self.notify("No run selected", severity="warning")
@@ -441,6 +487,18 @@ class RunsPane(ShownTimers, Vertical):
         await self._reload(host)
 
     def action_open(self) -> None:
+        pipe = self._selected_pipeline()
+        if pipe is not None:
+            feeds = {}
+            for part in PARTS:
+                lead = pipe.part(part)
+                where = self.model.listed_by(lead[0]) if lead else None
+                if lead and where and lead[0].status != RunStatus.CORRUPT:
+                    feeds[part] = self.model.feed(self._host(where), lead[0])
+            if feeds:
+                opened = PipelineFeeds(pipe.id, feeds)
+                self.post_message(OpenRun(opened.main, opened))
+            return
         rec = self._selected_run()
         if rec is None or self.host is None:
             self.notify("No run selected", severity="warning")
@@ -473,7 +531,7 @@ class RunsPane(ShownTimers, Vertical):
             if newest is None:
                 self.notify(f"{name} has no run yet: press t to launch it", severity="warning")
                 return
-            self.query_one(RunTable).select(newest.id)
+            self.query_one(RunTable).select(newest.pipeline or newest.id)
             self.action_open()
 
     # -- the embedded demo ---------------------------------------------------------------------

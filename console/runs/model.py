@@ -9,13 +9,14 @@ or prune at a time. It does the registry reads; starting a background follow is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from console.errors import CommandFailed, ConsoleError, TransportError, describe_error
 from console.hosts.host import Host
 from console.runs.service import list_runs
 from console.runs.watch import RunFeed, RunFeeds
+from console.scheduler.pipeline import PipelineRun, pipelines
 from console.scheduler.registry import newest_first
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
@@ -55,12 +56,15 @@ class RunsModel:
         self.busy = None
 
     # -- the registry --------------------------------------------------------------------------
-    async def load(self, h: Host) -> bool:
+    async def load(self, h: Host, others: Sequence[Host] = ()) -> bool:
         """Read h's registry and follow what should be followed; False (and `list_error`) when
-        the read failed."""
+        the read failed. others: the hosts of h's pipelines' other parts, read too (one that
+        cannot be read keeps what was last read of it)."""
         self.listing = True
         try:
             recs = await list_runs(h)
+            for o in others:
+                await self.reload(o)
         except ConsoleError as e:
             self.failed(h.name, e)
             return False
@@ -100,15 +104,53 @@ class RunsModel:
     def find(self, host: str, run_id: str | None) -> RunRecord | None:
         return next((r for r in self.records.get(host, []) if r.id == run_id), None)
 
+    # -- pipelines -----------------------------------------------------------------------------
+    def _pipelines(self) -> dict[str, PipelineRun]:
+        return pipelines([r for recs in self.records.values() for r in recs])
+
+    def rows(self, host: str) -> list[RunRecord | PipelineRun]:
+        """What the runs table shows for host, newest first: a pipeline with a part there is
+        one row (with its parts on every host read), any other run one row per record."""
+        pipes = self._pipelines()
+        out: list[RunRecord | PipelineRun] = []
+        seen: set[str] = set()
+        for r in self.shown(host):
+            if r.pipeline in pipes:
+                if r.pipeline not in seen:
+                    seen.add(r.pipeline)
+                    out.append(pipes[r.pipeline])
+            else:
+                out.append(r)
+        return out
+
+    def find_pipeline(self, pipeline_id: str | None) -> PipelineRun | None:
+        return self._pipelines().get(pipeline_id or "")
+
+    def lingering(self, host: str) -> list[PipelineRun]:
+        """host's pipelines whose producer and trainer have ended while their store runs."""
+        return [p for p in self.rows(host) if isinstance(p, PipelineRun) and p.lingering]
+
+    def trainer_feed(self, pipe: PipelineRun) -> RunFeed | None:
+        """The feed of the pipeline's trainer (node 0), once it is followed."""
+        lead = pipe.part("trainer")
+        where = self.listed_by(lead[0]) if lead else None
+        return self.feeds.find(where, lead[0].id) if where else None
+
+    def listed_by(self, rec: RunRecord) -> str | None:
+        """The configured host whose registry holds rec (what the record says of its host is
+        the host's word, not the console's)."""
+        return next((h for h, recs in self.records.items() if rec in recs), None)
+
     def ended(self, host: str) -> list[str]:
         """The ids `prune` would forget (the host decides again)."""
         return [r.id for r in self.records.get(host, []) if r.status.ended]
 
     def counts(self, host: str) -> tuple[int, int]:
-        """(running, queued) runs on host; queued: Slurm jobs waiting for nodes."""
-        recs = self.records.get(host, [])
-        return (sum(r.status == RunStatus.RUNNING for r in recs),
-                sum(r.status == RunStatus.PENDING for r in recs))
+        """(running, queued) runs on host (a pipeline one run); queued: Slurm jobs waiting
+        for nodes."""
+        rows = self.rows(host)
+        return (sum(r.status == RunStatus.RUNNING for r in rows),
+                sum(r.status == RunStatus.PENDING for r in rows))
 
     def newest_of(self, host: str, profile: str | None) -> RunRecord | None:
         mine = [r for r in self.records.get(host, []) if r.profile == profile]

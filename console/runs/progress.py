@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from console.runs.stream_figures import StreamFigures
 from engine import events
 
 MAX_POINTS = 2000
@@ -97,6 +98,7 @@ class RunProgress:
         self.version = 0     # bumped on every change: widgets redraw only when it moved
         self.attempt_starts: list[float] = []   # when each attempt after the first started
         self.attempt = 1     # the attempt whose events came last
+        self.stream = StreamFigures()   # a streamed run's pool, waits and tokens per second
 
     # -- feeding -----------------------------------------------------------------------------
     def ingest_event_line(self, text: str) -> None:
@@ -155,6 +157,8 @@ class RunProgress:
         self.progress_t = ev.t
 
     def _metric(self, ev: events.Metric) -> None:
+        if self.stream.ingest(ev):   # a stream's producer or trainer figures
+            return
         if ev.name:  # not a training step's numbers: the step's own stay as they were
             tau = ev.values.get("acceptance_length")
             if ev.name == events.SERVED and ev.step is not None and tau is not None:

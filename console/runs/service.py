@@ -15,6 +15,7 @@ from console.errors import CommandFailed, ConsoleError, TransportError, Unreacha
 from console.hosts.host import Host, HostPool, HostState
 from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks
+from console.scheduler.pipeline import launch_pipeline
 from console.scheduler.registry import PruneReport, Run, host_prune
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
@@ -34,6 +35,8 @@ async def launch(config: Config, name: str, pool: HostPool, *, force: bool = Fal
     queued with the cluster's scheduler (console/scheduler). hooks: progress, and whether to
     start a second copy of a running profile (console/scheduler/launch.py)."""
     profile = config.profile(name)
+    if profile.pipeline is not None:   # a store, a producer and a trainer under one id
+        return await launch_pipeline(config, profile, pool, force=force, hooks=hooks)
     cfg = config.host(profile.hosts[0])
     return await scheduler_for(cfg).submit(config, profile, pool, force=force, hooks=hooks)
 

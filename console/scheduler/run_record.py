@@ -97,6 +97,8 @@ class RunRecord:
     best_step: int | None = None   # and its step (the runner reads OUT/best/provenance.json)
     #: (start, end) of each earlier attempt of a resumed run, oldest first (run.json "attempts")
     earlier: tuple[tuple[float, float], ...] = ()
+    pipeline: str = ""         # the pipeline run this record is a part of ("" for none)
+    part: str = ""             # and which part: store, producer or trainer
     _source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -131,7 +133,8 @@ class RunRecord:
             env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
             pid=d.get("pid"), push=PushInfo.parse(d.get("push")),
             slurm=SlurmInfo.parse(d) if d.get("scheduler") == "slurm" else None,
-            **_best(d.get("best")), earlier=_attempts(d.get("attempts")), _source=d)
+            **_best(d.get("best")), earlier=_attempts(d.get("attempts")),
+            pipeline=_text(d.get("pipeline")), part=_text(d.get("part")), _source=d)
 
     # -- derived ----------------------------------------------------------------------------
     def elapsed(self, now: float) -> float | None:

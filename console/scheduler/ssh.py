@@ -67,13 +67,22 @@ async def launch_on_hosts(config: Config, profile: Profile, pool: HostPool, *,
             force = await start_anyway(name, busy, where, hooks)
     pushes = list(await asyncio.gather(*(push_for(config, profile, n, hooks) for n in nodes)))
     run_id = resume or new_run_id(name)
+    return await start_nodes(profile, nodes, run_id, pushes, force=force,
+                             again=resume is not None)
+
+
+async def start_nodes(profile: Profile, nodes: list[Host], run_id: str,
+                      pushes: list[PushReport], *, force: bool = False, again: bool = False,
+                      extra: dict[str, Any] | None = None) -> Run:
+    """Start run_id on every node (pushed already), node 0 first; if one node cannot start,
+    the others are taken down and its error raised. extra: more fields for each record."""
     rdzv = await _rendezvous(profile, nodes[0]) if len(nodes) > 1 else None
     # node 0 first: of two launches racing for one profile, the one that starts there wins and
     # the other is refused before it starts anything
-    again = resume is not None
-    first = await _start_node(profile, nodes[0], 0, run_id, rdzv, pushes[0], force, again)
-    starts = [_start_node(profile, nodes[rank], rank, run_id, rdzv, pushes[rank], force, again)
-              for rank in range(1, len(nodes))]
+    first = await _start_node(profile, nodes[0], 0, run_id, rdzv, pushes[0], force, again,
+                              extra)
+    starts = [_start_node(profile, nodes[rank], rank, run_id, rdzv, pushes[rank], force, again,
+                          extra) for rank in range(1, len(nodes))]
     results = [first, *await asyncio.gather(*starts, return_exceptions=True)]
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
@@ -86,14 +95,19 @@ async def launch_on_hosts(config: Config, profile: Profile, pool: HostPool, *,
     return Run(run_id, [r for recs in records for r in recs], pushes)
 
 
-async def _rendezvous(profile: Profile, first: Host) -> Rendezvous:
-    addr = profile.env.get("MASTER_ADDR")
+async def host_address(host: Host) -> str:
+    """The address other hosts reach `host` at: its SSH host name, or its first `hostname -I`
+    address for an ssh-config alias (127.0.0.1 for this machine)."""
+    addr = _ssh_hostname(host.cfg)
     if addr is None:
-        addr = _ssh_hostname(first.cfg)
-        if addr is None:
-            res = await first.transport.run_script("hostname -I 2>/dev/null || hostname")
-            words = res.stdout.split()
-            addr = words[0] if words else first.cfg.ssh or "127.0.0.1"
+        res = await host.transport.run_script("hostname -I 2>/dev/null || hostname")
+        words = res.stdout.split()
+        addr = words[0] if words else host.cfg.ssh or "127.0.0.1"
+    return addr
+
+
+async def _rendezvous(profile: Profile, first: Host) -> Rendezvous:
+    addr = profile.env.get("MASTER_ADDR") or await host_address(first)
     port = profile.env.get("MASTER_PORT")
     if port is None:
         port = str(await runner(first, ["freeport"]))
@@ -116,7 +130,8 @@ def _ssh_hostname(cfg: HostConfig) -> str | None:
 
 async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
                       rdzv: Rendezvous | None, report: PushReport,
-                      force: bool = False, resume: bool = False) -> dict[str, Any]:
+                      force: bool = False, resume: bool = False,
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
     run_dir = posixpath.join(await runs_dir(host), run_id)
     argv, is_engine = build_argv(profile, host.cfg, run_id=run_id, node_rank=rank, rdzv=rdzv,
                                  run_dir=run_dir)
@@ -132,7 +147,7 @@ async def _start_node(profile: Profile, host: Host, rank: int, run_id: str,
         "env": env, "path_prepend": {"PYTHONPATH": await host.code_dir()},
         "stdout": "events.jsonl" if is_engine else "output.log", "stderr": "output.log",
         "engine": is_engine, "run_dir": run_dir, "push": report.record(),
-        "rendezvous": f"{rdzv.host}:{rdzv.port}" if rdzv else None,
+        "rendezvous": f"{rdzv.host}:{rdzv.port}" if rdzv else None, **(extra or {}),
     }
     # without --force the runner refuses, under a per-profile lock held until the new run is
     # recorded, when the profile already runs there: two launches at once start one run

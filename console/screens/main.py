@@ -141,7 +141,7 @@ class MainScreen(Screen):
             await services(self).pool.ensure(host)
 
     def on_open_run(self, message: OpenRun) -> None:
-        self.app.push_screen(RunDetailScreen(message.feed))
+        self.app.push_screen(RunDetailScreen(message.feed, message.pipeline))
 
     def action_show_pane(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = f"tab-{tab_id}"

@@ -4,6 +4,11 @@ at every checkpoint, and as a running vLLM served each checkpoint with `--eval-s
 labelled apart); the last log lines; provenance. A run that reports
 no metrics (a plain script) gets no plots: its log has the room.
 
+A streamed run (a pipeline opened from its row, or a `stream-put` / `train --from-stream` run
+alone) has the stream's charts instead of acc_i (line_plot.py StreamCharts): producer
+samples/s, trainer tokens/s, the pool in samples and MiB, and each side's waiting; a
+pipeline's title names each part's state, and `x` stops all of its parts.
+
 The screen renders a RunFeed (console/runs/watch.py) that the runs pane keeps following in the
 background; it redraws twice a second, only when the feed moved. `escape` goes back (the feed
 keeps following), `x` stops the run (a run that has ended says so), `q` quits.
@@ -26,8 +31,8 @@ from textual.widgets import Header, ProgressBar, Static
 from console.checkpoints.serve_guard import argv_port, served_drafter
 from console.dialogs.confirm import ConfirmScreen
 from console.errors import ConsoleError, describe_error
+from console.runs.pipeline import PipelineFeeds, parts_text, stop_any
 from console.runs.progress import HELD_OUT, SERVED
-from console.runs.service import stop_run
 from console.runs.watch import RunFeed
 from console.scheduler.run_status import RunStatus
 from console.ui.host_text import markup, plain
@@ -35,7 +40,7 @@ from console.ui.keymap import bindings
 from console.ui.services import services
 from console.widgets.footer import Footer
 from console.widgets.host_strip import short_path
-from console.widgets.line_plot import LinePlot
+from console.widgets.line_plot import LinePlot, StreamCharts
 from console.widgets.log_tail import LogTail
 from console.widgets.run_tables import STATUS_MARK, fmt_duration, stop_outcome
 
@@ -104,9 +109,10 @@ class RunDetailScreen(Screen[None]):
     KEY_SECTION: ClassVar[str] = "run_detail"   # its keys in console/ui/keymap.py
     BINDINGS: ClassVar[list[BindingType]] = list(bindings("run_detail"))
 
-    def __init__(self, feed: RunFeed) -> None:
+    def __init__(self, feed: RunFeed, pipeline: PipelineFeeds | None = None) -> None:
         super().__init__()
         self.feed = feed
+        self.pipeline = pipeline
         self._drawn: tuple[object, ...] = ()
 
     def compose(self) -> ComposeResult:
@@ -120,13 +126,14 @@ class RunDetailScreen(Screen[None]):
                 yield LinePlot("loss", id="plot-loss")
                 yield LinePlot("acceptance length", id="plot-tau")
             yield LinePlot("acc_i per TTT step", id="plot-acc")
+            yield StreamCharts(id="detail-stream")
             with Horizontal(id="detail-bottom"):
                 yield LogTail(id="detail-log")
                 yield Static("", id="detail-prov")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = self.feed.run_id
+        self.sub_title = self.pipeline.id if self.pipeline else self.feed.run_id
         self.set_interval(0.5, self.refresh_view)
         self.refresh_view(force=True)
         self.call_after_refresh(self.refresh_view, True)   # again, at the laid-out width
@@ -135,8 +142,11 @@ class RunDetailScreen(Screen[None]):
         feed = self.feed
         now: float = services(self).clock()
         running = feed.status == RunStatus.RUNNING
+        pipe = self.pipeline
         key = (feed.progress.version, feed.status, feed.notice, feed.following,
-               int(now) if running else 0)
+               int(now) if running else 0,
+               (pipe.version, pipe.run().status, parts_text(pipe.run(), STATUS_MARK))
+               if pipe else None)
         if key == self._drawn and not force:
             return
         self._drawn = key
@@ -166,8 +176,16 @@ class RunDetailScreen(Screen[None]):
     def _plots(self) -> None:
         """The three plots, shown once the run has reported a metric (never, for a script)."""
         p = self.feed.progress
-        for w in (self.query_one("#detail-plots"), self.query_one("#plot-acc")):
-            w.display = bool(p.series)
+        pipe = self.pipeline
+        producer = pipe.figures("producer") if pipe else p.stream
+        trainer = pipe.figures("trainer") if pipe else p.stream
+        streamed = pipe is not None or p.stream.streamed
+        charts = self.query_one(StreamCharts)
+        charts.display = streamed
+        if streamed:
+            charts.show(producer, trainer)
+        self.query_one("#detail-plots").display = bool(p.series)
+        self.query_one("#plot-acc").display = bool(p.series) and not streamed
         if not p.series:
             return
         x_range = (0.0, float(p.total)) if p.total and p.unit == "step" else None
@@ -202,6 +220,10 @@ class RunDetailScreen(Screen[None]):
             line += markup(" · [$success]live[/]")
         # the engine's error event, else why the host's runner could not start the command
         error = feed.progress.error or rec.failure
+        if self.pipeline is not None:
+            pipe = self.pipeline.run()
+            line += markup("\npipeline [b]$id[/b] · $state · $parts", id=pipe.id,
+                           state=pipe.status.value, parts=parts_text(pipe, STATUS_MARK))
         if error:
             line += markup("\n[$error]$error[/]", error=error)
         self.query_one("#detail-title", Static).update(line)
@@ -210,15 +232,17 @@ class RunDetailScreen(Screen[None]):
         self.dismiss(None)
 
     def action_stop(self) -> None:
-        if not self.feed.status.active:
-            self.notify(f"{self.feed.run_id} has already ended ({self.feed.status}): "
-                        "nothing to stop", severity="warning")
+        pipe = self.pipeline.run() if self.pipeline else None
+        status = pipe.status if pipe else self.feed.status
+        if not status.active and not (pipe and pipe.lingering):
+            self.notify(f"{pipe.id if pipe else self.feed.run_id} has already ended "
+                        f"({status}): nothing to stop", severity="warning")
             return
         self.do_stop()
 
     @work(group="detail-stop", exclusive=True, exit_on_error=False)
     async def do_stop(self) -> None:
-        run_id = self.feed.run_id
+        run_id = self.pipeline.id if self.pipeline else self.feed.run_id
         if not await self.app.push_screen_wait(ConfirmScreen(markup(
                 "Stop [b]$run[/b]?\n\nSIGTERM to its process group, SIGKILL after $grace s "
                 "(longer while it swaps an eval server's drafter back).",
@@ -226,8 +250,10 @@ class RunDetailScreen(Screen[None]):
             return
         try:
             app = services(self)
-            run = await stop_run(app.config, run_id, app.pool, grace=STOP_GRACE_S)
-            await self.feed.refresh_record()
+            run = await stop_any(app.config, run_id, app.pool, grace=STOP_GRACE_S)
+            feeds = self.pipeline.feeds.values() if self.pipeline else [self.feed]
+            for f in feeds:
+                await f.refresh_record()
             first = run.records[0] if run.records else None
             warning = first.stop_warning if first else ""
             self.notify(stop_outcome(run_id, run.status, first.refused if first else "",

@@ -29,6 +29,23 @@
     eval_server = "http://127.0.0.1:8000"  # optional, an `engine train` run: its serving vLLM
                                       # on the host's loopback (train --eval-server)
 
+    [profiles.stream]                 # a pipeline: a stream's store, its producer, its trainer
+    kind = "pipeline"
+    [profiles.stream.store]
+    host = "gpu1"                     # runs `engine stream-master` there
+    address = "10.0.0.1"              # optional: where the others reach it (else as torchrun's)
+    [profiles.stream.producer]
+    host = "gpu1"
+    run = "engine stream-put --data /data/eagle3 --to {stream} --run {stream_run}"
+    [profiles.stream.trainer]
+    hosts = ["gpu2"]
+    run = "engine train --target /data/kimi --from-stream {stream} --data {stream_run} ..."
+    nproc_per_node = 8
+
+`{stream}` in a part's run string becomes the store's address, `{stream_run}` the stream run's
+name (the pipeline's run id); each part also takes env, cwd and sync, the trainer
+nproc_per_node (console/scheduler/pipeline.py launches them).
+
 Errors name the file, the key (and line for TOML syntax errors) and what was expected.
 """
 
@@ -36,6 +53,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +133,26 @@ class Profile:
     slurm: SlurmOptions | None = None  # [profiles.P.slurm]: overrides the host's
     #: an `engine train` run's serving vLLM on its host's loopback: `--eval-server URL`
     eval_server: str | None = None
+    #: kind = "pipeline": its parts (hosts: every part's host, run: "")
+    pipeline: Pipeline | None = None
+
+
+#: the parts of a pipeline, in the order they start (and the reverse of the order they stop)
+PARTS = ("store", "producer", "trainer")
+
+
+@dataclass
+class Pipeline:
+    """A streamed training pipeline: the store (a Mooncake master) on one host, a producer and
+    a trainer that meet there. The producer and the trainer are profiles of their own (named
+    `P.producer`, `P.trainer`: run, hosts, nproc_per_node, env, cwd, sync)."""
+
+    store_host: str
+    producer: Profile
+    trainer: Profile
+    #: the address the other hosts reach the store at; None: chosen as torchrun's rendezvous
+    store_address: str | None = None
+    store_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -281,26 +319,88 @@ def parse_config(raw: dict[str, Any], file: Path) -> Config:
     profiles: dict[str, Profile] = {}
     for name, t in _tables(top, "profiles").items():
         r = _Reader(file, f"profiles.{name}", t)
-        r.check_keys({"host", "hosts", "run", "nproc_per_node", "env", "cwd", "sync", "nodes",
-                      "slurm", "eval_server"})
-        if "host" in r.table and "hosts" in r.table:
-            r.fail("hosts", "either host or hosts, not both")
-        phosts = r.strlist("hosts") if "hosts" in r.table else [r.text("host", required=True) or ""]
-        if not phosts:
-            r.fail("hosts", "at least one host")
-        for h in phosts:
-            if h not in hosts:
-                r.fail("host", f"a configured host ({', '.join(hosts)})", h)
-        sync = r.strlist("sync")
-        for s in sync:
-            if s not in syncs:
-                r.fail("sync", f"names of [sync.*] sets ({', '.join(syncs) or 'none defined'})", s)
+        if r.table.get("kind", "run") == "pipeline":
+            profiles[name] = _pipeline(r, name, hosts, syncs)
+            continue
+        if r.table.get("kind", "run") != "run":
+            r.fail("kind", '"run" (the default) or "pipeline"', r.table["kind"])
+        r.check_keys({"kind", "host", "hosts", "run", "nproc_per_node", "env", "cwd", "sync",
+                      "nodes", "slurm", "eval_server"})
+        phosts, sync = _hosts(r, hosts), _syncs(r, syncs)
         profiles[name] = Profile(name=name, hosts=phosts, run=r.text("run", required=True) or "",
                                  nproc_per_node=r.count("nproc_per_node", 1), env=r.strdict("env"),
                                  cwd=r.text("cwd"), sync=sync, eval_server=_eval_server(r))
         _slurm_profile(r, profiles[name], hosts)
     return Config(hosts=hosts, syncs=syncs, profiles=profiles, theme=top.text("theme"), path=file,
                   keep_demo=keep_demo)
+
+
+def _hosts(r: _Reader, hosts: dict[str, HostConfig]) -> list[str]:
+    """A profile's (or a part's) `host` or `hosts`: configured hosts, at least one."""
+    if "host" in r.table and "hosts" in r.table:
+        r.fail("hosts", "either host or hosts, not both")
+    found = r.strlist("hosts") if "hosts" in r.table else [r.text("host", required=True) or ""]
+    if not found:
+        r.fail("hosts", "at least one host")
+    for h in found:
+        if h not in hosts:
+            r.fail("host", f"a configured host ({', '.join(hosts)})", h)
+    return found
+
+
+def _syncs(r: _Reader, syncs: dict[str, SyncSet]) -> list[str]:
+    sync = r.strlist("sync")
+    for s in sync:
+        if s not in syncs:
+            r.fail("sync", f"names of [sync.*] sets ({', '.join(syncs) or 'none defined'})", s)
+    return sync
+
+
+def _pipeline(r: _Reader, name: str, hosts: dict[str, HostConfig],
+              syncs: dict[str, SyncSet]) -> Profile:
+    """A `kind = "pipeline"` profile: [P.store] host (+ address, env), [P.producer] host + run,
+    [P.trainer] host(s) + run (+ nproc_per_node); every part on a plain SSH host (or this
+    machine), and the producer's and the trainer's run strings naming `{stream}`."""
+    r.check_keys({"kind", "store", "producer", "trainer", "env", "sync"})
+    env, sync = r.strdict("env"), _syncs(r, syncs)
+    tables = {}
+    for part in PARTS:
+        if part not in r.table:
+            r.fail(part, f"a [profiles.{name}.{part}] table")
+        tables[part] = _Reader(r.file, f"{r.prefix}.{part}", r.table[part])
+    store = tables["store"]
+    store.check_keys({"host", "address", "env"})
+    store_host = store.text("host", required=True) or ""
+    if store_host not in hosts:
+        store.fail("host", f"a configured host ({', '.join(hosts)})", store_host)
+    parts: dict[str, Profile] = {}
+    for part, multi in (("producer", False), ("trainer", True)):
+        t = tables[part]
+        t.check_keys({"host", "run", "env", "cwd", "sync"}
+                     | ({"hosts", "nproc_per_node"} if multi else set()))
+        run = t.text("run", required=True) or ""
+        if "{stream}" not in run:
+            t.fail("run", "a run string with {stream} where the store's address goes", run)
+        parts[part] = Profile(name=f"{name}.{part}", hosts=_hosts(t, hosts), run=run,
+                              nproc_per_node=t.count("nproc_per_node", 1),
+                              env={**env, **t.strdict("env")}, cwd=t.text("cwd"),
+                              sync=sorted({*sync, *_syncs(t, syncs)}))
+    placed = {"store": [store_host], "producer": parts["producer"].hosts,
+              "trainer": parts["trainer"].hosts}
+    for part, on in placed.items():
+        for h in on:
+            if hosts[h].scheduler != "ssh":
+                tables[part].fail("host", f"a plain SSH host or this machine (a pipeline's "
+                                  f"parts are started by the console), not the Slurm host {h}")
+    every = list(dict.fromkeys(h for on in placed.values() for h in on))
+    address = store.text("address")
+    if address is not None and not re.fullmatch(r"[A-Za-z0-9.\-]+", address):
+        store.fail("address", "a host name or an IPv4 address (what the others reach the "
+                   "store at)", address)
+    pipeline = Pipeline(store_host=store_host, producer=parts["producer"],
+                        trainer=parts["trainer"], store_address=address,
+                        store_env={**env, **store.strdict("env")})
+    return Profile(name=name, hosts=every, run="", env=env, sync=sync, pipeline=pipeline)
 
 
 def _slurm_profile(r: _Reader, p: Profile, hosts: dict[str, HostConfig]) -> None:

@@ -10,6 +10,7 @@ from console.hosts.host import HostState
 
 if TYPE_CHECKING:
     from console.demo.build import DemoStatus
+    from console.runs.pipeline import PipelineFeeds
     from console.runs.watch import RunFeed
 
 
@@ -33,9 +34,10 @@ class OpenRun(Message):
     """Show a run's detail screen (the runs pane asks; the main screen pushes the screen, so
     the pane need not import the screen)."""
 
-    def __init__(self, feed: RunFeed) -> None:
+    def __init__(self, feed: RunFeed, pipeline: PipelineFeeds | None = None) -> None:
         super().__init__()
         self.feed = feed
+        self.pipeline = pipeline   # a pipeline's parts, when its row was opened
 
 
 class DemoChanged(Message):

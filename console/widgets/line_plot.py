@@ -1,9 +1,11 @@
-"""A line plot drawn with braille dots (2 x 4 per cell): training curves in the run detail.
+"""A line plot drawn with braille dots (2 x 4 per cell): training curves in the run detail,
+and `StreamCharts`, a pipeline's row of them (see its comment).
 
 `LinePlot.show(series, ...)` takes (name, points) pairs; the first row is the title with each
 series' latest value in its colour, then the plot with its y range on the left and the step
-range under it. Colours come from the `plot--s0` ... `plot--s7` component classes (set in
-themes/runs.tcss from theme variables); a cell shared by two series takes the later one's.
+(or seconds) range under it. Colours come from the `plot--s0` ... `plot--s7` component classes
+(set in themes/runs.tcss from theme variables); a cell shared by two series takes the later
+one's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from typing import ClassVar
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
 from textual.widget import Widget
+
+from console.runs.stream_figures import StreamFigures
 
 # braille dot bits by (x, y) inside a cell: x 0-1, y 0-3 (top first)
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
@@ -96,9 +102,10 @@ class LinePlot(Widget):
         *(f"plot--s{i}" for i in range(N_COLOURS)), "plot--axis", "plot--title", "plot--empty"}
     DEFAULT_CSS = "LinePlot { height: 8; }"
 
-    def __init__(self, title: str, **kw: object) -> None:
+    def __init__(self, title: str, x_label: str = "step", **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.title = title
+        self.x_label = x_label      # what the x axis counts: steps, or seconds ("s")
         self.series: list[tuple[str, list[tuple[float, float]]]] = []
         self.x_range: tuple[float, float] | None = None
         self.y_fixed: tuple[float | None, float | None] = (None, None)
@@ -176,6 +183,44 @@ class LinePlot(Widget):
                     out.append(" ")
                 else:
                     out.append(chr(0x2800 + bits), self._style(f"plot--s{k % N_COLOURS}"))
-        left, right = f"step {x0:.0f}", f"{x1:.0f}"
+        left, right = f"{self.x_label} {x0:.0f}", f"{x1:.0f}"
         out.append("\n" + " " * Y_LABEL + left + right.rjust(max(1, cols - len(left))), axis)
         return out
+
+
+# -- a pipeline's charts ------------------------------------------------------------------------
+# Over the seconds since the stream's first figure: the producer's samples per second, the
+# trainer's tokens per second, the pool's depth in samples and in MiB, and the share of the time
+# each side waited (the producer paused on a full pool, the trainer waiting for a sample): the
+# side that waits is the one to give less, the other the one to give more GPUs. The figures
+# come parsed (console/runs/stream_figures.py).
+
+#: the charts: (id, title)
+CHARTS = (("stream-produced", "producer samples/s"), ("stream-tokens", "trainer tokens/s"),
+          ("stream-pool", "pool samples"), ("stream-bytes", "pool MiB"),
+          ("stream-wait", "waiting"))
+PAUSED = "producer paused"
+WAITED = "trainer waited"
+
+
+class StreamCharts(Horizontal):
+    """Five small plots side by side (the comment above)."""
+
+    def compose(self) -> ComposeResult:
+        for wid, title in CHARTS:
+            yield LinePlot(title, x_label="s", id=wid)
+
+    def show(self, producer: StreamFigures, trainer: StreamFigures) -> None:
+        """Draw what the producer's and the trainer's events said (either may be empty)."""
+        starts = [t for t in (producer.first_t(), trainer.first_t()) if t is not None]
+        t0 = min(starts) if starts else 0.0
+
+        def plot(wid: str) -> LinePlot:
+            return self.query_one(f"#{wid}", LinePlot)
+
+        plot("stream-produced").show([("samples/s", producer.produced_rate(t0))], y_min=0.0)
+        plot("stream-tokens").show([("tokens/s", trainer.tokens_rate(t0))], y_min=0.0)
+        plot("stream-pool").show([("samples", producer.pool_samples(t0))], y_min=0.0)
+        plot("stream-bytes").show([("MiB", producer.pool_mib(t0))], y_min=0.0)
+        plot("stream-wait").show([(PAUSED, producer.paused_share(t0)),
+                                  (WAITED, trainer.wait_share(t0))], y_min=0.0, y_max=1.0)

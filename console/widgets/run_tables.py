@@ -13,8 +13,10 @@ from rich.text import Text
 from textual.binding import BindingType
 from textual.widgets import DataTable
 
+from console.runs.pipeline import parts_text
 from console.runs.progress import RunProgress
 from console.scheduler.launch import fit_id
+from console.scheduler.pipeline import PipelineRun
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Profile
@@ -70,6 +72,13 @@ def short_command(run: str, width: int = COMMAND_WIDTH) -> str:
 
 
 def profile_row(p: Profile) -> tuple[str, str, str]:
+    if p.pipeline is not None:   # its parts: where each runs, and the trainer's command
+        pl = p.pipeline
+        trainer = pl.trainer
+        return (p.name, f"store {pl.store_host} · producer {','.join(pl.producer.hosts)} · "
+                        f"trainer {','.join(trainer.hosts)}"
+                        + (f" ×{trainer.nproc_per_node}" if trainer.nproc_per_node > 1 else ""),
+                "pipeline: " + short_command(trainer.run, COMMAND_WIDTH - 10))
     nodes = ",".join(p.hosts) + (f" ×{p.nproc_per_node}" if p.nproc_per_node > 1 else "")
     return p.name, nodes, short_command(p.run)
 
@@ -131,6 +140,19 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
     return (fit_id(rec.id, RUN_WIDTH - len(node)) + node,
             f"{STATUS_MARK.get(rec.status, ' ')} {status}",
             progress_of(rec, prog), rec.best_cell(), dur, code_of(rec))
+
+
+def pipeline_row(pipe: PipelineRun, prog: RunProgress | None, now: float) -> tuple[str, ...]:
+    """One row for a pipeline: its id, its status with each part's (`▶ running (store▶
+    producer▶ trainer▶)`), and its trainer's progress and held-out figure."""
+    trainer = pipe.part("trainer")
+    lead = trainer[0] if trainer else pipe.records[0]
+    start, end = pipe.start, pipe.end or (now if pipe.status.active else None)
+    dur = fmt_duration(end - start) if start and end else "-"
+    status = f"{STATUS_MARK.get(pipe.status, ' ')} {pipe.status.value} " \
+             f"({parts_text(pipe, STATUS_MARK)})"
+    return (fit_id(pipe.id, RUN_WIDTH), status, progress_of(lead, prog), lead.best_cell(), dur,
+            code_of(lead))
 
 
 class ProfileTable(TextTable):

@@ -113,3 +113,16 @@ def test_follow_shows_served_positions_in_order_and_skips_other_keys(tmp_path: P
     got = [ln for ln in r.stdout.splitlines() if ln.startswith("served acceptance at step ")]
     assert len(got) == 3
     assert f"{ev['values']['acceptance_length']:.3f}  pos 0.500 0.250 0.125  (" in got[0], got[0]
+
+
+def test_figures_of_no_step_are_said_without_one() -> None:
+    """A stream producer's pool figures belong to no step: `stream producer: pool_samples 3
+    ...`, never `at step None`; a named metric of a step keeps it."""
+    from console.commands.follow import named_metric
+    from engine import events
+    pool = events.Metric(t=1.0, cmd="stream-put", step=None, name="stream producer",
+                         values={"pool_samples": 3, "pool_bytes": 1024, "paused_s": 0.5})
+    assert named_metric(pool) == "stream producer: pool_samples 3  pool_bytes 1024  paused_s 0.500"
+    waits = events.Metric(t=1.0, cmd="train", step=7, name="stream trainer",
+                          values={"wait_s": 1.25})
+    assert named_metric(waits) == "stream trainer at step 7: wait_s 1.250"

@@ -122,3 +122,72 @@ def test_eval_server_only_for_a_train_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"\[profiles.p.eval_server\] expected a profile whose "
                                           r"run is `engine train"):
         load_config(write(tmp_path, text))
+
+
+PIPELINE = """
+[hosts.gpu1]
+ssh = "gpu1"
+[hosts.gpu2]
+ssh = "root@gpu2.example"
+[sync.s]
+host = "gpu2"
+local = "a"
+remote = "/srv/a"
+[profiles.stream]
+kind = "pipeline"
+env = { OMP_NUM_THREADS = "4" }
+[profiles.stream.store]
+host = "gpu1"
+address = "10.0.0.1"
+[profiles.stream.producer]
+host = "gpu1"
+run = "engine stream-put --data /d --to {stream} --run {stream_run}"
+[profiles.stream.trainer]
+hosts = ["gpu2"]
+run = "engine train --from-stream {stream} --data {stream_run} --out {run_dir}/out"
+nproc_per_node = 2
+env = { NCCL_DEBUG = "WARN" }
+sync = ["s"]
+"""
+
+
+def test_a_pipeline_profile_has_its_parts(tmp_path: Path) -> None:
+    p = load_config(write(tmp_path, PIPELINE)).profile("stream")
+    pl = p.pipeline
+    assert pl is not None and p.hosts == ["gpu1", "gpu2"] and p.run == ""
+    assert (pl.store_host, pl.store_address) == ("gpu1", "10.0.0.1")
+    assert pl.producer.hosts == ["gpu1"] and pl.producer.env == {"OMP_NUM_THREADS": "4"}
+    assert pl.trainer.hosts == ["gpu2"] and pl.trainer.nproc_per_node == 2
+    assert pl.trainer.env == {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "WARN"}
+    assert pl.trainer.sync == ["s"]
+
+
+@pytest.mark.parametrize("change, needle", [
+    (('kind = "pipeline"', 'kind = "pipe"'), '[profiles.stream.kind] expected "run"'),
+    (('[profiles.stream.store]\nhost = "gpu1"', '[profiles.stream.store]\nhost = "gpu9"'),
+     "[profiles.stream.store.host] expected a configured host"),
+    (("--to {stream}", "--to HOST"), "[profiles.stream.producer.run] expected a run string "
+                                     "with {stream}"),
+    (('nproc_per_node = 2', 'nproc_per_node = 0'), "[profiles.stream.trainer.nproc_per_node]"),
+    (('[profiles.stream.producer]\n', '[profiles.stream.producer]\nnproc_per_node = 2\n'),
+     "[profiles.stream.producer.nproc_per_node] expected one of the keys"),
+    (('address = "10.0.0.1"', 'address = 7'), "[profiles.stream.store.address] expected a "
+                                             "non-empty string"),
+    (('address = "10.0.0.1"', 'address = "10.0.0.1 --x"'),
+     "[profiles.stream.store.address] expected a host name or an IPv4 address"),
+    (('[profiles.stream.trainer]\nhosts = ["gpu2"]\nrun = "engine train --from-stream {stream} '
+      '--data {stream_run} --out {run_dir}/out"\n', ''),
+     "[profiles.stream.trainer] expected a [profiles.stream.trainer] table"),
+    (('[hosts.gpu2]\nssh = "root@gpu2.example"',
+      '[hosts.gpu2]\nssh = "root@gpu2.example"\nscheduler = "slurm"\n[hosts.gpu2.slurm]\n'
+      'partition = "p"\naccount = "a"'),
+     "[profiles.stream.trainer.host] expected a plain SSH host or this machine"),
+])
+def test_a_bad_pipeline_is_one_line_naming_its_key(tmp_path: Path, change: tuple[str, str],
+                                                   needle: str) -> None:
+    assert change[0] in PIPELINE
+    p = write(tmp_path, PIPELINE.replace(*change))
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    msg = str(ei.value)
+    assert str(p) in msg and needle in msg and "\n" not in msg, msg
