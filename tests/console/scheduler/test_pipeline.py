@@ -51,6 +51,12 @@ def pipeline_config(tmp_path: Path, a: SSHD, b: SSHD, demo: Path) -> Path:
             + f'run = "engine stream-put --data {demo / "data"} --to {{stream}} '
               '--run {stream_run}"\n'
             + f'[profiles.pipe.trainer]\nhost = "gpu2"\nrun = "{train}"\n')
+    # the same trainer behind a producer that never puts anything: it waits until stopped
+    idle = tmp_path / "idle_producer.py"
+    idle.write_text("import time\ntime.sleep(600)\n")
+    text += ('[profiles.idle]\nkind = "pipeline"\n[profiles.idle.store]\nhost = "gpu1"\n'
+             f'[profiles.idle.producer]\nhost = "gpu1"\nrun = "python3 {idle} {{stream}}"\n'
+             f'[profiles.idle.trainer]\nhost = "gpu2"\nrun = "{train}"\n')
     path = tmp_path / "config.toml"
     path.write_text(text)
     return path
@@ -103,7 +109,7 @@ def test_a_pipeline_across_two_hosts_is_launched_followed_and_stopped(
     assert (tmp_path / "root2" / "runs" / f"{pid}.trainer" / "out").is_dir()
 
     # a second one, stopped while its trainer waits for samples: every part goes
-    r = cli(config, "launch", "pipe")
+    r = cli(config, "launch", "idle")
     assert r.returncode == 0, r.stderr
     second = r.stdout.split()[0]
     stop = cli(config, "stop", second, "--grace", "5")
