@@ -210,7 +210,9 @@ def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[s
         m.stop()
     best = min(runs, key=lambda x: float(x["seconds"]))
     return {**figures(runs), "engine_start_s": best["engine_start_s"],
-            "engine_calls": best["engine_calls"], "put_s": round(best["put_s"], 3)}
+            "engine_calls": best["engine_calls"], "put_s": round(best["put_s"], 3),
+            "paused_s": round(best["paused_s"], 3), "prefill_wait_s": best["prefill_wait_s"],
+            "features_s": best["features_s"]}
 
 
 def measure_producer(args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -276,7 +276,9 @@ class Features:
         if tuple(cap.states.shape) != want:
             raise EngineError(f"sample {sid!r}: vLLM's states are {list(cap.states.shape)}, "
                               f"expected {list(want)} (layer ids {self.spec.layer_ids})")
-        if not bool(torch.isfinite(cap.states).all()):
+        # the sum is non-finite when a value is (or it overflows: then the values are looked at)
+        if not bool(torch.isfinite(cap.states.sum())) and \
+                not bool(torch.isfinite(cap.states).all()):
             raise EngineError(f"sample {sid!r}: non-finite values in vLLM's hidden states")
         if check:
             self.reference(sid, ids, cap.states)
@@ -306,7 +308,13 @@ def start_engine(cp: CapturePlan, tp: int, gpu_memory_utilization: float, max_le
         ev.log(f"the reference check runs the target one decoder layer at a time ({ref.why})")
     feats = Features(cp.spec, TargetHead(cp.target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
                      ref)
-    return EngineCapture(kwargs, cp.spec.layer_ids, ev), feats
+    engine = EngineCapture(kwargs, cp.spec.layer_ids, ev)
+    try:
+        ref.load()  # after vLLM's start: its memory is settled before the reference's comes
+    except BaseException:
+        engine.close()
+        raise
+    return engine, feats
 
 
 def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: int = 1,

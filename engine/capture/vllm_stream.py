@@ -116,6 +116,8 @@ class PlanFeed:
         self.tokens = 0
         self.first: float | None = None
         self.last = 0.0
+        self.wait_s = 0.0  # waiting for vLLM's prefill (the rest: checks, norm, encode, put)
+        self.features_s = 0.0
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture-prefill")
 
     def __call__(self, i: int) -> Sample:
@@ -175,12 +177,16 @@ class PlanFeed:
             self._submit()
         batch, checked, fut = self.pending.popleft()
         self._submit()
+        t0 = time.monotonic()
         got = fut.result()
+        t1 = time.monotonic()
+        self.wait_s += t1 - t0
         for k, (j, cap) in enumerate(zip(batch, got, strict=True)):
             sid, t = self.cp.samples[self.cp.order[j]]
             aux, final = self.feats(sid, t.input_ids, cap, k in checked)
             self.ready.append((j, Sample(torch.tensor(t.input_ids), torch.tensor(t.loss_mask),
                                          aux, final)))
+        self.features_s += time.monotonic() - t1
 
     def close(self) -> None:
         for _, _, fut in self.pending:
@@ -230,6 +236,7 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
             "tokens": feed.tokens, "capture_s": round(busy, 3),
             "tokens_per_s": round(feed.tokens / busy, 1) if busy > 0 else None,
             "seconds": round(seconds, 3), "engine_calls": feed.calls,
+            "prefill_wait_s": round(feed.wait_s, 3), "features_s": round(feed.features_s, 3),
             "engine_start_s": round(engine.start_seconds, 1), "model": engine.info["model"],
             "how": engine.info["how"], "digest": manifest.digest,
             "self_check": feats.checks, "reference_check": feats.reference.summary()}
