@@ -12,7 +12,8 @@ hidden width, aux layer ids, dtype, the target's config hash) is complete before
 is published first, so the trainer computes its vocab and batch plan while vLLM loads. Then the
 trainer's plan is awaited and its samples are prefilled in the plan's order, in engine calls of
 up to --batch-tokens tokens, and put through engine/stream/producer.py's pool: one thread
-prefills the next call while this one checks, norms, encodes and puts the samples of the last.
+prefills the next call and checks and norms its samples while this one encodes and puts the
+samples of the last (the puts, over the store's transport, are the longest part on a CPU).
 
 Each sample travels as the data directory stores it: the aux states, and the final state
 through the target's final norm (applied here, engine/ckpt/final_norm.py). The checks of the
@@ -40,7 +41,7 @@ import torch
 from torch import Tensor
 
 from engine.capture.vllm_capture import CapturePlan, plan_capture
-from engine.capture.vllm_engine import Captured, EngineCapture, Features, batches, start_engine
+from engine.capture.vllm_engine import EngineCapture, Features, batches, start_engine
 from engine.data.features import FeatureData, Sample
 from engine.errors import EngineError
 from engine.events import Emitter
@@ -99,7 +100,8 @@ def stream_manifest(cp: CapturePlan, marks: Watermarks, tp: int) -> mf.StreamMan
 class PlanFeed:
     """`sample_of` for Producer.produce: the samples in the order the producer asks for them
     (the plan's: held-out, then each step's), prefilled ahead in engine calls of up to
-    `batch_tokens` tokens on one thread while the caller encodes and puts the last call's.
+    `batch_tokens` tokens, checked and normed on one thread while the caller encodes and puts
+    the last call's.
 
     What comes next is read off the producer's plan and pool (the samples it will skip are in
     the pool already); a request off that prediction (a restarted trainer's new plan) drops
@@ -110,14 +112,14 @@ class PlanFeed:
         self.engine, self.feats, self.cp, self.producer = engine, feats, cp, producer
         self.batch_tokens, self.check_every = batch_tokens, check_every
         self.ahead: deque[int] = deque()  # predicted, not yet asked of vLLM
-        self.pending: deque[tuple[list[int], set[int], Future[list[Captured]]]] = deque()
+        self.pending: deque[tuple[list[int], Future[list[tuple[int, Sample]]]]] = deque()
         self.ready: deque[tuple[int, Sample]] = deque()
         self.calls = 0
         self.tokens = 0
         self.first: float | None = None
         self.last = 0.0
-        self.wait_s = 0.0  # waiting for vLLM's prefill (the rest: checks, norm, encode, put)
-        self.features_s = 0.0
+        self.wait_s = 0.0  # the producer waiting for samples (prefilled, checked, normed)
+        self.features_s = 0.0  # checks and norm (on the thread, beside the puts)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture-prefill")
 
     def __call__(self, i: int) -> Sample:
@@ -137,12 +139,12 @@ class PlanFeed:
                 self._predict(i)
 
     def _expects(self, i: int) -> bool:
-        return any(j == i for j, _ in self.ready) or any(i in b for b, _, _ in self.pending) \
+        return any(j == i for j, _ in self.ready) or any(i in b for b, _ in self.pending) \
             or i in self.ahead
 
     def _predict(self, i: int) -> None:
         """Drop what was prefilled ahead; what the producer will ask for from `i` on."""
-        for _, _, fut in self.pending:
+        for _, fut in self.pending:
             fut.cancel()
             if not fut.cancelled():
                 fut.exception()  # let it end; its result is not wanted
@@ -158,7 +160,7 @@ class PlanFeed:
         self.ahead = deque([i] if at is None else [j for _, j in todo[at:]])
 
     def _submit(self) -> None:
-        """The next engine call's samples off `ahead`, prefilled on the thread."""
+        """The next engine call's samples off `ahead`, made on the thread."""
         if not self.ahead:
             return
         lens = [len(self.cp.samples[self.cp.order[j]][1].input_ids) for j in self.ahead]
@@ -166,30 +168,34 @@ class PlanFeed:
         batch = [self.ahead.popleft() for _ in range(take)]
         checked = {0} if self.check_every and self.calls % self.check_every == 0 else set()
         self.calls += 1
-        prompts = [self.cp.samples[self.cp.order[j]][1].input_ids for j in batch]
-        self.pending.append((batch, checked,
-                             self.pool.submit(self.engine.prefill, prompts, checked)))
+        self.pending.append((batch, self.pool.submit(self._make, batch, checked)))
 
-    def _next_call(self) -> None:
-        """The oldest call's samples made ready (checked and normed), the next one prefilling
-        meanwhile."""
-        if not self.pending:
-            self._submit()
-        batch, checked, fut = self.pending.popleft()
-        self._submit()
+    def _make(self, batch: list[int], checked: set[int]) -> list[tuple[int, Sample]]:
+        """(On the thread.) One engine call over `batch`, its samples checked and normed."""
+        got = self.engine.prefill([self.cp.samples[self.cp.order[j]][1].input_ids
+                                   for j in batch], checked)
         t0 = time.monotonic()
-        got = fut.result()
-        t1 = time.monotonic()
-        self.wait_s += t1 - t0
+        out = []
         for k, (j, cap) in enumerate(zip(batch, got, strict=True)):
             sid, t = self.cp.samples[self.cp.order[j]]
             aux, final = self.feats(sid, t.input_ids, cap, k in checked)
-            self.ready.append((j, Sample(torch.tensor(t.input_ids), torch.tensor(t.loss_mask),
-                                         aux, final)))
-        self.features_s += time.monotonic() - t1
+            out.append((j, Sample(torch.tensor(t.input_ids), torch.tensor(t.loss_mask),
+                                  aux, final)))
+        self.features_s += time.monotonic() - t0
+        return out
+
+    def _next_call(self) -> None:
+        """The oldest call's samples made ready, the next one in the making meanwhile."""
+        if not self.pending:
+            self._submit()
+        _, fut = self.pending.popleft()
+        self._submit()
+        t0 = time.monotonic()
+        self.ready.extend(fut.result())
+        self.wait_s += time.monotonic() - t0
 
     def close(self) -> None:
-        for _, _, fut in self.pending:
+        for _, fut in self.pending:
             fut.cancel()
         self.pool.shutdown(wait=True)
 
@@ -204,7 +210,7 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
     if tp < 1 or check_every < 0 or max_len < 4 or batch_tokens < 1:
         raise EngineError(f"--tp {tp} / --check-every {check_every} / --max-len {max_len} / "
                           f"--batch-tokens {batch_tokens}: must be >= 1 / >= 0 / >= 4 / >= 1")
-    keys.check_run(run)
+    keys.check_run(run, "--run")
     cp = plan_capture(target_dir, data_path, None, max_len, dtype, 1024, batch_tokens, 0.0, ev)
     manifest = stream_manifest(cp, marks, tp)
     # the client holds the objects it puts: room for the pool, the manifest and the plan

@@ -7,6 +7,7 @@ within --batch-tokens, and what was prefilled for the old plan is not handed out
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,7 @@ from engine.capture.vllm_stream import PlanFeed
 from engine.data.chat import Tokenized
 from engine.stream import keys
 from engine.stream.plan_order import PlanOrder
+from tests.engine_helpers import run_engine
 
 LENGTHS = [5, 7, 3, 8, 4, 6, 9, 2]
 
@@ -78,3 +80,15 @@ def test_samples_come_in_the_plans_order_batched_and_after_a_new_plan() -> None:
         assert f.tokens == sum(LENGTHS[j] for j in [*asked, *rest, 1, 3])
     finally:
         f.close()
+
+
+def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("")
+    base = ["stream-capture", "--data", str(conv), "--to", "127.0.0.1:1/2"]
+    for extra, says in ((["--target", str(tmp_path), "--run", "a/../b"], "--run 'a/../b'"),
+                        (["--target", str(tmp_path), "--run", "r"], "config.json: no such file"),
+                        (["--target", str(tmp_path), "--run", "r", "--to", "x"], "--to 'x'")):
+        p = run_engine(*base, *extra, check=False)
+        assert p.returncode != 0 and "Traceback" not in p.stderr
+        assert says in p.stderr.strip().splitlines()[-1], p.stderr
