@@ -11,9 +11,9 @@ data directory that command would write. So the manifest (lengths, loss counts, 
 hidden width, aux layer ids, dtype, the target's config hash) is complete before vLLM starts; it
 is published first, so the trainer computes its vocab and batch plan while vLLM loads. Then the
 trainer's plan is awaited and its samples are prefilled in the plan's order, in engine calls of
-up to --batch-tokens tokens, and put through engine/stream/producer.py's pool: one thread
-prefills the next call and checks and norms its samples while this one encodes and puts the
-samples of the last (the puts, over the store's transport, are the longest part on a CPU).
+up to --batch-tokens tokens, and put through engine/stream/producer.py's pool: a pipeline of
+three, one thread asking vLLM for the next call, one checking and norming the samples of the
+one before, while this one encodes and puts the samples of the one before that.
 
 Each sample travels as the data directory stores it: the aux states, and the final state
 through the target's final norm (applied here, engine/ckpt/final_norm.py). The checks of the
@@ -41,7 +41,13 @@ import torch
 from torch import Tensor
 
 from engine.capture.vllm_capture import CapturePlan, plan_capture
-from engine.capture.vllm_engine import EngineCapture, Features, batches, start_engine
+from engine.capture.vllm_engine import (
+    Captured,
+    EngineCapture,
+    Features,
+    batches,
+    start_engine,
+)
 from engine.data.features import FeatureData, Sample
 from engine.errors import EngineError
 from engine.events import Emitter
@@ -100,8 +106,8 @@ def stream_manifest(cp: CapturePlan, marks: Watermarks, tp: int) -> mf.StreamMan
 class PlanFeed:
     """`sample_of` for Producer.produce: the samples in the order the producer asks for them
     (the plan's: held-out, then each step's), prefilled ahead in engine calls of up to
-    `batch_tokens` tokens, checked and normed on one thread while the caller encodes and puts
-    the last call's.
+    `batch_tokens` tokens and checked and normed on two threads while the caller encodes and
+    puts the last call's.
 
     What comes next is read off the producer's plan and pool (the samples it will skip are in
     the pool already); a request off that prediction (a restarted trainer's new plan) drops
@@ -112,15 +118,18 @@ class PlanFeed:
         self.engine, self.feats, self.cp, self.producer = engine, feats, cp, producer
         self.batch_tokens, self.check_every = batch_tokens, check_every
         self.ahead: deque[int] = deque()  # predicted, not yet asked of vLLM
-        self.pending: deque[tuple[list[int], Future[list[tuple[int, Sample]]]]] = deque()
+        # calls in the making: (samples, their features' future, vLLM's prefill's future)
+        self.pending: deque[tuple[list[int], Future[list[tuple[int, Sample]]],
+                                  Future[list[Captured]]]] = deque()
         self.ready: deque[tuple[int, Sample]] = deque()
         self.calls = 0
         self.tokens = 0
         self.first: float | None = None
         self.last = 0.0
         self.wait_s = 0.0  # the producer waiting for samples (prefilled, checked, normed)
-        self.features_s = 0.0  # checks and norm (on the thread, beside the puts)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture-prefill")
+        self.features_s = 0.0  # checks and norm (on their thread, beside prefills and puts)
+        self.prefiller = ThreadPoolExecutor(1, thread_name_prefix="capture-prefill")
+        self.featurer = ThreadPoolExecutor(1, thread_name_prefix="capture-features")
 
     def __call__(self, i: int) -> Sample:
         if self.first is None:
@@ -139,16 +148,12 @@ class PlanFeed:
                 self._predict(i)
 
     def _expects(self, i: int) -> bool:
-        return any(j == i for j, _ in self.ready) or any(i in b for b, _ in self.pending) \
+        return any(j == i for j, _ in self.ready) or any(i in b for b, _, _ in self.pending) \
             or i in self.ahead
 
     def _predict(self, i: int) -> None:
         """Drop what was prefilled ahead; what the producer will ask for from `i` on."""
-        for _, fut in self.pending:
-            fut.cancel()
-            if not fut.cancelled():
-                fut.exception()  # let it end; its result is not wanted
-        self.pending.clear()
+        self._drop()
         self.ready.clear()
         plan, held = self.producer.plan, self.producer.pool.keys
         assert plan is not None
@@ -168,12 +173,15 @@ class PlanFeed:
         batch = [self.ahead.popleft() for _ in range(take)]
         checked = {0} if self.check_every and self.calls % self.check_every == 0 else set()
         self.calls += 1
-        self.pending.append((batch, self.pool.submit(self._make, batch, checked)))
+        prefill = self.prefiller.submit(self.engine.prefill, [
+            self.cp.samples[self.cp.order[j]][1].input_ids for j in batch], checked)
+        self.pending.append((batch, self.featurer.submit(self._make, batch, checked, prefill),
+                             prefill))
 
-    def _make(self, batch: list[int], checked: set[int]) -> list[tuple[int, Sample]]:
-        """(On the thread.) One engine call over `batch`, its samples checked and normed."""
-        got = self.engine.prefill([self.cp.samples[self.cp.order[j]][1].input_ids
-                                   for j in batch], checked)
+    def _make(self, batch: list[int], checked: set[int], prefill: Future[list[Captured]]
+              ) -> list[tuple[int, Sample]]:
+        """(On the features thread.) The samples of one engine call, checked and normed."""
+        got = prefill.result()
         t0 = time.monotonic()
         out = []
         for k, (j, cap) in enumerate(zip(batch, got, strict=True)):
@@ -185,19 +193,32 @@ class PlanFeed:
         return out
 
     def _next_call(self) -> None:
-        """The oldest call's samples made ready, the next one in the making meanwhile."""
+        """The oldest call's samples made ready; two more in the making meanwhile (one being
+        prefilled by vLLM, one being checked and normed), so neither vLLM nor the puts wait."""
         if not self.pending:
             self._submit()
-        _, fut = self.pending.popleft()
-        self._submit()
+        _, fut, _ = self.pending.popleft()
+        while len(self.pending) < 2 and self.ahead:
+            self._submit()
         t0 = time.monotonic()
         self.ready.extend(fut.result())
         self.wait_s += time.monotonic() - t0
 
+    def _drop(self) -> None:
+        """Calls in the making dropped: cancelled, or let end with their result unwanted."""
+        for _, made, prefill in self.pending:
+            for f in (made, prefill):
+                f.cancel()
+        for _, made, prefill in self.pending:
+            for f in (made, prefill):
+                if not f.cancelled():
+                    f.exception()
+        self.pending.clear()
+
     def close(self) -> None:
-        for _, fut in self.pending:
-            fut.cancel()
-        self.pool.shutdown(wait=True)
+        self._drop()
+        self.featurer.shutdown(wait=True)
+        self.prefiller.shutdown(wait=True)
 
 
 def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run: str,
