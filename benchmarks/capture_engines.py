@@ -22,7 +22,8 @@ Each figure is capture tokens per second from the manifest (`seconds`: model loa
 start and tokenisation excluded), the bare prefill timed over the same span; the fastest of
 `--rounds` captures per path (the least disturbed on a shared machine; every round is printed).
 Ratios: each path to the bare prefill, and executor to connector. Targets: executor >=
-connector; executor >= 0.8x bare prefill. The paths run one at a time, never two at once.
+connector; executor >= 0.8x bare prefill; producer >= 0.9x bare prefill. The paths run one at
+a time, never two at once.
 """
 
 from __future__ import annotations
