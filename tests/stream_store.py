@@ -1,5 +1,5 @@
-"""A real Mooncake master on 127.0.0.1 for the stream tests, one per test module, and a reader
-of its object count.
+"""A real Mooncake master on 127.0.0.1 for the stream tests, one per test module, a reader of
+its object count, and the 2-process torchrun trainer they compare by its numbers.
 
 Use with `pytest_plugins = ("tests.stream_store",)`, and `pytestmark =
 pytest.mark.usefixtures("mooncake")` in a module whose tests all need Mooncake. Where its store
@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.stream.master import Master, start_master
+from tests.engine_helpers import REPO, engine_env, events
 
 #: the memory the test store's holder lends (reserved, used as objects arrive)
 SEGMENT_BYTES = 512 << 20
@@ -83,3 +87,18 @@ class CountWatch:
 
 def log_tail(path: Path) -> str:
     return path.read_text(errors="replace")[-2000:] if path.is_file() else ""
+
+
+def torchrun(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", "-m", "engine", *args],
+                       cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=600)
+    assert not check or p.returncode == 0, p.stderr[-4000:]
+    return p
+
+
+def numbers(run: Path) -> dict[int, dict[str, Any]]:
+    """step -> the training step's numbers, timings left out."""
+    timing = ("t_", "tokens_per_s", "step_time_s")
+    return {e["step"]: {k: v for k, v in e["values"].items() if not k.startswith(timing)}
+            for e in events(run / "events.jsonl") if e["kind"] == "metric" and "name" not in e}

@@ -173,12 +173,18 @@ class ReferenceCheck:
         self._target = target_dir
         self.results: list[dict[str, Any]] = []
 
+    def load(self) -> None:
+        """Build the reference forward now (at the engine's start, not in the first checked
+        batch's time)."""
+        if self.mode != "off" and self._ref is None:
+            self._ref = (LayerwiseReference if self.mode == "layers" else Reference)(
+                self._target, self.layer_ids)
+
     def __call__(self, sid: str, ids: list[int], states: Tensor) -> None:
         if self.mode == "off":
             return
-        if self._ref is None:
-            self._ref = (LayerwiseReference if self.mode == "layers" else Reference)(
-                self._target, self.layer_ids)
+        self.load()
+        assert self._ref is not None
         m = min(len(ids), REFERENCE_POSITIONS)
         ref = self._ref.states(ids[:m])
         self.results.append(compare(sid, states[:m], ref, self.layer_ids, self.tol))

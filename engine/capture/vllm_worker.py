@@ -2,7 +2,7 @@
 every worker (`ParallelConfig.worker_extension_cls`), and the driver (engine/capture/vllm_engine.py)
 calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patched.
 
-- `eagle3_capture_start(layer_ids, out_dir)`: a model that implements vLLM's `SupportsEagle3`
+- `eagle3_capture_start(layer_ids)`: a model that implements vLLM's `SupportsEagle3`
   (Llama, Qwen, DeepSeek-V2/V3, Kimi-K2.5's multimodal wrapper, ...) is asked for the aux states
   with its own `set_aux_hidden_state_layers`; its forward then returns (hidden, [aux ...]), each
   aux `hidden_states + residual` at the INPUT of that layer id (id N: the last layer's output
@@ -10,8 +10,13 @@ calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patch
   keeps the rest. Any other model gets hooks on its decoder layers that take the same sums.
 - Each forward is one engine step: its tokens, their positions and the states [T, L, H] are kept
   (on CPU) by TP rank 0 only; the other ranks hold identical copies and keep nothing.
-- `eagle3_capture_take()`: rank 0 writes what it kept as one safetensors file per step in
-  out_dir (the data plane: collective_rpc carries only the file names) and returns their names.
+- `eagle3_capture_take()`: rank 0 returns what it kept, each step's tensors as raw bytes with
+  their dtype and shape (`Packed`; the states are stacked straight into the bytearray that
+  crosses, and the driver's `unpack_step` views the bytes it receives). No file:
+  collective_rpc carries them. Bytes, not tensors: vLLM's engine-core socket encodes a tensor
+  in a result as a reference to a side buffer its decoder drops unless
+  VLLM_ALLOW_INSECURE_SERIALIZATION (pickle) is on, while bytes travel as msgpack's own type,
+  and the TP workers' queue pickles a bytearray out of band as it does a tensor.
 - `eagle3_capture_stop()`: hooks removed, the model's aux layers reset.
 
 The vLLM runner's `input_ids` buffer gives the step's tokens when a multimodal model is fed
@@ -21,13 +26,45 @@ the engine's import checks, where vLLM is not installed.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch import Tensor
 
-STEP_FILE = "step_{:06d}.safetensors"
+#: a step as it crosses collective_rpc: name -> (dtype name, shape, the bytes)
+Packed = dict[str, tuple[str, list[int], bytes | bytearray]]
+
+
+def host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[bytearray, Tensor]:
+    """A CPU tensor over a bytearray: filled in place, the bytearray crosses collective_rpc as
+    is (msgpack's bin, pickle's bytearray), so the states are copied once, out of the forward."""
+    n = 1
+    for d in shape:
+        n *= d
+    buf = bytearray(n * dtype.itemsize)
+    flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+    return buf, flat.view(dtype).view(shape)
+
+
+def pack(t: Tensor, raw: bytes | bytearray | None = None) -> tuple[str, list[int],
+                                                                   bytes | bytearray]:
+    """One tensor for `Packed`: its bytes (`raw` where they are already a bytearray's)."""
+    if raw is None:
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+    return str(t.dtype).removeprefix("torch."), list(t.shape), raw
+
+
+def unpack_step(packed: Packed) -> dict[str, Tensor]:
+    """The tensors of a `Packed` step, viewing the received bytes (never written to)."""
+    import warnings
+    out = {}
+    for k, (dtype, shape, raw) in packed.items():
+        with warnings.catch_warnings():  # a bytes object is read-only; nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else \
+                torch.empty(0, dtype=torch.uint8)
+        out[k] = flat.view(getattr(torch, dtype)).reshape(shape)
+    return out
 
 
 class CaptureExtension:
@@ -36,7 +73,7 @@ class CaptureExtension:
 
     model_runner: Any  # the worker's, set by vLLM
 
-    def eagle3_capture_start(self, layer_ids: list[int], out_dir: str) -> dict[str, Any]:
+    def eagle3_capture_start(self, layer_ids: list[int]) -> dict[str, Any]:
         from vllm.distributed import get_pp_group, get_tp_group
         from vllm.model_executor.models.interfaces import supports_eagle3
 
@@ -44,10 +81,8 @@ class CaptureExtension:
             raise RuntimeError("pipeline parallelism is not supported for capture: use "
                                "--tp (tensor parallelism) only")
         self._e3_ids = sorted(set(int(i) for i in layer_ids))
-        self._e3_dir = out_dir
         self._e3_rank0 = get_tp_group().rank_in_group == 0
-        self._e3_steps: list[tuple[Tensor, Tensor, Tensor]] = []
-        self._e3_written = 0
+        self._e3_steps: list[Packed] = []
         self._e3_handles: list[Any] = []
         model = self.model_runner.get_model()
         if supports_eagle3(model):
@@ -58,8 +93,6 @@ class CaptureExtension:
         else:
             self._e3_hook_layers(model)
             how = "decoder-layer hooks"
-        if self._e3_rank0:
-            os.makedirs(out_dir, exist_ok=True)
         return {"model": type(model).__name__, "how": how, "rank0": self._e3_rank0}
 
     # -- collecting -------------------------------------------------------------------------------
@@ -79,12 +112,16 @@ class CaptureExtension:
             raise RuntimeError(f"capture: the model returned {len(states)} hidden states for "
                                f"layer ids {self._e3_ids}")
         n = positions.shape[0]
-        stacked = torch.stack([s[:n] for s in states], dim=1)  # [T, L, H]
+        buf, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype)
+        if states[0].is_cpu:
+            torch.stack([s[:n] for s in states], dim=1, out=host)  # [T, L, H]
+        else:
+            host.copy_(torch.stack([s[:n] for s in states], dim=1))
         # copies: on a CPU `.to` of an int64 CPU tensor is the runner's own buffer, rewritten
         # by the next step
-        self._e3_steps.append((ids[:n].to("cpu", torch.int64, copy=True),
-                               positions.to("cpu", torch.int64, copy=True),
-                               stacked.to("cpu", copy=True)))
+        self._e3_steps.append({"input_ids": pack(ids[:n].to("cpu", torch.int64, copy=True)),
+                               "positions": pack(positions.to("cpu", torch.int64, copy=True)),
+                               "hidden_states": pack(host, buf)})
 
     def _e3_on_model(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      out: Any) -> Any:
@@ -133,22 +170,12 @@ class CaptureExtension:
         self._e3_handles.append(layers[-1].register_forward_hook(after_last, with_kwargs=True))
 
     # -- handing over -----------------------------------------------------------------------------
-    def eagle3_capture_take(self) -> list[str] | None:
-        """Rank 0: the files of the steps since the last take (names in out_dir), else None."""
+    def eagle3_capture_take(self) -> list[Packed] | None:
+        """Rank 0: the steps since the last take (`Packed`), else None."""
         if not self._e3_rank0:
             return None
-        from safetensors.torch import save_file
-
-        names = []
-        for ids, positions, states in self._e3_steps:
-            name = STEP_FILE.format(self._e3_written)
-            tmp = os.path.join(self._e3_dir, f".{name}.tmp")
-            save_file({"input_ids": ids, "positions": positions, "hidden_states": states}, tmp)
-            os.replace(tmp, os.path.join(self._e3_dir, name))
-            names.append(name)
-            self._e3_written += 1
-        self._e3_steps = []
-        return names
+        steps, self._e3_steps = self._e3_steps, []
+        return steps
 
     def eagle3_capture_stop(self) -> None:
         for h in self._e3_handles:

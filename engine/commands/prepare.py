@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from engine.events import Emitter
 
@@ -54,6 +55,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                              "(engine/capture/vllm_engine.py; any model vLLM runs, MLA included)")
     e.add_argument("--vllm-engine", action="store_true",
                    help="start vLLM here with the target and capture through its workers")
+    add_engine_options(e)
+
+
+def add_engine_options(e: Any) -> None:
+    """The executor capture's vLLM flags (prepare --vllm-engine, stream-capture)."""
     e.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="the GPUs' share vLLM takes (default 0.9)")

@@ -23,6 +23,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", required=True, metavar="ADDR",
                    help="the store's master: HOST:RPC_PORT/METADATA_PORT")
     p.add_argument("--run", required=True, help="the stream run's name (train's --data)")
+    add_pool_options(p)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def add_pool_options(p: argparse.ArgumentParser) -> None:
+    """The pool's watermarks and the wait for a trainer: every producer's flags."""
     p.add_argument("--high-samples", type=int, metavar="N",
                    help="pause above this many samples in flight (default 256)")
     p.add_argument("--low-samples", type=int, metavar="N",
@@ -34,7 +40,6 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="resume at or below this many GiB (default 3/4 of --high-gb)")
     p.add_argument("--plan-timeout", type=float, metavar="S",
                    help="give up when no trainer asked for samples within S seconds")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
 def run(args: argparse.Namespace, ev: Emitter) -> int:

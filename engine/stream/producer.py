@@ -13,9 +13,11 @@ sample (`drain`), then removes the run's manifest, heartbeat and progress.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine.data.features import FeatureData, Sample
@@ -224,6 +226,26 @@ class Producer:
         if found or stale:
             self.ev.log(f"stream producer: {len(found)} samples of the plan already in the "
                         f"store (kept); {len(stale)} the trainer is done with removed")
+
+
+@contextlib.contextmanager
+def beating(p: Producer, every_s: float = 1.0) -> Iterator[None]:
+    """The heartbeat kept up from a thread while the caller does something long that does not
+    use the store client meanwhile (a capture starting vLLM: a minute or more), so a waiting
+    trainer does not take the producer for dead."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            p.beat()
+
+    t = threading.Thread(target=run, name="stream-beat", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def produce_data(data: FeatureData, client: StoreClient, run: str, marks: Watermarks,

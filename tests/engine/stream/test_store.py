@@ -1,0 +1,43 @@
+"""engine/stream/store.py against a real Mooncake master on 127.0.0.1: a small object removed
+by another client between its size and its read is absent, not an error (the trainer removes
+the run's plan when it is done while the producer still looks at it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.stream.master import Master
+from engine.stream.store import StoreClient
+
+pytest_plugins = ("tests.stream_store",)
+pytestmark = pytest.mark.usefixtures("mooncake")
+
+
+class RemovedAfterSize:
+    """Mooncake's store with the other client's remove landing right after `get_size`."""
+
+    def __init__(self, store: Any, other: StoreClient) -> None:
+        self.store, self.other = store, other
+
+    def get_size(self, key: str) -> int:
+        n = self.store.get_size(key)
+        self.other.remove([key])
+        return int(n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_an_object_removed_between_size_and_read_is_absent(stream_master: Master) -> None:
+    owner = StoreClient(stream_master.address, segment_bytes=16 << 20)
+    reader = StoreClient(stream_master.address, 0)
+    try:
+        owner.put_bytes("race/plan", b"x" * 1000)
+        assert reader.get_bytes("race/plan") == b"x" * 1000
+        reader.store = RemovedAfterSize(reader.store, owner)
+        assert reader.get_bytes("race/plan") is None
+    finally:
+        reader.close()
+        owner.close()
