@@ -14,9 +14,10 @@ and, streamed, its waits for the producer and its acks; the first steps are skip
 The sides alternate round by round and the fastest round of each counts (on a shared machine,
 the least disturbed one; every round is printed). Goal: stream >= 0.9x disk.
 
-`--capture` adds the other half, the executor capture as a producer against vLLM's bare
-prefill: benchmarks/capture_engines.py's `CAPTURE_MEASURE` function, run with this script's
-arguments, when that measurement exists there (it needs a real vLLM).
+`--capture` adds the other half, the executor capture as a producer (`engine stream-capture`,
+a consumer taking what it puts) against vLLM's bare prefill of the same chats, and the executor
+capture into a data directory: benchmarks/capture_engines.py's --producer measurement, with this
+script's --rounds (it needs a real vLLM: $VLLM_PYTHON or .venv-vllm).
 
 On a quiet machine: python benchmarks/stream.py --steps 200 --rounds 3
 """
@@ -37,7 +38,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 QUIET_COMMAND = "python benchmarks/stream.py --steps 200 --rounds 3"
-CAPTURE_MEASURE = "producer_vs_prefill"  # benchmarks/capture_engines.py's, when it exists
 WARMUP = 5
 
 
@@ -135,12 +135,11 @@ def measure(demo: Path, work: Path, steps: int, rounds: int) -> dict[str, Any]:
             "load": round(os.getloadavg()[0], 2)}
 
 
-def capture_half(args: argparse.Namespace, work: Path) -> dict[str, Any] | None:
-    """benchmarks/capture_engines.py's producer-vs-prefill measurement, None while it is not
-    there."""
-    import benchmarks.capture_engines as engines
-    fn = getattr(engines, CAPTURE_MEASURE, None)
-    return None if fn is None else dict(fn(args, work))
+def capture_half(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """benchmarks/capture_engines.py's --producer measurement: vLLM's bare prefill, the executor
+    capture into a data directory and `engine stream-capture`, on the same chats."""
+    from benchmarks.capture_engines import measure_producer
+    return measure_producer(args, work)
 
 
 def main() -> int:
@@ -184,8 +183,10 @@ def main() -> int:
           f"{s.get('wait_s', 0.0):.2f} s for the producer, read {s.get('read_s', 0.0):.2f} s, "
           f"acked {s.get('ack_s', 0.0):.2f} s over {s['steps']} steps")
     if args.capture:
-        print(f"producer vs bare prefill: {res['capture']}" if res["capture"] is not None else
-              f"--capture: benchmarks/capture_engines.py has no {CAPTURE_MEASURE} yet")
+        c = res["capture"]
+        print(f"producer vs vLLM's bare prefill: {c['producer']['vs_bare']:.2f}x (goal >= 0.9; "
+              f"{c['producer']['tok_s']:.0f} vs {c['bare_prefill']['tok_s']:.0f} tok/s); the "
+              f"executor capture into a data directory: {c['executor']['vs_bare']:.2f}x")
     print(f"quiet-machine figure: {QUIET_COMMAND}")
     return 0
 
