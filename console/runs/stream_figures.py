@@ -4,12 +4,12 @@ run detail draws (console/widgets/line_plot.py StreamCharts).
 
 The engine names the metric events (engine/stream/producer.py, engine/stream/stream_data.py):
 
-    stream producer   pool_samples, pool_bytes, produced, paused_s, put_s   (running totals)
+    stream producer   pool_samples, pool_bytes, produced, tokens, paused_s, put_s  (totals)
     stream trainer    wait_s, waits, read_s, ack_s                          (running totals)
 
 and a training step's own metric carries `tokens_per_s`. Totals become rates between two
-figures: samples put per second, and the share of the time the producer was paused or the
-trainer waited (0 to 1): the side that waits is the faster one.
+figures: tokens put per second (beside the trainer's tokens/s), and the share of the time the
+producer was paused or the trainer waited (0 to 1): the side that waits is the faster one.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class ProducerFigures:
     pool_samples: float | None
     pool_bytes: float | None
     produced: float | None
+    tokens: float | None
     paused_s: float | None
     put_s: float | None
 
@@ -49,7 +50,7 @@ class ProducerFigures:
     def of(cls, ev: events.Metric) -> ProducerFigures:
         v = ev.values
         return cls(ev.t, _num(v, "pool_samples"), _num(v, "pool_bytes"), _num(v, "produced"),
-                   _num(v, "paused_s"), _num(v, "put_s"))
+                   _num(v, "tokens"), _num(v, "paused_s"), _num(v, "put_s"))
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class StreamFigures:
 
     # -- series, x in seconds since t0 ----------------------------------------------------------
     def produced_rate(self, t0: float) -> Points:
-        return _rate([(f.t, f.produced) for f in self.producer], t0)
+        """The producer's tokens put per second."""
+        return _rate([(f.t, f.tokens) for f in self.producer], t0)
 
     def tokens_rate(self, t0: float) -> Points:
         return [(t - t0, v) for t, v in self.tokens if t >= t0]

@@ -6,7 +6,7 @@ no metrics (a plain script) gets no plots: its log has the room.
 
 A streamed run (a pipeline opened from its row, or a `stream-put` / `train --from-stream` run
 alone) has the stream's charts instead of acc_i (line_plot.py StreamCharts): producer
-samples/s, trainer tokens/s, the pool in samples and MiB, and each side's waiting; a
+tokens/s, trainer tokens/s, the pool in samples and MiB, and each side's waiting; a
 pipeline's title names each part's state, and `x` stops all of its parts.
 
 The screen renders a RunFeed (console/runs/watch.py) that the runs pane keeps following in the

@@ -196,7 +196,7 @@ class LinePlot(Widget):
 # come parsed (console/runs/stream_figures.py).
 
 #: the charts: (id, title)
-CHARTS = (("stream-produced", "producer samples/s"), ("stream-tokens", "trainer tokens/s"),
+CHARTS = (("stream-produced", "producer tokens/s"), ("stream-tokens", "trainer tokens/s"),
           ("stream-pool", "pool samples"), ("stream-bytes", "pool MiB"),
           ("stream-wait", "waiting"))
 PAUSED = "producer paused"
@@ -218,7 +218,7 @@ class StreamCharts(Horizontal):
         def plot(wid: str) -> LinePlot:
             return self.query_one(f"#{wid}", LinePlot)
 
-        plot("stream-produced").show([("samples/s", producer.produced_rate(t0))], y_min=0.0)
+        plot("stream-produced").show([("tokens/s", producer.produced_rate(t0))], y_min=0.0)
         plot("stream-tokens").show([("tokens/s", trainer.tokens_rate(t0))], y_min=0.0)
         plot("stream-pool").show([("samples", producer.pool_samples(t0))], y_min=0.0)
         plot("stream-bytes").show([("MiB", producer.pool_mib(t0))], y_min=0.0)

@@ -67,6 +67,7 @@ class Producer:
         self.beat_s, self._beat_at, self._beats = beat_s, 0.0, 0
         self.put_s = 0.0
         self.total_bytes = 0
+        self.tokens = 0  # tokens of the samples put (the producer's tokens/s in the console)
 
     def _exists(self, names: list[str]) -> list[bool]:
         out: list[bool] = []
@@ -142,6 +143,7 @@ class Producer:
         self.put_s += time.perf_counter() - t0
         self.pool.add(key, size, step)
         self.total_bytes += size
+        self.tokens += spec.length
 
     def _put_kept(self, key: str, size: int) -> None:
         """Put the buffer's first `size` bytes under `key` and see it kept: Mooncake answers a
@@ -167,8 +169,8 @@ class Producer:
 
     def report(self, done: int) -> None:
         self.ev.metric({"pool_samples": len(self.pool.keys), "pool_bytes": self.pool.bytes,
-                        "produced": done, "paused_s": self.pool.paused_s,
-                        "put_s": self.put_s}, name=PRODUCER)
+                        "produced": done, "tokens": self.tokens,
+                        "paused_s": self.pool.paused_s, "put_s": self.put_s}, name=PRODUCER)
 
     def produce(self, sample_of: Callable[[int], Sample], plan: po.PlanOrder,
                 report_every: int = 64) -> Produced:

@@ -32,11 +32,13 @@ STEPS = 4
 
 
 def producer_events() -> list[str]:
-    """Five pool reports 10 s apart: 64 samples put each time, paused 5 s of the last 10."""
+    """Five pool reports 10 s apart: 64 samples (6,400 tokens) put each time, paused 5 s of the
+    last 10."""
     return [events.encode("metric", "stream-put", {
         "name": "stream producer", "step": None,
         "values": {"pool_samples": 20 + i, "pool_bytes": (20 + i) << 20, "produced": 64 * i,
-                   "paused_s": 5.0 * i, "put_s": 0.5 * i}}, t=T0 + 10 * i) for i in range(5)]
+                   "tokens": 6400 * i, "paused_s": 5.0 * i, "put_s": 0.5 * i}}, t=T0 + 10 * i)
+        for i in range(5)]
 
 
 def trainer_events() -> list[str]:
@@ -93,9 +95,9 @@ async def test_a_pipeline_is_one_row_and_opens_with_the_streams_charts(tmp_path:
         screen.refresh_view(force=True)
         plots = {p.id: p for p in screen.query(LinePlot)}
         assert screen.query_one(StreamCharts).display and not plots["plot-acc"].display
-        # the producer: 64 samples every 10 s, the pool 20..24 samples (MiB alike), paused half
-        assert plots["stream-produced"].series == [("samples/s", [(x, 6.4) for x in
-                                                                  (10.0, 20.0, 30.0, 40.0)])]
+        # the producer: 6,400 tokens every 10 s, the pool 20..24 samples (MiB alike), paused half
+        assert plots["stream-produced"].series == [("tokens/s", [(x, 640.0) for x in
+                                                                 (10.0, 20.0, 30.0, 40.0)])]
         assert [y for _x, y in plots["stream-pool"].series[0][1]] == [20, 21, 22, 23, 24]
         assert [y for _x, y in plots["stream-bytes"].series[0][1]] == [20, 21, 22, 23, 24]
         # the trainer: its tokens/s at each step, 2 s waited of each 10 between its figures
