@@ -190,7 +190,7 @@ def freeze_while_paused(p: subprocess.Popen[bytes], logs: Path) -> None:
     sample of the plan to put and the trainer must come to wait on it. A stop that lands just
     after it resumed (its log has moved on) is undone and tried at the next pause."""
     while True:
-        wait_until(lambda: paused_now(logs), 120, "the producer paused on its pool")
+        wait_until(lambda: paused_now(logs), 300, "the producer paused on its pool")
         p.send_signal(signal.SIGSTOP)
         if paused_now(logs):
             return
@@ -252,24 +252,25 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
             prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p1", *marks))
             trainers.append(start_trainer(argv, tmp_path / "t1"))
             wait_until(lambda: steps_recorded(streamed) >= 1, 300, "step 1 of the trainer")
-            freeze_while_paused(prods[0], tmp_path / "p1")
+            waits = len(said(streamed / "events.jsonl", "waiting for sample"))  # before: the
+            freeze_while_paused(prods[0], tmp_path / "p1")  # trainer may wait at once
             plan = the_plan(stream_master, "kill")
-            waits = len(said(streamed / "events.jsonl", "waiting for sample"))
             wait_until(lambda: len(said(streamed / "events.jsonl", "waiting for sample")) > waits,
-                       60, "the trainer waiting on the frozen producer")
+                       300, "the trainer waiting on the frozen producer")
             kill_tree(trainers[0])
             done = steps_recorded(streamed)
             prods[0].send_signal(signal.SIGCONT)
-            wait_until(lambda: paused_now(tmp_path / "p1"), 60, "the producer paused")
+            wait_until(lambda: paused_now(tmp_path / "p1"), 300, "the producer paused")
             kill_tree(prods[0])
             prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p2", *marks))
-            wait_until(lambda: said(tmp_path / "p2" / "out", "steps of its plan"), 60,
+            wait_until(lambda: said(tmp_path / "p2" / "out", "steps of its plan"), 300,
                        "the producer started again going on")
             trainers.append(start_trainer([*argv, "--resume"], tmp_path / "t2"))
             wait_until(lambda: steps_recorded(streamed) > done, 300, "a step of the resumed run")
-            freeze_while_paused(prods[1], tmp_path / "p2")
-            wait_until(lambda: said(streamed / "events.jsonl", "producer silent for"), 120,
-                       "the trainer saying the producer is silent")
+            quiet = len(said(streamed / "events.jsonl", "producer silent for"))  # the first
+            freeze_while_paused(prods[1], tmp_path / "p2")  # trainer's said so too
+            wait_until(lambda: len(said(streamed / "events.jsonl", "producer silent for")) >
+                       quiet, 300, "the trainer saying the producer is silent")
             kill_tree(prods[1])
             prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p3", *marks))
             rc = trainers[1].wait(300)
