@@ -187,9 +187,11 @@ def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[s
     """`engine stream-capture` (vLLM's Python) into a master started here, consumed here."""
     import threading
 
+    from engine.stream.holder import default_segment_bytes
     from engine.stream.master import start_master
     from tests.vllm_real import vllm_env
-    m = start_master("127.0.0.1", log=work / "master.log")
+    m = start_master("127.0.0.1", log=work / "master.log",
+                     segment_bytes=default_segment_bytes())
     runs = []
     try:
         for r in range(rounds):

@@ -35,6 +35,7 @@ def check_stream_train(cpu: bool) -> dict[str, Any]:
 
     from engine.demo.workspace import init_demo
     from engine.events import Emitter
+    from engine.stream.holder import default_segment_bytes
     from engine.stream.master import start_master
     steps = STEPS["cpu" if cpu else "gpu"]
     with tempfile.TemporaryDirectory(prefix="gpu-check-stream-") as tmp:
@@ -51,7 +52,8 @@ def check_stream_train(cpu: bool) -> dict[str, Any]:
         if py is None:
             out["capture"] = f"skip: {why}"
             return out
-        with start_master("127.0.0.1", log=work / "master-capture.log") as m:
+        with start_master("127.0.0.1", log=work / "master-capture.log",
+                      segment_bytes=default_segment_bytes()) as m:
             got = bench.streamed(demo, work / "capture", steps, str(m.address), "capture", [
                 "stream-capture", "--target", str(demo / "target"), "--data",
                 str(demo / "conversations" / "train.jsonl"), "--gpu-memory-utilization",

@@ -100,7 +100,8 @@ def streamed(demo: Path, out: Path, steps: int, address: str, run: str,
                                  address, "--run", run], cwd=REPO, env=env(), stdout=so,
                                 stderr=se)
     try:
-        res = train(demo, out, steps, ["--from-stream", address, "--data", run])
+        res = train(demo, out, steps, ["--from-stream", address, "--data", run,
+                                           "--producer-timeout", "120"])
         rc = prod.wait(timeout=300)
     finally:
         if prod.poll() is None:
@@ -118,9 +119,11 @@ def streamed(demo: Path, out: Path, steps: int, address: str, run: str,
 
 
 def measure(demo: Path, work: Path, steps: int, rounds: int) -> dict[str, Any]:
+    from engine.stream.holder import default_segment_bytes
     from engine.stream.master import start_master
     runs: dict[str, list[dict[str, Any]]] = {"disk": [], "stream": []}
-    with start_master("127.0.0.1", log=work / "master.log") as master:
+    with start_master("127.0.0.1", log=work / "master.log",
+                      segment_bytes=default_segment_bytes()) as master:
         for r in range(rounds):
             for side in (("disk", "stream") if r % 2 == 0 else ("stream", "disk")):
                 out = work / f"{side}{r}"

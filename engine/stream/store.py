@@ -29,6 +29,7 @@ from engine.stream.address import StreamAddress
 
 NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 NOT_READY = -703  # what get_size says of an object whose put is still under way (seen here)
+NO_ROOM = -200  # Mooncake's NO_AVAILABLE_HANDLE: no segment with room for a put
 _LOCAL_BUFFER = 16 << 20
 
 
@@ -106,6 +107,11 @@ class StoreClient:
         self.buffer = Buffer(self)
 
     def check(self, rc: int, op: str, key: str) -> int:
+        if rc == NO_ROOM:
+            raise EngineError(f"mooncake store {self.address}: {op} {key}: no memory in the store "
+                              f"has room for it (error {rc}): its holder lends the memory "
+                              "(`engine stream-master --segment-gb G`); is it running, and big "
+                              "enough for the producer's --high-gb?")
         if rc < 0:
             raise EngineError(f"mooncake store {self.address}: {op} {key}: error {rc}")
         return rc

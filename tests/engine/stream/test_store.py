@@ -41,3 +41,18 @@ def test_an_object_removed_between_size_and_read_is_absent(stream_master: Master
     finally:
         reader.close()
         owner.close()
+
+
+def test_a_store_without_memory_says_so_by_name() -> None:
+    """A master started without its holder: a put has nowhere to go, and the error says that the
+    holder lends the memory and how to start it, instead of Mooncake's bare code."""
+    from engine.errors import EngineError
+    from engine.stream.master import start_master
+    with start_master("127.0.0.1") as m:
+        c = StoreClient(m.address)
+        try:
+            with pytest.raises(EngineError, match=r"run/manifest: no memory in the store has room "
+                               r"for it \(error -200\).*engine stream-master --segment-gb G"):
+                c.put_bytes("run/manifest", b"{}")
+        finally:
+            c.close()
