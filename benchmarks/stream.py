@@ -101,7 +101,7 @@ def streamed(demo: Path, out: Path, steps: int, address: str, run: str,
                                 stderr=se)
     try:
         res = train(demo, out, steps, ["--from-stream", address, "--data", run,
-                                           "--producer-timeout", "120"])
+                                      "--producer-timeout", "120"])
         rc = prod.wait(timeout=300)
     finally:
         if prod.poll() is None:
