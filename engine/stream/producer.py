@@ -146,9 +146,15 @@ class Producer:
         self.tokens += spec.length
 
     def _put_kept(self, key: str, size: int) -> None:
-        """Put the buffer's first `size` bytes under `key` and see it kept: Mooncake answers a
-        put of a key whose earlier put never finished (its producer killed mid-put) with
-        success and keeps nothing, until the master discards that earlier put."""
+        """Put the buffer's first `size` bytes under `key`. Mooncake answers a put of a key whose
+        earlier put never finished (its producer killed mid-put: the key reads as not ready)
+        with success and keeps nothing, until a put after the master's discard timeout: such a
+        key is put until the sample is there. Any other key is put once and not looked at
+        again: a trainer may take and remove it at once, and a second put would leave a copy
+        no trainer takes."""
+        if not self.client.pending(key):
+            self.client.put_from(key, size)
+            return
         t0, said = time.monotonic(), False
         while True:
             self.client.put_from(key, size)

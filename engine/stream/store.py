@@ -160,6 +160,10 @@ class StoreClient:
             return None
         return self.check(n, "get_size", key)
 
+    def pending(self, key: str) -> bool:
+        """Whether a put of `key` is under way, or was left unfinished by a killed client."""
+        return int(self.store.get_size(key)) == NOT_READY
+
     def exists(self, keys: list[str]) -> list[bool]:
         if not keys:
             return []

@@ -1,5 +1,6 @@
 """The producer against a real Mooncake master on 127.0.0.1: a put over the unfinished put of
-a producer killed mid-put is tried again until it is kept; a producer started again keeps what
+a producer killed mid-put is tried again until it is kept (any other put is made once); a producer
+started again keeps what
 the store holds and skips what the trainer has done."""
 
 from __future__ import annotations
@@ -174,4 +175,52 @@ def test_a_producer_started_again_after_the_run_ended_cleans_up_and_exits(
         assert client.exists([keys.manifest_key(run), keys.ack_key(run),
                               keys.beat_key(run)]) == [False, False, False]
     finally:
+        client.close()
+
+
+_TAKE_AT_ONCE = r"""
+import sys
+from engine.stream.address import StreamAddress
+from engine.stream.store import StoreClient
+c = StoreClient(StreamAddress.parse(sys.argv[1]))
+print("ready", flush=True)
+for key in sys.argv[2:]:
+    while c.size(key) is None:
+        pass
+    c.get_into(key)
+    c.remove([key])
+print("taken", flush=True)
+"""
+
+
+def test_a_sample_the_trainer_takes_at_once_is_put_once(stream_master: Master) -> None:
+    """A trainer that takes and removes each sample the moment it is there (another process
+    polling the store): the producer ends, no put is taken for a killed producer's, nothing is
+    left. (A producer that looked for each sample after its put could find it gone and put it
+    again, a copy nobody takes; that race needs a busy machine and is not forced here.)"""
+    run = "quick"
+    client = StoreClient(stream_master.address)
+    out = io.StringIO()
+    ev = Emitter("stream", json_mode=True, out=out, err=io.StringIO())
+    plan = po.PlanOrder(0, "n1", (), tuple((e, (i,)) for e in range(8) for i in range(8)))
+    want = [keys.sample_key(run, e, idx[0]) for e, idx in plan.steps]
+    child = subprocess.Popen([sys.executable, "-c", _TAKE_AT_ONCE, str(stream_master.address),
+                              *want], cwd=REPO, env=engine_env(), stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline() == "ready\n"
+        p = Producer(client, run, Watermarks(64, 32, 1 << 20, 1 << 19), ev)
+        p.publish(mf.build(Tiny(), "float32", {}))
+        done: list[object] = []
+        prod = threading.Thread(target=lambda: done.append(p.produce(_tiny, plan)), daemon=True)
+        prod.start()
+        prod.join(30)
+        assert done, "the producer still waits for a sample it put twice to be taken"
+        assert child.stdout.readline() == "taken\n"
+        assert "unfinished put" not in out.getvalue()
+        assert not any(client.exists(want))
+    finally:
+        child.kill()
+        child.wait()
         client.close()
