@@ -1,7 +1,6 @@
 """The producer against a real Mooncake master on 127.0.0.1: a put over the unfinished put of
-a producer killed mid-put is tried again until it is kept (any other put is made once); a producer
-started again keeps what
-the store holds and skips what the trainer has done."""
+a producer killed mid-put is tried again until it is kept (any other put is made once); a
+producer started again keeps what the store holds and skips what the trainer has done."""
 
 from __future__ import annotations
 
