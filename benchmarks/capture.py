@@ -132,15 +132,20 @@ def add_demo_options(ap: argparse.ArgumentParser, repeat: int) -> None:
                     help="demo chats joined per captured conversation (default 6)")
 
 
+def demo_workspace(given: str | None, work: Path) -> Path:
+    """The demo workspace `given` (--demo), else one built in `work` (about a minute)."""
+    if given:
+        return Path(given)
+    from engine.demo.workspace import init_demo
+    demo = work / "demo"
+    init_demo(str(demo), quiet())
+    return demo
+
+
 def demo_and_conversations(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     """The demo workspace (`--demo`, or built in `work`) and its long conversations
     (`--repeat`, `--merge`) in `work`."""
-    if args.demo:
-        demo = Path(args.demo)
-    else:
-        from engine.demo.workspace import init_demo
-        demo = work / "demo"
-        init_demo(str(demo), quiet())
+    demo = demo_workspace(args.demo, work)
     return demo, long_conversations(demo / "conversations" / "train.jsonl",
                                     work / "conv.jsonl", args.repeat, args.merge)
 

@@ -157,13 +157,8 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-stream-") as tmp:
         work = Path(tmp)
-        if args.demo:
-            demo = Path(args.demo)
-        else:
-            from benchmarks.capture import quiet
-            from engine.demo.workspace import init_demo
-            demo = work / "demo"
-            init_demo(str(demo), quiet())
+        from benchmarks.capture import demo_workspace
+        demo = demo_workspace(args.demo, work)
         try:
             res = measure(demo, work, args.steps, args.rounds)
         except RuntimeError as e:

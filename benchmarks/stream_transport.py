@@ -204,13 +204,8 @@ def main() -> int:
         return put(args.put, json.loads(args.lengths), args, args.round)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-transport-") as tmp:
         work = Path(tmp)
-        if args.demo:
-            demo = Path(args.demo)
-        else:
-            from benchmarks.capture import quiet
-            from engine.demo.workspace import init_demo
-            demo = work / "demo"
-            init_demo(str(demo), quiet())
+        from benchmarks.capture import demo_workspace
+        demo = demo_workspace(args.demo, work)
         lengths = lengths_of(demo, args.count)
         res: dict[str, Any] = {"samples": len(lengths), "tokens": sum(lengths),
                                "hidden": args.hidden, "dtype": args.dtype,
