@@ -63,7 +63,7 @@ class Producer:
         self.pool = InFlight(marks, self._exists, ev, between=self._between,
                              remove=client.remove)
         self.plan: po.PlanOrder | None = None
-        self.look_s, self._looked = look_s, 0.0
+        self.look_s, self._looked = look_s, time.monotonic()
         self.beat_s, self._beat_at, self._beats = beat_s, 0.0, 0
         self.put_s = 0.0
         self.total_bytes = 0
@@ -118,11 +118,11 @@ class Producer:
                                   f"{timeout_s:.0f} s")
             time.sleep(poll_s)
 
-    def _look(self) -> None:
+    def _look(self, now_s: bool = False) -> None:
         """Raise Replan when the trainer's plan is not the one being produced (looked at every
-        `look_s` at most, while waiting)."""
+        `look_s` at most while waiting, and at once with `now_s`)."""
         now = time.monotonic()
-        if self.plan is None or now - self._looked < self.look_s:
+        if self.plan is None or (not now_s and now - self._looked < self.look_s):
             return
         self._looked = now
         key = keys.plan_key(self.run)
@@ -136,7 +136,12 @@ class Producer:
     def put(self, key: str, sample: Sample, spec: codec.SampleSpec, step: int | None) -> None:
         """Put one sample of plan step `step` (None: held out), within the pool's marks."""
         n = codec.encoded_size(spec)
+        pauses = self.pool.pauses
         self.pool.wait_room(n, key, step)
+        if self.pool.pauses != pauses:
+            # a trainer started again may have put its plan and taken samples within one look:
+            # nothing more is put under the old plan
+            self._look(now_s=True)
         t0 = time.perf_counter()
         size = codec.encode(sample, spec, self.client.buffer.ensure(n))
         self._put_kept(key, size)

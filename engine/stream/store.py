@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+import zlib
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 NOT_READY = -703  # what get_size says of an object whose put is still under way (seen here)
 NO_ROOM = -200  # Mooncake's NO_AVAILABLE_HANDLE: no segment with room for a put
 _LOCAL_BUFFER = 16 << 20
+_TORN = 1  # a small object read with an upsert's bytes mixed in (StoreClient.get_bytes)
 
 
 def _mooncake(bind: str) -> Any:
@@ -116,25 +119,50 @@ class StoreClient:
             raise EngineError(f"mooncake store {self.address}: {op} {key}: error {rc}")
         return rc
 
-    # -- small objects (manifest, plan): plain bytes --------------------------------------------
+    # -- small objects (manifest, plan, progress, heartbeat): bytes with a checksum ----------
     def put_bytes(self, key: str, data: bytes) -> None:
-        """Put `data` under `key`, replacing what was there."""
-        self.check(self.store.upsert(key, data), "upsert", key)
+        """Put `data` under `key`, replacing what was there (with its CRC-32 after it)."""
+        self.check(self.store.upsert(key, data + zlib.crc32(data).to_bytes(4, "big")),
+                   "upsert", key)
 
-    def get_bytes(self, key: str) -> bytes | None:
+    def get_bytes(self, key: str, ready_s: float = 10.0) -> bytes | None:
         """The object's bytes; None while there is none, also when another client removed it
-        between its size and its read (a trainer removes the plan while the producer looks)."""
-        size = self.size(key)
-        if size is None:
-            return None
+        between its size and its read (a trainer removes the plan while the producer looks).
+
+        Mooncake replaces an object in place: while another client's upsert is under way the
+        object reads as not ready, or reads successfully with old and new bytes mixed. The
+        trainer rewrites its progress after every step while the producer reads it, so such a
+        read is made again until it is whole (its checksum holds), `ready_s` at most: then an
+        upsert that never finished (its client killed) reads as none, and bytes that never
+        check out are an error."""
+        deadline = time.monotonic() + ready_s
+        while True:
+            got = self._read_small(key)
+            if got is None or isinstance(got, bytes):
+                return got
+            if time.monotonic() > deadline:
+                if got == NOT_READY:
+                    return None
+                raise EngineError(f"mooncake store {self.address}: {key}: its bytes do not "
+                                  f"check out after {ready_s:g} s of reading (not written by "
+                                  "this engine's put_bytes?)")
+            time.sleep(0.002)
+
+    def _read_small(self, key: str) -> bytes | int | None:
+        """One read of a small object: its data, None (absent), NOT_READY, or _TORN."""
+        n = int(self.store.get_size(key))
+        if n in (NOT_FOUND, NOT_READY):
+            return None if n == NOT_FOUND else n
+        size = self.check(n, "get_size", key)
         buf = self.buffer.ensure(size)
         got = int(self.store.get_into(key, self.buffer.ptr, size))
-        if got == NOT_FOUND:
-            return None
-        if self.check(got, "get_into", key) != size:
-            raise EngineError(f"mooncake store {self.address}: {key}: read {got} of {size} "
-                              "bytes")
-        return bytes(buf[:size].numpy())
+        if got in (NOT_FOUND, NOT_READY):
+            return None if got == NOT_FOUND else got
+        self.check(got, "get_into", key)
+        raw = bytes(buf[:got].numpy())
+        if got == size >= 4 and zlib.crc32(raw[:-4]).to_bytes(4, "big") == raw[-4:]:
+            return raw[:-4]
+        return _TORN
 
     # -- samples: registered buffers ---------------------------------------------------------
     def put_from(self, key: str, nbytes: int) -> None:

@@ -1,6 +1,7 @@
 """The producer against a real Mooncake master on 127.0.0.1: a put over the unfinished put of
 a producer killed mid-put is tried again until it is kept (any other put is made once); a
-producer started again keeps what the store holds and skips what the trainer has done."""
+producer started again keeps what the store holds and skips what the trainer has done; a
+producer resuming from a pause looks at the trainer's plan before it puts more."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from engine.stream import plan_order as po
 from engine.stream import progress as pg
 from engine.stream.master import Master
 from engine.stream.pool import Watermarks
-from engine.stream.producer import Producer
+from engine.stream.producer import Produced, Producer
 from engine.stream.store import NOT_FOUND, NOT_READY, StoreClient
 from tests.engine_helpers import REPO, engine_env
 from tests.waiting import wait_until
@@ -222,4 +223,38 @@ def test_a_sample_the_trainer_takes_at_once_is_put_once(stream_master: Master) -
     finally:
         child.kill()
         child.wait()
+        client.close()
+
+
+def test_a_producer_resuming_from_a_pause_looks_at_the_plan_first(
+        stream_master: Master) -> None:
+    """A trainer started again puts its plan and takes samples between two of the producer's
+    timed looks (a fast trainer: steps of milliseconds): the producer, resuming from its pause,
+    looks at the plan before it puts anything more, and produces the new one."""
+    run = "replan"
+    client = StoreClient(stream_master.address)
+    out = io.StringIO()
+    ev = Emitter("stream", json_mode=True, out=out, err=io.StringIO())
+    old = po.PlanOrder(0, "n1", (), ((0, (0, 1)), (0, (2, 3)), (0, (4, 5)), (0, (6, 7))))
+    new = po.PlanOrder(1, "n2", (), old.steps[1:])
+    try:
+        p = Producer(client, run, Watermarks(4, 2, 1 << 20, 1 << 19), ev, look_s=3600)
+        p.publish(mf.build(Tiny(), "float32", {}))
+        done: list[Produced] = []
+        prod = threading.Thread(target=lambda: done.append(p.produce(_tiny, old)), daemon=True)
+        prod.start()
+        wait_until(lambda: "stream producer paused" in out.getvalue(), 30, "a pause")
+        client.put_bytes(keys.plan_key(run), po.encode(new))
+        client.remove([keys.sample_key(run, 0, i) for i in (0, 1)])  # the old trainer's step
+        wait_until(lambda: "the trainer asks again from its step 1; producing its new plan"
+                   in out.getvalue(), 10, "the producer's new plan")
+        for _, idx in new.steps:
+            for i in idx:
+                key = keys.sample_key(run, 0, i)
+                wait_until(lambda k=key: client.exists([k])[0], 30, key)
+                client.remove([key])
+        prod.join(30)
+        assert done and done[0].samples == 6
+    finally:
+        client.remove([keys.plan_key(run)])
         client.close()

@@ -56,3 +56,36 @@ def test_a_store_without_memory_says_so_by_name() -> None:
                 c.put_bytes("run/manifest", b"{}")
         finally:
             c.close()
+
+
+def test_an_object_read_while_another_client_replaces_it_is_read_whole(
+        stream_master: Master) -> None:
+    """The producer reads the trainer's progress while the trainer rewrites it after a step:
+    Mooncake reads an object under an upsert as not ready, and that read is neither an error
+    nor "no object": it is the old bytes or the new, whole."""
+    import threading
+    writer = StoreClient(stream_master.address, 0)
+    reader = StoreClient(stream_master.address, 0)
+    payloads = [bytes([c]) * (1 << 20) for c in b"ab"]
+    stop = threading.Event()
+    upserts = 0
+
+    def rewrite() -> None:
+        nonlocal upserts
+        while not stop.is_set():
+            writer.put_bytes("race/ack", payloads[upserts % 2])
+            upserts += 1
+
+    writer.put_bytes("race/ack", payloads[1])
+    t = threading.Thread(target=rewrite, daemon=True)
+    t.start()
+    try:
+        got = [reader.get_bytes("race/ack") for _ in range(100)]
+    finally:
+        stop.set()
+        t.join()
+        writer.remove(["race/ack"])
+        reader.close()
+        writer.close()
+    assert upserts > 20
+    assert all(g in payloads for g in got), sorted({g[:1] if g else g for g in got})
