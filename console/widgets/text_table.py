@@ -7,7 +7,7 @@ the app. Every table of the console derives from TextTable; its rows may stay pl
 It also redraws itself when its columns change width. DataTable measures a changed cell's width
 only when idle, and caches each drawn row under a count that measuring leaves alone: a frame drawn
 between an update and that idle kept the old widths on screen until the next update
-(Textual issue 3533), which showed as a column of the Runs pane out of line."""
+(a defect of Textual's DataTable), which showed as a column of the Runs pane out of line."""
 
 from __future__ import annotations
 
