@@ -18,6 +18,7 @@ import pytest
 from console.scheduler.pipeline import fill, store_profile, stream_run
 from console.settings.config import Pipeline, Profile
 from tests.paths import REPO
+from tests.slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
 from tests.sshd import SSHD, start_sshd
 from tests.waiting import wait_until
 
@@ -202,3 +203,59 @@ def test_a_store_left_waiting_is_stopped_by_the_next_launch(sshd: SSHD, tmp_path
     again = second.stdout.split()[0]
     assert cli(config, "stop", again, "--grace", "5").returncode == 0
     assert set(parts(again).values()) <= {"stopped", "succeeded"}
+
+
+def slurm_host_toml(name: str, sshd: SSHD, root: Path, cluster: SlurmCluster) -> str:
+    return (host_toml(name, sshd, root) + 'scheduler = "slurm"\n'
+            f'[hosts.{name}.slurm]\npartition = "debug"\naccount = "eagle3"\ntime = "5"\n'
+            f'conf = "{cluster.conf}"\n')
+
+
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
+def test_a_pipelines_trainer_on_a_slurm_host_is_a_job_followed_and_cancelled(
+        sshd: SSHD, slurm_cluster: SlurmCluster, demo_dir: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    """The store and the producer on an SSH host, the trainer a batch job on the test Slurm
+    (its login node reached through the same sshd, its own root): the job trains from the
+    stream to its end and `follow` follows it; a second pipeline's job, waiting for samples,
+    is cancelled by `stop` with the other parts."""
+    slurm_cluster.idle()
+    config = pipeline_config(tmp_path, sshd, sshd, demo_dir)
+    text = config.read_text().replace(host_toml("gpu2", sshd, tmp_path / "root2"), "")
+    config.write_text(slurm_host_toml("cluster", sshd, tmp_path / "shared", slurm_cluster)
+                      + text.replace('host = "gpu2"', 'host = "cluster"'))
+    r = cli(config, "launch", "pipe")
+    assert r.returncode == 0, r.stderr
+    pid = r.stdout.split()[0]
+    follow = cli(config, "follow", pid)
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert f"step {STEPS}/{STEPS}" in follow.stdout, follow.stdout
+    assert f"-- pipeline {pid} succeeded" in follow.stderr, follow.stderr
+    trainer = {str(x["id"]): x for x in registry(config, "cluster")}[f"{pid}.trainer"]
+    assert (trainer["status"], trainer["pipeline"], trainer["part"]) == \
+        ("succeeded", pid, "trainer")
+    assert str(trainer["job_id"]).isdigit() and trainer["node_host"] in ("node1", "node2")
+    argv = list(trainer["argv"])   # type: ignore[call-overload]
+    assert argv[argv.index("--from-stream") + 1].startswith("127.0.0.1:")
+    job = (tmp_path / "shared" / "runs" / f"{pid}.trainer" / "job.sh").read_text()
+    assert "#SBATCH --partition=debug" in job.splitlines()
+    stores = {str(x["id"]): x["status"] for x in registry(config, "gpu1")}
+    assert stores[f"{pid}.store"] == "stopped"
+
+    r = cli(config, "launch", "idle")
+    assert r.returncode == 0, r.stderr
+    second = r.stdout.split()[0]
+
+    def job_state() -> str:
+        rec = {str(x["id"]): x for x in registry(config, "cluster")}[f"{second}.trainer"]
+        return str(rec["status"])
+    wait_until(lambda: job_state() == "running", timeout=30, what="the trainer's job to run")
+    stop = cli(config, "stop", second, "--grace", "5")
+    assert stop.returncode == 0, stop.stderr
+    rec = {str(x["id"]): x for x in registry(config, "cluster")}[f"{second}.trainer"]
+    assert rec["status"] == "stopped", rec
+    queue = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+    assert str(rec["job_id"]) not in queue
+    runs = {str(x["id"]): x["status"] for x in registry(config, "gpu1")}
+    assert runs[f"{second}.store"] == runs[f"{second}.producer"] == "stopped"
