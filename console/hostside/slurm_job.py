@@ -275,7 +275,7 @@ def _record_start(run_dir: str, spec: Dict[str, Any], plan: _Node, pid: int) -> 
     if plan.rank == 0:
         return _update_record(run_dir, changes, dict(spec))
     base = {k: spec.get(k) for k in ("id", "profile", "host", "run_dir", "scheduler",
-                                     "engine", "cwd", "pipeline", "part")}
+                                     "engine", "cwd")}
     rec = dict(base, **changes)
     records.write_json(plan.record, rec)
     return rec
