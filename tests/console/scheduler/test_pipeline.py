@@ -266,3 +266,30 @@ def test_a_pipelines_trainer_on_a_slurm_host_is_a_job_followed_and_cancelled(
     assert str(rec["job_id"]) not in queue
     runs = {str(x["id"]): x["status"] for x in registry(config, "gpu1")}
     assert runs[f"{second}.store"] == runs[f"{second}.producer"] == "stopped"
+
+
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
+def test_a_trainer_job_sbatch_rejects_takes_the_store_and_producer_down(
+        sshd: SSHD, slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """A trainer's job sbatch refuses (a partition the cluster does not have): the launch
+    fails with sbatch's words on one line, the store and the producer it had started are
+    stopped, and no trainer record is left on the cluster."""
+    slurm_cluster.idle()
+    idle = tmp_path / "idle_producer.py"
+    idle.write_text("import time\ntime.sleep(600)\n")
+    config = tmp_path / "config.toml"
+    config.write_text(host_toml("gpu1", sshd, tmp_path / "root")
+                      + slurm_host_toml("cluster", sshd, tmp_path / "shared", slurm_cluster)
+                      + '[profiles.pipe]\nkind = "pipeline"\n[profiles.pipe.store]\n'
+                        'host = "gpu1"\n'
+                      + f'[profiles.pipe.producer]\nhost = "gpu1"\nrun = "python3 {idle} '
+                        '{stream}"\n'
+                      + '[profiles.pipe.trainer]\nhost = "cluster"\nrun = "python3 -c pass '
+                        '{stream}"\n[profiles.pipe.trainer.slurm]\npartition = "nosuch"\n')
+    r = cli(config, "launch", "pipe")
+    assert r.returncode == 1 and "sbatch rejected the job" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    parts = {str(x["part"]): str(x["status"]) for x in registry(config, "gpu1")}
+    assert parts == {"store": "stopped", "producer": "stopped"}
+    assert registry(config, "cluster") == []
