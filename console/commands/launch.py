@@ -80,7 +80,7 @@ async def run(args: argparse.Namespace, config: Config, pool: HostPool) -> int:
             (f" node {r.node_rank}/{r.nnodes}" if r.nnodes > 1 else "")
         if r.job_id:  # a Slurm job: queued (or already started) on the cluster
             why = f" ({r.reason})" if r.reason else ""
-            print(f"  {r.host}: job {r.job_id} {r.status}{why}  {r.run_dir}")
+            print(f"  {r.host}{node}: job {r.job_id} {r.status}{why}  {r.run_dir}")
             continue
         exit_ = "" if r.exit_code is None or r.status.active else f", exit {r.exit_code}"
         print(f"  {r.host}{node}: pid {r.pid} {r.status}{exit_}  {r.run_dir}")

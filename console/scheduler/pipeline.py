@@ -1,5 +1,6 @@
 """A pipeline profile's launch: the stream's store, then its producer, then its trainer, each a
-detached run of console/scheduler/ssh.py under one pipeline run id.
+detached run of console/scheduler/ssh.py under one pipeline run id; a trainer on a Slurm
+host is a batch job instead (console/scheduler/slurm.py, `nodes` and [P.trainer.slurm]).
 
     store     PYTHON -m engine stream-master --host ADDR --address-file RUN_DIR/store.addr
     producer  the [P.producer] run string, `{stream}` the store's address
@@ -7,7 +8,8 @@ detached run of console/scheduler/ssh.py under one pipeline run id.
 
 The pipeline's id is a run id (`P-YYYYmmdd-HHMMSS-xxxx`); each part is a run of its own, with
 the id `ID.store`, `ID.producer`, `ID.trainer` and `pipeline` and `part` in its record, so the
-registry, `stop` by PID and start time, and `follow` by byte offset work on each as on any run.
+registry, `stop` (by PID and start time, or scancel), and `follow` by byte offset work on each
+as on any run.
 The store listens on ADDR, the address the other hosts reach its host at ([P.store] address,
 else chosen as torchrun's rendezvous address is); the launch reads the address the master
 announced back from its file before it starts the others. `{stream_run}` is the stream run's
@@ -30,10 +32,12 @@ from dataclasses import dataclass
 from console.errors import ConsoleError, TransportError
 from console.hosts.host import Host, HostPool
 from console.hosts.push import PushReport
+from console.scheduler import scheduler_for
 from console.scheduler.launch import LaunchHooks, new_run_id, push_for, start_anyway
 from console.scheduler.registry import Run, host_records, runs_dir
 from console.scheduler.run_record import RunRecord
 from console.scheduler.run_status import RunStatus, combined_status
+from console.scheduler.slurm import SlurmScheduler
 from console.scheduler.ssh import host_address, start_nodes, stop_on
 from console.settings.config import Config, Pipeline, Profile
 
@@ -136,7 +140,7 @@ async def launch_pipeline(config: Config, profile: Profile, pool: HostPool, *,
     name = profile.name
     hosts = {h: await pool.ensure(h) for h in profile.hosts}
     async def listed() -> list[tuple[Host, RunRecord]]:
-        found = await asyncio.gather(*(host_records(h) for h in hosts.values()))
+        found = await asyncio.gather(*(scheduler_for(h.cfg).status(h) for h in hosts.values()))
         return [(h, r) for h, recs in zip(hosts.values(), found, strict=True) for r in recs
                 if r.profile == name]
 
@@ -149,7 +153,7 @@ async def launch_pipeline(config: Config, profile: Profile, pool: HostPool, *,
                                and r.status == RunStatus.RUNNING), return_exceptions=True)
         mine = await listed()
     if not force:   # early and friendly; the store's start checks again under the lock
-        busy = [r for _h, r in mine if r.status == RunStatus.RUNNING]
+        busy = [r for _h, r in mine if r.status.active]
         if busy:
             where = ", ".join(sorted({f"{r.id} on {r.host}" for r in busy}))
             await start_anyway(name, busy, where, hooks)
@@ -185,11 +189,16 @@ async def launch_pipeline(config: Config, profile: Profile, pool: HostPool, *,
 async def _part(profile: Profile, part: str, pid: str, hosts: dict[str, Host],
                 pushes: dict[str, PushReport], *, force: bool) -> Run:
     nodes = [hosts[h] for h in profile.hosts]
+    extra = {"pipeline": pid, "part": part}
+    if nodes[0].cfg.scheduler == "slurm":   # one login node; the job's nodes come from Slurm
+        return await SlurmScheduler().submit_pushed(profile, nodes[0], pushes[nodes[0].name],
+                                                    part_id(pid, part), force=force,
+                                                    extra=extra)
     if len({(n.cfg.ssh, n.cfg.root) for n in nodes}) != len(nodes):
         raise ConsoleError(f"[profiles.{profile.name}.{part}] hosts: two nodes share one host "
                            "and root")
     return await start_nodes(profile, nodes, part_id(pid, part), [pushes[n.name] for n in nodes],
-                             force=force, extra={"pipeline": pid, "part": part})
+                             force=force, extra=extra)
 
 
 async def _announced(store: Host, run_id: str) -> str:
@@ -228,8 +237,10 @@ async def _last_words(host: Host, run_dir: str) -> str:
 
 
 async def _take_down(started: list[Run], hosts: dict[str, Host]) -> None:
-    """Stop the parts already started, the last first (by PID and start time, as any stop)."""
+    """Stop the parts already started, the last first (as any stop: by PID and start time,
+    or scancel)."""
     for run in reversed(started):
-        await asyncio.gather(*(stop_on(hosts[r.host], r.id, 5.0) for r in run.records
-                               if r.host in hosts), return_exceptions=True)
+        await asyncio.gather(*(scheduler_for(hosts[r.host].cfg).stop(hosts[r.host], [r], 5.0)
+                               for r in run.records if r.host in hosts),
+                             return_exceptions=True)
 

@@ -22,10 +22,11 @@ import posixpath
 import shlex
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from console.errors import ConfigError, ConsoleError
 from console.hosts.host import Host, HostPool
-from console.hosts.push import HOSTSIDE_PACKAGE
+from console.hosts.push import HOSTSIDE_PACKAGE, PushReport
 from console.scheduler.base import Scheduler
 from console.scheduler.launch import (
     LaunchHooks,
@@ -171,7 +172,7 @@ class SlurmScheduler(Scheduler):
         if resume is not None:
             raise ConsoleError(f"{host.name}: resuming {resume} on a Slurm host is not "
                                f"supported yet: launch {profile.name} with --resume in its run")
-        opts = options_for(host.cfg, profile)
+        options_for(host.cfg, profile)   # partition and account set, before any push
         await pool.ensure(host.name)
         if not force:  # early and friendly; the runner checks again under the profile lock
             busy = [r for r in await self.status(host)
@@ -180,7 +181,15 @@ class SlurmScheduler(Scheduler):
                 where = ", ".join(f"{r.id} (job {r.job_id}, {r.status})" for r in busy)
                 force = await start_anyway(profile.name, busy, where, hooks, queued=True)
         report = await push_for(config, profile, host, hooks)
-        run_id = new_run_id(profile.name)
+        return await self.submit_pushed(profile, host, report, new_run_id(profile.name),
+                                        force=force)
+
+    async def submit_pushed(self, profile: Profile, host: Host, report: PushReport,
+                            run_id: str, *, force: bool = False,
+                            extra: dict[str, Any] | None = None) -> Run:
+        """Write run_id's batch script and sbatch it (the code pushed already, `report`).
+        extra: more fields for the record (a pipeline's part)."""
+        opts = options_for(host.cfg, profile)
         root = await host.root()
         run_dir = posixpath.join(root, "runs", run_id)
         if "%" in run_dir or "\\" in run_dir:
@@ -212,7 +221,7 @@ class SlurmScheduler(Scheduler):
                                    posixpath.join(code, HOSTSIDE_PACKAGE, RUNNER), run_dir),
             "sbatch": ["--parsable", f"--job-name=eagle3-{run_id}", f"--output={out}",
                        f"--error={out}", f"--chdir={run_dir}"],
-            "slurm_env": slurm_env(opts),
+            "slurm_env": slurm_env(opts), **(extra or {}),
         }
         args = ["submit", run_dir] if force else ["submit", run_dir, "--unless-running"]
         await runner(host, args, input=json.dumps(spec))

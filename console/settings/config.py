@@ -359,8 +359,9 @@ def _syncs(r: _Reader, syncs: dict[str, SyncSet]) -> list[str]:
 def _pipeline(r: _Reader, name: str, hosts: dict[str, HostConfig],
               syncs: dict[str, SyncSet]) -> Profile:
     """A `kind = "pipeline"` profile: [P.store] host (+ address, env), [P.producer] host + run,
-    [P.trainer] host(s) + run (+ nproc_per_node); every part on a plain SSH host (or this
-    machine), and the producer's and the trainer's run strings naming `{stream}`."""
+    [P.trainer] host(s) + run (+ nproc_per_node; on a Slurm host, nodes and [P.trainer.slurm]);
+    the store and the producer on a plain SSH host (or this machine), and the producer's and
+    the trainer's run strings naming `{stream}`."""
     r.check_keys({"kind", "store", "producer", "trainer", "env", "sync"})
     env, sync = r.strdict("env"), _syncs(r, syncs)
     tables = {}
@@ -377,7 +378,7 @@ def _pipeline(r: _Reader, name: str, hosts: dict[str, HostConfig],
     for part, multi in (("producer", False), ("trainer", True)):
         t = tables[part]
         t.check_keys({"host", "run", "env", "cwd", "sync"}
-                     | ({"hosts", "nproc_per_node"} if multi else set()))
+                     | ({"hosts", "nproc_per_node", "nodes", "slurm"} if multi else set()))
         run = t.text("run", required=True) or ""
         if "{stream}" not in run:
             t.fail("run", "a run string with {stream} where the store's address goes", run)
@@ -385,13 +386,15 @@ def _pipeline(r: _Reader, name: str, hosts: dict[str, HostConfig],
                               nproc_per_node=t.count("nproc_per_node", 1),
                               env={**env, **t.strdict("env")}, cwd=t.text("cwd"),
                               sync=sorted({*sync, *_syncs(t, syncs)}))
+    _slurm_profile(tables["trainer"], parts["trainer"], hosts)   # a Slurm job, or not
     placed = {"store": [store_host], "producer": parts["producer"].hosts,
               "trainer": parts["trainer"].hosts}
-    for part, on in placed.items():
-        for h in on:
+    for part in ("store", "producer"):
+        for h in placed[part]:
             if hosts[h].scheduler != "ssh":
-                tables[part].fail("host", f"a plain SSH host or this machine (a pipeline's "
-                                  f"parts are started by the console), not the Slurm host {h}")
+                tables[part].fail("host", f"a plain SSH host or this machine (the console "
+                                  f"starts the {part}; only the trainer may be a Slurm job), "
+                                  f"not the Slurm host {h}")
     every = list(dict.fromkeys(h for on in placed.values() for h in on))
     address = store.text("address")
     if address is not None and not re.fullmatch(r"[A-Za-z0-9.\-]+", address):

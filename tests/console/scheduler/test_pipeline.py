@@ -18,6 +18,7 @@ import pytest
 from console.scheduler.pipeline import fill, store_profile, stream_run
 from console.settings.config import Pipeline, Profile
 from tests.paths import REPO
+from tests.slurm import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
 from tests.sshd import SSHD, start_sshd
 from tests.waiting import wait_until
 
@@ -202,3 +203,93 @@ def test_a_store_left_waiting_is_stopped_by_the_next_launch(sshd: SSHD, tmp_path
     again = second.stdout.split()[0]
     assert cli(config, "stop", again, "--grace", "5").returncode == 0
     assert set(parts(again).values()) <= {"stopped", "succeeded"}
+
+
+def slurm_host_toml(name: str, sshd: SSHD, root: Path, cluster: SlurmCluster) -> str:
+    return (host_toml(name, sshd, root) + 'scheduler = "slurm"\n'
+            f'[hosts.{name}.slurm]\npartition = "debug"\naccount = "eagle3"\ntime = "5"\n'
+            f'conf = "{cluster.conf}"\n')
+
+
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
+def test_a_pipelines_trainer_on_a_slurm_host_is_a_job_followed_and_cancelled(
+        sshd: SSHD, slurm_cluster: SlurmCluster, demo_dir: Path,  # noqa: F811
+        tmp_path: Path) -> None:
+    """The store and the producer on an SSH host, the trainer a batch job on the test Slurm
+    (its login node reached through the same sshd, its own root): the job trains from the
+    stream and `follow` follows it from pending (its [P.trainer.slurm] table holds it back a
+    few seconds) to its end; a second pipeline's job, waiting for samples, is cancelled by
+    `stop` with the other parts."""
+    slurm_cluster.idle()
+    config = pipeline_config(tmp_path, sshd, sshd, demo_dir)
+    text = config.read_text().replace(host_toml("gpu2", sshd, tmp_path / "root2"), "")
+    assert "\n[profiles.idle]" in text
+    text = text.replace("\n[profiles.idle]", '\n[profiles.pipe.trainer.slurm]\nextra = '
+                        '["--begin=now+3"]\n[profiles.idle]')
+    config.write_text(slurm_host_toml("cluster", sshd, tmp_path / "shared", slurm_cluster)
+                      + text.replace('host = "gpu2"', 'host = "cluster"'))
+    r = cli(config, "launch", "pipe")
+    assert r.returncode == 0, r.stderr
+    said = {ln.split(":")[0].strip(): ln for ln in r.stdout.splitlines()[1:]}
+    assert list(said) == ["gpu1 store", "gpu1 producer", "cluster trainer"], r.stdout
+    assert " pending " in said["cluster trainer"], r.stdout
+    pid = r.stdout.split()[0]
+    follow = cli(config, "follow", pid)
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert f"step {STEPS}/{STEPS}" in follow.stdout, follow.stdout
+    assert f"-- pipeline {pid} succeeded" in follow.stderr, follow.stderr
+    trainer = {str(x["id"]): x for x in registry(config, "cluster")}[f"{pid}.trainer"]
+    assert (trainer["status"], trainer["pipeline"], trainer["part"]) == \
+        ("succeeded", pid, "trainer")
+    assert str(trainer["job_id"]).isdigit() and trainer["node_host"] in ("node1", "node2")
+    argv = list(trainer["argv"])   # type: ignore[call-overload]
+    assert argv[argv.index("--from-stream") + 1].startswith("127.0.0.1:")
+    job = (tmp_path / "shared" / "runs" / f"{pid}.trainer" / "job.sh").read_text()
+    assert {"#SBATCH --partition=debug", "#SBATCH --begin=now+3"} <= set(job.splitlines())
+    stores = {str(x["id"]): x["status"] for x in registry(config, "gpu1")}
+    assert stores[f"{pid}.store"] == "stopped"
+
+    r = cli(config, "launch", "idle")
+    assert r.returncode == 0, r.stderr
+    second = r.stdout.split()[0]
+
+    def job_state() -> str:
+        rec = {str(x["id"]): x for x in registry(config, "cluster")}[f"{second}.trainer"]
+        return str(rec["status"])
+    wait_until(lambda: job_state() == "running", timeout=30, what="the trainer's job to run")
+    stop = cli(config, "stop", second, "--grace", "5")
+    assert stop.returncode == 0, stop.stderr
+    rec = {str(x["id"]): x for x in registry(config, "cluster")}[f"{second}.trainer"]
+    assert rec["status"] == "stopped", rec
+    queue = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+    assert str(rec["job_id"]) not in queue
+    runs = {str(x["id"]): x["status"] for x in registry(config, "gpu1")}
+    assert runs[f"{second}.store"] == runs[f"{second}.producer"] == "stopped"
+
+
+@pytest.mark.sshd
+@pytest.mark.usefixtures("mooncake")
+def test_a_trainer_job_sbatch_rejects_takes_the_store_and_producer_down(
+        sshd: SSHD, slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """A trainer's job sbatch refuses (a partition the cluster does not have): the launch
+    fails with sbatch's words on one line, the store and the producer it had started are
+    stopped, and no trainer record is left on the cluster."""
+    slurm_cluster.idle()
+    idle = tmp_path / "idle_producer.py"
+    idle.write_text("import time\ntime.sleep(600)\n")
+    config = tmp_path / "config.toml"
+    config.write_text(host_toml("gpu1", sshd, tmp_path / "root")
+                      + slurm_host_toml("cluster", sshd, tmp_path / "shared", slurm_cluster)
+                      + '[profiles.pipe]\nkind = "pipeline"\n[profiles.pipe.store]\n'
+                        'host = "gpu1"\n'
+                      + f'[profiles.pipe.producer]\nhost = "gpu1"\nrun = "python3 {idle} '
+                        '{stream}"\n'
+                      + '[profiles.pipe.trainer]\nhost = "cluster"\nrun = "python3 -c pass '
+                        '{stream}"\n[profiles.pipe.trainer.slurm]\npartition = "nosuch"\n')
+    r = cli(config, "launch", "pipe")
+    assert r.returncode == 1 and "sbatch rejected the job" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    parts = {str(x["part"]): str(x["status"]) for x in registry(config, "gpu1")}
+    assert parts == {"store": "stopped", "producer": "stopped"}
+    assert registry(config, "cluster") == []

@@ -162,6 +162,23 @@ def test_a_pipeline_profile_has_its_parts(tmp_path: Path) -> None:
     assert pl.trainer.sync == ["s"]
 
 
+ON_SLURM = 'scheduler = "slurm"\n[hosts.SELF.slurm]\npartition = "p"\naccount = "a"\n'
+#: the trainer a batch job on gpu2, a Slurm login node
+PIPELINE_ON_SLURM = PIPELINE.replace('[hosts.gpu2]\nssh = "root@gpu2.example"\n',
+                                     '[hosts.gpu2]\nssh = "root@gpu2.example"\n'
+                                     + ON_SLURM.replace("SELF", "gpu2")).replace(
+    'nproc_per_node = 2\n', 'nproc_per_node = 2\nnodes = 2\n[profiles.stream.trainer.slurm]\n'
+    'time = "30"\n').replace('env = { NCCL_DEBUG = "WARN" }\nsync = ["s"]\n', '')
+
+
+def test_a_pipelines_trainer_may_be_a_slurm_job(tmp_path: Path) -> None:
+    p = load_config(write(tmp_path, PIPELINE_ON_SLURM)).profile("stream")
+    assert p.pipeline is not None and p.hosts == ["gpu1", "gpu2"]
+    trainer = p.pipeline.trainer
+    assert (trainer.hosts, trainer.nodes, trainer.nproc_per_node) == (["gpu2"], 2, 2)
+    assert trainer.slurm is not None and trainer.slurm.time == "30"
+
+
 @pytest.mark.parametrize("change, needle", [
     (('kind = "pipeline"', 'kind = "pipe"'), '[profiles.stream.kind] expected "run"'),
     (('[profiles.stream.store]\nhost = "gpu1"', '[profiles.stream.store]\nhost = "gpu9"'),
@@ -178,15 +195,36 @@ def test_a_pipeline_profile_has_its_parts(tmp_path: Path) -> None:
     (('[profiles.stream.trainer]\nhosts = ["gpu2"]\nrun = "engine train --from-stream {stream} '
       '--data {stream_run} --out {run_dir}/out"\n', ''),
      "[profiles.stream.trainer] expected a [profiles.stream.trainer] table"),
-    (('[hosts.gpu2]\nssh = "root@gpu2.example"',
-      '[hosts.gpu2]\nssh = "root@gpu2.example"\nscheduler = "slurm"\n[hosts.gpu2.slurm]\n'
-      'partition = "p"\naccount = "a"'),
-     "[profiles.stream.trainer.host] expected a plain SSH host or this machine"),
+    (('nproc_per_node = 2', 'nproc_per_node = 2\nnodes = 2'),
+     '[profiles.stream.trainer.nodes] expected a host with scheduler = "slurm"'),
 ])
 def test_a_bad_pipeline_is_one_line_naming_its_key(tmp_path: Path, change: tuple[str, str],
                                                    needle: str) -> None:
-    assert change[0] in PIPELINE
-    p = write(tmp_path, PIPELINE.replace(*change))
+    refused(tmp_path, PIPELINE, change, needle)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (('[hosts.gpu1]\nssh = "gpu1"\n', '[hosts.gpu1]\nssh = "gpu1"\n'
+      + ON_SLURM.replace("SELF", "gpu1")),
+     "[profiles.stream.store.host] expected a plain SSH host or this machine (the console "
+     "starts the store; only the trainer may be a Slurm job), not the Slurm host gpu1"),
+    (('[profiles.stream.producer]\nhost = "gpu1"', '[profiles.stream.producer]\nhost = "gpu2"'),
+     "[profiles.stream.producer.host] expected a plain SSH host or this machine (the console "
+     "starts the producer"),
+    (('hosts = ["gpu2"]', 'hosts = ["gpu2", "gpu1"]'),
+     "[profiles.stream.trainer.hosts] expected one Slurm host"),
+    (('partition = "p"\n', ''), "[profiles.stream.trainer] no Slurm partition: set partition "
+                                 "in [hosts.gpu2.slurm] or [profiles.stream.trainer.slurm]"),
+    (('time = "30"', 'time = "soon"'), "[profiles.stream.trainer.slurm.time]"),
+])
+def test_only_a_pipelines_trainer_may_be_on_a_slurm_host(tmp_path: Path, change: tuple[str, str],
+                                                         needle: str) -> None:
+    refused(tmp_path, PIPELINE_ON_SLURM, change, needle)
+
+
+def refused(tmp_path: Path, text: str, change: tuple[str, str], needle: str) -> None:
+    assert change[0] in text
+    p = write(tmp_path, text.replace(*change))
     with pytest.raises(ConfigError) as ei:
         load_config(p)
     msg = str(ei.value)
