@@ -143,16 +143,20 @@ def run_row(rec: RunRecord, prog: RunProgress | None, now: float) -> tuple[str, 
 
 
 def pipeline_row(pipe: PipelineRun, prog: RunProgress | None, now: float) -> tuple[str, ...]:
-    """One row for a pipeline: its id, its status with each part's (`▶ running (store▶
-    producer▶ trainer▶)`), and its trainer's progress and held-out figure."""
+    """One row for a pipeline: its id (with its trainer's Slurm job, if it is one), its status
+    with each part's (`▶ running (store▶ producer▶ trainer…) Priority`: why a trainer job
+    waits), and its trainer's progress and held-out figure."""
     trainer = pipe.part("trainer")
     lead = trainer[0] if trainer else pipe.records[0]
     start, end = pipe.start, pipe.end or (now if pipe.status.active else None)
     dur = fmt_duration(end - start) if start and end else "-"
+    why = f" {lead.reason}" if trainer and lead.reason and lead.status == RunStatus.PENDING \
+        else ""
     status = f"{STATUS_MARK.get(pipe.status, ' ')} {pipe.status.value} " \
-             f"({parts_text(pipe, STATUS_MARK)})"
-    return (fit_id(pipe.id, RUN_WIDTH), status, progress_of(lead, prog), lead.best_cell(), dur,
-            code_of(lead))
+             f"({parts_text(pipe, STATUS_MARK)}){why}"
+    job = slurm_of(lead) if trainer else ""
+    return (fit_id(pipe.id, max(16, RUN_WIDTH - len(job))) + job, status,
+            progress_of(lead, prog), lead.best_cell(), dur, code_of(lead))
 
 
 class ProfileTable(TextTable):

@@ -1,7 +1,8 @@
 """A pipeline's status from its parts' records (PipelineRun, console/scheduler/pipeline.py):
 running while its producer or its trainer runs, then their outcome (its store's own stop is
 none, unless it failed), and a store left running after both ended is what `settle` stops;
-which ids name a pipeline (console/runs/pipeline.py)."""
+which ids name a pipeline (console/runs/pipeline.py); a pipeline's row names its trainer's Slurm
+job and why it waits."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 
 from console.runs.pipeline import pipeline_profile
 from console.scheduler.pipeline import PipelineRun, pipelines
-from console.scheduler.run_record import RunRecord
+from console.scheduler.run_record import RunRecord, SlurmInfo
 from console.scheduler.run_status import RunStatus
 from console.settings.config import Config, HostConfig, Pipeline, Profile
+from console.widgets.run_tables import pipeline_row
 
 PID = "pipe-20261206-100000-abcd"
 R, S, F, X = RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED
@@ -58,3 +60,20 @@ def test_which_ids_name_a_pipeline() -> None:
     assert pipeline_profile(cfg, PID) is cfg.profiles["pipe"]
     assert pipeline_profile(cfg, f"{PID}.trainer") is None      # a part: a run of its own
     assert pipeline_profile(cfg, "plain-20261206-100000-abcd") is None
+
+
+def test_a_pipelines_row_names_its_trainer_job_and_why_it_waits() -> None:
+    """A trainer that is a Slurm job: the row's RUN cell carries the job (as a plain Slurm
+    run's does) and the status says why the job waits; once it runs the reason goes."""
+    job = SlurmInfo(job_id="4242", partition="gpu", reason="Priority")
+    waiting = RunRecord(id=f"{PID}.trainer", host="h", profile="pipe", status=RunStatus.PENDING,
+                        start=100.0, pipeline=PID, part="trainer", slurm=job)
+    row = pipeline_row(PipelineRun(PID, (rec("store", R), rec("producer", R), waiting)), None,
+                       160.0)
+    assert row[0].endswith(" · job 4242 gpu") and row[0].startswith("pipe-")
+    assert row[1].endswith(") Priority") and "trainer" in row[1]
+    running = RunRecord(id=f"{PID}.trainer", host="h", profile="pipe", status=R, start=100.0,
+                        pipeline=PID, part="trainer", slurm=job)
+    row = pipeline_row(PipelineRun(PID, (rec("store", R), rec("producer", R), running)), None,
+                       160.0)
+    assert "Priority" not in row[1] and row[0].endswith(" · job 4242 gpu")
