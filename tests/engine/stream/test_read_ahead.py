@@ -23,7 +23,7 @@ from engine.stream.master import Master
 from engine.stream.store import StoreClient
 from engine.stream.stream_data import StreamData
 from engine.training.plan import Step
-from tests.engine.stream.test_producer import Tiny, _tiny
+from tests.stream_store import Tiny, tiny
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.stream_store",)
@@ -46,7 +46,7 @@ def _open(producer: StoreClient, run: str, out: io.StringIO, **kw: Any) -> Strea
 
 def _put(producer: StoreClient, data: StreamData, run: str, i: int) -> None:
     spec = data.manifest.spec(i)
-    n = codec.encode(_tiny(i), spec, producer.buffer.ensure(codec.encoded_size(spec)))
+    n = codec.encode(tiny(i), spec, producer.buffer.ensure(codec.encoded_size(spec)))
     producer.put_from(keys.sample_key(run, 0, i), n)
 
 
@@ -73,7 +73,7 @@ def test_the_next_micro_batches_are_read_while_the_caller_is_busy(
             _put(producer, data, run, i)
         _plan(data, (0, 1), (2, 3), (4, 5))
         first = data._samples((0, 1))
-        assert all(_same(s, _tiny(i)) for s, i in zip(first, (0, 1), strict=True))
+        assert all(_same(s, tiny(i)) for s, i in zip(first, (0, 1), strict=True))
         ahead = data.ahead
         assert ahead is not None
         wait_until(lambda: len(ahead.ready_at) == 3, 10, "the next two micro-batches read")
@@ -83,7 +83,7 @@ def test_the_next_micro_batches_are_read_while_the_caller_is_busy(
         assert producer.exists(sample) == [False, False, True, True, True, True]
         producer.remove(sample[2:4])  # read ahead already: the store no longer needed
         second = data._samples((2, 3))
-        assert all(_same(s, _tiny(i)) for s, i in zip(second, (2, 3), strict=True))
+        assert all(_same(s, tiny(i)) for s, i in zip(second, (2, 3), strict=True))
         assert data.read_s == read_s and data.waits == 0
         data.ack(2)
         data.batch((4, 5))
@@ -135,7 +135,7 @@ def test_a_sample_that_is_not_one_is_the_training_loops_one_line_error(
         _put(producer, data, run, 0)
         producer.put_bytes(key, b"not a sample at all")
         _plan(data, (0,), (1,))
-        assert _same(data[0], _tiny(0))
+        assert _same(data[0], tiny(0))
         with pytest.raises(EngineError, match=rf"^stream object {key}: not a sample of ours"):
             data.batch((1,))
     finally:
