@@ -113,22 +113,22 @@ class StreamData(FeatureData):
     # -- the plan ----------------------------------------------------------------------------
     def plan_steps(self, steps: list[Any], held: list[int], start: int, rank: int,
                    world: int) -> None:
-        """Remember this rank's micro-batches in order; rank 0 puts the whole order."""
+        """Remember this rank's micro-batches in order and start reading them ahead; rank 0
+        puts the whole order first."""
         self._held = set(held)
         self._next = deque((s.epoch, tuple(idx)) for s in steps for idx in s.for_rank(rank, world))
         self.rank, self.done_steps = rank, start
+        if rank == 0:
+            self._steps = deque((s.epoch, tuple(s.samples())) for s in steps)
+            self._check_pool(steps, held)
+            self.nonce = f"{os.getpid()}-{time.time_ns()}"
+            plan = po.PlanOrder(start, self.nonce, tuple(held),
+                                tuple((s.epoch, tuple(s.samples())) for s in steps))
+            self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
         if self.ahead is not None:
             self.ahead.close()
         self.ahead = ReadAhead(self.client, self.run, self.manifest, list(self._next),
                                self.read_ahead, self.poll_s)
-        if rank != 0:
-            return
-        self._steps = deque((s.epoch, tuple(s.samples())) for s in steps)
-        self._check_pool(steps, held)
-        self.nonce = f"{os.getpid()}-{time.time_ns()}"
-        plan = po.PlanOrder(start, self.nonce, tuple(held),
-                            tuple((s.epoch, tuple(s.samples())) for s in steps))
-        self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
 
     def _check_pool(self, steps: list[Any], held: list[int]) -> None:
         pool = self.meta.get("pool")
