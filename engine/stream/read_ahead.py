@@ -28,6 +28,9 @@ from engine.stream import codec, keys
 from engine.stream.manifest import StreamManifest
 from engine.stream.store import Buffer, StoreClient
 
+#: how many `poll_s` at most between two looks for a sample the caller does not wait for yet
+_SLOW_POLLS = 8
+
 #: one micro-batch of the plan: its epoch and its sample indices
 Micro = tuple[int, tuple[int, ...]]
 
@@ -47,6 +50,8 @@ class ReadAhead:
         self._error: BaseException | None = None
         self._cv = threading.Condition()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the caller blocks (or close()): look again at once
+        self._asked = False  # whether the caller is blocked on the thread
         # what the thread is doing ("wait" for the producer, "read", or None) since when, and
         # the seconds it has spent on each before that
         self._mode: str | None = None
@@ -83,9 +88,15 @@ class ReadAhead:
 
     def _read(self, key: str, i: int) -> Sample:
         self._doing("wait", key)
+        pause = self.poll_s
         while self.client.size(key) is None:
-            if self._stop.wait(self.poll_s):
+            # ahead of the caller, the store is asked less often (the producer's pool may be
+            # full until the caller's ack); a blocked caller is served at `poll_s`
+            self._wake.wait(pause)
+            self._wake.clear()
+            if self._stop.is_set():
                 raise _Stopped
+            pause = self.poll_s if self._asked else min(2 * pause, _SLOW_POLLS * self.poll_s)
         self._doing("read")
         return codec.decode(self.client.get_into(key, self.buffer), self.manifest.spec(i), key)
 
@@ -112,23 +123,29 @@ class ReadAhead:
         blocked while the thread waited for the producer and while it read."""
         w0, r0 = self.spent()
         blocked = False
-        while True:
-            with self._cv:
-                if self._ready:
-                    got_idx, got = self._ready.popleft()
-                    self._cv.notify_all()
-                    break
-                if self._error is not None:
-                    raise self._error
-                if not self._thread.is_alive():
-                    raise EngineError(f"stream run {self.run}: the trainer asked for samples "
-                                      f"{idx} past its plan")
+        try:
+            while True:
+                with self._cv:
+                    if self._ready:
+                        got_idx, got = self._ready.popleft()
+                        self._cv.notify_all()
+                        break
+                    if self._error is not None:
+                        raise self._error
+                    if not self._thread.is_alive():
+                        raise EngineError(f"stream run {self.run}: the trainer asked for "
+                                          f"samples {idx} past its plan")
+                    if blocked:
+                        self._cv.wait(self.poll_s)
+                    else:
+                        self._asked = True
+                        self._wake.set()
+                    waiting = self._key if self._mode == "wait" else None
                 if blocked:
-                    self._cv.wait(self.poll_s)
-                waiting = self._key if self._mode == "wait" else None
-            if blocked:
-                heed(waiting)
-            blocked = True
+                    heed(waiting)
+                blocked = True
+        finally:
+            self._asked = False
         if got_idx != idx:  # StreamData checks the plan order first: this is our own slip
             raise EngineError(f"stream run {self.run}: read ahead {got_idx}, asked for {idx}")
         if not blocked:
@@ -138,6 +155,7 @@ class ReadAhead:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         with self._cv:
             self._cv.notify_all()
         self._thread.join(timeout=30)
