@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from engine.data.features import Sample
 from engine.stream.master import Master, start_master
 from tests.engine_helpers import REPO, engine_env, events
 
@@ -102,3 +104,23 @@ def numbers(run: Path) -> dict[int, dict[str, Any]]:
     timing = ("t_", "tokens_per_s", "step_time_s")
     return {e["step"]: {k: v for k, v in e["values"].items() if not k.startswith(timing)}
             for e in events(run / "events.jsonl") if e["kind"] == "metric" and "name" not in e}
+
+
+class Tiny:
+    """Eight short samples: what the stream manifest's build reads of a FeatureData."""
+
+    lengths, loss_counts, hidden_size = [4] * 8, [2] * 8, 4
+    aux_layer_ids, has_target_argmax = [0, 1, 2], False
+
+    def __len__(self) -> int:
+        return 8
+
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(4) + i, torch.tensor([0, 1, 1, 0])
+
+
+def tiny(i: int) -> Sample:
+    """Sample `i` of Tiny, the same every time."""
+    g = torch.Generator().manual_seed(i)
+    return Sample(torch.arange(4) + i, torch.tensor([0, 1, 1, 0]), torch.randn(4, 12, generator=g),
+                  torch.randn(4, 4, generator=g), None)

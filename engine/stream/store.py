@@ -169,13 +169,15 @@ class StoreClient:
         """Put the first `nbytes` of `self.buffer` under `key` (a key that exists is kept)."""
         self.check(self.store.put_from(key, self.buffer.ptr, nbytes), "put_from", key)
 
-    def get_into(self, key: str) -> Tensor:
-        """The object under `key`, read into `self.buffer` (a view of it; copy to keep it)."""
+    def get_into(self, key: str, buffer: Buffer | None = None) -> Tensor:
+        """The object under `key`, read into `buffer` (default `self.buffer`; a view of it:
+        copy to keep it). A thread reading beside another passes its own registered buffer."""
+        into = self.buffer if buffer is None else buffer
         size = self.size(key)
         if size is None:
             raise EngineError(f"mooncake store {self.address}: {key}: no such object")
-        buf = self.buffer.ensure(size)
-        got = self.check(self.store.get_into(key, self.buffer.ptr, size), "get_into", key)
+        buf = into.ensure(size)
+        got = self.check(self.store.get_into(key, into.ptr, size), "get_into", key)
         if got != size:
             raise EngineError(f"mooncake store {self.address}: {key}: read {got} of {size} "
                               "bytes")

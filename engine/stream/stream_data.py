@@ -16,6 +16,11 @@ While it waits, the trainer watches the producer's heartbeat: after `silent_say_
 beat it says "producer silent for N s" (and again every `silent_say_s`), puts the longest
 silence in its `stream trainer` metric, and keeps waiting, so a producer started again is
 picked up; with `give_up_s` it stops instead, with one line, after that much silence.
+
+The plan's micro-batches are read ahead (engine/stream/read_ahead.py): while the rank computes
+one, a thread waits for, reads and decodes the next `read_ahead`. The waiting is said and
+watched here all the same, in the training loop, and `wait_s`/`read_s` count only what the
+training loop spent blocked on it. Held-out samples (the estimates) are read when asked for.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from engine.stream import manifest as mf
 from engine.stream import plan_order as po
 from engine.stream import progress as pg
 from engine.stream.address import StreamAddress
+from engine.stream.read_ahead import ReadAhead
 from engine.stream.store import StoreClient
 
 #: the metric event's name for the trainer's waiting figures
@@ -45,10 +51,12 @@ TRAINER = "stream trainer"
 class StreamData(FeatureData):
     def __init__(self, address: StreamAddress, run: str, ev: Emitter,
                  poll_s: float = 0.01, say_s: float = 1.0, silent_say_s: float = 5.0,
-                 give_up_s: float | None = None) -> None:
+                 give_up_s: float | None = None, read_ahead: int = 2) -> None:
         self.run, self.ev = keys.check_run(run, "--data"), ev
         self.poll_s, self.say_s = poll_s, say_s
         self.silent_say_s, self.give_up_s = silent_say_s, give_up_s
+        self.read_ahead = read_ahead
+        self.ahead: ReadAhead | None = None
         self.client = StoreClient(address, 0)
         beat = keys.beat_key(run)
         self.silence = pg.Silence(lambda: self.client.get_bytes(beat))
@@ -105,18 +113,22 @@ class StreamData(FeatureData):
     # -- the plan ----------------------------------------------------------------------------
     def plan_steps(self, steps: list[Any], held: list[int], start: int, rank: int,
                    world: int) -> None:
-        """Remember this rank's micro-batches in order; rank 0 puts the whole order."""
+        """Remember this rank's micro-batches in order and start reading them ahead; rank 0
+        puts the whole order first."""
         self._held = set(held)
         self._next = deque((s.epoch, tuple(idx)) for s in steps for idx in s.for_rank(rank, world))
         self.rank, self.done_steps = rank, start
-        if rank != 0:
-            return
-        self._steps = deque((s.epoch, tuple(s.samples())) for s in steps)
-        self._check_pool(steps, held)
-        self.nonce = f"{os.getpid()}-{time.time_ns()}"
-        plan = po.PlanOrder(start, self.nonce, tuple(held),
-                            tuple((s.epoch, tuple(s.samples())) for s in steps))
-        self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
+        if rank == 0:
+            self._steps = deque((s.epoch, tuple(s.samples())) for s in steps)
+            self._check_pool(steps, held)
+            self.nonce = f"{os.getpid()}-{time.time_ns()}"
+            plan = po.PlanOrder(start, self.nonce, tuple(held),
+                                tuple((s.epoch, tuple(s.samples())) for s in steps))
+            self.client.put_bytes(keys.plan_key(self.run), po.encode(plan))
+        if self.ahead is not None:
+            self.ahead.close()
+        self.ahead = ReadAhead(self.client, self.run, self.manifest, list(self._next),
+                               self.read_ahead, self.poll_s)
 
     def _check_pool(self, steps: list[Any], held: list[int]) -> None:
         pool = self.meta.get("pool")
@@ -166,11 +178,35 @@ class StreamData(FeatureData):
             raise EngineError(f"stream run {self.run}: the trainer asked for samples {idx} out "
                               f"of its plan (next: {want})")
         epoch, _ = self._next.popleft()
-        out = []
-        for i in idx:
-            key = keys.sample_key(self.run, epoch, i)
-            out.append(self._fetch(key, i))
-            self._taken.append(key)
+        out = self._take(idx)
+        self._taken += [keys.sample_key(self.run, epoch, i) for i in idx]
+        return out
+
+    def _take(self, idx: tuple[int, ...]) -> list[Sample]:
+        """The next micro-batch from the read-ahead; a wait for the producer is said and
+        watched as `_fetch` does."""
+        assert self.ahead is not None  # plan_steps made it with self._next
+        t0, said, begun = time.monotonic(), "", False
+
+        def heed(key: str | None) -> None:
+            nonlocal said, begun
+            if key is None:  # the thread is reading
+                return
+            if not begun:
+                self.silence.begin()
+                begun = True
+            if not said and time.monotonic() - t0 > self.say_s:
+                self.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
+                said = key
+            self._heed_silence(key)
+
+        out, waited, read = self.ahead.take(idx, heed)
+        if waited > self.poll_s:
+            self.wait_s += waited
+            self.waits += 1
+        self.read_s += read
+        if said:
+            self.ev.log(f"stream trainer: waited {waited:.2f} s for {said}")
         return out
 
     def batch(self, indices: tuple[int, ...] | list[int]) -> dict[str, Tensor]:
@@ -228,6 +264,8 @@ class StreamData(FeatureData):
                            + [keys.plan_key(self.run)])
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         self.client.close()
 
 

@@ -24,6 +24,7 @@ from engine.stream.pool import Watermarks
 from engine.stream.producer import Produced, Producer
 from engine.stream.store import NOT_FOUND, NOT_READY, StoreClient
 from tests.engine_helpers import REPO, engine_env
+from tests.stream_store import Tiny, tiny
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.stream_store",)
@@ -80,25 +81,6 @@ def test_a_put_over_a_killed_producers_unfinished_put_is_kept(stream_master: Mas
         client.close()
 
 
-class Tiny:
-    """Eight short samples: what mf.build reads of a FeatureData."""
-
-    lengths, loss_counts, hidden_size = [4] * 8, [2] * 8, 4
-    aux_layer_ids, has_target_argmax = [0, 1, 2], False
-
-    def __len__(self) -> int:
-        return 8
-
-    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.arange(4) + i, torch.tensor([0, 1, 1, 0])
-
-
-def _tiny(i: int) -> Sample:
-    g = torch.Generator().manual_seed(i)
-    return Sample(torch.arange(4) + i, torch.tensor([0, 1, 1, 0]), torch.randn(4, 12, generator=g),
-                  torch.randn(4, 4, generator=g), None)
-
-
 def test_a_producer_started_again_keeps_what_is_there_and_skips_what_was_trained(
         stream_master: Master) -> None:
     """A plan of four steps of two samples (one held out); the first producer put it all and
@@ -120,7 +102,7 @@ def test_a_producer_started_again_keeps_what_is_there_and_skips_what_was_trained
             (keys.sample_key(run, e, i), i, s) for s, (e, idx) in enumerate(plan.steps)
             for i in idx]
         for key, i, step in put_all:
-            first.put(key, _tiny(i), manifest.spec(i), step)
+            first.put(key, tiny(i), manifest.spec(i), step)
         client.remove([keys.sample_key(run, 0, 0), keys.sample_key(run, 0, 5)])
         client.put_bytes(keys.ack_key(run), pg.encode(pg.Progress("n1", 1)))
 
@@ -128,7 +110,7 @@ def test_a_producer_started_again_keeps_what_is_there_and_skips_what_was_trained
 
         def sample_of(i: int) -> Sample:
             made.append(i)
-            return _tiny(i)
+            return tiny(i)
 
         again = Producer(client, run, Watermarks(16, 8, 1 << 20, 1 << 19), ev)
         again.publish(manifest)
@@ -170,7 +152,7 @@ def test_a_producer_started_again_after_the_run_ended_cleans_up_and_exits(
         p = Producer(client, run, Watermarks(16, 8, 1 << 20, 1 << 19),
                      Emitter("stream", json_mode=True, out=io.StringIO(), err=io.StringIO()))
         p.publish(mf.build(Tiny(), "float32", {}))
-        got = p.produce(_tiny, p.wait_plan(5))
+        got = p.produce(tiny, p.wait_plan(5))
         assert got.samples == 0
         assert client.exists([keys.manifest_key(run), keys.ack_key(run),
                               keys.beat_key(run)]) == [False, False, False]
@@ -213,7 +195,7 @@ def test_a_sample_the_trainer_takes_at_once_is_put_once(stream_master: Master) -
         p = Producer(client, run, Watermarks(64, 32, 1 << 20, 1 << 19), ev)
         p.publish(mf.build(Tiny(), "float32", {}))
         done: list[object] = []
-        prod = threading.Thread(target=lambda: done.append(p.produce(_tiny, plan)), daemon=True)
+        prod = threading.Thread(target=lambda: done.append(p.produce(tiny, plan)), daemon=True)
         prod.start()
         prod.join(30)
         assert done, "the producer still waits for a sample it put twice to be taken"
@@ -241,7 +223,7 @@ def test_a_producer_resuming_from_a_pause_looks_at_the_plan_first(
         p = Producer(client, run, Watermarks(4, 2, 1 << 20, 1 << 19), ev, look_s=3600)
         p.publish(mf.build(Tiny(), "float32", {}))
         done: list[Produced] = []
-        prod = threading.Thread(target=lambda: done.append(p.produce(_tiny, old)), daemon=True)
+        prod = threading.Thread(target=lambda: done.append(p.produce(tiny, old)), daemon=True)
         prod.start()
         wait_until(lambda: "stream producer paused" in out.getvalue(), 30, "a pause")
         client.put_bytes(keys.plan_key(run), po.encode(new))
