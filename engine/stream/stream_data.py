@@ -148,26 +148,24 @@ class StreamData(FeatureData):
 
     # -- reading ------------------------------------------------------------------------------
     def _fetch(self, key: str, i: int) -> Sample:
-        t0, said, begun = time.monotonic(), False, False
+        wait = _Wait(self)
         while self.client.size(key) is None:
-            if not begun:
-                self.silence.begin()
-                begun = True
-            if not said and time.monotonic() - t0 > self.say_s:
-                self.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
-                said = True
-            self._heed_silence(key)
+            wait(key)
             time.sleep(self.poll_s)
-        waited = time.monotonic() - t0
-        if waited > self.poll_s:
-            self.wait_s += waited
-            self.waits += 1
-        if said:
-            self.ev.log(f"stream trainer: waited {waited:.2f} s for {key}")
+        self._waited(wait, time.monotonic() - wait.t0)
         t1 = time.monotonic()
         s = codec.decode(self.client.get_into(key), self.manifest.spec(i), key)
         self.read_s += time.monotonic() - t1
         return s
+
+    def _waited(self, wait: _Wait, waited: float) -> None:
+        """Count a wait for the producer (one longer than a poll), and say its end if its
+        start was said."""
+        if waited > self.poll_s:
+            self.wait_s += waited
+            self.waits += 1
+        if wait.said:
+            self.ev.log(f"stream trainer: waited {waited:.2f} s for {wait.said}")
 
     def _samples(self, indices: tuple[int, ...] | list[int]) -> list[Sample]:
         idx = tuple(indices)
@@ -186,27 +184,10 @@ class StreamData(FeatureData):
         """The next micro-batch from the read-ahead; a wait for the producer is said and
         watched as `_fetch` does."""
         assert self.ahead is not None  # plan_steps made it with self._next
-        t0, said, begun = time.monotonic(), "", False
-
-        def heed(key: str | None) -> None:
-            nonlocal said, begun
-            if key is None:  # the thread is reading
-                return
-            if not begun:
-                self.silence.begin()
-                begun = True
-            if not said and time.monotonic() - t0 > self.say_s:
-                self.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
-                said = key
-            self._heed_silence(key)
-
-        out, waited, read = self.ahead.take(idx, heed)
-        if waited > self.poll_s:
-            self.wait_s += waited
-            self.waits += 1
+        wait = _Wait(self)
+        out, waited, read = self.ahead.take(idx, wait)
+        self._waited(wait, waited)
         self.read_s += read
-        if said:
-            self.ev.log(f"stream trainer: waited {waited:.2f} s for {said}")
         return out
 
     def batch(self, indices: tuple[int, ...] | list[int]) -> dict[str, Tensor]:
@@ -272,3 +253,26 @@ class StreamData(FeatureData):
 def open_stream_data(cfg: Any, ev: Emitter) -> StreamData:
     return StreamData(StreamAddress.parse(cfg.from_stream), cfg.data, ev,
                       give_up_s=cfg.producer_timeout)
+
+
+class _Wait:
+    """One wait of the training loop for a sample: called with the key the producer has not
+    put yet (None while the read-ahead reads), it starts watching the producer's silence, says
+    the wait once it passes `say_s`, and says or gives up on a silent producer."""
+
+    def __init__(self, data: StreamData) -> None:
+        self.data, self.t0 = data, time.monotonic()
+        self.said = ""  # the key the wait was said for
+        self.begun = False
+
+    def __call__(self, key: str | None) -> None:
+        if key is None:
+            return
+        d = self.data
+        if not self.begun:
+            d.silence.begin()
+            self.begun = True
+        if not self.said and time.monotonic() - self.t0 > d.say_s:
+            d.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
+            self.said = key
+        d._heed_silence(key)
