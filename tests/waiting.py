@@ -12,13 +12,15 @@ from textual.pilot import Pilot
 
 
 async def wait_for(pilot: Pilot[Any], cond: Callable[[], object], timeout: float = 90.0,
-                   what: str = "the app") -> None:
-    """Let the app run until `cond()` holds; fails at once if the app ended meanwhile."""
+                   what: str = "the app", state: Callable[[], object] | None = None) -> None:
+    """Let the app run until `cond()` holds; fails at once if the app ended meanwhile, saying
+    `state()` (what the app showed instead) when given."""
     deadline = time.monotonic() + timeout
     while not cond():
         assert pilot.app.is_running, f"the app ended while waiting for {what}"
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            shown = "" if state is None else f"; instead: {state()!r}"
+            raise AssertionError(f"timed out waiting for {what}{shown}")
         await pilot.pause(0.05)
 
 

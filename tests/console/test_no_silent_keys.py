@@ -29,7 +29,8 @@ async def test_push_on_a_host_without_profiles_says_what_it_did() -> None:
         await wait_for(pilot, lambda: "No profile runs" in str(activity.render()))
         await pilot.press("p")
         await wait_for(pilot, lambda: pane.model.busy is None
-                       and "files sent to local" in str(activity.render()), 120, "the push")
+                       and "files sent to local" in str(activity.render()), 120, "the push",
+                       lambda: (pane.model.busy, str(activity.render()), notes(app)))
         for _ in range(3):           # the pane's redraws and its next registry read
             pane.load_runs("local")
             await pilot.pause(0.3)
