@@ -20,6 +20,7 @@ from textual.widgets import Header, TabbedContent, TabPane
 
 from console.dialogs.confirm import ConfirmScreen
 from console.errors import ConsoleError
+from console.hosts.host import HostView
 from console.hosts.hostkeys import offered_key, record
 from console.panes.checkpoints import CheckpointsPane
 from console.panes.fleet import FleetPane
@@ -91,17 +92,20 @@ class MainScreen(Screen):
             self._select(message.host)
 
     def on_host_state_changed(self, message: HostStateChanged) -> None:
-        self.query_one(HostList).show_state(message.host, services(self).pool.view(message.host))
+        view = services(self).pool.view(message.host)
+        self.query_one(HostList).show_state(message.host, view)
         if message.host == self.selected:
-            self._title()
+            self._title(view)
             self.query_one(GpuPane).refresh_view()   # its state line says the same, now
 
     def _show_states(self) -> None:
-        """Every host's state in the list and the header, from the pool's one view of it."""
+        """Every host's state in the list and the header, from the pool's one view of it (read
+        once: two reads a second boundary apart would say "no answer for 5 s" and "6 s")."""
         pool, hosts = services(self).pool, self.query_one(HostList)
-        for name in self.host_names:
-            hosts.show_state(name, pool.view(name))
-        self._title()
+        views = {name: pool.view(name) for name in self.host_names}
+        for name, view in views.items():
+            hosts.show_state(name, view)
+        self._title(views.get(self.selected))
 
     def action_cycle_host(self, step: int) -> None:
         """`[` / `]`: the previous / next host, in the hosts list's order (wrapping)."""
@@ -165,8 +169,10 @@ class MainScreen(Screen):
         for tab_id, _title, _cls in PANES:
             self.query_one(f"#pane-{tab_id}").show_host(host)  # type: ignore[attr-defined]
 
-    def _title(self) -> None:
+    def _title(self, view: HostView | None = None) -> None:
         """The header's host line: `gpu1 ● connected` (all a narrow screen has of the list)."""
-        title = f"{self.selected} {state_text(services(self).pool.view(self.selected))}"
+        if view is None:
+            view = services(self).pool.view(self.selected)
+        title = f"{self.selected} {state_text(view)}"
         if title != self.sub_title:
             self.sub_title = title
