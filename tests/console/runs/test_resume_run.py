@@ -24,7 +24,7 @@ from tests.sshd import SSHD
 
 pytest_plugins = ("tests.demo_workspace",)
 
-STEPS = 30
+STEPS = 60  # a stop after the first checkpoint (step 5) lands long before the end
 
 
 def write_config(sshd: SSHD, demo_dir: Path, tmp_path: Path) -> Path:
