@@ -49,6 +49,7 @@ from torch import Tensor
 from engine.bounded_http import AnswerTooLarge, connection, error_reason, send
 from engine.capture.server import DEFAULT_STORAGE, capture_layer_ids, slots
 from engine.ckpt.final_norm import FinalNorm, load_final_norm
+from engine.data.one_thread import one_thread
 from engine.errors import EngineError
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -208,9 +209,7 @@ class DaemonPool:
         return fut
 
     def _work(self) -> None:
-        # Per-thread OpenMP setting: a worker's small tensor ops (check, norm) run on this thread
-        # alone instead of waking a team that fights the caller's (or the server's) threads.
-        torch.set_num_threads(1)
+        one_thread()  # its checks and norm stay out of the caller's (or the server's) team
         while True:
             item = self._q.get()
             if item is None:

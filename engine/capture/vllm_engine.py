@@ -54,6 +54,7 @@ from engine.ckpt.target_layout import vllm_text_only
 from engine.ckpt.target_weights import TargetHead
 from engine.data.chat import Tokenized
 from engine.data.disk_estimate import human
+from engine.data.one_thread import one_thread
 from engine.data.prepare import (
     ShardWriter,
     check_args,
@@ -386,7 +387,8 @@ class _EngineRun:
         error is raised at the next batch's hand-over, before anything later is written."""
         if ev is not None:
             ev.progress(self.pos, len(self.samples), unit="sample", desc="capture", force=True)
-        with ThreadPoolExecutor(1, thread_name_prefix="capture-write") as writer:
+        with ThreadPoolExecutor(1, thread_name_prefix="capture-write",
+                                initializer=one_thread) as writer:
             pending: Future[None] | None = None
             for b, batch in enumerate(self._batches(batch_tokens)):
                 checked = {0} if self.check_every and b % self.check_every == 0 else set()

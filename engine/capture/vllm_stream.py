@@ -49,6 +49,7 @@ from engine.capture.vllm_engine import (
     start_engine,
 )
 from engine.data.features import FeatureData, Sample
+from engine.data.one_thread import one_thread, one_thread_here
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.stream import keys
@@ -129,7 +130,8 @@ class PlanFeed:
         self.wait_s = 0.0  # the producer waiting for samples (prefilled, checked, normed)
         self.features_s = 0.0  # checks and norm (on their thread, beside prefills and puts)
         self.prefiller = ThreadPoolExecutor(1, thread_name_prefix="capture-prefill")
-        self.featurer = ThreadPoolExecutor(1, thread_name_prefix="capture-features")
+        self.featurer = ThreadPoolExecutor(1, thread_name_prefix="capture-features",
+                                           initializer=one_thread)
 
     def __call__(self, i: int) -> Sample:
         if self.first is None:
@@ -249,7 +251,8 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
             feed = PlanFeed(engine, feats, cp, producer, batch_tokens, check_every)
             t0 = time.monotonic()
             try:
-                got = producer.produce(feed, plan)
+                with one_thread_here():  # the encodes and puts: engine/data/one_thread.py
+                    got = producer.produce(feed, plan)
             finally:
                 feed.close()
             seconds = time.monotonic() - t0

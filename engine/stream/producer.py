@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine.data.features import FeatureData, Sample
+from engine.data.one_thread import one_thread_here
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.stream import codec, keys
@@ -268,4 +269,5 @@ def produce_data(data: FeatureData, client: StoreClient, run: str, marks: Waterm
     p = Producer(client, run, marks, ev)
     p.publish(mf.build(data, dtype, dict(data.meta), digest))
     plan = p.wait_plan(plan_timeout_s)
-    return p.produce(data.__getitem__, plan)
+    with one_thread_here():  # the encodes and puts: engine/data/one_thread.py
+        return p.produce(data.__getitem__, plan)

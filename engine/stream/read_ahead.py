@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.data.features import Sample
+from engine.data.one_thread import one_thread
 from engine.errors import EngineError
 from engine.stream import codec, keys
 from engine.stream.manifest import StreamManifest
@@ -65,6 +66,7 @@ class ReadAhead:
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        one_thread()  # its decode copies stay out of the training step's OpenMP team
         try:
             for epoch, idx in self._plan:
                 with self._cv:
