@@ -51,7 +51,6 @@ from engine.capture.vllm_client import (
     read_features,
 )
 from engine.data.features import FeatureData, Sample, collate
-from engine.data.one_thread import one_thread
 from engine.errors import EngineError
 from engine.events import Emitter
 
@@ -242,7 +241,7 @@ def _worker(req: Any, res: Any, ppid: int, url: str, model: str, target_dir: str
     """The worker process: fetch, check, normalise and collate the batches asked for on `req`,
     in order, and put (tag, batch, None) or (tag, None, (message, give_up)) on `res`."""
     _die_with_parent(ppid)
-    one_thread()
+    torch.set_num_threads(1)
     from engine.data.target import default_aux_ids, read_config
     try:
         cfg = read_config(target_dir)
