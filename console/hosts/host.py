@@ -59,9 +59,6 @@ class Host:
         self.transport = transport or open_transport(cfg)
         self._home: str | None = None
         self._lock = asyncio.Lock()
-        #: one push at a time to this host: a second (the registry's engine check beside a
-        #: user's `p`) would upload the same files again; after the first, it finds them there
-        self.push_lock = asyncio.Lock()
         self.engine_pushed = False  # set once this console's engine is known to be on the host
 
     @property

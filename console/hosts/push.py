@@ -275,24 +275,22 @@ _ACTIVE: dict[tuple[str, str], int] = {}
 
 async def push(host: Host, trees: Sequence[Tree], *, delete: bool = False, verify: bool = False,
                on_progress: ProgressFn | None = None) -> PushReport:
-    """Bring every tree on host up to date with the local side (the module docstring says how);
-    a push to a host that another push of this process is busy with waits for it."""
+    """Bring every tree on host up to date with the local side (the module docstring says how)."""
     await host.connect()
     root = await host.root()
     keys = [(host.name, t.remote) for t in trees]
-    async with host.push_lock:
+    for k in keys:
+        _ACTIVE[k] = _ACTIVE.get(k, 0) + 1
+    try:
+        report = await _push(host, root, trees, delete, verify, on_progress)
+        if {t.name for t in trees if t.code} >= ENGINE_TREES:
+            host.engine_pushed = True   # this console's engine is on the host now
+        return report
+    finally:
         for k in keys:
-            _ACTIVE[k] = _ACTIVE.get(k, 0) + 1
-        try:
-            report = await _push(host, root, trees, delete, verify, on_progress)
-            if {t.name for t in trees if t.code} >= ENGINE_TREES:
-                host.engine_pushed = True   # this console's engine is on the host now
-            return report
-        finally:
-            for k in keys:
-                _ACTIVE[k] -= 1
-                if not _ACTIVE[k]:
-                    del _ACTIVE[k]
+            _ACTIVE[k] -= 1
+            if not _ACTIVE[k]:
+                del _ACTIVE[k]
 
 
 async def _push(host: Host, root: str, trees: Sequence[Tree], delete: bool, verify: bool,

@@ -3,7 +3,6 @@ detection, excludes, --delete, odd file names, the recorded manifest, and doctor
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -118,20 +117,6 @@ async def test_engine_always_pushed_and_doctor_on_fresh_host(sshd: SSHD, tmp_pat
         assert (code / "eagle3_hostside" / "manifest.py").exists()
         again = await push(host, await engine_trees(host))
         assert again.files_sent == 0
-    finally:
-        await host.close()
-
-
-async def test_two_pushes_at_once_send_the_files_once(kind: str, request: pytest.FixtureRequest,
-                                                     tmp_path: Path) -> None:
-    """The registry's engine check and a user's `p` meet on a fresh host: the second push waits
-    for the first and finds the files there (both uploaded everything before)."""
-    host = Host(host_cfg(kind, request, tmp_path / "root"))
-    try:
-        trees = await engine_trees(host)
-        a, b = await asyncio.gather(push(host, trees), push(host, trees))
-        assert a.files_sent == sum(t.files for t in a.trees) > 0
-        assert b.files_sent == 0 and b.manifest == a.manifest
     finally:
         await host.close()
 
