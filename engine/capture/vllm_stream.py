@@ -49,7 +49,7 @@ from engine.capture.vllm_engine import (
     start_engine,
 )
 from engine.data.features import FeatureData, Sample
-from engine.data.one_thread import one_thread, one_thread_here
+from engine.data.one_thread import one_thread
 from engine.errors import EngineError
 from engine.events import Emitter
 from engine.stream import keys
@@ -251,8 +251,7 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
             feed = PlanFeed(engine, feats, cp, producer, batch_tokens, check_every)
             t0 = time.monotonic()
             try:
-                with one_thread_here():  # the encodes and puts: engine/data/one_thread.py
-                    got = producer.produce(feed, plan)
+                got = producer.produce(feed, plan)
             finally:
                 feed.close()
             seconds = time.monotonic() - t0

@@ -23,16 +23,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-
-def _omp(name: str) -> Callable[..., int] | None:
-    """An OpenMP runtime function of this process (torch's libgomp or libiomp5), if loaded."""
-    try:
-        return getattr(ctypes.CDLL(None), name)
-    except AttributeError:
-        return None
-
-
-_SET = _omp("omp_set_num_threads")
+#: OpenMP's own setter in this process (torch's libgomp or libiomp5); None if none is loaded
+_SET: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)
 
 
 def _set(n: int) -> None:

@@ -187,10 +187,12 @@ class Producer:
     def produce(self, sample_of: Callable[[int], Sample], plan: po.PlanOrder,
                 report_every: int = 64) -> Produced:
         """Put the held-out samples, then every sample of the plan's steps, then wait until the
-        trainer has taken them all; a restarted trainer's new plan starts it over."""
+        trainer has taken them all; a restarted trainer's new plan starts it over. The encodes
+        run on this thread alone (engine/data/one_thread.py): a forward has the cores."""
         while True:
             try:
-                return self._produce(sample_of, plan, report_every)
+                with one_thread_here():
+                    return self._produce(sample_of, plan, report_every)
             except Replan as r:
                 plan = r.plan
                 self.ev.log(f"stream producer: the trainer asks again from its step "
@@ -269,5 +271,4 @@ def produce_data(data: FeatureData, client: StoreClient, run: str, marks: Waterm
     p = Producer(client, run, marks, ev)
     p.publish(mf.build(data, dtype, dict(data.meta), digest))
     plan = p.wait_plan(plan_timeout_s)
-    with one_thread_here():  # the encodes and puts: engine/data/one_thread.py
-        return p.produce(data.__getitem__, plan)
+    return p.produce(data.__getitem__, plan)

@@ -4,17 +4,19 @@ forward's team away, now or from a thread that starts later."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 
 from engine.data.one_thread import one_thread, one_thread_here
 
 
-def in_thread(fn: object) -> list[int]:
+def in_thread(fn: Callable[[], None] | None) -> list[int]:
+    """The torch thread count a new thread sees after `fn` (None: straight away)."""
     seen: list[int] = []
 
     def run() -> None:
-        if callable(fn):
+        if fn is not None:
             fn()
         seen.append(torch.get_num_threads())
 
