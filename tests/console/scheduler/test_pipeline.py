@@ -218,15 +218,15 @@ def test_a_pipelines_trainer_on_a_slurm_host_is_a_job_followed_and_cancelled(
         tmp_path: Path) -> None:
     """The store and the producer on an SSH host, the trainer a batch job on the test Slurm
     (its login node reached through the same sshd, its own root): the job trains from the
-    stream and `follow` follows it from pending (its [P.trainer.slurm] table holds it back a
-    few seconds) to its end; a second pipeline's job, waiting for samples, is cancelled by
-    `stop` with the other parts."""
+    stream and `follow` follows it from pending (its [P.trainer.slurm] table holds it back
+    until the test has seen the launch say so) to its end; a second pipeline's job, waiting
+    for samples, is cancelled by `stop` with the other parts."""
     slurm_cluster.idle()
     config = pipeline_config(tmp_path, sshd, sshd, demo_dir)
     text = config.read_text().replace(host_toml("gpu2", sshd, tmp_path / "root2"), "")
     assert "\n[profiles.idle]" in text
     text = text.replace("\n[profiles.idle]", '\n[profiles.pipe.trainer.slurm]\nextra = '
-                        '["--begin=now+3"]\n[profiles.idle]')
+                        '["--begin=now+600"]\n[profiles.idle]')
     config.write_text(slurm_host_toml("cluster", sshd, tmp_path / "shared", slurm_cluster)
                       + text.replace('host = "gpu2"', 'host = "cluster"'))
     r = cli(config, "launch", "pipe")
@@ -235,6 +235,8 @@ def test_a_pipelines_trainer_on_a_slurm_host_is_a_job_followed_and_cancelled(
     assert list(said) == ["gpu1 store", "gpu1 producer", "cluster trainer"], r.stdout
     assert " pending " in said["cluster trainer"], r.stdout
     pid = r.stdout.split()[0]
+    job_id = said["cluster trainer"].split(" job ")[1].split()[0]
+    slurm_cluster.start_now(job_id)
     follow = cli(config, "follow", pid)
     assert follow.returncode == 0, follow.stdout + follow.stderr
     assert f"step {STEPS}/{STEPS}" in follow.stdout, follow.stdout
@@ -246,7 +248,7 @@ def test_a_pipelines_trainer_on_a_slurm_host_is_a_job_followed_and_cancelled(
     argv = list(trainer["argv"])   # type: ignore[call-overload]
     assert argv[argv.index("--from-stream") + 1].startswith("127.0.0.1:")
     job = (tmp_path / "shared" / "runs" / f"{pid}.trainer" / "job.sh").read_text()
-    assert {"#SBATCH --partition=debug", "#SBATCH --begin=now+3"} <= set(job.splitlines())
+    assert {"#SBATCH --partition=debug", "#SBATCH --begin=now+600"} <= set(job.splitlines())
     stores = {str(x["id"]): x["status"] for x in registry(config, "gpu1")}
     assert stores[f"{pid}.store"] == "stopped"
 

@@ -89,7 +89,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
     script.write_text(WAIT_FLAG)
     cfg = cluster_config(sshd, cluster, tmp_path, {"hello": Profile(
         name="hello", hosts=["cluster"], run=f"python {script} {flag}",
-        slurm=SlurmOptions(extra=("--begin=now+2",)))})
+        slurm=SlurmOptions(extra=("--begin=now+600",)))})
     pool = HostPool(cfg)
     seen: list[str] = []
     try:
@@ -100,6 +100,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
         seen.append(rec.status)
         with pytest.raises(ConsoleError, match="already running or queued"):
             await launch(cfg, "hello", pool)
+        cluster.start_now(rec.job_id)
         box = pool["cluster"]
         await wait_status(box, started.id, {"running"}, seen=seen)
         out = await wait_file(Path(rec.run_dir) / "output.log", "started on node")
@@ -113,7 +114,7 @@ async def test_pending_running_succeeded(sshd: SSHD, cluster: SlurmCluster, tmp_
     assert out.startswith("started on node") and out.endswith("done\n")
     job = (Path(rec.run_dir) / "job.sh").read_text()
     for line in ("#SBATCH --partition=debug", "#SBATCH --account=eagle3", "#SBATCH --time=5",
-                 "#SBATCH --nodes=1", "#SBATCH --cpus-per-task=1", "#SBATCH --begin=now+2"):
+                 "#SBATCH --nodes=1", "#SBATCH --cpus-per-task=1", "#SBATCH --begin=now+600"):
         assert line in job.splitlines()
     assert (Path(rec.run_dir) / f"slurm-{rec.job_id}.out").exists()
     # the CLI shows the scheduler's facts
@@ -151,7 +152,7 @@ scheduler = "slurm"
 [hosts.cluster.slurm]
 partition = "debug"
 account = "eagle3"
-extra = ["--begin=now+4"]
+extra = ["--begin=now+600"]
 conf = "{cluster.conf}"
 [profiles.hi]
 host = "cluster"
@@ -164,6 +165,7 @@ run = "python -c 'print(\\"hello from the cluster\\")'"
     finally:
         await pool.close()
     assert started.status == "pending"
+    cluster.start_now(started.records[0].job_id)
     assert await asyncio.to_thread(cli_main, ["--config", str(cfg_file), "follow",
                                               started.id]) == 0
     out, err = capsys.readouterr()
