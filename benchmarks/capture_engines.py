@@ -10,20 +10,29 @@ demo's train chats joined `--merge` at a time into multi-turn conversations:
                 extension, batches of --batch-tokens prefilled per engine call)
   connector     `engine prepare --from-vllm` against `engine capture-server` (vLLM's
                 ExampleHiddenStatesConnector; on a CPU with tests/vllm_cpu_plugin.py)
-  bare prefill  vLLM's LLM.generate over the same token ids in the same batches, max_tokens 1,
-                with the executor's engine arguments and nothing captured: the floor
+  bare prefill  vLLM's LLM over the same token ids in the same batches, max_tokens 1, each
+                batch queued whole before the engine steps (one forward a batch, as the
+                capture's calls), with the executor's engine arguments and nothing captured:
+                the floor
   producer      (--producer: this row, the executor's and the floor only) `engine stream-capture`
                 into a Mooncake master on 127.0.0.1 started here, with a consumer here that asks
                 for every sample in the data directory's order (one per step) and takes and
                 removes each as it comes: the executor capture as a stream producer, its
                 tokens/s from its first sample asked to its last handed over (checks, norm,
-                encoding and puts included; vLLM's start excluded)
+                encoding and puts included; vLLM's start excluded). On a CPU host vLLM binds its
+                forward to cores of its own (the bare prefill's process says which); the master,
+                the store's holder and the consumer stand for a pipeline's other parts and run
+                on the other cores, as the producer's own threads do
+                (engine/capture/forward_cores.py): on a GPU host none of them shares the
+                forward's processor. `--repeat 5` (7 engine calls) keeps the pipeline's fill and
+                drain (one call's checks and puts) from weighing as on 3 calls.
 Each figure is capture tokens per second from the manifest (`seconds`: model loading, vLLM's
 start and tokenisation excluded), the bare prefill timed over the same span; the fastest of
 `--rounds` captures per path (the least disturbed on a shared machine; every round is printed).
 Ratios: each path to the bare prefill, and executor to connector. Targets: executor >=
 connector; executor >= 0.8x bare prefill; producer >= 0.9x bare prefill. The paths run one at
-a time, never two at once.
+a time, never two at once; with --producer the bare prefill's vLLM stays up (idle) and a round
+of it comes before each capture round, so the machine's slow minutes fall on both sides.
 """
 
 from __future__ import annotations
@@ -111,13 +120,75 @@ def bare_prefill(conv: str, target: str, batch_tokens: int, rounds: int) -> dict
     llm = LLM(**kw)
     batches = [[prompts[k] for k in b] for b in pack([len(p) for p in prompts], batch_tokens)]
     params = SamplingParams(max_tokens=1, detokenize=False)
-    runs = []
-    for _ in range(rounds):  # the same passes again: nothing is cached (prefix caching off)
+
+    def one_round() -> dict[str, Any]:
         t0 = time.monotonic()
-        for b in batches:
-            llm.generate([TokensPrompt(prompt_token_ids=p) for p in b], params, use_tqdm=False)
-        runs.append({"tokens": sum(len(p) for p in prompts), "seconds": time.monotonic() - t0})
-    return {**figures(runs), "batches": len(batches)}
+        for b in batches:  # queued whole before the engine steps, as the capture does: one step
+            llm.sleep(level=0, mode="keep")
+            llm.enqueue([TokensPrompt(prompt_token_ids=p) for p in b], params, use_tqdm=False)
+            llm.wake_up(tags=["scheduling"])
+            llm.wait_for_completion(use_tqdm=False)
+        return {"tokens": sum(len(p) for p in prompts), "seconds": time.monotonic() - t0}
+
+    if rounds == 0:  # on request: one round per line on stdin (--producer alternates them)
+        print(MARK + json.dumps({"forward_cpus": sorted(forward_cpus())}), flush=True)
+        while sys.stdin.readline():
+            print(MARK + json.dumps(one_round()), flush=True)
+        return {}
+    # the same passes again: nothing is cached (prefix caching off)
+    runs = [one_round() for _ in range(rounds)]
+    return {**figures(runs), "batches": len(batches), "forward_cpus": sorted(forward_cpus())}
+
+
+class BareRounds:
+    """The bare prefill's vLLM kept up in its own process, a round when asked: --producer's
+    rounds alternate with it, so a shared machine's slow minutes fall on both sides."""
+
+    def __init__(self, py: str, demo: Path, conv: Path) -> None:
+        from tests.vllm_real import vllm_env
+        self.proc = subprocess.Popen(
+            [py, str(Path(__file__).resolve()), "--bare-prefill", str(conv), "--target",
+             str(demo / "target"), "--rounds", "0"], cwd=REPO, env=vllm_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.forward_cpus: list[int] = self._answer()["forward_cpus"]
+        self.runs: list[dict[str, Any]] = []
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # vLLM logs to stdout too
+            if line.startswith(MARK):
+                return dict(json.loads(line[len(MARK):]))
+        sys.exit(f"bare prefill exited {self.proc.wait()}")
+
+    def round(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        self.runs.append(self._answer())
+
+    def close(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(120)
+        return {**figures(self.runs), "forward_cpus": self.forward_cpus}
+
+
+def forward_cpus() -> set[int]:
+    """The cores vLLM's processes under this one are bound to: those whose affinity is not every
+    core this process may use (none bound: empty)."""
+    import os
+
+    import psutil
+    every = os.sched_getaffinity(0)
+    out: set[int] = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cpus = set(child.cpu_affinity() or ())
+        except psutil.Error:
+            continue
+        if cpus and cpus < every:
+            out |= cpus
+    return out
 
 
 def bare(py: str, demo: Path, conv: Path, rounds: int) -> dict[str, Any]:
@@ -183,18 +254,28 @@ def consume(address: Any, run: str) -> int:
         client.close()
 
 
-def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[str, Any]:
-    """`engine stream-capture` (vLLM's Python) into a master started here, consumed here."""
+def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int,
+             bare: BareRounds) -> dict[str, Any]:
+    """`engine stream-capture` (vLLM's Python) into a master started here, consumed here, each
+    round after one of the bare prefill's; the master and the consumer off the forward's cores,
+    the producer started with every core (vLLM binds its forward, the producer then moves its
+    own threads)."""
+    import os
     import threading
+    forward = bare.forward_cpus
 
     from engine.stream.holder import default_segment_bytes
     from engine.stream.master import start_master
     from tests.vllm_real import vllm_env
+    every = os.sched_getaffinity(0)
+    rest = every - set(forward) or every
+    os.sched_setaffinity(0, rest)  # the master, the holder and the consumer's thread inherit it
     m = start_master("127.0.0.1", log=work / "master.log",
                      segment_bytes=default_segment_bytes())
     runs = []
     try:
         for r in range(rounds):
+            bare.round()
             taken: list[int] = []
             reader = threading.Thread(target=lambda t=taken, run=f"b{r}": t.append(
                 consume(m.address, run)), daemon=True)
@@ -203,7 +284,8 @@ def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[s
                                 str(demo / "target"), "--data", str(conv), "--to",
                                 str(m.address), "--run", f"b{r}", "--max-len", str(MAX_LEN),
                                 "--plan-timeout", "600", "--json"], cwd=REPO, env=vllm_env(),
-                               capture_output=True, text=True)
+                               capture_output=True, text=True,
+                               preexec_fn=lambda: os.sched_setaffinity(0, every))
             if p.returncode:
                 sys.exit(f"stream-capture exited {p.returncode}:\n{p.stderr[-3000:]}")
             reader.join(60)
@@ -211,6 +293,7 @@ def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int) -> dict[s
             runs.append({**got, "seconds": got["capture_s"], "taken": taken})
     finally:
         m.stop()
+        os.sched_setaffinity(0, every)
     best = min(runs, key=lambda x: float(x["seconds"]))
     return {**figures(runs), "engine_start_s": best["engine_start_s"],
             "engine_calls": best["engine_calls"], "put_s": round(best["put_s"], 3),
@@ -224,14 +307,20 @@ def measure_producer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     py = vllm_python()
     demo, conv = demo_and_conversations(args, work)
     res: dict[str, Any] = {}
-    runs = [prepare(py, demo, conv, work / f"executor{r}", "--vllm-engine")
-            for r in range(args.rounds)]
-    res["executor"] = {**figures(runs),
-                       "engine_start_s": min(m["capture"]["engine_start_s"] for m in runs)}
-    print(f"executor: {res['executor']}", file=sys.stderr)
-    res["producer"] = producer(py, demo, conv, work, args.rounds)
-    print(f"producer: {res['producer']}", file=sys.stderr)
-    res["bare_prefill"] = bare(py, demo, conv, args.rounds)
+    floor = BareRounds(py, demo, conv)
+    try:
+        runs = []
+        for r in range(args.rounds):
+            floor.round()
+            runs.append(prepare(py, demo, conv, work / f"executor{r}", "--vllm-engine"))
+        res["executor"] = {**figures(runs),
+                           "engine_start_s": min(m["capture"]["engine_start_s"] for m in runs)}
+        print(f"executor: {res['executor']}", file=sys.stderr)
+        res["producer"] = producer(py, demo, conv, work, args.rounds, floor)
+        print(f"producer: {res['producer']}", file=sys.stderr)
+    finally:
+        res["bare_prefill"] = floor.close()
+    print(f"bare prefill: {res['bare_prefill']}", file=sys.stderr)
     for k in ("executor", "producer"):
         res[k]["vs_bare"] = round(res[k]["tok_s"] / res["bare_prefill"]["tok_s"], 3)
     return res
