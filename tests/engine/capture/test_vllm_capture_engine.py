@@ -49,6 +49,8 @@ def test_executor_capture_equals_the_transformers_path(vllm_python: str, demo_di
     cap = m["capture"]
     assert cap["via"] == "vllm-engine" and cap["how"] == "SupportsEagle3"
     assert cap["layer_ids"] == [2, 3, 4, 7] and m["aux_layer_ids"] == [2, 3, 4]
+    # one forward a call: a call's requests are queued whole before vLLM steps
+    assert cap["engine_steps"] == cap["engine_calls"] > 0, cap
     assert cap["self_check"] and all(c["positions"] > 0 and c["mean"] < 0.02
                                      for c in cap["self_check"])
     run_engine("prepare", "--target", str(demo_dir / "target"), "--data", str(conv),
