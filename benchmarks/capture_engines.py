@@ -112,7 +112,7 @@ def bare_prefill(conv: str, target: str, batch_tokens: int, rounds: int) -> dict
 
     from engine.capture.vllm_capture import plan_capture
     from engine.capture.vllm_engine import batches as pack
-    from engine.capture.vllm_engine import engine_kwargs
+    from engine.capture.vllm_engine import engine_kwargs, queued_whole
     cp = plan_capture(target, conv, None, MAX_LEN, None, 1024, batch_tokens, 0.0, None)
     prompts = [cp.samples[i][1].input_ids for i in cp.order]
     kw = engine_kwargs(target, cp.cfg, cp.store, 1, 0.9, MAX_LEN, batch_tokens, {})
@@ -124,10 +124,8 @@ def bare_prefill(conv: str, target: str, batch_tokens: int, rounds: int) -> dict
     def one_round() -> dict[str, Any]:
         t0 = time.monotonic()
         for b in batches:  # queued whole before the engine steps, as the capture does: one step
-            llm.sleep(level=0, mode="keep")
-            llm.enqueue([TokensPrompt(prompt_token_ids=p) for p in b], params, use_tqdm=False)
-            llm.wake_up(tags=["scheduling"])
-            llm.wait_for_completion(use_tqdm=False)
+            if queued_whole(llm, [TokensPrompt(prompt_token_ids=p) for p in b], params) is None:
+                sys.exit("this vLLM cannot queue a batch whole (no level-0 sleep)")
         return {"tokens": sum(len(p) for p in prompts), "seconds": time.monotonic() - t0}
 
     if rounds == 0:  # on request: one round per line on stdin (--producer alternates them)
@@ -137,7 +135,7 @@ def bare_prefill(conv: str, target: str, batch_tokens: int, rounds: int) -> dict
         return {}
     # the same passes again: nothing is cached (prefix caching off)
     runs = [one_round() for _ in range(rounds)]
-    return {**figures(runs), "batches": len(batches), "forward_cpus": sorted(forward_cpus())}
+    return {**figures(runs), "batches": len(batches)}
 
 
 class BareRounds:

