@@ -31,6 +31,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -330,6 +331,9 @@ class Emitter:
         self._last_progress = 0.0
         self.bar = ProgressBar(self.err)
         self._progress_start: dict[str, tuple[float, int]] = {}
+        # a thread beside the command's may report too (a trainer's relay of another rank's
+        # wait): a line is written whole
+        self._lock = threading.RLock()
 
     # -- sinks ---------------------------------------------------------------------------------
     def add_sink(self, path: str, append: bool = True) -> None:
@@ -350,12 +354,13 @@ class Emitter:
 
     def _emit(self, kind: str, payload: dict[str, Any]) -> str:
         line = encode(kind, self.cmd, payload)
-        for s in self.sinks:
-            s.write(line + "\n")
-            s.flush()
-        if self.json_mode:
-            self.out.write(line + "\n")
-            self.out.flush()
+        with self._lock:
+            for s in self.sinks:
+                s.write(line + "\n")
+                s.flush()
+            if self.json_mode:
+                self.out.write(line + "\n")
+                self.out.flush()
         return line
 
     # -- kinds ---------------------------------------------------------------------------------
@@ -394,9 +399,10 @@ class Emitter:
                      level="warning")
 
     def log(self, msg: str, level: str = "info") -> None:
-        self._emit("log", {"level": level, "msg": msg})
-        if not self.json_mode:
-            self.bar.line(("" if level == "info" else f"{level}: ") + msg)
+        with self._lock:
+            self._emit("log", {"level": level, "msg": msg})
+            if not self.json_mode:
+                self.bar.line(("" if level == "info" else f"{level}: ") + msg)
 
     def result(self, data: dict[str, Any]) -> None:
         self._emit("result", {"data": data})

@@ -10,6 +10,7 @@ even for TCP absent) they skip, as the sshd tests do without sshd; EAGLE3_REQUIR
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -24,7 +25,12 @@ import pytest
 import torch
 
 from engine.data.features import Sample
+from engine.events import Emitter
+from engine.stream import codec, keys
+from engine.stream import manifest as mf
 from engine.stream.master import Master, start_master
+from engine.stream.store import StoreClient
+from engine.stream.stream_data import StreamData
 from tests.engine_helpers import REPO, engine_env, events
 
 #: the memory the test store's holder lends (reserved, used as objects arrive)
@@ -124,3 +130,19 @@ def tiny(i: int) -> Sample:
     g = torch.Generator().manual_seed(i)
     return Sample(torch.arange(4) + i, torch.tensor([0, 1, 1, 0]), torch.randn(4, 12, generator=g),
                   torch.randn(4, 4, generator=g), None)
+
+
+def open_tiny(producer: StoreClient, run: str, out: io.StringIO, **kw: Any) -> StreamData:
+    """A trainer's StreamData on run `run` of Tiny (its manifest put by `producer`), reporting
+    as JSON lines to `out`."""
+    m = mf.build(Tiny(), "float32", {})
+    producer.put_bytes(keys.manifest_key(run), mf.encode(m))
+    ev = Emitter("train", json_mode=True, out=out, err=io.StringIO())
+    return StreamData(producer.address, run, ev, **kw)
+
+
+def put_tiny(producer: StoreClient, data: StreamData, run: str, i: int) -> None:
+    """Put sample `i` of Tiny as epoch 0 of run `run` would have it."""
+    spec = data.manifest.spec(i)
+    n = codec.encode(tiny(i), spec, producer.buffer.ensure(codec.encoded_size(spec)))
+    producer.put_from(keys.sample_key(run, 0, i), n)

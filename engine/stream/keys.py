@@ -8,6 +8,8 @@
                          (engine/stream/progress.py), so a restarted producer skips what was
                          trained
     RUN/beat             the producer's heartbeat, a counter it raises every second or so
+    RUN/wait/RANK        a trainer rank other than 0 waiting long for a sample, for rank 0 to
+                         say (engine/stream/peer_waits.py); gone when the wait ends
 """
 
 from __future__ import annotations
@@ -48,3 +50,7 @@ def ack_key(run: str) -> str:
 
 def beat_key(run: str) -> str:
     return f"{run}/beat"
+
+
+def wait_key(run: str, rank: int) -> str:
+    return f"{run}/wait/{rank}"

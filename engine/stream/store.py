@@ -125,9 +125,11 @@ class StoreClient:
         self.check(self.store.upsert(key, data + zlib.crc32(data).to_bytes(4, "big")),
                    "upsert", key)
 
-    def get_bytes(self, key: str, ready_s: float = 10.0) -> bytes | None:
+    def get_bytes(self, key: str, ready_s: float = 10.0, buffer: Buffer | None = None
+                  ) -> bytes | None:
         """The object's bytes; None while there is none, also when another client removed it
         between its size and its read (a trainer removes the plan while the producer looks).
+        A thread reading beside another passes its own registered `buffer`.
 
         Mooncake replaces an object in place: while another client's upsert is under way the
         object reads as not ready, or reads successfully with old and new bytes mixed. The
@@ -137,7 +139,7 @@ class StoreClient:
         check out are an error."""
         deadline = time.monotonic() + ready_s
         while True:
-            got = self._read_small(key)
+            got = self._read_small(key, self.buffer if buffer is None else buffer)
             if got is None or isinstance(got, bytes):
                 return got
             if time.monotonic() > deadline:
@@ -148,14 +150,14 @@ class StoreClient:
                                   "this engine's put_bytes?)")
             time.sleep(0.002)
 
-    def _read_small(self, key: str) -> bytes | int | None:
+    def _read_small(self, key: str, into: Buffer) -> bytes | int | None:
         """One read of a small object: its data, None (absent), NOT_READY, or _TORN."""
         n = int(self.store.get_size(key))
         if n in (NOT_FOUND, NOT_READY):
             return None if n == NOT_FOUND else n
         size = self.check(n, "get_size", key)
-        buf = self.buffer.ensure(size)
-        got = int(self.store.get_into(key, self.buffer.ptr, size))
+        buf = into.ensure(size)
+        got = int(self.store.get_into(key, into.ptr, size))
         if got in (NOT_FOUND, NOT_READY):
             return None if got == NOT_FOUND else got
         self.check(got, "get_into", key)

@@ -15,7 +15,10 @@ Held-out samples stay for every estimate and are removed by `finish()` when the 
 While it waits, the trainer watches the producer's heartbeat: after `silent_say_s` without a
 beat it says "producer silent for N s" (and again every `silent_say_s`), puts the longest
 silence in its `stream trainer` metric, and keeps waiting, so a producer started again is
-picked up; with `give_up_s` it stops instead, with one line, after that much silence.
+picked up; with `give_up_s` it stops instead, with one line, after that much silence. Only
+rank 0 writes the run's events: another rank's long wait is told to it through the store and
+said by it (engine/stream/peer_waits.py), since rank 0 may have its samples and sit in the
+step's collective meanwhile.
 
 The plan's micro-batches are read ahead (engine/stream/read_ahead.py): while the rank computes
 one, a thread waits for, reads and decodes the next `read_ahead`. The waiting is said and
@@ -25,7 +28,9 @@ training loop spent blocked on it. Held-out samples (the estimates) are read whe
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -41,6 +46,7 @@ from engine.stream import manifest as mf
 from engine.stream import plan_order as po
 from engine.stream import progress as pg
 from engine.stream.address import StreamAddress
+from engine.stream.peer_waits import PeerWaits, WaitTeller, peer_keys
 from engine.stream.read_ahead import ReadAhead
 from engine.stream.store import StoreClient
 
@@ -57,11 +63,14 @@ class StreamData(FeatureData):
         self.silent_say_s, self.give_up_s = silent_say_s, give_up_s
         self.read_ahead = read_ahead
         self.ahead: ReadAhead | None = None
+        self.peers: PeerWaits | None = None  # rank 0 of several: the others' waits said
+        self.teller: WaitTeller | None = None  # another rank: its waits told to rank 0
         self.client = StoreClient(address, 0)
         beat = keys.beat_key(run)
         self.silence = pg.Silence(lambda: self.client.get_bytes(beat))
         self.silent_s = 0.0  # the longest silence of the producer since the last metric
-        self.rank, self.nonce, self.done_steps = 0, "", 0
+        self._silent_lock = threading.Lock()  # rank 0's PeerWaits adds what its peers saw
+        self.rank, self.world, self.nonce, self.done_steps = 0, 1, "", 0
         self._said_silent = 0  # how many `silent_say_s` of this silence were said
         self._steps: deque[tuple[int, tuple[int, ...]]] = deque()  # rank 0: every rank's
         key = keys.manifest_key(run)
@@ -93,13 +102,18 @@ class StreamData(FeatureData):
             self._heed_silence(key)
             time.sleep(self.poll_s * 5)
 
-    def _heed_silence(self, key: str) -> None:
-        """While waiting for `key`: say a silent producer, or give up (module docstring)."""
+    def _saw_silence(self, s: float) -> None:
+        with self._silent_lock:
+            self.silent_s = max(self.silent_s, s)
+
+    def _heed_silence(self, key: str) -> float:
+        """While waiting for `key`: say a silent producer, or give up (module docstring); the
+        producer's silence so far."""
         s = self.silence.seconds()
-        self.silent_s = max(self.silent_s, s)
+        self._saw_silence(s)
         if s < self.silent_say_s:
             self._said_silent = 0
-            return
+            return s
         if self.give_up_s is not None and s >= self.give_up_s:
             raise EngineError(f"stream run {self.run}: the producer has been silent for {s:.0f} "
                               f"s while the trainer waits for {key} (--producer-timeout "
@@ -109,6 +123,7 @@ class StreamData(FeatureData):
             self._said_silent = n
             self.ev.log(f"stream trainer: producer silent for {s:.0f} s (waiting for {key}); "
                         "still waiting: a producer started again is picked up")
+        return s
 
     # -- the plan ----------------------------------------------------------------------------
     def plan_steps(self, steps: list[Any], held: list[int], start: int, rank: int,
@@ -117,7 +132,8 @@ class StreamData(FeatureData):
         puts the whole order first."""
         self._held = set(held)
         self._next = deque((s.epoch, tuple(idx)) for s in steps for idx in s.for_rank(rank, world))
-        self.rank, self.done_steps = rank, start
+        self.rank, self.world, self.done_steps = rank, world, start
+        self._watch_peers(rank, world)
         if rank == 0:
             self._steps = deque((s.epoch, tuple(s.samples())) for s in steps)
             self._check_pool(steps, held)
@@ -129,6 +145,18 @@ class StreamData(FeatureData):
             self.ahead.close()
         self.ahead = ReadAhead(self.client, self.run, self.manifest, list(self._next),
                                self.read_ahead, self.poll_s)
+
+    def _watch_peers(self, rank: int, world: int) -> None:
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
+        if rank == 0 and world > 1:
+            self.client.remove(peer_keys(self.run, world))  # what killed ranks left
+            self.peers = PeerWaits(self.client, self.run, world,
+                                   lambda msg, level: self.ev.log(msg, level=level),
+                                   self._saw_silence, self.silent_say_s)
+        elif rank > 0 and self.teller is None:
+            self.teller = WaitTeller(self.client, self.run, rank)
 
     def _check_pool(self, steps: list[Any], held: list[int]) -> None:
         pool = self.meta.get("pool")
@@ -166,6 +194,8 @@ class StreamData(FeatureData):
             self.waits += 1
         if wait.said:
             self.ev.log(f"stream trainer: waited {waited:.2f} s for {wait.said}")
+        if self.teller is not None:
+            self.teller.done()
 
     def _samples(self, indices: tuple[int, ...] | list[int]) -> list[Sample]:
         idx = tuple(indices)
@@ -228,10 +258,11 @@ class StreamData(FeatureData):
                 self.ev.log(f"stream trainer: step {step} trained on epoch {epoch} samples "
                             f"{','.join(map(str, idx))}", level="debug")
         self.ack_s += time.monotonic() - t0
+        with self._silent_lock:
+            silent, self.silent_s = self.silent_s, 0.0
         self.ev.metric({"wait_s": self.wait_s, "waits": self.waits, "read_s": self.read_s,
-                        "ack_s": self.ack_s, "producer_silent_s": self.silent_s},
+                        "ack_s": self.ack_s, "producer_silent_s": silent},
                        step=step, name=TRAINER)
-        self.silent_s = 0.0
 
     def _record(self, done: bool = False) -> None:
         self.client.put_bytes(keys.ack_key(self.run),
@@ -241,12 +272,20 @@ class StreamData(FeatureData):
         """The run is done (rank 0): said in the progress, then the held-out samples and the
         plan go."""
         self._record(done=True)
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
         self.client.remove([keys.held_key(self.run, i) for i in sorted(self._held)]
-                           + [keys.plan_key(self.run)])
+                           + [keys.plan_key(self.run)] + peer_keys(self.run, self.world))
 
     def close(self) -> None:
         if self.ahead is not None:
             self.ahead.close()
+        if self.peers is not None:
+            self.peers.close()
+        if self.teller is not None:
+            with contextlib.suppress(EngineError):  # a store gone: nothing to tidy
+                self.teller.done()
         self.client.close()
 
 
@@ -275,4 +314,11 @@ class _Wait:
         if not self.said and time.monotonic() - self.t0 > d.say_s:
             d.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
             self.said = key
-        d._heed_silence(key)
+        try:
+            s = d._heed_silence(key)
+        except EngineError as e:
+            if d.teller is not None:
+                d.teller.tell(key, time.monotonic() - self.t0, d.silence.seconds(), str(e))
+            raise
+        if d.teller is not None and self.said:
+            d.teller.tell(key, time.monotonic() - self.t0, s)

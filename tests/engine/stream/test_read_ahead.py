@@ -9,21 +9,18 @@ import io
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
 
 from engine.data.features import Sample
 from engine.errors import EngineError
-from engine.events import Emitter
-from engine.stream import codec, keys
-from engine.stream import manifest as mf
+from engine.stream import keys
 from engine.stream.master import Master
 from engine.stream.store import StoreClient
 from engine.stream.stream_data import StreamData
 from engine.training.plan import Step
-from tests.stream_store import Tiny, tiny
+from tests.stream_store import open_tiny, put_tiny, tiny
 from tests.waiting import wait_until
 
 pytest_plugins = ("tests.stream_store",)
@@ -35,19 +32,6 @@ def producer(stream_master: Master) -> Iterator[StoreClient]:
     c = StoreClient(stream_master.address)
     yield c
     c.close()
-
-
-def _open(producer: StoreClient, run: str, out: io.StringIO, **kw: Any) -> StreamData:
-    m = mf.build(Tiny(), "float32", {})
-    producer.put_bytes(keys.manifest_key(run), mf.encode(m))
-    ev = Emitter("train", json_mode=True, out=out, err=io.StringIO())
-    return StreamData(producer.address, run, ev, **kw)
-
-
-def _put(producer: StoreClient, data: StreamData, run: str, i: int) -> None:
-    spec = data.manifest.spec(i)
-    n = codec.encode(tiny(i), spec, producer.buffer.ensure(codec.encoded_size(spec)))
-    producer.put_from(keys.sample_key(run, 0, i), n)
 
 
 def _same(a: Sample, b: Sample) -> bool:
@@ -67,10 +51,10 @@ def test_the_next_micro_batches_are_read_while_the_caller_is_busy(
     them, the caller is not counted as reading, and the ack of step 1 removes step 1's samples
     only."""
     run = "ahead"
-    data = _open(producer, run, io.StringIO())
+    data = open_tiny(producer, run, io.StringIO())
     try:
         for i in range(6):
-            _put(producer, data, run, i)
+            put_tiny(producer, data, run, i)
         _plan(data, (0, 1), (2, 3), (4, 5))
         first = data._samples((0, 1))
         assert all(_same(s, tiny(i)) for s, i in zip(first, (0, 1), strict=True))
@@ -101,9 +85,9 @@ def test_a_sample_the_producer_never_puts_gives_up_in_the_training_loop(
     waits, counts the wait as waiting, and gives up after --producer-timeout with one line."""
     run = "never"
     out = io.StringIO()
-    data = _open(producer, run, out, say_s=0.2, silent_say_s=0.5, give_up_s=1.5)
+    data = open_tiny(producer, run, out, say_s=0.2, silent_say_s=0.5, give_up_s=1.5)
     try:
-        _put(producer, data, run, 0)
+        put_tiny(producer, data, run, 0)
         _plan(data, (0,), (1,))
         data.batch((0,))
         data.ack(1)
@@ -129,10 +113,10 @@ def test_a_sample_that_is_not_one_is_the_training_loops_one_line_error(
     """The thread's decode fails on the second micro-batch: the first is still handed over, and
     asking for the second raises the decode's own line."""
     run = "garbled"
-    data = _open(producer, run, io.StringIO())
+    data = open_tiny(producer, run, io.StringIO())
     key = keys.sample_key(run, 0, 1)
     try:
-        _put(producer, data, run, 0)
+        put_tiny(producer, data, run, 0)
         producer.put_bytes(key, b"not a sample at all")
         _plan(data, (0,), (1,))
         assert _same(data[0], tiny(0))

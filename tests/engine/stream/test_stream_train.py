@@ -38,7 +38,7 @@ STEPS = 6
 COMMON = ["--max-steps", str(STEPS), "--holdout", "4", "--save-every", "3", "--batch-tokens",
           "512", "--ttt-steps", "2"]
 HIGH, LOW = 15, 10  # just the 4 held out + the largest step (11 samples): the producer pauses
-SMALL_KEYS = 4  # the run's manifest, plan, progress and heartbeat
+SMALL_KEYS = 5  # the run's manifest, plan, progress and heartbeat, and a waiting rank's record
 
 
 @pytest.fixture(scope="module")
