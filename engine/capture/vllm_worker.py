@@ -10,19 +10,19 @@ calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patch
   keeps the rest. Any other model gets hooks on its decoder layers that take the same sums.
 - Each forward is one engine step: its tokens, their positions and the states [T, L, H] are kept
   (on CPU) by TP rank 0 only; the other ranks hold identical copies and keep nothing.
-- `eagle3_capture_take()`: rank 0 returns what it kept, each step's tensors with their dtype
-  and shape (`Packed`). The states are stacked straight into an anonymous memory file of the
-  worker's (memfd) and only its name crosses, [pid, fd, bytes]: the driver's `unpack_step`
-  maps /proc/PID/fd/FD and views the same pages, so the states are copied once, out of the
-  forward, and never through vLLM's sockets (which carried 16 MB a call at about 200 MB/s
-  here, serial with the forward: a Kimi-K2.5 call of 16k tokens is 0.9 GB). The worker
-  closes a file at the next take, once the driver has mapped it, and the kernel frees it with
-  the last mapping, so a process killed at any point leaves nothing behind. Where the driver
-  cannot map it (no memfd, /proc closed to it: `eagle3_capture_handover(False)` after the
-  start's probe) the states cross as bytes. Bytes, not tensors: vLLM's engine-core socket
-  encodes a tensor in a result as a reference to a side buffer its decoder drops unless
-  VLLM_ALLOW_INSECURE_SERIALIZATION (pickle) is on, while bytes travel as msgpack's own type,
-  and the TP workers' queue pickles a bytearray out of band as it does a tensor.
+- `eagle3_capture_take(released)`: rank 0 returns what it kept, each step's tensors with their
+  dtype and shape (`Packed`). The states are stacked straight into an anonymous memory file of
+  the worker's (memfd) and only its name crosses, [pid, fd, bytes]: the driver's `unpack_step`
+  maps /proc/PID/fd/FD and views the same pages, so the states are copied once and never
+  through vLLM's sockets (which carried 16 MB a call at about 200 MB/s here, serial with the
+  forward: a Kimi-K2.5 call of 16k tokens is 0.9 GB). `released` are the files the driver no
+  longer maps: written again, so their pages are not faulted in again inside the forward
+  (engine/capture/memory_files.py). Where the driver cannot map them (no memfd, /proc closed
+  to it: `eagle3_capture_handover(False)` after the start's probe) the states cross as bytes.
+  Bytes, not tensors: vLLM's engine-core socket encodes a tensor in a result as a reference
+  to a side buffer its decoder drops unless VLLM_ALLOW_INSECURE_SERIALIZATION (pickle) is on,
+  while bytes travel as msgpack's own type, and the TP workers' queue pickles a bytearray out
+  of band as it does a tensor.
 - It also says which cores the worker's forward is bound to, so the driver keeps its own
   threads off them (engine/capture/forward_cores.py).
 - `eagle3_capture_stop()`: hooks removed, the model's aux layers reset.
@@ -35,12 +35,13 @@ the engine's import checks, where vLLM is not installed.
 from __future__ import annotations
 
 import math
-import mmap
 import os
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from engine.capture.memory_files import FilePool, Released, map_worker_file, memory_file
 
 #: a step as it crosses collective_rpc: name -> (dtype name, shape, the bytes or the worker's
 #: memory file holding them: [pid, fd, nbytes])
@@ -48,21 +49,19 @@ Packed = dict[str, tuple[str, list[int], bytes | bytearray | list[int]]]
 _PROBE = b"eagle3-capture"
 
 
-def host_tensor(shape: tuple[int, ...], dtype: torch.dtype, in_memory_file: bool
+def host_tensor(shape: tuple[int, ...], dtype: torch.dtype, files: FilePool | None
                 ) -> tuple[bytearray | list[int], Tensor]:
     """A CPU tensor to fill in place, and what crosses collective_rpc for it: the bytearray
-    under it as is (msgpack's bin, pickle's bytearray), or with `in_memory_file` only the name
-    of the memory file under it, [pid, fd, nbytes] (the fd stays open: the caller closes it
-    once the driver has mapped it). Either way the states are copied once, out of the
-    forward."""
+    under it as is (msgpack's bin, pickle's bytearray), or with `files` only the name of the
+    pool's memory file under it, [pid, fd, nbytes] (handed out until the driver gives it
+    back). Either way the states are copied once."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if not in_memory_file:
+    if files is None:
         buf = bytearray(nbytes)
         flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else \
             torch.empty(0, dtype=torch.uint8)
         return buf, flat.view(dtype).view(shape)
-    fd, mm = memory_file(nbytes)
-    # the map is unmapped when the tensor goes (it holds the only export of it)
+    fd, mm = files.take(nbytes)
     flat = torch.frombuffer(mm, dtype=torch.uint8)[:nbytes]
     return [os.getpid(), fd, nbytes], flat.view(dtype).view(shape)
 
@@ -76,24 +75,6 @@ def pack(t: Tensor, raw: bytes | bytearray | list[int] | None = None
     return str(t.dtype).removeprefix("torch."), list(t.shape), raw
 
 
-def memory_file(nbytes: int) -> tuple[int, mmap.mmap]:
-    """An anonymous shared memory file of `nbytes` (at least 1) and this process's map of it."""
-    fd = os.memfd_create("eagle3-capture", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, max(nbytes, 1))
-        return fd, mmap.mmap(fd, max(nbytes, 1))
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def map_worker_file(ref: list[int] | tuple[int, ...]) -> mmap.mmap:
-    """A worker's memory file [pid, fd, nbytes] mapped read-only here (the driver's side)."""
-    pid, fd, n = (int(x) for x in ref)
-    with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
-        return mmap.mmap(f.fileno(), max(n, 1), access=mmap.ACCESS_READ)
-
-
 def can_map(ref: Any) -> bool:
     """Whether this process maps the start's probe file and reads what the worker wrote."""
     if not isinstance(ref, (list, tuple)):
@@ -105,14 +86,14 @@ def can_map(ref: Any) -> bool:
         return False
 
 
-def unpack_step(packed: Packed) -> dict[str, Tensor]:
+def unpack_step(packed: Packed, released: Released | None = None) -> dict[str, Tensor]:
     """The tensors of a `Packed` step, viewing the received bytes or the worker's memory file
-    (never written to)."""
+    (never written to; noted in `released` once no tensor views it)."""
     import warnings
     out = {}
     for k, (dtype, shape, raw) in packed.items():
-        buf, n = (map_worker_file(raw), int(raw[2])) if isinstance(raw, (list, tuple)) else \
-            (raw, len(raw))
+        buf, n = (map_worker_file(raw, released), int(raw[2])) \
+            if isinstance(raw, (list, tuple)) else (raw, len(raw))
         with warnings.catch_warnings():  # read-only bytes or map; nothing writes to them
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.frombuffer(buf, dtype=torch.uint8)[:n] if n else \
@@ -138,15 +119,14 @@ class CaptureExtension:
         self._e3_rank0 = get_tp_group().rank_in_group == 0
         self._e3_steps: list[Packed] = []
         self._e3_handles: list[Any] = []
-        self._e3_kept: list[int] = []  # memory files of steps not yet taken
-        self._e3_handed: list[int] = []  # taken: closed at the next take, once mapped there
-        self._e3_memfd = False  # until the driver has mapped the probe (handover)
+        self._e3_files: FilePool | None = None  # once the driver has mapped the probe
+        self._e3_probe: list[int] = []  # the probe's file, closed at the handover
         probe = None
         if self._e3_rank0 and hasattr(os, "memfd_create"):
             fd, mm = memory_file(len(_PROBE))
             mm[:] = _PROBE
             mm.close()
-            self._e3_handed.append(fd)
+            self._e3_probe.append(fd)
             probe = [os.getpid(), fd, len(_PROBE)]
         model = self.model_runner.get_model()
         if supports_eagle3(model):
@@ -164,8 +144,8 @@ class CaptureExtension:
     def eagle3_capture_handover(self, memfd: bool) -> None:
         """The driver mapped the probe (states in memory files from now on) or could not
         (bytes)."""
-        self._e3_memfd = bool(memfd)  # only where rank 0's probe was mapped
-        self._e3_close(self._e3_handed)
+        self._e3_files = FilePool() if memfd else None  # only where rank 0's probe was mapped
+        self._e3_close(self._e3_probe)
 
     # -- collecting -------------------------------------------------------------------------------
     def _e3_step_ids(self, kwargs: dict[str, Any], args: tuple[Any, ...], n: int) -> Tensor:
@@ -185,9 +165,7 @@ class CaptureExtension:
                                f"layer ids {self._e3_ids}")
         n = positions.shape[0]
         raw, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype,
-                                self._e3_memfd)
-        if isinstance(raw, list):
-            self._e3_kept.append(raw[1])
+                                self._e3_files)
         if states[0].is_cpu:
             torch.stack([s[:n] for s in states], dim=1, out=host)  # [T, L, H]
         else:
@@ -245,13 +223,14 @@ class CaptureExtension:
         self._e3_handles.append(layers[-1].register_forward_hook(after_last, with_kwargs=True))
 
     # -- handing over -----------------------------------------------------------------------------
-    def eagle3_capture_take(self) -> list[Packed] | None:
-        """Rank 0: the steps since the last take (`Packed`), else None."""
+    def eagle3_capture_take(self, released: list[int] | None = None) -> list[Packed] | None:
+        """Rank 0: the steps since the last take (`Packed`), else None; the memory files in
+        `released` (the driver no longer maps them) are written again."""
         if not self._e3_rank0:
             return None
-        self._e3_close(self._e3_handed)  # the driver mapped them when it took them
+        if self._e3_files is not None:
+            self._e3_files.give_back(list(released or ()))
         steps, self._e3_steps = self._e3_steps, []
-        self._e3_handed, self._e3_kept = self._e3_kept, []
         return steps
 
     @staticmethod
@@ -264,8 +243,10 @@ class CaptureExtension:
             h.remove()
         self._e3_handles = []
         self._e3_steps = []
-        self._e3_close(self._e3_handed)
-        self._e3_close(self._e3_kept)
+        self._e3_close(self._e3_probe)
+        if self._e3_files is not None:
+            self._e3_files.close()
+            self._e3_files = None
         model = self.model_runner.get_model()
         from vllm.model_executor.models.interfaces import supports_eagle3
         if supports_eagle3(model):
