@@ -380,11 +380,12 @@ class Emitter:
         payload = {"done": done, "total": total, "unit": unit, "desc": desc,
                    "eta_s": None if eta is None else round(eta, 1),
                    "rate": None if rate is None else round(rate, 3)}
-        self._emit("progress", payload)
-        if not self.json_mode:
-            self.bar.draw(done, total, unit, desc, rate, eta)
-            if finished:
-                self.bar.end()
+        with self._lock:
+            self._emit("progress", payload)
+            if not self.json_mode:
+                self.bar.draw(done, total, unit, desc, rate, eta)
+                if finished:
+                    self.bar.end()
 
     def metric(self, values: dict[str, Any], step: int | None = None, name: str = "") -> None:
         """One step's numbers (`name`: what they measure, when not the training step's); a
