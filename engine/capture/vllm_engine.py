@@ -205,6 +205,10 @@ class EngineCapture:
             got.append(Captured(found, lp))
         return got
 
+    def files(self) -> dict[str, int] | None:
+        """Rank 0's memory files: made, free and handed out (engine/capture/memory_files.py)."""
+        return next((f for f in self.llm.collective_rpc("eagle3_capture_files") if f), None)
+
     def close(self) -> None:
         try:
             self.llm.collective_rpc("eagle3_capture_stop")
@@ -386,11 +390,12 @@ def prepare_from_engine(target_dir: str, data_path: str, out_dir: str, *, tp: in
     try:
         run.capture(engine, batch_tokens, ev)
         seconds = time.monotonic() - start  # vLLM's shutdown (seconds on a CPU) is not capture
+        files = engine.files()
     finally:
         engine.close()
     manifest = cp.manifest(run.writer.shards, seconds, {
         "via": "vllm-engine", "model": engine.info["model"], "how": engine.info["how"],
-        "engine_calls": engine.calls, "engine_steps": engine.steps,
+        "engine_calls": engine.calls, "engine_steps": engine.steps, "memory_files": files,
         "tp": tp, "engine_start_s": round(engine.start_seconds, 1), "self_check": feats.checks,
         "reference_check": feats.reference.summary()})
     finish(cp.partial, out_dir, manifest, "progress.json")

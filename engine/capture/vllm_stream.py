@@ -255,6 +255,7 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
             finally:
                 feed.close()
             seconds = time.monotonic() - t0
+            files = engine.files()  # how many memory files the states took (reused)
         finally:
             engine.close()
     finally:
@@ -265,7 +266,7 @@ def stream_capture(target_dir: str, data_path: str, address: StreamAddress, run:
             "tokens": feed.tokens, "capture_s": round(busy, 3),
             "tokens_per_s": round(feed.tokens / busy, 1) if busy > 0 else None,
             "seconds": round(seconds, 3), "engine_calls": engine.calls,
-            "engine_steps": engine.steps,
+            "engine_steps": engine.steps, "memory_files": files,
             "prefill_wait_s": round(feed.wait_s, 3), "features_s": round(feed.features_s, 3),
             "engine_start_s": round(engine.start_seconds, 1), "model": engine.info["model"],
             "how": engine.info["how"], "digest": manifest.digest,

@@ -25,6 +25,8 @@ calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patch
   of band as it does a tensor.
 - It also says which cores the worker's forward is bound to, so the driver keeps its own
   threads off them (engine/capture/forward_cores.py).
+- `eagle3_capture_files()`: rank 0's memory files made, free and handed out (the capture's
+  summary reports them).
 - `eagle3_capture_stop()`: hooks removed, the model's aux layers reset.
 
 The vLLM runner's `input_ids` buffer gives the step's tokens when a multimodal model is fed
@@ -232,6 +234,12 @@ class CaptureExtension:
             self._e3_files.give_back(list(released or ()))
         steps, self._e3_steps = self._e3_steps, []
         return steps
+
+    def eagle3_capture_files(self) -> dict[str, int] | None:
+        """Rank 0: its memory files made, free and handed out (None: none, or another rank)."""
+        f = self._e3_files if self._e3_rank0 else None
+        return None if f is None else {"made": f.created, "free": len(f.free),
+                                        "out": len(f.out)}
 
     @staticmethod
     def _e3_close(fds: list[int]) -> None:
