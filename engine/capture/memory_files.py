@@ -46,7 +46,7 @@ class FilePool:
         self.keep = keep
         self.free: dict[int, mmap.mmap] = {}
         self.out: dict[int, mmap.mmap] = {}
-        self.created = 0  # files made (a test's measure of reuse)
+        self.created = 0  # files made in all (the capture's summary reports it)
 
     def take(self, nbytes: int) -> tuple[int, mmap.mmap]:
         """A file of at least `nbytes` and the worker's map of it, now handed out: the

@@ -237,8 +237,7 @@ def queued_whole(llm: Any, requests: list[Any], params: Any) -> list[Any] | None
     return list(llm.wait_for_completion(RequestOutput, use_tqdm=False))
 
 
-def _segments(steps: list[Any], released: Released | None = None
-              ) -> list[tuple[list[int], Tensor]]:
+def _segments(steps: list[Any], released: Released) -> list[tuple[list[int], Tensor]]:
     """The steps cut into runs of consecutive positions from 0: one per prompt (a padded step's
     tail, whatever its positions, is dropped or cut off when matched)."""
     out: list[tuple[list[int], Tensor]] = []

@@ -53,6 +53,19 @@ def decode(raw: bytes) -> WaitRecord | None:
         return None
 
 
+def waiting_line(key: str, rank: int | None = None) -> str:
+    """What the trainer says of a wait for sample `key` (another rank's: `rank`)."""
+    who = "" if rank is None else f"rank {rank} "
+    return f"stream trainer: {who}waiting for sample {key} (the producer lags)"
+
+
+def silent_line(seconds: float, key: str, rank: int | None = None) -> str:
+    """What the trainer says of a producer silent while it (or `rank`) waits for `key`."""
+    who = "" if rank is None else f"rank {rank} "
+    return (f"stream trainer: producer silent for {seconds:.0f} s ({who}waiting for {key}); "
+            "still waiting: a producer started again is picked up")
+
+
 def peer_keys(run: str, world: int) -> list[str]:
     return [keys.wait_key(run, r) for r in range(1, world)]
 
@@ -142,15 +155,12 @@ class PeerWaits:
     def _relay(self, rank: int, seen: _Seen) -> None:
         rec = seen.rec
         if seen.said != rec.key:
-            self.say(f"stream trainer: rank {rank} waiting for sample {rec.key} (the producer "
-                     "lags)", "info")
+            self.say(waiting_line(rec.key, rank), "info")
             seen.said, seen.said_silent = rec.key, 0
         self.on_silence(rec.silent_s)
         n = int(rec.silent_s // self.silent_say_s)
         if n > seen.said_silent:
-            self.say(f"stream trainer: producer silent for {rec.silent_s:.0f} s (rank {rank} "
-                     f"waiting for {rec.key}); still waiting: a producer started again is "
-                     "picked up", "info")
+            self.say(silent_line(rec.silent_s, rec.key, rank), "info")
         seen.said_silent = n
         if rec.gave_up and not seen.said_gave_up:
             self.say(f"stream trainer: rank {rank}: {rec.gave_up}", "error")

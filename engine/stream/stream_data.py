@@ -46,7 +46,13 @@ from engine.stream import manifest as mf
 from engine.stream import plan_order as po
 from engine.stream import progress as pg
 from engine.stream.address import StreamAddress
-from engine.stream.peer_waits import PeerWaits, WaitTeller, peer_keys
+from engine.stream.peer_waits import (
+    PeerWaits,
+    WaitTeller,
+    peer_keys,
+    silent_line,
+    waiting_line,
+)
 from engine.stream.read_ahead import ReadAhead
 from engine.stream.store import StoreClient
 
@@ -121,8 +127,7 @@ class StreamData(FeatureData):
         n = int(s // self.silent_say_s)
         if n > self._said_silent:
             self._said_silent = n
-            self.ev.log(f"stream trainer: producer silent for {s:.0f} s (waiting for {key}); "
-                        "still waiting: a producer started again is picked up")
+            self.ev.log(silent_line(s, key))
         return s
 
     # -- the plan ----------------------------------------------------------------------------
@@ -147,9 +152,7 @@ class StreamData(FeatureData):
                                self.read_ahead, self.poll_s)
 
     def _watch_peers(self, rank: int, world: int) -> None:
-        if self.peers is not None:
-            self.peers.close()
-            self.peers = None
+        self._stop_peers()
         if rank == 0 and world > 1:
             self.client.remove(peer_keys(self.run, world))  # what killed ranks left
             self.peers = PeerWaits(self.client, self.run, world,
@@ -157,6 +160,11 @@ class StreamData(FeatureData):
                                    self._saw_silence, self.silent_say_s)
         elif rank > 0 and self.teller is None:
             self.teller = WaitTeller(self.client, self.run, rank)
+
+    def _stop_peers(self) -> None:
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
 
     def _check_pool(self, steps: list[Any], held: list[int]) -> None:
         pool = self.meta.get("pool")
@@ -272,17 +280,14 @@ class StreamData(FeatureData):
         """The run is done (rank 0): said in the progress, then the held-out samples and the
         plan go."""
         self._record(done=True)
-        if self.peers is not None:
-            self.peers.close()
-            self.peers = None
+        self._stop_peers()
         self.client.remove([keys.held_key(self.run, i) for i in sorted(self._held)]
                            + [keys.plan_key(self.run)] + peer_keys(self.run, self.world))
 
     def close(self) -> None:
         if self.ahead is not None:
             self.ahead.close()
-        if self.peers is not None:
-            self.peers.close()
+        self._stop_peers()
         if self.teller is not None:
             with contextlib.suppress(EngineError):  # a store gone: nothing to tidy
                 self.teller.done()
@@ -312,7 +317,7 @@ class _Wait:
             d.silence.begin()
             self.begun = True
         if not self.said and time.monotonic() - self.t0 > d.say_s:
-            d.ev.log(f"stream trainer: waiting for sample {key} (the producer lags)")
+            d.ev.log(waiting_line(key))
             self.said = key
         try:
             s = d._heed_silence(key)
