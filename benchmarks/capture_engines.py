@@ -11,10 +11,10 @@ demo's train chats joined `--merge` at a time into multi-turn conversations:
                 extension, batches of --batch-tokens prefilled per engine call)
   connector     `engine prepare --from-vllm` against `engine capture-server` (vLLM's
                 ExampleHiddenStatesConnector; on a CPU with tests/vllm_cpu_plugin.py)
-  bare prefill  vLLM's LLM over the same token ids in the same batches, max_tokens 1, each
-                batch queued whole before the engine steps (one forward a batch, as the
-                capture's calls), with the executor's engine arguments and nothing captured:
-                the floor
+  bare prefill  vLLM's LLM over the same token ids in the same batches, max_tokens 1, asked
+                as the capture asks (engine/capture/engine_calls.py: each batch queued whole,
+                one forward a batch, the next queued while one steps), with the executor's
+                engine arguments and nothing captured: the floor
   producer      (--producer: this row, the executor's and the floor only) `engine stream-capture`
                 into a Mooncake master on 127.0.0.1 started here, with a consumer here that asks
                 for every sample in the data directory's order (one per step) and takes and
@@ -117,22 +117,31 @@ def bare_prefill(conv: str, target: str, batch_tokens: int, rounds: int) -> dict
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from engine.capture.engine_calls import EngineCalls
     from engine.capture.vllm_capture import plan_capture
     from engine.capture.vllm_engine import batches as pack
-    from engine.capture.vllm_engine import engine_kwargs, queued_whole
+    from engine.capture.vllm_engine import engine_kwargs
     cp = plan_capture(target, conv, None, MAX_LEN, None, 1024, batch_tokens, 0.0, None)
     prompts = [cp.samples[i][1].input_ids for i in cp.order]
     kw = engine_kwargs(target, cp.cfg, cp.store, 1, 0.9, MAX_LEN, batch_tokens, {})
     kw.pop("worker_extension_cls")
     llm = LLM(**kw)
     batches = [[prompts[k] for k in b] for b in pack([len(p) for p in prompts], batch_tokens)]
-    params = SamplingParams(max_tokens=1, detokenize=False)
+    calls = EngineCalls(llm)
+    asked = [([TokensPrompt(prompt_token_ids=p) for p in b],
+              [SamplingParams(max_tokens=1, detokenize=False) for _ in b]) for b in batches]
 
     def one_round() -> dict[str, Any]:
+        # as the capture asks: each call queued whole, the next queued while one steps
         t0 = time.monotonic()
-        for b in batches:  # queued whole before the engine steps, as the capture does: one step
-            if queued_whole(llm, [TokensPrompt(prompt_token_ids=p) for p in b], params) is None:
-                sys.exit("this vLLM cannot queue a batch whole (no level-0 sleep)")
+        sent = calls.send(*asked[0])
+        for k in range(len(asked)):
+            ahead = calls.send(*asked[k + 1]) if k + 1 < len(asked) else None
+            calls.receive(sent)
+            if ahead is not None:
+                sent = ahead
+        if not calls.whole:
+            sys.exit("this vLLM cannot queue a call whole (no level-0 sleep)")
         return {"tokens": sum(len(p) for p in prompts), "seconds": time.monotonic() - t0}
 
     if rounds == 0:  # on request: one round per line on stdin (--producer alternates them)

@@ -2,19 +2,19 @@
 memory files (memfd) of the worker's, mapped by the driver through /proc/PID/fd/FD, and handed
 back to be written again.
 
-Rank 0 stacks a step's states straight into a memory file and only its name crosses vLLM's
-collective_rpc, [pid, fd, nbytes]; the driver maps it and views the same pages, so the states
-are copied once and never through vLLM's sockets.
+Rank 0 stacks a step's states straight into a memory file and only its name crosses to the
+driver, [pid, fd, nbytes] (engine/capture/step_channel.py); the driver maps it and views the
+same pages, so the states are copied once and never through vLLM's sockets.
 
 A fresh file's pages are allocated and zeroed by the kernel at their first write, one fault per
 4 KiB page: measured here, 25 ms of a 16k-token step of the demo target (17 MB of states)
 against 3 ms for the same stack into pages already there, and the write happens inside the
 forward. A large target's step is 0.9 GB (Kimi-K2.5, 16k tokens). So the files are reused:
 `FilePool` (the worker's) hands a file out with a step and keeps its own map of it; the driver
-(`Released`) notes a file once the last tensor viewing its map is gone, and gives it back at its
-next take; a file given back is written again through the worker's map, without a fault. At
-most `keep` files wait in the pool, the others are closed. Nothing outlives the two processes:
-the pages go with the last descriptor and the last map.
+(`Released`) notes a file once the last tensor viewing its map is gone, and gives it back with
+the next call it receives; a file given back is written again through the worker's map,
+without a fault. At most `keep` files wait in the pool, the others are closed. Nothing outlives
+the two processes: the pages go with the last descriptor and the last map.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def map_worker_file(ref: list[int] | tuple[int, ...],
 
 class Released:
     """The driver's list of worker files whose maps are gone (noted from whichever thread
-    drops the last tensor), given back at the next take."""
+    drops the last tensor), given back with the next call received."""
 
     def __init__(self) -> None:
         self._fds: list[int] = []

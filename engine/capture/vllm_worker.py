@@ -10,19 +10,20 @@ calls its methods on all of them with `collective_rpc`. Nothing of vLLM is patch
   keeps the rest. Any other model gets hooks on its decoder layers that take the same sums.
 - Each forward is one engine step: its tokens, their positions and the states [T, L, H] are kept
   (on CPU) by TP rank 0 only; the other ranks hold identical copies and keep nothing.
-- `eagle3_capture_take(released)`: rank 0 returns what it kept, each step's tensors with their
-  dtype and shape (`Packed`). The states are stacked straight into an anonymous memory file of
-  the worker's (memfd) and only its name crosses, [pid, fd, bytes]: the driver's `unpack_step`
-  maps /proc/PID/fd/FD and views the same pages, so the states are copied once and never
-  through vLLM's sockets (which carried 16 MB a call at about 200 MB/s here, serial with the
-  forward: a Kimi-K2.5 call of 16k tokens is 0.9 GB). `released` are the files the driver no
-  longer maps: written again, so their pages are not faulted in again inside the forward
-  (engine/capture/memory_files.py). Where the driver cannot map them (no memfd, /proc closed
-  to it: `eagle3_capture_handover(False)` after the start's probe) the states cross as bytes.
-  Bytes, not tensors: vLLM's engine-core socket encodes a tensor in a result as a reference
-  to a side buffer its decoder drops unless VLLM_ALLOW_INSECURE_SERIALIZATION (pickle) is on,
-  while bytes travel as msgpack's own type, and the TP workers' queue pickles a bytearray out
-  of band as it does a tensor.
+- The steps reach the driver one of two ways. Where the driver maps the start's probe, a
+  memory file of rank 0's (memfd, read through /proc/PID/fd/FD), `eagle3_capture_handover(path)`
+  connects rank 0 to the driver's socket: each step is written into one of its memory files
+  inside the forward and a line naming the file goes to the driver at once
+  (engine/capture/step_channel.py), so the states are copied once, never cross vLLM's sockets
+  (which carried 16 MB a call at about 200 MB/s here, serial with the forward; a Kimi-K2.5 call
+  of 16k tokens is 0.9 GB), and the driver asks vLLM nothing between steps. The files come back
+  to be written again (engine/capture/memory_files.py). Elsewhere (no memfd, /proc closed to
+  the driver: `eagle3_capture_handover(None)`) `eagle3_capture_take()` returns the steps kept
+  since the last take as bytes with their dtype and shape (`Packed`). Bytes, not tensors:
+  vLLM's engine-core socket encodes a tensor in a result as a reference to a side buffer its
+  decoder drops unless VLLM_ALLOW_INSECURE_SERIALIZATION (pickle) is on, while bytes travel as
+  msgpack's own type, and the TP workers' queue pickles a bytearray out of band as it does a
+  tensor.
 - It also says which cores the worker's forward is bound to, so the driver keeps its own
   threads off them (engine/capture/forward_cores.py).
 - `eagle3_capture_files()`: rank 0's memory files made, free and handed out (the capture's
@@ -43,35 +44,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.capture.memory_files import FilePool, Released, map_worker_file, memory_file
+from engine.capture.memory_files import FilePool, map_worker_file, memory_file
+from engine.capture.step_channel import WorkerEnd, write_step
 
-#: a step as it crosses collective_rpc: name -> (dtype name, shape, the bytes or the worker's
-#: memory file holding them: [pid, fd, nbytes])
-Packed = dict[str, tuple[str, list[int], bytes | bytearray | list[int]]]
+#: a step as it crosses collective_rpc where the driver cannot map rank 0's memory files:
+#: name -> (dtype name, shape, its bytes)
+Packed = dict[str, tuple[str, list[int], bytes | bytearray]]
 _PROBE = b"eagle3-capture"
 
 
-def host_tensor(shape: tuple[int, ...], dtype: torch.dtype, files: FilePool | None
-                ) -> tuple[bytearray | list[int], Tensor]:
-    """A CPU tensor to fill in place, and what crosses collective_rpc for it: the bytearray
-    under it as is (msgpack's bin, pickle's bytearray), or with `files` only the name of the
-    pool's memory file under it, [pid, fd, nbytes] (handed out until the driver gives it
-    back). Either way the states are copied once."""
+def host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[bytearray, Tensor]:
+    """A CPU tensor to fill in place and the bytearray under it, which crosses collective_rpc
+    as it is (msgpack's bin, pickle's bytearray): the states are copied once."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if files is None:
-        buf = bytearray(nbytes)
-        flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else \
-            torch.empty(0, dtype=torch.uint8)
-        return buf, flat.view(dtype).view(shape)
-    fd, mm = files.take(nbytes)
-    flat = torch.frombuffer(mm, dtype=torch.uint8)[:nbytes]
-    return [os.getpid(), fd, nbytes], flat.view(dtype).view(shape)
+    buf = bytearray(nbytes)
+    flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+    return buf, flat.view(dtype).view(shape)
 
 
-def pack(t: Tensor, raw: bytes | bytearray | list[int] | None = None
-         ) -> tuple[str, list[int], bytes | bytearray | list[int]]:
-    """One tensor for `Packed`: its bytes (`raw` where they are already a bytearray's or a
-    memory file's)."""
+def pack(t: Tensor, raw: bytes | bytearray | None = None
+         ) -> tuple[str, list[int], bytes | bytearray]:
+    """One tensor for `Packed`: its bytes (`raw` where they are already a bytearray's)."""
     if raw is None:
         raw = t.contiguous().view(torch.uint8).numpy().tobytes()
     return str(t.dtype).removeprefix("torch."), list(t.shape), raw
@@ -88,17 +81,14 @@ def can_map(ref: Any) -> bool:
         return False
 
 
-def unpack_step(packed: Packed, released: Released | None = None) -> dict[str, Tensor]:
-    """The tensors of a `Packed` step, viewing the received bytes or the worker's memory file
-    (never written to; noted in `released` once no tensor views it)."""
+def unpack_step(packed: Packed) -> dict[str, Tensor]:
+    """The tensors of a `Packed` step, viewing the received bytes (never written to)."""
     import warnings
     out = {}
     for k, (dtype, shape, raw) in packed.items():
-        buf, n = (map_worker_file(raw, released), int(raw[2])) \
-            if isinstance(raw, (list, tuple)) else (raw, len(raw))
-        with warnings.catch_warnings():  # read-only bytes or map; nothing writes to them
+        with warnings.catch_warnings():  # read-only bytes; nothing writes to them
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(buf, dtype=torch.uint8)[:n] if n else \
+            flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else \
                 torch.empty(0, dtype=torch.uint8)
         out[k] = flat.view(getattr(torch, dtype)).reshape(shape)
     return out
@@ -122,6 +112,7 @@ class CaptureExtension:
         self._e3_steps: list[Packed] = []
         self._e3_handles: list[Any] = []
         self._e3_files: FilePool | None = None  # once the driver has mapped the probe
+        self._e3_channel: WorkerEnd | None = None  # ... and rank 0 has connected to it
         self._e3_probe: list[int] = []  # the probe's file, closed at the handover
         probe = None
         if self._e3_rank0 and hasattr(os, "memfd_create"):
@@ -143,11 +134,19 @@ class CaptureExtension:
                 "cpus": sorted(os.sched_getaffinity(0)),  # the forward's binding, if any
                 "memfd_probe": probe}
 
-    def eagle3_capture_handover(self, memfd: bool) -> None:
-        """The driver mapped the probe (states in memory files from now on) or could not
-        (bytes)."""
-        self._e3_files = FilePool() if memfd else None  # only where rank 0's probe was mapped
+    def eagle3_capture_handover(self, channel: str | None) -> bool:
+        """The driver mapped the probe and listens at `channel` (rank 0 connects: its steps go
+        there in memory files from now on), or could not (None: bytes, taken). Whether this
+        worker connected."""
         self._e3_close(self._e3_probe)
+        if not self._e3_rank0 or channel is None:
+            return False
+        try:
+            self._e3_channel = WorkerEnd(channel)
+        except OSError:  # not the driver's host after all: bytes, taken
+            return False
+        self._e3_files = FilePool()
+        return True
 
     # -- collecting -------------------------------------------------------------------------------
     def _e3_step_ids(self, kwargs: dict[str, Any], args: tuple[Any, ...], n: int) -> Tensor:
@@ -166,8 +165,11 @@ class CaptureExtension:
             raise RuntimeError(f"capture: the model returned {len(states)} hidden states for "
                                f"layer ids {self._e3_ids}")
         n = positions.shape[0]
-        raw, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype,
-                                self._e3_files)
+        if self._e3_channel is not None and self._e3_files is not None:
+            self._e3_files.give_back(self._e3_channel.given_back())
+            self._e3_channel.send(write_step(self._e3_files, ids, positions, states))
+            return
+        raw, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype)
         if states[0].is_cpu:
             torch.stack([s[:n] for s in states], dim=1, out=host)  # [T, L, H]
         else:
@@ -225,13 +227,11 @@ class CaptureExtension:
         self._e3_handles.append(layers[-1].register_forward_hook(after_last, with_kwargs=True))
 
     # -- handing over -----------------------------------------------------------------------------
-    def eagle3_capture_take(self, released: list[int] | None = None) -> list[Packed] | None:
-        """Rank 0: the steps since the last take (`Packed`), else None; the memory files in
-        `released` (the driver no longer maps them) are written again."""
+    def eagle3_capture_take(self) -> list[Packed] | None:
+        """Rank 0 without the driver's channel: the steps since the last take (`Packed`), else
+        None."""
         if not self._e3_rank0:
             return None
-        if self._e3_files is not None:
-            self._e3_files.give_back(list(released or ()))
         steps, self._e3_steps = self._e3_steps, []
         return steps
 
@@ -252,6 +252,9 @@ class CaptureExtension:
         self._e3_handles = []
         self._e3_steps = []
         self._e3_close(self._e3_probe)
+        if self._e3_channel is not None:
+            self._e3_channel.close()
+            self._e3_channel = None
         if self._e3_files is not None:
             self._e3_files.close()
             self._e3_files = None

@@ -33,9 +33,12 @@ class Engine:
 
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
+        self.thens: list[list[int] | None] = []  # the call each one said would come next
 
-    def prefill(self, prompts: list[list[int]], with_logprobs: set[int]) -> list[Captured]:
+    def prefill(self, prompts: list[list[int]], with_logprobs: set[int],
+                then: tuple[list[list[int]], set[int]] | None = None) -> list[Captured]:
         self.calls.append([p[0] // 100 for p in prompts])
+        self.thens.append(None if then is None else [p[0] // 100 for p in then[0]])
         return [Captured(states(p), None) for p in prompts]
 
 
@@ -67,6 +70,8 @@ def test_samples_come_in_the_plans_order_batched_and_after_a_new_plan() -> None:
         assert got == asked
         # packed in the plan's order, at most 16 tokens a call (9+8, then 7+5+...)
         assert engine.calls[:2] == [[6], [3, 1]]
+        # each call named the next one, sent to vLLM before its own outputs are awaited
+        assert engine.thens[:2] == [[3, 1], engine.calls[2]]
         assert all(sum(LENGTHS[j] for j in c) <= 16 or len(c) == 1 for c in engine.calls)
         # a restarted trainer's new plan, another order; held-out 6 still in the pool
         producer.plan = PlanOrder(1, "b", (6,), ((0, (4, 2)), (0, (0, 7)), (0, (5,))))
