@@ -67,6 +67,7 @@ class VllmStandin:
         os.makedirs(self.storage, exist_ok=True)
         self.model_name = model_name
         self.fail_first, self.drop_next, self.die_after = fail_first, drop_next, die_after
+        self.taken = 0  # requests taken to be answered
         self.wrong_ids_for = wrong_ids_for or set()
         self.nan_for = nan_for or set()
         self.slow_write_s = slow_write_s
@@ -212,6 +213,13 @@ class VllmStandin:
                     return self._send(400, {"error": {"message": "prompt: token ids expected"}})
                 if body.get("model") != server.model_name:
                     return self._send(404, {"error": {"message": f"model {body.get('model')}"}})
+                with server._lock:
+                    # dying after `die_after` answers: a request beside the last one
+                    # (concurrency > 1) is dropped too, never answered past the death
+                    late = server.die_after is not None and server.taken >= server.die_after
+                    server.taken += 0 if late else 1
+                if late:
+                    return self._drop()
                 path = server._answer(ids)
                 with server._lock:
                     server.answered.append(ids)
