@@ -34,7 +34,7 @@ SERVE_LOG = "logs/vllm-serve.log"
 HELD_OUT_DATA = "eval"
 #: the workspace's draft vocab size and the runs' lengths (engine/demo/workspace.py)
 DRAFT_VOCAB = 96
-FINETUNE_STEPS = 150
+FINETUNE_STEPS = 60
 SCRATCH_STEPS = FINETUNE_STEPS   # engine/demo/workspace.py: equal steps
 TRAIN_ARGS = ["--lr", "3e-3", "--batch-tokens", "1024", "--ttt-steps", "4", "--epochs", "40",
               "--warmup-ratio", "0.05", "--save-every", "50", "--holdout", "16"]

@@ -166,7 +166,8 @@ def test_run_directory(scratch: Path, demo_dir: Path) -> None:
     assert prog[-1]["done"] == prog[-1]["total"] == SCRATCH_STEPS
     assert any(e["eta_s"] is not None for e in prog)
     kept = sorted(p.name for p in (scratch / "checkpoints").iterdir())
-    assert kept == ["latest", *(f"step_{s:06d}" for s in range(50, SCRATCH_STEPS + 1, 50))]
+    saved = sorted({*range(50, SCRATCH_STEPS + 1, 50), SCRATCH_STEPS})  # and the last step's
+    assert kept == ["latest", *(f"step_{s:06d}" for s in saved)]
     cfg, sd, det = load_drafter(scratch / "final")
     assert det.format == "eagle" and "embed_tokens.weight" not in sd
     assert any(k.startswith("midlayer.") for k in sd)
