@@ -35,10 +35,26 @@ pytest_plugins = ("tests.demo_workspace", "tests.stream_store")
 pytestmark = pytest.mark.usefixtures("mooncake")
 
 STEPS = 6
-COMMON = ["--max-steps", str(STEPS), "--holdout", "4", "--save-every", "3", "--batch-tokens",
-          "512", "--ttt-steps", "2"]
-HIGH, LOW = 15, 10  # just the 4 held out + the largest step (11 samples): the producer pauses
+HOLDOUT = 4
+COMMON = ["--max-steps", str(STEPS), "--holdout", str(HOLDOUT), "--save-every", "3",
+          "--batch-tokens", "512", "--ttt-steps", "2"]
 SMALL_KEYS = 5  # the run's manifest, plan, progress and heartbeat, and a waiting rank's record
+
+
+@pytest.fixture(scope="module")
+def marks(demo_dir: Path) -> tuple[int, int]:
+    """The pool's (high, low) watermarks in samples: the held-out samples and the largest step
+    of the 2-rank plan (of its first two epochs: the run is 6 steps), so the producer pauses;
+    the trainer refuses a smaller pool. Counted from the demo's data, whose lengths (and so the
+    steps) vary with the machine that built it."""
+    from engine.data.readers import open_data
+    from engine.training.plan import epoch_steps, split_holdout
+    data = open_data(str(demo_dir / "data"))
+    train, _ = split_holdout(len(data), HOLDOUT)
+    group = 2  # world size 2, no accumulation
+    step = max(len(s.samples()) for e in range(2)
+               for s in epoch_steps(train, list(data.lengths), 512, group, 0, e))
+    return HOLDOUT + step, HOLDOUT + step - 5
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +77,13 @@ def producer(demo: Path, m: Master, run: str, logs: Path, *extra: str
                                 stderr=err)
 
 
-def finish(prod: subprocess.Popen[bytes], timeout: float) -> int:
+def finish(prod: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """The producer's exit code, or None where it had not ended within `timeout` (then
+    killed): the caller's assertions say which side failed and why."""
     try:
         return prod.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
     finally:
         if prod.poll() is None:
             prod.kill()
@@ -78,11 +98,12 @@ def stream_args(demo: Path, m: Master, run: str, out: Path, *extra: str) -> list
 
 @pytest.mark.slow
 def test_streamed_training_equals_the_offline_run(demo_dir: Path, stream_master: Master,
-                                                  offline: Path, tmp_path: Path) -> None:
-    base = store_count(stream_master)
+                                                  offline: Path, marks: tuple[int, int],
+                                                  tmp_path: Path) -> None:
+    (high, low), base = marks, store_count(stream_master)
     logs = tmp_path / "producer"
-    prod = producer(demo_dir, stream_master, "equal", logs, "--high-samples", str(HIGH),
-                    "--low-samples", str(LOW), "--high-gb", "0.25", "--plan-timeout", "120")
+    prod = producer(demo_dir, stream_master, "equal", logs, "--high-samples", str(high),
+                    "--low-samples", str(low), "--high-gb", "0.25", "--plan-timeout", "120")
     streamed = tmp_path / "streamed"
     with CountWatch(stream_master) as watch:
         # a producer that dies ends the run with its error, not a wait as long as the suite's
@@ -97,13 +118,13 @@ def test_streamed_training_equals_the_offline_run(demo_dir: Path, stream_master:
     a, b = (load_file(str(r / "final" / "model.safetensors")) for r in (offline, streamed))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the pool: the high watermark (+ the small keys) at most, nothing evicted, nothing left
-    assert watch.seen > 10 and watch.peak <= base + HIGH + SMALL_KEYS, watch.peak
+    assert watch.seen > 10 and watch.peak <= base + high + SMALL_KEYS, watch.peak
     assert store_count(stream_master, "master_evicted_key_count") == 0
     assert store_count(stream_master) == base
     assert store_count(stream_master) == base
     evs = [json.loads(x) for x in out.splitlines()]
     result = [e["data"] for e in evs if e["kind"] == "result"][0]
-    assert result["peak_in_flight"] <= HIGH and result["pauses"] >= 1
+    assert result["peak_in_flight"] <= high and result["pauses"] >= 1
     assert any("stream producer paused" in e.get("msg", "") for e in evs)
     waits = [e["values"] for e in events(streamed / "events.jsonl")
              if e["kind"] == "metric" and e.get("name") == "stream trainer"]
@@ -232,7 +253,8 @@ def the_plan(m: Master, run: str) -> list[tuple[int, list[int]]]:
 
 @pytest.mark.slow
 def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted(
-        demo_dir: Path, stream_master: Master, offline: Path, tmp_path: Path) -> None:
+        demo_dir: Path, stream_master: Master, offline: Path, marks: tuple[int, int],
+        tmp_path: Path) -> None:
     """SIGKILL of the 2-process trainer while it waits on the producer (frozen with SIGSTOP
     while it waits on its full pool, after the trainer's first step: the trainer must come to
     wait on it), then of the producer;
@@ -242,16 +264,16 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
     waits on it, and started again once the trainer says it is silent. Every step trains on its
     samples of the plan (each sample once), the run ends on the uninterrupted run's numbers and
     weights, and the store never held more than the high watermark plus the run's small keys."""
-    base = store_count(stream_master)
-    marks = ["--high-samples", str(HIGH), "--low-samples", str(LOW), "--high-gb", "0.25",
-             "--plan-timeout", "120"]
+    (high, low), base = marks, store_count(stream_master)
+    pool = ["--high-samples", str(high), "--low-samples", str(low), "--high-gb", "0.25",
+            "--plan-timeout", "120"]
     streamed = tmp_path / "streamed"
     argv = stream_args(demo_dir, stream_master, "kill", streamed)
     prods: list[subprocess.Popen[bytes]] = []
     trainers: list[subprocess.Popen[bytes]] = []
     with CountWatch(stream_master) as watch:
         try:
-            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p1", *marks))
+            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p1", *pool))
             trainers.append(start_trainer(argv, tmp_path / "t1"))
             wait_until(lambda: steps_recorded(streamed) >= 1, 300, "step 1 of the trainer")
             waits = len(said(streamed / "events.jsonl", "waiting for sample"))  # before: the
@@ -264,7 +286,7 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
             prods[0].send_signal(signal.SIGCONT)
             wait_until(lambda: paused_now(tmp_path / "p1"), 300, "the producer paused")
             kill_tree(prods[0])
-            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p2", *marks))
+            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p2", *pool))
             wait_until(lambda: said(tmp_path / "p2" / "out", "steps of its plan"), 300,
                        "the producer started again going on")
             trainers.append(start_trainer([*argv, "--resume"], tmp_path / "t2"))
@@ -274,7 +296,7 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
             wait_until(lambda: len(said(streamed / "events.jsonl", "producer silent for")) >
                        quiet, 300, "the trainer saying the producer is silent")
             kill_tree(prods[1])
-            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p3", *marks))
+            prods.append(producer(demo_dir, stream_master, "kill", tmp_path / "p3", *pool))
             rc = trainers[1].wait(300)
             assert rc == 0, (tmp_path / "t2" / "err").read_text()[-3000:]
             assert finish(prods[2], 120) == 0, (tmp_path / "p3" / "err").read_text()[-3000:]
@@ -298,7 +320,7 @@ def test_trainer_and_producer_killed_and_started_again_train_as_if_uninterrupted
     silent = [e["values"]["producer_silent_s"] for e in events(streamed / "events.jsonl")
               if e["kind"] == "metric" and e.get("name") == "stream trainer"]
     assert max(silent) >= 5
-    assert watch.seen > 10 and watch.peak <= base + HIGH + SMALL_KEYS, watch.peak
+    assert watch.seen > 10 and watch.peak <= base + high + SMALL_KEYS, watch.peak
     assert store_count(stream_master, "master_evicted_key_count") == 0
     assert store_count(stream_master) == base
 
