@@ -20,6 +20,7 @@ of the driver's own (mode 0700), removed at the end; only JSON crosses it, never
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import shutil
@@ -43,6 +44,15 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+def stack_states(states: list[Tensor], n: int, out: Tensor) -> None:
+    """The first `n` rows of each state stacked into `out` [n, L, H] (host memory), in place
+    where the states are on the CPU."""
+    if states[0].is_cpu:
+        torch.stack([s[:n] for s in states], dim=1, out=out)
+    else:
+        out.copy_(torch.stack([s[:n] for s in states], dim=1))
+
+
 def write_step(files: FilePool, ids: Tensor, positions: Tensor, states: list[Tensor]
                ) -> dict[str, Any]:
     """(Worker.) The step written into one of `files` (ids and positions as int64, the states
@@ -51,18 +61,14 @@ def write_step(files: FilePool, ids: Tensor, positions: Tensor, states: list[Ten
     n = positions.shape[0]
     shape = [n, len(states), int(states[0].shape[-1])]
     dtype = states[0].dtype
+    state_bytes = math.prod(shape) * dtype.itemsize
     offsets, at = {}, 0
-    for name, nbytes in zip(PARTS, (n * shape[1] * shape[2] * dtype.itemsize, 8 * n, 8 * n),
-                            strict=True):
+    for name, nbytes in zip(PARTS, (state_bytes, 8 * n, 8 * n), strict=True):
         offsets[name] = at
         at = _aligned(at + nbytes)
     fd, mm = files.take(at)
     flat = torch.frombuffer(mm, dtype=torch.uint8)
-    host = flat[:shape[0] * shape[1] * shape[2] * dtype.itemsize].view(dtype).view(shape)
-    if states[0].is_cpu:
-        torch.stack([s[:n] for s in states], dim=1, out=host)
-    else:
-        host.copy_(torch.stack([s[:n] for s in states], dim=1))
+    stack_states(states, n, flat[:state_bytes].view(dtype).view(shape))
     for name, t in (("input_ids", ids[:n]), ("positions", positions)):
         flat[offsets[name]:offsets[name] + 8 * n].view(torch.int64).copy_(t)
     return {"file": [os.getpid(), fd, at],
@@ -83,9 +89,7 @@ def read_step(line: dict[str, Any], released: Released) -> dict[str, Tensor]:
     out = {}
     for name, (dtype, shape, offset) in line["parts"].items():
         dt = getattr(torch, dtype)
-        n = dt.itemsize
-        for s in shape:
-            n *= int(s)
+        n = math.prod(int(s) for s in shape) * dt.itemsize
         out[name] = flat[int(offset):int(offset) + n].view(dt).reshape(shape)
     return out
 

@@ -265,15 +265,14 @@ class EngineCapture:
         return got
 
     def _take(self, wait_s: float) -> None:
-        """The steps written since the last take, cut into `carry`."""
+        """The steps written since the last take, cut into `carry` (`wait_s`: how long the
+        channel waits for a first line; the take over collective_rpc answers at once)."""
         if self.channel is not None:
             self.channel.give_back(self.released.drain())
             steps = [read_step(line, self.released) for line in self.channel.steps(wait_s)]
-        elif wait_s == 0.0:
+        else:
             steps = [unpack_step(p) for r in self.llm.collective_rpc("eagle3_capture_take")
                      if r for p in r]
-        else:
-            return
         self.steps += len(steps)
         self.carry += _segments(steps)
 
@@ -493,10 +492,11 @@ class _EngineRun:
         with ThreadPoolExecutor(1, thread_name_prefix="capture-write",
                                 initializer=one_thread) as writer:
             pending: Future[None] | None = None
+            batches = self._batches(batch_tokens)
             calls = [([self.samples[self.order[p]][1].input_ids for p in batch],
                       {0} if self.check_every and b % self.check_every == 0 else set())
-                     for b, batch in enumerate(self._batches(batch_tokens))]
-            for b, batch in enumerate(self._batches(batch_tokens)):
+                     for b, batch in enumerate(batches)]
+            for b, batch in enumerate(batches):
                 prompts, checked = calls[b]
                 got = engine.prefill(prompts, checked, calls[b + 1] if b + 1 < len(calls)
                                      else None)

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from engine.capture.memory_files import FilePool, map_worker_file, memory_file
-from engine.capture.step_channel import WorkerEnd, write_step
+from engine.capture.step_channel import WorkerEnd, stack_states, write_step
 
 #: a step as it crosses collective_rpc where the driver cannot map rank 0's memory files:
 #: name -> (dtype name, shape, its bytes)
@@ -170,10 +170,7 @@ class CaptureExtension:
             self._e3_channel.send(write_step(self._e3_files, ids, positions, states))
             return
         raw, host = host_tensor((n, len(states), states[0].shape[-1]), states[0].dtype)
-        if states[0].is_cpu:
-            torch.stack([s[:n] for s in states], dim=1, out=host)  # [T, L, H]
-        else:
-            host.copy_(torch.stack([s[:n] for s in states], dim=1))
+        stack_states(states, n, host)  # [T, L, H]
         # copies: on a CPU `.to` of an int64 CPU tensor is the runner's own buffer, rewritten
         # by the next step
         self._e3_steps.append({"input_ids": pack(ids[:n].to("cpu", torch.int64, copy=True)),
