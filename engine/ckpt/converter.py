@@ -235,8 +235,16 @@ def _bytes_of(it: _Item) -> Iterator[memoryview]:
         return
     src, out = torch_dtype(it.in_code), torch_dtype(it.out_code)
     if it.src.kind == "safetensors":
+        # cast into one reused buffer, as the raw chunks come through one: a fresh tensor a
+        # chunk left the peak to the allocator (45 MiB here most runs, 68 MiB in one)
+        cast: torch.Tensor | None = None
         for chunk in it.src.raw_chunks(it.name):
-            yield tensor_bytes(torch.frombuffer(chunk, dtype=src).to(out))
+            part = torch.frombuffer(chunk, dtype=src)
+            if cast is None:
+                cast = torch.empty(part.numel(), dtype=out)
+            view = cast[:part.numel()]
+            view.copy_(part)
+            yield tensor_bytes(view)
         return
     yield tensor_bytes(it.src.load(it.name).to(out))
 
